@@ -1,0 +1,196 @@
+"""The batched env API: one env object steps ``num_envs`` copies of a simulator at once.
+
+Why a ``gymnasium.vector.VectorEnv`` subclass: spaces are the contract between env and policy, and the gymnasium
+vector API already fixes the batch-as-leading-axis convention. The differences from a plain ``VectorEnv`` are:
+
+* observations are :class:`Observation` (images, states, text), the shape policy servers expect;
+* an env never resets inside ``step``; the runner calls ``reset(options={"reset_indices": idx})`` for finished
+  envs (``metadata["autoreset_mode"] = NEXT_STEP`` describes that a done env must be reset before stepping again).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from typing import Any, ClassVar
+
+import gymnasium as gym
+import numpy as np
+from gymnasium.vector import AutoresetMode
+
+Action = np.ndarray
+"""A batch of actions, shape ``(num_envs, *single_action_space.shape)``."""
+RewardArray = np.ndarray
+"""float32 rewards, shape ``(num_envs,)``."""
+BoolArray = np.ndarray
+"""bool flags (terminated / truncated), shape ``(num_envs,)``."""
+
+TextLike = None | str | Sequence[str] | np.ndarray
+
+
+def _as_text_array(text: TextLike, n: int | None) -> np.ndarray:
+    """Normalise ``text`` to a numpy unicode array of shape (n,); ``n=None`` means 'infer from text'."""
+    if text is None:
+        return np.full(n if n is not None else 1, "", dtype="<U1")
+    if isinstance(text, str):
+        return np.full(n if n is not None else 1, text, dtype=f"<U{max(len(text), 1)}")
+    arr = np.asarray(text)
+    if arr.dtype.kind == "O" or arr.dtype.kind == "S":
+        arr = arr.astype(str)
+    if arr.dtype.kind != "U":
+        raise ValueError(f"Observation.text must be None, a str, a sequence of str or a '<U' array; got dtype {arr.dtype}")
+    if arr.ndim == 0:
+        arr = arr.reshape(1)
+    if arr.ndim != 1:
+        raise ValueError(f"Observation.text must be one-dimensional (one string per env); got shape {arr.shape}")
+    if n is not None and arr.shape[0] == 1 and n != 1:
+        arr = np.repeat(arr, n)
+    if n is not None and arr.shape[0] != n:
+        raise ValueError(f"Observation.text has {arr.shape[0]} entries but the batch has {n} envs")
+    return arr
+
+
+@dataclasses.dataclass(init=False, eq=False)
+class Observation:
+    """A batch of observations with the env batch as the leading axis of every array.
+
+    ``images`` are uint8 ``(n, h, w, c)``; ``states`` are numeric ``(n, d)`` (any trailing shape is accepted);
+    ``text`` is stored as a numpy unicode array of shape ``(n,)`` (None / a str are broadcast).
+    """
+
+    images: dict[str, np.ndarray]
+    states: dict[str, np.ndarray]
+    text: np.ndarray
+
+    def __init__(
+        self,
+        images: Mapping[str, np.ndarray] | None = None,
+        states: Mapping[str, np.ndarray] | None = None,
+        text: TextLike = None,
+    ) -> None:
+        self.images = {str(k): np.asarray(v) for k, v in (images or {}).items()}
+        self.states = {str(k): np.asarray(v) for k, v in (states or {}).items()}
+        sizes = {f"images[{k!r}]": _leading(v, f"images[{k!r}]") for k, v in self.images.items()}
+        sizes.update({f"states[{k!r}]": _leading(v, f"states[{k!r}]") for k, v in self.states.items()})
+        distinct = set(sizes.values())
+        if len(distinct) > 1:
+            listing = ", ".join(f"{k}: {v}" for k, v in sizes.items())
+            raise ValueError(f"Observation arrays must share the leading batch dimension; got {listing}")
+        n = distinct.pop() if distinct else None
+        self.text = _as_text_array(text, n)
+
+    @property
+    def batch_size(self) -> int:
+        """Number of envs in this batch."""
+        for arr in self.images.values():
+            return int(arr.shape[0])
+        for arr in self.states.values():
+            return int(arr.shape[0])
+        return int(self.text.shape[0])
+
+    def select(self, indices: np.ndarray | Sequence[int]) -> Observation:
+        """Rows ``indices`` of every array, as a new batch (fancy indexing copies once)."""
+        idx = np.asarray(indices, dtype=np.intp)
+        out = Observation.__new__(Observation)
+        out.images = {k: v[idx] for k, v in self.images.items()}
+        out.states = {k: v[idx] for k, v in self.states.items()}
+        out.text = self.text[idx]
+        return out
+
+    def replace_rows(self, indices: np.ndarray, other: Observation) -> None:
+        """Write rows of ``other`` (a full batch) at ``indices`` into this batch, in place."""
+        for k, v in other.images.items():
+            self.images[k][indices] = v[indices]
+        for k, v in other.states.items():
+            self.states[k][indices] = v[indices]
+        if self.text.dtype.itemsize < other.text.dtype.itemsize:
+            self.text = self.text.astype(other.text.dtype)
+        self.text[indices] = other.text[indices]
+
+    def to_wire(self) -> dict[str, Any]:
+        """The three-key map sent to a policy server."""
+        return {"images": self.images, "states": self.states, "text": self.text}
+
+
+def _leading(arr: np.ndarray, name: str) -> int:
+    if arr.ndim == 0:
+        raise ValueError(f"Observation {name} is a scalar; every array needs the env batch as its leading axis")
+    return int(arr.shape[0])
+
+
+@dataclasses.dataclass
+class BaseEnvConfig:
+    """Base of env config dataclasses. Every field needs a default: the CLI builds one with no arguments and
+    turns each field into an ``--env.<field>`` flag."""
+
+
+class BaseEnv(gym.vector.VectorEnv):
+    """A batch of ``num_envs`` copies of one simulator behind the gymnasium vector API.
+
+    Subclasses set ``self.single_action_space`` (unbatched) in ``__init__`` and implement :meth:`reset` and
+    :meth:`step`. All randomness should come from ``self.np_random`` so that ``--runner.seed`` reproduces a run.
+    """
+
+    metadata: ClassVar[dict[str, Any]] = {"autoreset_mode": AutoresetMode.NEXT_STEP}
+
+    def __init__(
+        self,
+        config: BaseEnvConfig | None = None,
+        num_envs: int = 1,
+        process_id: int | None = None,
+        total_processes: int | None = None,
+    ) -> None:
+        if int(num_envs) < 1:
+            raise ValueError(f"num_envs must be >= 1, got {num_envs}")
+        self.config = config
+        self.num_envs = int(num_envs)
+        self.process_id = process_id
+        self.total_processes = total_processes
+
+    def seed_rngs(self, seed: int | None) -> None:
+        """Seed ``self.np_random``; call first in ``reset``. ``None`` keeps the current generator (or makes one)."""
+        if seed is not None or self._np_random is None:
+            self._np_random, self._np_random_seed = gym.utils.seeding.np_random(seed)
+
+    @staticmethod
+    def reset_mask(num_envs: int, options: dict[str, Any] | None) -> np.ndarray:
+        """Bool mask of the envs a ``reset`` call must reset: ``options["reset_indices"]`` or all of them."""
+        mask = np.zeros(num_envs, dtype=bool)
+        indices = None if options is None else options.get("reset_indices")
+        if indices is None:
+            mask[:] = True
+        else:
+            mask[np.asarray(indices, dtype=np.intp)] = True
+        return mask
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[Observation, dict[str, Any]]:
+        raise NotImplementedError
+
+    def step(self, actions: Action) -> tuple[Observation, RewardArray, BoolArray, BoolArray, dict[str, Any]]:
+        raise NotImplementedError
+
+    @property
+    def single_action_space(self) -> gym.Space:  # type: ignore[override]
+        """The unbatched action space; setting it also defines the batched ``action_space``."""
+        space = self.__dict__.get("_single_action_space")
+        if space is None:
+            raise AttributeError("single_action_space")
+        return space
+
+    @single_action_space.setter
+    def single_action_space(self, space: gym.Space) -> None:
+        self.__dict__["_single_action_space"] = space
+        self.__dict__.pop("_action_space", None)
+
+    @property
+    def action_space(self) -> gym.Space:  # type: ignore[override]
+        """``single_action_space`` batched over ``num_envs`` (built once, on first use)."""
+        space = self.__dict__.get("_action_space")
+        if space is None:
+            space = gym.vector.utils.batch_space(self.single_action_space, self.num_envs)
+            self.__dict__["_action_space"] = space
+        return space
+
+    @action_space.setter
+    def action_space(self, space: gym.Space) -> None:
+        self.__dict__["_action_space"] = space

@@ -1,0 +1,32 @@
+"""User-facing error types.
+
+Every error a user can cause (a misconfigured env, a server speaking another dialect, a bad flag) is one of these.
+The CLI prints their message and exits non-zero; the traceback goes to the run's log file. Anything else that
+escapes is a bug in this package and is shown with its traceback.
+"""
+
+from __future__ import annotations
+
+
+class PlugRLError(Exception):
+    """Base class of errors whose message tells the user what went wrong and what to do."""
+
+
+class EnvContractError(PlugRLError):
+    """An env returned something outside the batched env contract (shapes, dtypes, missing spaces)."""
+
+
+class ServerError(PlugRLError):
+    """The policy server sent something this client cannot act on (fatal; reconnecting would not help)."""
+
+
+class ConfigError(PlugRLError):
+    """A registration or command-line setting cannot work as given."""
+
+
+class EnvCrashedError(PlugRLError):
+    """An env's own ``reset``/``step`` raised; the run stops with the env id, the call and the exception."""
+
+
+class ProtocolError(PlugRLError):
+    """Bytes or messages that do not follow the PlugRL wire protocol v1 (see SPEC.md)."""

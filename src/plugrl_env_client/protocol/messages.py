@@ -1,0 +1,254 @@
+"""The four PlugRL v1 messages: builders for what we send and validating parsers for what we receive.
+
+Both ends live here (client and reference server) so the two can never disagree on a key name. Parsers raise
+:class:`ProtocolError` with a message that names the offending key and what was expected.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import numpy as np
+
+from plugrl_env_client.errors import ProtocolError
+
+PROTOCOL_VERSION = 1
+METADATA, INFER, ACTION, FEEDBACK = "metadata", "infer", "action", "feedback"
+FEATURE_REUSE_FEEDBACK_OBS = "reuse-feedback-obs"
+
+# Close reasons (code 1001 unless noted) and what a client does on each.
+REASON_STOP = "plugrl-server-stop"
+REASON_RESYNC = "plugrl-server-resync"
+REASON_FEEDBACK_TIMEOUT = "Feedback timeout"
+REASON_SHUTDOWN = "Server shutdown"
+REASON_INTERNAL = "Internal server error."  # code 1011
+CLOSE_GOING_AWAY, CLOSE_NORMAL, CLOSE_INTERNAL = 1001, 1000, 1011
+
+OBS_KEYS = ("images", "states", "text")
+FEEDBACK_KEYS = ("obs", "rewards", "terminated", "truncated", "info")
+
+
+@dataclasses.dataclass(frozen=True)
+class ServerMetadata:
+    """What a server said about itself; ``None`` means the server did not say (never zero)."""
+
+    raw: dict[str, Any]
+    protocol_version: int | None = None
+    server: str | None = None
+    action_horizon: int | None = None
+    action_dim: int | None = None
+    features: tuple[str, ...] = ()
+
+    def supports(self, feature: str) -> bool:
+        return feature in self.features
+
+
+@dataclasses.dataclass(frozen=True)
+class ActionReply:
+    """A time-major chunk: ``actions[t, j]`` is the action for env ``env_ids[j]`` at chunk step ``t``."""
+
+    env_ids: np.ndarray
+    actions: np.ndarray
+
+
+@dataclasses.dataclass(frozen=True)
+class InferRequest:
+    obs: dict[str, Any]
+    env_indices: np.ndarray
+    step_ids: np.ndarray
+    reuse: np.ndarray | None
+
+
+@dataclasses.dataclass(frozen=True)
+class FeedbackMessage:
+    env_indices: np.ndarray
+    step_ids: np.ndarray
+    obs: dict[str, Any]
+    rewards: np.ndarray
+    terminated: np.ndarray
+    truncated: np.ndarray
+    info: dict[str, Any]
+
+
+# ----------------------------------------------------------------------------------------------- builders
+
+
+def metadata_message(data: dict[str, Any]) -> dict[str, Any]:
+    return {"message_type": METADATA, "data": data}
+
+
+def infer_message(obs: dict[str, Any], env_indices: np.ndarray, step_ids: np.ndarray, reuse: np.ndarray | None = None) -> dict[str, Any]:
+    msg = {"message_type": INFER, "data": obs, "env_indices": _i8(env_indices), "step_ids": _i8(step_ids)}
+    if reuse is not None:
+        msg["reuse"] = np.asarray(reuse, dtype=bool)
+    return msg
+
+
+def action_message(env_ids: np.ndarray, actions: np.ndarray) -> dict[str, Any]:
+    return {"message_type": ACTION, "data": {"env_ids": _i8(env_ids), "action": actions}}
+
+
+def feedback_message(
+    env_indices: np.ndarray,
+    step_ids: np.ndarray,
+    obs: dict[str, Any],
+    rewards: np.ndarray,
+    terminated: np.ndarray,
+    truncated: np.ndarray,
+    info: dict[str, Any],
+) -> dict[str, Any]:
+    return {
+        "message_type": FEEDBACK,
+        "env_indices": _i8(env_indices),
+        "step_ids": _i8(step_ids),
+        "data": {
+            "obs": obs,
+            "rewards": np.asarray(rewards, dtype=np.float32),
+            "terminated": np.asarray(terminated, dtype=bool),
+            "truncated": np.asarray(truncated, dtype=bool),
+            "info": info,
+        },
+    }
+
+
+def _i8(values: np.ndarray) -> np.ndarray:
+    return np.asarray(values, dtype="<i8")
+
+
+# ----------------------------------------------------------------------------------------------- parsers
+
+
+def message_type(msg: Any) -> str:
+    if not isinstance(msg, dict) or not isinstance(msg.get("message_type"), str):
+        got = type(msg).__name__ if not isinstance(msg, dict) else f"a map with keys {sorted(map(str, msg))}"
+        raise ProtocolError(f"expected a map with a str 'message_type', got {got}")
+    return msg["message_type"]
+
+
+def _expect_type(msg: Any, expected: str) -> None:
+    kind = message_type(msg)
+    if kind != expected:
+        raise ProtocolError(f"expected a {expected!r} message, got {kind!r}")
+
+
+def _opt_int(data: dict[str, Any], key: str) -> int | None:
+    value = data.get(key)
+    if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
+        return int(value)
+    return None
+
+
+def parse_metadata(msg: Any) -> ServerMetadata:
+    """The server's first message. No key is required; unknown keys are kept in ``raw`` and otherwise ignored."""
+    _expect_type(msg, METADATA)
+    data = msg.get("data") or {}
+    if not isinstance(data, dict):
+        raise ProtocolError(f"metadata 'data' must be a map, got {type(data).__name__}")
+    features = data.get("features") or ()
+    features = tuple(str(f) for f in features) if isinstance(features, (list, tuple)) else ()
+    server = data.get("server")
+    return ServerMetadata(
+        raw=data,
+        protocol_version=_opt_int(data, "protocol_version"),
+        server=str(server) if server is not None else None,
+        action_horizon=_opt_int(data, "action_horizon"),
+        action_dim=_opt_int(data, "action_dim"),
+        features=features,
+    )
+
+
+def index_array(value: Any, name: str) -> np.ndarray:
+    """A 1-d signed integer array (env indices, step ids)."""
+    if not isinstance(value, np.ndarray) or value.ndim != 1 or value.dtype.kind not in "iu":
+        got = f"{value.dtype.str} {list(value.shape)}" if isinstance(value, np.ndarray) else type(value).__name__
+        raise ProtocolError(f"{name!r} must be a 1-d int64 array, got {got}")
+    return value.astype(np.int64, copy=False)
+
+
+def parse_action(msg: Any, sent_indices: np.ndarray) -> ActionReply:
+    """An ``action`` answering an infer for ``sent_indices``; ``env_ids`` must repeat them in order."""
+    _expect_type(msg, ACTION)
+    data = msg.get("data")
+    if not isinstance(data, dict):
+        raise ProtocolError(f"action 'data' must be a map with 'env_ids' and 'action', got {type(data).__name__}")
+    env_ids = sent_indices if data.get("env_ids") is None else index_array(data["env_ids"], "env_ids")
+    if not np.array_equal(env_ids, sent_indices):
+        raise ProtocolError(f"action env_ids {env_ids.tolist()} do not match the infer's env_indices {sent_indices.tolist()}")
+    actions = data.get("action")
+    if not isinstance(actions, np.ndarray):
+        raise ProtocolError(f"action 'action' must be an array [horizon, n, *action_shape], got {type(actions).__name__}")
+    if actions.ndim < 2 or actions.shape[1] != len(sent_indices):
+        raise ProtocolError(
+            f"action array has shape {list(actions.shape)}; expected time-major [horizon, {len(sent_indices)}, ...] "
+            f"for the {len(sent_indices)} envs of the infer"
+        )
+    if actions.shape[0] == 0:
+        raise ProtocolError("action array has horizon 0; a server must send at least one step per env")
+    return ActionReply(env_ids=env_ids, actions=actions)
+
+
+def _observation(obs: Any, where: str) -> int:
+    """Check an observation map's structure; returns its batch size (-1 when it has no arrays)."""
+    if not isinstance(obs, dict) or set(obs) != set(OBS_KEYS):
+        keys = sorted(map(str, obs)) if isinstance(obs, dict) else type(obs).__name__
+        raise ProtocolError(f"{where} must be a map with exactly the keys images, states, text; got {keys}")
+    sizes = set()
+    for group in ("images", "states"):
+        if not isinstance(obs[group], dict):
+            raise ProtocolError(f"{where}[{group!r}] must be a map of arrays")
+        for name, arr in obs[group].items():
+            if not isinstance(arr, np.ndarray) or arr.ndim == 0:
+                raise ProtocolError(f"{where}[{group!r}][{name!r}] must be an array with the env batch leading")
+            if group == "images" and arr.dtype != np.uint8:
+                raise ProtocolError(f"{where}['images'][{name!r}] must be uint8, got {arr.dtype.str}")
+            sizes.add(arr.shape[0])
+    text = obs["text"]
+    if isinstance(text, np.ndarray):
+        sizes.add(text.shape[0] if text.ndim else 1)
+    elif isinstance(text, list):
+        sizes.add(len(text))
+    elif text is not None:
+        raise ProtocolError(f"{where}['text'] must be a '<U' array or a list of str")
+    if len(sizes) > 1:
+        raise ProtocolError(f"{where} arrays disagree on the batch size: {sorted(sizes)}")
+    return sizes.pop() if sizes else -1
+
+
+def parse_infer(msg: Any) -> InferRequest:
+    _expect_type(msg, INFER)
+    env_indices = index_array(msg.get("env_indices"), "env_indices")
+    step_ids = index_array(msg.get("step_ids"), "step_ids")
+    if len(np.unique(env_indices)) != len(env_indices) or len(step_ids) != len(env_indices):
+        raise ProtocolError("infer env_indices must be unique and step_ids must have the same length")
+    reuse = msg.get("reuse")
+    if reuse is not None and (not isinstance(reuse, np.ndarray) or reuse.dtype != bool or reuse.shape != env_indices.shape):
+        raise ProtocolError("infer 'reuse' must be a bool array with one entry per env index")
+    n = _observation(msg.get("data"), "infer data")
+    expected = len(env_indices) if reuse is None else int((~reuse).sum())
+    if n not in (expected, -1) or (n == -1 and expected > 0 and reuse is None):
+        raise ProtocolError(f"infer data holds {n} rows but {expected} are expected")
+    return InferRequest(obs=msg["data"], env_indices=env_indices, step_ids=step_ids, reuse=reuse)
+
+
+def parse_feedback(msg: Any) -> FeedbackMessage:
+    _expect_type(msg, FEEDBACK)
+    env_indices = index_array(msg.get("env_indices"), "env_indices")
+    step_ids = index_array(msg.get("step_ids"), "step_ids")
+    data = msg.get("data")
+    if not isinstance(data, dict) or set(data) != set(FEEDBACK_KEYS):
+        keys = sorted(map(str, data)) if isinstance(data, dict) else type(data).__name__
+        raise ProtocolError(f"feedback data must have exactly the keys {', '.join(FEEDBACK_KEYS)}; got {keys}")
+    m = len(env_indices)
+    n = _observation(data["obs"], "feedback obs")
+    if n not in (m, -1) or len(step_ids) != m:
+        raise ProtocolError(f"feedback obs has {n} rows and {len(step_ids)} step ids for {m} env indices")
+    for key, kind in (("rewards", "f"), ("terminated", "b"), ("truncated", "b")):
+        arr = data[key]
+        if not isinstance(arr, np.ndarray) or arr.shape != (m,) or arr.dtype.kind != kind:
+            raise ProtocolError(f"feedback {key!r} must be a [{m}] {'float32' if kind == 'f' else 'bool'} array")
+    if not isinstance(data["info"], dict):
+        raise ProtocolError("feedback 'info' must be a map")
+    return FeedbackMessage(
+        env_indices, step_ids, data["obs"], data["rewards"], data["terminated"], data["truncated"], data["info"]
+    )
