@@ -21,6 +21,9 @@ from plugrl_env_client.errors import ProtocolError
 __all__ = ["ProtocolError", "packb", "unpackb"]
 
 _REFUSED_KINDS = frozenset("OVc")
+# Kinds numpy exports through the buffer protocol (datetime/timedelta are not), so they can be sent without a copy.
+_BUFFER_KINDS = frozenset("biufSU")
+_MAX_CODE_POINT = 0x10FFFF
 _ND, _NG, _DATA, _DTYPE, _SHAPE = b"__ndarray__", b"__npgeneric__", b"data", b"dtype", b"shape"
 
 
@@ -28,8 +31,13 @@ def _encode(obj: Any) -> Any:
     if isinstance(obj, np.ndarray):
         if obj.dtype.kind in _REFUSED_KINDS:
             raise ProtocolError(f"cannot send an array of dtype {obj.dtype} (object, void and complex are refused)")
-        # A C-contiguous array is handed to msgpack as a buffer: one copy (into the frame) instead of two.
-        data = obj.data if obj.flags.c_contiguous and obj.ndim > 0 else obj.tobytes()
+        # A C-contiguous plain ndarray is handed to msgpack as a buffer: one copy (into the frame) instead of two.
+        # Subclasses go through tobytes(): some override ``.data`` (np.ma.MaskedArray) or ``tobytes`` (which is
+        # what the reference convention sends).
+        if type(obj) is np.ndarray and obj.flags.c_contiguous and obj.ndim > 0 and obj.dtype.kind in _BUFFER_KINDS:
+            data = memoryview(obj)
+        else:
+            data = obj.tobytes()
         return {_ND: True, _DATA: data, _DTYPE: obj.dtype.str, _SHAPE: list(obj.shape)}
     if isinstance(obj, np.generic):
         if obj.dtype.kind in _REFUSED_KINDS:
@@ -47,13 +55,17 @@ def _dtype(value: Any) -> np.dtype:
         raise ProtocolError(f"array dtype {value!r} is not a numpy typestr") from None
     if dtype.kind in _REFUSED_KINDS:
         raise ProtocolError(f"array dtype {value!r} is refused (object, void and complex cannot travel safely)")
+    if dtype.itemsize <= 0:
+        raise ProtocolError(f"array dtype {value!r} has no item size (give strings a length, e.g. '<U1')")
     return dtype
 
 
 def _decode_ndarray(obj: dict) -> np.ndarray:
     dtype = _dtype(obj.get(_DTYPE))
     shape, data = obj.get(_SHAPE), obj.get(_DATA)
-    if not isinstance(shape, (list, tuple)) or not all(isinstance(d, int) and d >= 0 for d in shape):
+    if not isinstance(shape, (list, tuple)) or not all(
+        isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape
+    ):
         raise ProtocolError(f"array shape must be a list of non-negative ints, got {shape!r}")
     if not isinstance(data, bytes):
         raise ProtocolError(f"array data must be bytes, got {type(data).__name__}")
@@ -62,15 +74,29 @@ def _decode_ndarray(obj: dict) -> np.ndarray:
         raise ProtocolError(
             f"array data has {len(data)} bytes but shape {list(shape)} of dtype {dtype.str} needs {expected}"
         )
-    return np.frombuffer(data, dtype=dtype).reshape(shape)
+    try:
+        arr = np.frombuffer(data, dtype=dtype).reshape(shape)
+    except ValueError as exc:  # e.g. more than 32 dimensions, or a dimension numpy cannot index
+        raise ProtocolError(f"array of dtype {dtype.str} and shape {list(shape)} cannot be built: {exc}") from None
+    if dtype.kind == "U" and arr.size:
+        # numpy accepts any 32-bit code unit here and fails only later, with a SystemError, when a row is read.
+        units = np.frombuffer(data, dtype=dtype.byteorder.replace("|", "=") + "u4")
+        if int(units.max()) > _MAX_CODE_POINT:
+            raise ProtocolError(f"text array of dtype {dtype.str} holds a value that is not a unicode code point")
+    return arr
 
 
 def _decode_generic(obj: dict) -> np.generic:
     dtype = _dtype(obj.get(_DTYPE))
+    if _DATA not in obj:
+        raise ProtocolError(f"numpy scalar of dtype {dtype.str} has no 'data'")
     try:
-        return dtype.type(obj.get(_DATA))
+        value = dtype.type(obj[_DATA])
     except (TypeError, ValueError, OverflowError) as exc:
         raise ProtocolError(f"numpy scalar of dtype {dtype.str} has an unusable value: {exc}") from None
+    if not isinstance(value, np.generic):  # e.g. np.float64([1, 2]) builds an array
+        raise ProtocolError(f"numpy scalar of dtype {dtype.str} must carry one plain value, got {obj[_DATA]!r}")
+    return value
 
 
 def _object_hook(obj: dict) -> Any:
@@ -97,7 +123,7 @@ def unpackb(data: bytes) -> Any:
         return msgpack.unpackb(data, object_hook=_object_hook, raw=False, strict_map_key=False)
     except ProtocolError:
         raise
-    except (msgpack.ExtraData, msgpack.FormatError, msgpack.StackError, ValueError, TypeError) as exc:
-        raise ProtocolError(f"frame is not a valid msgpack message: {exc}") from None
-    except Exception as exc:  # the C unpacker raises a few more kinds on garbage (e.g. RecursionError)
-        raise ProtocolError(f"frame is not a valid msgpack message: {type(exc).__name__}: {exc}") from None
+    except Exception as exc:  # ExtraData, FormatError, StackError, ValueError, TypeError, RecursionError, ...
+        # Several msgpack errors carry no text (e.g. the reserved byte 0xc1); the class name still says something.
+        why = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+        raise ProtocolError(f"frame is not a valid msgpack message ({why})") from None

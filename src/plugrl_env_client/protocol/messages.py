@@ -104,7 +104,7 @@ def feedback_message(
         "step_ids": _i8(step_ids),
         "data": {
             "obs": obs,
-            "rewards": np.asarray(rewards, dtype=np.float32),
+            "rewards": np.asarray(rewards, dtype="<f4"),
             "terminated": np.asarray(terminated, dtype=bool),
             "truncated": np.asarray(truncated, dtype=bool),
             "info": info,
@@ -142,7 +142,9 @@ def _opt_int(data: dict[str, Any], key: str) -> int | None:
 def parse_metadata(msg: Any) -> ServerMetadata:
     """The server's first message. No key is required; unknown keys are kept in ``raw`` and otherwise ignored."""
     _expect_type(msg, METADATA)
-    data = msg.get("data") or {}
+    data = msg.get("data")
+    if data is None:  # some servers leave it out entirely
+        data = {}
     if not isinstance(data, dict):
         raise ProtocolError(f"metadata 'data' must be a map, got {type(data).__name__}")
     features = data.get("features") or ()
@@ -163,6 +165,8 @@ def index_array(value: Any, name: str) -> np.ndarray:
     if not isinstance(value, np.ndarray) or value.ndim != 1 or value.dtype.kind not in "iu":
         got = f"{value.dtype.str} {list(value.shape)}" if isinstance(value, np.ndarray) else type(value).__name__
         raise ProtocolError(f"{name!r} must be a 1-d int64 array, got {got}")
+    if value.dtype.kind == "u" and value.size and int(value.max()) > np.iinfo(np.int64).max:
+        raise ProtocolError(f"{name!r} holds values too large for int64 (max {int(value.max())})")
     return value.astype(np.int64, copy=False)
 
 
@@ -202,32 +206,42 @@ def _observation(obs: Any, where: str) -> int:
                 raise ProtocolError(f"{where}[{group!r}][{name!r}] must be an array with the env batch leading")
             if group == "images" and arr.dtype != np.uint8:
                 raise ProtocolError(f"{where}['images'][{name!r}] must be uint8, got {arr.dtype.str}")
+            if group == "states" and arr.dtype.kind not in "biuf":
+                raise ProtocolError(f"{where}['states'][{name!r}] must be numeric, got {arr.dtype.str}")
             sizes.add(arr.shape[0])
     text = obs["text"]
-    if isinstance(text, np.ndarray):
-        sizes.add(text.shape[0] if text.ndim else 1)
-    elif isinstance(text, list):
+    if isinstance(text, np.ndarray) and text.dtype.kind == "U" and text.ndim == 1:
+        sizes.add(text.shape[0])
+    elif isinstance(text, list) and all(isinstance(t, str) for t in text):
         sizes.add(len(text))
     elif text is not None:
-        raise ProtocolError(f"{where}['text'] must be a '<U' array or a list of str")
+        got = f"{text.dtype.str} {list(text.shape)}" if isinstance(text, np.ndarray) else type(text).__name__
+        raise ProtocolError(f"{where}['text'] must be a 1-d '<U' array or a list of str, got {got}")
     if len(sizes) > 1:
         raise ProtocolError(f"{where} arrays disagree on the batch size: {sorted(sizes)}")
     return sizes.pop() if sizes else -1
+
+
+def _unique(env_indices: np.ndarray, kind: str) -> None:
+    if len(np.unique(env_indices)) != len(env_indices):
+        raise ProtocolError(f"{kind} env_indices must be unique, got {env_indices.tolist()}")
 
 
 def parse_infer(msg: Any) -> InferRequest:
     _expect_type(msg, INFER)
     env_indices = index_array(msg.get("env_indices"), "env_indices")
     step_ids = index_array(msg.get("step_ids"), "step_ids")
-    if len(np.unique(env_indices)) != len(env_indices) or len(step_ids) != len(env_indices):
-        raise ProtocolError("infer env_indices must be unique and step_ids must have the same length")
+    _unique(env_indices, "infer")
+    if len(step_ids) != len(env_indices):
+        raise ProtocolError(f"infer has {len(step_ids)} step_ids for {len(env_indices)} env_indices")
     reuse = msg.get("reuse")
     if reuse is not None and (not isinstance(reuse, np.ndarray) or reuse.dtype != bool or reuse.shape != env_indices.shape):
         raise ProtocolError("infer 'reuse' must be a bool array with one entry per env index")
     n = _observation(msg.get("data"), "infer data")
     expected = len(env_indices) if reuse is None else int((~reuse).sum())
-    if n not in (expected, -1) or (n == -1 and expected > 0 and reuse is None):
-        raise ProtocolError(f"infer data holds {n} rows but {expected} are expected")
+    if n != expected and not (n == -1 and expected == 0):
+        held = "no arrays" if n == -1 else f"{n} rows"
+        raise ProtocolError(f"infer data holds {held} but {expected} rows are expected")
     return InferRequest(obs=msg["data"], env_indices=env_indices, step_ids=step_ids, reuse=reuse)
 
 
@@ -239,10 +253,12 @@ def parse_feedback(msg: Any) -> FeedbackMessage:
     if not isinstance(data, dict) or set(data) != set(FEEDBACK_KEYS):
         keys = sorted(map(str, data)) if isinstance(data, dict) else type(data).__name__
         raise ProtocolError(f"feedback data must have exactly the keys {', '.join(FEEDBACK_KEYS)}; got {keys}")
+    _unique(env_indices, "feedback")
     m = len(env_indices)
     n = _observation(data["obs"], "feedback obs")
-    if n not in (m, -1) or len(step_ids) != m:
-        raise ProtocolError(f"feedback obs has {n} rows and {len(step_ids)} step ids for {m} env indices")
+    if (n != m and not (n == -1 and m == 0)) or len(step_ids) != m:
+        held = "no arrays" if n == -1 else f"{n} rows"
+        raise ProtocolError(f"feedback obs has {held} and {len(step_ids)} step ids for {m} env indices")
     for key, kind in (("rewards", "f"), ("terminated", "b"), ("truncated", "b")):
         arr = data[key]
         if not isinstance(arr, np.ndarray) or arr.shape != (m,) or arr.dtype.kind != kind:

@@ -1,0 +1,103 @@
+"""One client run from start to end: run folder, optional embedded server, processes, aggregated summary.
+
+Returns the process exit code: 0 when the run finished or the server ended it, 1 on an error (the message is
+printed, the traceback is in ``logs/client.log``), 130 when interrupted. Outputs are written in every case.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import multiprocessing as mp
+import sys
+from typing import Any
+
+from plugrl_env_client.config import ClientConfig
+from plugrl_env_client.errors import ConfigError
+from plugrl_env_client.outputs.progress import Progress, summary_table
+from plugrl_env_client.outputs.recorder import aggregate
+from plugrl_env_client.outputs.run_dir import RunDir, default_exp_name, setup_logging, write_json_atomic
+from plugrl_env_client.rollout import checks
+from plugrl_env_client.rollout.budget import EpisodeBudget
+from plugrl_env_client.rollout.launch import WorkerJob, launch
+from plugrl_env_client.server.server import PolicyServer
+from plugrl_env_client.utils.registration import get_spec, make_env
+
+logger = logging.getLogger(__name__)
+
+
+def run_client(config: ClientConfig, env_id: str) -> int:
+    spec = get_spec(env_id)
+    _validate(config)
+    run_dir = RunDir(config.output_dir / (config.exp_name or default_exp_name(spec.uid, config.num_envs))).create()
+    setup_logging(run_dir.log_file)
+    write_json_atomic(run_dir.client_config, {"env_id": spec.uid, "env_kwargs": spec.kwargs, **dataclasses.asdict(config)})
+    server = _start_local_policy(config, spec.uid) if config.local_policy else None
+    url = server.url if server is not None else config.resolved_url()
+    logger.info("run %s: env %s, %d proc x %d envs, server %s", run_dir.root, spec.uid, config.num_procs, config.num_envs, url)
+    ctx = mp.get_context(config.runner.start_method)
+    budget = EpisodeBudget(config.num_episodes, ctx)
+    jobs = [WorkerJob(spec.uid, config, p, url, run_dir.root) for p in range(config.num_procs)]
+    progress = Progress(budget).start() if config.progress else None
+    failed: dict[int, str] = {}
+    interrupted = False
+    try:
+        failed = launch(jobs, budget, ctx)
+    except KeyboardInterrupt:
+        interrupted = True
+    finally:
+        if progress is not None:
+            progress.stop()
+        if server is not None:
+            server.shutdown()
+    summary = _write_aggregate(run_dir, config.num_procs, failed)
+    print(f"\n{spec.uid}: {summary['completed_episodes']} episodes\n{summary_table(summary)}\nsummary: {run_dir.summary}")
+    if failed:
+        for pid in sorted(failed):
+            print(f"error: process {pid} failed: {summary['process_status'][str(pid)]}", file=sys.stderr)
+        print(f"the full traceback is in {run_dir.log_file}", file=sys.stderr)
+        return 1
+    return 130 if interrupted else 0
+
+
+def _validate(config: ClientConfig) -> None:
+    for name in ("num_envs", "num_procs"):
+        if getattr(config, name) < 1:
+            raise ConfigError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(config, name)}")
+    if config.num_episodes is not None and config.num_episodes < 1:
+        raise ConfigError(f"--num-episodes must be >= 1, got {config.num_episodes}")
+    if config.runner.replan_steps is not None and config.runner.replan_steps < 1:
+        raise ConfigError(f"--runner.replan-steps must be >= 1, got {config.runner.replan_steps}")
+
+
+def _start_local_policy(config: ClientConfig, env_id: str) -> PolicyServer:
+    from plugrl_env_client.server.embedded import start_local_server
+
+    probe = make_env(env_id, num_envs=1, config=config.env)
+    try:
+        space = checks.action_space_of(probe)
+    finally:
+        probe.close()
+    server = start_local_server(config.local_policy, space, config.local_policy_horizon, seed=config.runner.seed)
+    logger.info("embedded %s policy serving on %s", config.local_policy, server.url)
+    return server
+
+
+def _write_aggregate(run_dir: RunDir, num_procs: int, failed: dict[int, str]) -> dict[str, Any]:
+    summaries = []
+    for pid in range(num_procs):
+        path = run_dir.proc_dir(pid) / "summary.json"
+        if path.exists():
+            summary = json.loads(path.read_text())
+            summaries.append(summary)
+            if pid in failed and summary["status"].startswith("failed: "):
+                failed[pid] = summary["status"][len("failed: "):]
+        else:
+            failed.setdefault(pid, "no summary written")
+    summary = aggregate(summaries, failed)
+    write_json_atomic(run_dir.summary, summary)
+    return summary
+
+
+__all__ = ["run_client"]

@@ -1,0 +1,78 @@
+"""Dummy-v1: camera-sized images, states and text at almost no simulation cost, for throughput and wire tests.
+
+The images are drawn once per env at reset and only shifted by a cheap per-step counter, so a step costs a few
+small array writes, not fresh random megabytes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+
+from plugrl_env_client.envs.base_env import Action, BaseEnv, BaseEnvConfig, BoolArray, Observation, RewardArray
+from plugrl_env_client.utils.registration import register_env, register_env_config
+
+
+@register_env_config("Dummy-v1")
+@dataclasses.dataclass
+class DummyEnvConfig(BaseEnvConfig):
+    base_image_size: int = 224
+    """Height and width of images['base']."""
+    wrist_image_size: int = 112
+    """Height and width of images['wrist']."""
+    robot_state_dim: int = 10
+    joint_angles_dim: int = 5
+    action_dim: int = 7
+    terminated_prob: float = 0.01
+    """Probability that an env terminates on a step."""
+    text: str = "do something useful"
+    """Instruction text sent with every observation."""
+
+
+@register_env("Dummy-v1")
+class DummyEnv(BaseEnv):
+    def __init__(self, config: DummyEnvConfig, num_envs: int = 1, **kwargs: Any) -> None:
+        super().__init__(config, num_envs=num_envs, **kwargs)
+        c = config
+        self.single_action_space = gym.spaces.Box(-1.0, 1.0, (c.action_dim,), np.float32)
+        self.base = np.zeros((num_envs, c.base_image_size, c.base_image_size, 3), np.uint8)
+        self.wrist = np.zeros((num_envs, c.wrist_image_size, c.wrist_image_size, 3), np.uint8)
+        self.robot_state = np.zeros((num_envs, c.robot_state_dim))
+        self.joint_angles = np.zeros((num_envs, c.joint_angles_dim))
+        self.steps = np.zeros(num_envs, np.int64)
+
+    def _observe(self) -> Observation:
+        return Observation(
+            images={"base": self.base, "wrist": self.wrist},
+            states={"robot_state": self.robot_state.copy(), "joint_angles": self.joint_angles.copy()},
+            text=self.config.text,
+        )
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[Observation, dict]:
+        self.seed_rngs(seed)
+        mask = self.reset_mask(self.num_envs, options)
+        k = int(mask.sum())
+        self.base[mask] = self.np_random.integers(0, 256, (k, 1, 1, 3), dtype=np.uint8)
+        self.wrist[mask] = self.np_random.integers(0, 256, (k, 1, 1, 3), dtype=np.uint8)
+        self.robot_state[mask] = self.np_random.standard_normal((k, self.robot_state.shape[1]))
+        self.joint_angles[mask] = self.np_random.uniform(-np.pi, np.pi, (k, self.joint_angles.shape[1]))
+        self.steps[mask] = 0
+        return self._observe(), {}
+
+    def step(self, actions: Action) -> tuple[Observation, RewardArray, BoolArray, BoolArray, dict]:
+        actions = np.asarray(actions, dtype=np.float64)
+        self.steps += 1
+        self.base[:, 0, 0, 0] = self.steps.astype(np.uint8)
+        self.robot_state[:, : min(actions.shape[1], self.robot_state.shape[1])] += 0.01 * actions[:, : self.robot_state.shape[1]]
+        reward = self.np_random.random(self.num_envs).astype(np.float32)
+        terminated = self.np_random.random(self.num_envs) < self.config.terminated_prob
+        return self._observe(), reward, terminated, np.zeros(self.num_envs, dtype=bool), {}
+
+
+if __name__ == "__main__":
+    from plugrl_env_client.cli import main
+
+    main()

@@ -1,0 +1,58 @@
+"""Point-v1: a point on the plane moves toward a goal. The smallest useful env, and a template to copy.
+
+Run it directly: ``python point_env.py point-v1 --num-episodes 3 --local-policy random``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+
+from plugrl_env_client.envs.base_env import Action, BaseEnv, BaseEnvConfig, BoolArray, Observation, RewardArray
+from plugrl_env_client.utils.registration import register_env, register_env_config
+
+
+@register_env_config("Point-v1")
+@dataclasses.dataclass
+class PointEnvConfig(BaseEnvConfig):
+    step_size: float = 0.1
+    """How far an action of norm 1 moves the point per step."""
+    goal_radius: float = 0.1
+    """The episode ends (terminated, reward 1) when the point is this close to the goal."""
+
+
+@register_env("Point-v1", max_episode_steps=100, best_reward_threshold_for_success=1.0)
+class PointEnv(BaseEnv):
+    def __init__(self, config: PointEnvConfig, num_envs: int = 1, **kwargs: Any) -> None:
+        super().__init__(config, num_envs=num_envs, **kwargs)
+        self.single_action_space = gym.spaces.Box(-1.0, 1.0, (2,), np.float32)
+        self.pos = np.zeros((num_envs, 2))
+        self.goal = np.zeros((num_envs, 2))
+
+    def _observe(self) -> Observation:
+        return Observation(states={"pos": self.pos.copy(), "goal": self.goal.copy()}, text="move to the goal")
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[Observation, dict]:
+        self.seed_rngs(seed)
+        mask = self.reset_mask(self.num_envs, options)
+        k = int(mask.sum())
+        self.pos[mask] = self.np_random.uniform(-1.0, 1.0, (k, 2))
+        self.goal[mask] = self.np_random.uniform(-1.0, 1.0, (k, 2))
+        return self._observe(), {}
+
+    def step(self, actions: Action) -> tuple[Observation, RewardArray, BoolArray, BoolArray, dict]:
+        move = np.clip(np.asarray(actions, dtype=np.float64), -1.0, 1.0)
+        self.pos += self.config.step_size * move
+        distance = np.linalg.norm(self.goal - self.pos, axis=1)
+        terminated = distance <= self.config.goal_radius
+        reward = np.where(terminated, 1.0, -distance).astype(np.float32)
+        return self._observe(), reward, terminated, np.zeros(self.num_envs, dtype=bool), {"distance": distance}
+
+
+if __name__ == "__main__":
+    from plugrl_env_client.cli import main
+
+    main()

@@ -1,0 +1,76 @@
+"""Progress a user can see: a one-line bar on a terminal, periodic log lines otherwise, a table at the end."""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from typing import Any, TextIO
+
+from plugrl_env_client.rollout.budget import EpisodeBudget
+
+
+class Progress:
+    """Reads the shared budget counters from a thread and redraws every ``period`` seconds."""
+
+    def __init__(self, budget: EpisodeBudget, stream: TextIO | None = None, period: float | None = None) -> None:
+        self.budget = budget
+        self.stream = stream or sys.stderr
+        self.tty = self.stream.isatty()
+        self.period = period if period is not None else (0.5 if self.tty else 10.0)
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="plugrl-progress", daemon=True)
+        self._start = time.perf_counter()
+
+    def start(self) -> Progress:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._done.set()
+        self._thread.join(timeout=2)
+        self._draw(final=True)
+
+    def line(self) -> str:
+        elapsed = max(time.perf_counter() - self._start, 1e-9)
+        done, target = self.budget.claimed, self.budget.target
+        rate = self.budget.env_steps / elapsed
+        if target:
+            width = 24
+            filled = int(width * min(done / target, 1.0))
+            bar = "#" * filled + "-" * (width - filled)
+            return f"[{bar}] {done}/{target} episodes | {rate:,.0f} env-steps/s | {elapsed:,.0f}s"
+        return f"{done} episodes | {rate:,.0f} env-steps/s | {elapsed:,.0f}s"
+
+    def _run(self) -> None:
+        while not self._done.wait(self.period):
+            self._draw()
+
+    def _draw(self, final: bool = False) -> None:
+        if self.tty:
+            self.stream.write("\r" + self.line() + ("\n" if final else ""))
+        elif not final:
+            self.stream.write("progress: " + self.line() + "\n")
+        self.stream.flush()
+
+
+def summary_table(summary: dict[str, Any]) -> str:
+    """A short human-readable table of an aggregated summary."""
+    timing = summary.get("timing", {})
+
+    def fmt(value: Any, spec: str) -> str:
+        return "n/a" if value is None else format(value, spec)
+
+    rows = [
+        ("status", summary.get("status")),
+        ("episodes", summary.get("completed_episodes")),
+        ("mean return", fmt(summary.get("mean_return"), ".4f")),
+        ("mean length", fmt(summary.get("mean_length"), ".1f")),
+        ("success rate", fmt(summary.get("mean_success_rate"), ".3f")),
+        ("env steps", timing.get("env_steps")),
+        ("env-steps/s", fmt(timing.get("effective_fps"), ",.0f")),
+        ("infer calls", timing.get("infer_calls")),
+        ("infer wait s", fmt(timing.get("infer_wait_s"), ".3f")),
+    ]
+    width = max(len(k) for k, _ in rows)
+    return "\n".join(f"  {k.ljust(width)}  {v}" for k, v in rows)

@@ -1,0 +1,95 @@
+"""Layout of a run directory and the small file-writing rules everything in it follows.
+
+``<root>/<exp-name>/client_config.json``, ``logs/client.log``, ``rollout/proc_NNN/{episodes.jsonl,summary.json}``
+and the aggregated ``summary.json``. JSON files are written atomically (temp file + rename) so a crash never
+leaves a half-written summary behind.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import json
+import logging
+import os
+import secrets
+import tempfile
+from pathlib import Path
+from typing import Any
+
+LOG_FORMAT = "%(asctime)s %(levelname)s [%(processName)s] %(name)s: %(message)s"
+
+
+def default_exp_name(uid: str, num_envs: int) -> str:
+    stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    return f"{uid.lower()}-nenv{num_envs}-{stamp}-{secrets.token_hex(4)}"
+
+
+def write_json_atomic(path: Path, data: Any) -> None:
+    """Write ``data`` as JSON to ``path`` via a temp file in the same folder and a rename."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(data, f, indent=2, default=_json_default)
+            f.write("\n")
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _json_default(value: Any) -> Any:
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {"_type": type(value).__name__, **dataclasses.asdict(value)}
+    if hasattr(value, "item"):
+        return value.item()
+    if isinstance(value, (set, tuple)):
+        return list(value)
+    return repr(value)
+
+
+@dataclasses.dataclass(frozen=True)
+class RunDir:
+    root: Path
+
+    @property
+    def log_file(self) -> Path:
+        return self.root / "logs" / "client.log"
+
+    @property
+    def client_config(self) -> Path:
+        return self.root / "client_config.json"
+
+    @property
+    def summary(self) -> Path:
+        return self.root / "summary.json"
+
+    def proc_dir(self, process_id: int) -> Path:
+        return self.root / "rollout" / f"proc_{process_id:03d}"
+
+    def create(self) -> RunDir:
+        (self.root / "logs").mkdir(parents=True, exist_ok=True)
+        (self.root / "rollout").mkdir(parents=True, exist_ok=True)
+        return self
+
+
+def setup_logging(log_file: Path, console_level: int = logging.WARNING) -> None:
+    """Everything (DEBUG and up for this package) to the log file; warnings and errors to the console."""
+    log_file.parent.mkdir(parents=True, exist_ok=True)
+    root = logging.getLogger()
+    for handler in list(root.handlers):
+        if getattr(handler, "_plugrl", False):
+            root.removeHandler(handler)
+            handler.close()
+    file_handler = logging.FileHandler(log_file)
+    file_handler.setFormatter(logging.Formatter(LOG_FORMAT))
+    file_handler.setLevel(logging.DEBUG)
+    console = logging.StreamHandler()
+    console.setFormatter(logging.Formatter("%(levelname)s: %(message)s"))
+    console.setLevel(console_level)
+    for handler in (file_handler, console):
+        handler._plugrl = True  # type: ignore[attr-defined]
+        root.addHandler(handler)
+    root.setLevel(logging.INFO)
+    logging.getLogger("plugrl_env_client").setLevel(logging.DEBUG)

@@ -1,0 +1,1 @@
+"""Everything that knows envs and action chunks, and nothing about bytes."""

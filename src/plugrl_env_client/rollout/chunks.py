@@ -1,0 +1,66 @@
+"""Per-env action plans: which action each env takes next, and when its chunk is over.
+
+A server answers an infer with a time-major chunk ``[H, m, *action_shape]``. Each env consumes its column step by
+step, up to ``replan_steps``. A chunk ends when it is used up or when the env's episode ends (the rest is
+dropped); the envs whose chunk ended get feedback on that step and ask for a new chunk on the next one.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+class ActionPlans:
+    """Action queues of ``num_envs`` envs, plus the reward summed over each env's current chunk."""
+
+    def __init__(self, num_envs: int, action_shape: tuple[int, ...], dtype: np.dtype, replan_steps: int | None) -> None:
+        self.num_envs = num_envs
+        self.action_shape = tuple(action_shape)
+        self.dtype = np.dtype(dtype)
+        self.replan_steps = replan_steps
+        self._queue = np.zeros((num_envs, 1, *self.action_shape), self.dtype)  # [env, step, *action_shape]
+        self.length = np.zeros(num_envs, np.int64)  # steps in the env's current chunk (0 = no chunk)
+        self.cursor = np.zeros(num_envs, np.int64)  # steps of it already taken
+        self.chunk_reward = np.zeros(num_envs, np.float64)
+        self.chunk_index = np.zeros(num_envs, np.int64)  # completed chunks in the current episode (step_ids)
+
+    def needing_actions(self) -> np.ndarray:
+        """Envs (ascending) whose chunk is used up or was dropped."""
+        return np.flatnonzero(self.cursor >= self.length)
+
+    def load(self, env_ids: np.ndarray, actions: np.ndarray) -> None:
+        """Queue a time-major chunk ``actions[t, j]`` for env ``env_ids[j]``, cut to ``replan_steps``."""
+        steps = actions.shape[0] if self.replan_steps is None else min(actions.shape[0], self.replan_steps)
+        if steps > self._queue.shape[1]:
+            grown = np.zeros((self.num_envs, steps, *self.action_shape), self.dtype)
+            grown[:, : self._queue.shape[1]] = self._queue
+            self._queue = grown
+        self._queue[env_ids, :steps] = np.swapaxes(actions[:steps], 0, 1)
+        self.length[env_ids] = steps
+        self.cursor[env_ids] = 0
+        self.chunk_reward[env_ids] = 0.0
+
+    def next_actions(self) -> np.ndarray:
+        """The batch of actions for this env step (every env must hold a chunk)."""
+        return self._queue[np.arange(self.num_envs), self.cursor]
+
+    def advance(self, rewards: np.ndarray, done: np.ndarray) -> np.ndarray:
+        """Account one env step; returns the envs whose chunk ended on it (used up or episode over)."""
+        self.cursor += 1
+        self.chunk_reward += rewards
+        ended = (self.cursor >= self.length) | done
+        self.cursor[done] = self.length[done]
+        return np.flatnonzero(ended)
+
+    def finish_chunks(self, env_ids: np.ndarray, done: np.ndarray) -> np.ndarray:
+        """Step ids of the chunks that just ended at ``env_ids``; counts them and restarts done envs at 0."""
+        step_ids = self.chunk_index[env_ids].copy()
+        self.chunk_index[env_ids] += 1
+        self.chunk_index[env_ids[done[env_ids]]] = 0
+        return step_ids
+
+    def drop_all(self) -> None:
+        """Forget every chunk (after a reconnect): every env asks for a fresh one."""
+        self.length[:] = 0
+        self.cursor[:] = 0
+        self.chunk_reward[:] = 0.0

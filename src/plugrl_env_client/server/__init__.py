@@ -1,0 +1,1 @@
+"""Reference policy server: speaks PlugRL v1, serves simple policies, and doubles as the embedded default."""

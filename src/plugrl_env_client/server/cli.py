@@ -1,0 +1,38 @@
+"""``plugrl-run-policy-server``: the reference policy server as a standalone process."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Sequence
+
+import tyro
+
+from plugrl_env_client.server.policies import PolicyConfig, make_policy
+from plugrl_env_client.server.server import PolicyServer
+
+
+@dataclasses.dataclass
+class ServerArgs:
+    """Serve a reference policy over the PlugRL v1 protocol."""
+
+    host: str = "127.0.0.1"
+    """Address to bind (0.0.0.0 to accept clients from other machines)."""
+    port: int = 8000
+    max_episodes: int | None = None
+    """End the run (close every client with plugrl-server-stop) after this many reported episodes."""
+    policy: PolicyConfig = dataclasses.field(default_factory=PolicyConfig)
+
+
+def main(args: Sequence[str] | None = None) -> None:
+    cfg = tyro.cli(ServerArgs, args=args, prog="plugrl-run-policy-server")
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    server = PolicyServer(make_policy(cfg.policy), host=cfg.host, port=cfg.port, max_episodes=cfg.max_episodes)
+    print(f"Policy server ({cfg.policy.name}, action_dim={cfg.policy.action_dim}, horizon={cfg.policy.action_horizon}) "
+          f"listening on ws://{cfg.host}:{server.port}", flush=True)
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.shutdown()

@@ -1,0 +1,86 @@
+"""Policies of the reference server. They see the decoded observation and answer a time-major action chunk."""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+from typing import Any
+
+import numpy as np
+
+
+@dataclasses.dataclass
+class PolicyConfig:
+    """Flags ``--policy.*`` of the reference server."""
+
+    name: str = "random"
+    """Which policy answers infers: ``random`` (uniform in [low, high]) or ``zero`` (all zeros)."""
+    action_dim: int = 7
+    """Length of each action vector; 0 means scalar actions (discrete policies), sent as [horizon, n]."""
+    action_horizon: int = 4
+    """Steps per action chunk."""
+    dtype: str = "float32"
+    """numpy dtype of the actions; an integer dtype makes ``random`` draw integers in [low, high]."""
+    low: float = -1.0
+    high: float = 1.0
+    seed: int | None = None
+
+
+class Policy(abc.ABC):
+    """Maps a batch of observations to an action chunk of shape ``[horizon, n, *action_shape]``."""
+
+    def __init__(self, action_shape: tuple[int, ...], dtype: np.dtype, horizon: int, low: Any, high: Any) -> None:
+        if horizon < 1:
+            raise ValueError(f"action horizon must be >= 1, got {horizon}")
+        self.action_shape = tuple(action_shape)
+        self.dtype = np.dtype(dtype)
+        self.horizon = int(horizon)
+        self.low = np.broadcast_to(np.asarray(low, dtype=np.float64), self.action_shape)
+        self.high = np.broadcast_to(np.asarray(high, dtype=np.float64), self.action_shape)
+
+    def metadata(self) -> dict[str, Any]:
+        dim = self.action_shape[0] if len(self.action_shape) == 1 else (0 if not self.action_shape else None)
+        meta = {"policy": type(self).__name__, "action_horizon": self.horizon, "action_dtype": self.dtype.str}
+        if dim is not None:
+            meta["action_dim"] = dim
+        return meta
+
+    @abc.abstractmethod
+    def act(self, obs: dict[str, Any], n: int) -> np.ndarray:
+        """Action chunk for ``n`` envs."""
+
+
+class RandomPolicy(Policy):
+    def __init__(self, *args: Any, seed: int | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.rng = np.random.default_rng(seed)
+        # Infinite bounds (e.g. an unbounded Box) fall back to [-1, 1] so draws stay finite.
+        self.low = np.where(np.isfinite(self.low), self.low, -1.0)
+        self.high = np.where(np.isfinite(self.high), self.high, 1.0)
+
+    def act(self, obs: dict[str, Any], n: int) -> np.ndarray:
+        shape = (self.horizon, n, *self.action_shape)
+        if self.dtype.kind in "iu":
+            return self.rng.integers(self.low.astype(np.int64), self.high.astype(np.int64) + 1, size=shape).astype(self.dtype)
+        if self.dtype.kind == "b":
+            return self.rng.random(size=shape) < 0.5
+        return self.rng.uniform(self.low, self.high, size=shape).astype(self.dtype)
+
+
+class ZeroPolicy(Policy):
+    def act(self, obs: dict[str, Any], n: int) -> np.ndarray:
+        return np.zeros((self.horizon, n, *self.action_shape), dtype=self.dtype)
+
+
+POLICIES: dict[str, type[Policy]] = {"random": RandomPolicy, "zero": ZeroPolicy}
+
+
+def make_policy(config: PolicyConfig, action_shape: tuple[int, ...] | None = None, low: Any = None, high: Any = None) -> Policy:
+    """Build the policy named in ``config``; ``action_shape``/``low``/``high`` override the config (embedded use)."""
+    if config.name not in POLICIES:
+        raise ValueError(f"unknown policy {config.name!r}; choose one of {', '.join(POLICIES)}")
+    shape = action_shape if action_shape is not None else ((config.action_dim,) if config.action_dim > 0 else ())
+    args = (shape, np.dtype(config.dtype), config.action_horizon, config.low if low is None else low, config.high if high is None else high)
+    if config.name == "random":
+        return RandomPolicy(*args, seed=config.seed)
+    return POLICIES[config.name](*args)

@@ -1,0 +1,164 @@
+"""The reference policy server.
+
+It speaks PlugRL v1 exactly as a training server does, validates every client message strictly (a violation
+closes the connection with ``plugrl-server-resync`` and a log line saying what was wrong), answers infers from a
+:class:`~plugrl_env_client.server.policies.Policy`, and counts finished episodes from ``info["episode"]``. With
+``max_episodes`` it ends the run (``plugrl-server-stop``) once that many episodes were reported.
+
+One thread per connection (websockets' sync server); episode counters are shared under a lock.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+from typing import Any
+
+import numpy as np
+from websockets.exceptions import ConnectionClosed
+from websockets.sync.server import Server, ServerConnection, serve
+
+from plugrl_env_client import __version__
+from plugrl_env_client.errors import ProtocolError
+from plugrl_env_client.protocol import codec, messages
+from plugrl_env_client.server.policies import Policy
+
+logger = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass
+class EpisodeLog:
+    """Running totals of the episodes clients reported."""
+
+    episodes: int = 0
+    return_sum: float = 0.0
+    length_sum: int = 0
+    successes: int = 0
+
+    def add(self, episode: Any) -> int:
+        """Count the finished rows of one ``info["episode"]`` map; returns how many there were."""
+        if not isinstance(episode, dict):
+            return 0
+        mask = np.asarray(episode.get("mask", np.ones(len(np.atleast_1d(episode.get("r", []))), bool)), dtype=bool)
+        rows = int(mask.sum())
+        self.episodes += rows
+        self.return_sum += float(np.asarray(episode.get("r", np.zeros(mask.shape)), dtype=np.float64)[mask].sum())
+        self.length_sum += int(np.asarray(episode.get("l", np.zeros(mask.shape)), dtype=np.int64)[mask].sum())
+        self.successes += int(np.asarray(episode.get("s", np.zeros(mask.shape)), dtype=bool)[mask].sum())
+        return rows
+
+    def line(self) -> str:
+        n = max(self.episodes, 1)
+        return (
+            f"episodes={self.episodes} mean_return={self.return_sum / n:.3f} "
+            f"mean_length={self.length_sum / n:.1f} success_rate={self.successes / n:.3f}"
+        )
+
+
+class _Violation(Exception):
+    """A client broke the protocol; the connection is resynced."""
+
+
+class PolicyServer:
+    """Serve ``policy`` on ``ws://host:port`` until :meth:`shutdown` (or ``max_episodes`` were reported)."""
+
+    def __init__(self, policy: Policy, host: str = "127.0.0.1", port: int = 8000, max_episodes: int | None = None) -> None:
+        self.policy = policy
+        self.max_episodes = max_episodes
+        self.log = EpisodeLog()
+        self.stopping = threading.Event()
+        self._lock = threading.Lock()
+        self._server: Server = serve(self._handle, host, port, compression=None, max_size=None)
+        self._thread: threading.Thread | None = None
+
+    @property
+    def port(self) -> int:
+        return int(self._server.socket.getsockname()[1])
+
+    @property
+    def url(self) -> str:
+        host = self._server.socket.getsockname()[0]
+        return f"ws://{host}:{self.port}"
+
+    def metadata(self) -> dict[str, Any]:
+        return {"protocol_version": messages.PROTOCOL_VERSION, "server": "plugrl-env-client-reference",
+                "server_version": __version__, **self.policy.metadata(), "features": []}
+
+    def serve_forever(self) -> None:
+        self._server.serve_forever()
+
+    def start(self) -> PolicyServer:
+        """Serve in a daemon thread (embedded use and tests)."""
+        self._thread = threading.Thread(target=self.serve_forever, name="plugrl-policy-server", daemon=True)
+        self._thread.start()
+        return self
+
+    def shutdown(self) -> None:
+        self._server.shutdown()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+
+    # ------------------------------------------------------------------------------------------ one connection
+
+    def _handle(self, ws: ServerConnection) -> None:
+        peer = ws.remote_address
+        logger.info("client connected: %s", peer)
+        try:
+            ws.send(codec.packb(messages.metadata_message(self.metadata())))
+            self._serve_connection(ws)
+        except _Violation as exc:
+            logger.warning("protocol violation by %s, closing with %s: %s", peer, messages.REASON_RESYNC, exc)
+            ws.close(messages.CLOSE_GOING_AWAY, messages.REASON_RESYNC)
+        except ConnectionClosed:
+            logger.info("client disconnected: %s", peer)
+
+    def _serve_connection(self, ws: ServerConnection) -> None:
+        outstanding: set[int] = set()  # envs that received a chunk and owe us its feedback
+        expect = messages.INFER
+        while True:
+            if self.stopping.is_set():
+                ws.close(messages.CLOSE_GOING_AWAY, messages.REASON_STOP)
+                return
+            msg = self._receive(ws)
+            kind = _parse(messages.message_type, msg)
+            if kind != expect:
+                raise _Violation(f"expected a {expect!r} message, got {kind!r}")
+            if kind == messages.INFER:
+                request = _parse(messages.parse_infer, msg)
+                stale = outstanding.intersection(request.env_indices.tolist())
+                if stale:
+                    raise _Violation(f"infer for envs {sorted(stale)} whose previous chunk got no feedback yet")
+                actions = self.policy.act(request.obs, len(request.env_indices))
+                ws.send(codec.packb(messages.action_message(request.env_indices, actions)))
+                outstanding.update(request.env_indices.tolist())
+                expect = messages.FEEDBACK
+            else:
+                feedback = _parse(messages.parse_feedback, msg)
+                unknown = set(feedback.env_indices.tolist()) - outstanding
+                if unknown:
+                    raise _Violation(f"feedback for envs {sorted(unknown)} that have no chunk on this connection")
+                outstanding.difference_update(feedback.env_indices.tolist())
+                self._record(feedback.info.get("episode"))
+                expect = messages.INFER
+
+    def _receive(self, ws: ServerConnection) -> Any:
+        frame = ws.recv()
+        if isinstance(frame, str):
+            raise _Violation("text frame received; PlugRL sends binary msgpack frames only")
+        return _parse(codec.unpackb, frame)
+
+    def _record(self, episode: Any) -> None:
+        with self._lock:
+            if self.log.add(episode):
+                logger.info("%s", self.log.line())
+            if self.max_episodes is not None and self.log.episodes >= self.max_episodes and not self.stopping.is_set():
+                logger.info("reached %d episodes; ending the run (%s)", self.max_episodes, messages.REASON_STOP)
+                self.stopping.set()
+
+
+def _parse(parser: Any, value: Any) -> Any:
+    try:
+        return parser(value)
+    except ProtocolError as exc:
+        raise _Violation(str(exc)) from None
