@@ -343,7 +343,7 @@ def _mutated(draw) -> bytes:
 
 
 _JUNK = st.one_of(st.none(), st.booleans(), st.integers(-(2**63), 2**64 - 1), st.floats(), st.text(max_size=6),
-                  st.binary(max_size=12), st.lists(st.integers(-3, 2**64), max_size=4))
+                  st.binary(max_size=12), st.lists(st.integers(-3, 2**64 - 1), max_size=4))
 
 
 @st.composite
