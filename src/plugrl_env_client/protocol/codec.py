@@ -43,6 +43,8 @@ def _encode(obj: Any) -> Any:
         if obj.dtype.kind in _REFUSED_KINDS:
             raise ProtocolError(f"cannot send a scalar of dtype {obj.dtype} (object, void and complex are refused)")
         return {_NG: True, _DATA: obj.item(), _DTYPE: obj.dtype.str}
+    if isinstance(obj, int):  # msgpack hands ints beyond 64 bits to this hook
+        raise ProtocolError(f"cannot encode the integer {obj}: msgpack integers are limited to 64 bits")
     raise ProtocolError(f"cannot encode a value of type {type(obj).__name__}; send numpy arrays, str, numbers, lists or dicts")
 
 
@@ -112,7 +114,13 @@ def _object_hook(obj: dict) -> Any:
 
 def packb(obj: Any) -> bytes:
     """Encode one message (dicts, lists, str, numbers, numpy arrays and scalars) to msgpack bytes."""
-    return msgpack.packb(obj, default=_encode, use_bin_type=True)
+    try:
+        return msgpack.packb(obj, default=_encode, use_bin_type=True)
+    except ProtocolError:
+        raise
+    except (OverflowError, UnicodeEncodeError, ValueError, TypeError) as exc:
+        # e.g. an int beyond 64 bits, a str with a lone surrogate, nesting deeper than msgpack allows
+        raise ProtocolError(f"cannot encode the message: {type(exc).__name__}: {exc}") from None
 
 
 def unpackb(data: bytes) -> Any:

@@ -205,7 +205,7 @@ class Session:
     def _try_connect(self, attempt: int) -> ClientConnection | None:
         headers = {"Authorization": f"Api-Key {self.config.api_key}"} if self.config.api_key else None
         try:
-            return connect(
+            ws = connect(
                 self.config.url,
                 compression=None,
                 max_size=None,
@@ -226,6 +226,9 @@ class Session:
                     exc,
                 )
             return None
+        # Entering the context marks the connection as owned by us (websockets warns on bare use); it is left
+        # by Connection.close(), which sends our 1000 close frame.
+        return ws.__enter__()
 
 
 def _short(data: dict[str, Any], limit: int = 400) -> str:

@@ -1,0 +1,85 @@
+"""Shared fixtures: a scripted PlugRL server on 127.0.0.1 for end-to-end tests over real sockets.
+
+A test gives the harness a ``script(conn)`` function; ``conn`` wraps one accepted WebSocket with helpers that
+encode/decode through the project's codec and record every message the client sent, per connection.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from websockets.exceptions import ConnectionClosed
+from websockets.sync.server import ServerConnection, serve
+
+from plugrl_env_client.protocol import codec, messages
+
+
+class HarnessConnection:
+    def __init__(self, ws: ServerConnection, index: int) -> None:
+        self.ws = ws
+        self.index = index
+        self.received: list[dict[str, Any]] = []
+
+    def send(self, msg: dict[str, Any]) -> None:
+        self.ws.send(codec.packb(msg))
+
+    def send_metadata(self, **data: Any) -> None:
+        self.send(messages.metadata_message(data))
+
+    def recv(self) -> dict[str, Any]:
+        msg = codec.unpackb(self.ws.recv())
+        self.received.append(msg)
+        return msg
+
+    def close(self, code: int, reason: str = "") -> None:
+        self.ws.close(code, reason)
+
+
+class Harness:
+    """Runs ``script`` for every connection (in order), and keeps each connection's received messages."""
+
+    def __init__(self, script: Callable[[HarnessConnection], None]) -> None:
+        self.script = script
+        self.connections: list[HarnessConnection] = []
+        self.errors: list[BaseException] = []
+        self._lock = threading.Lock()
+        self._server = serve(self._handle, "127.0.0.1", 0, compression=None, max_size=None)
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        self._thread.start()
+
+    @property
+    def port(self) -> int:
+        return self._server.socket.getsockname()[1]
+
+    def _handle(self, ws: ServerConnection) -> None:
+        with self._lock:
+            conn = HarnessConnection(ws, len(self.connections))
+            self.connections.append(conn)
+        try:
+            self.script(conn)
+        except ConnectionClosed:
+            pass
+        except BaseException as exc:  # surfaced by the test through harness.errors
+            self.errors.append(exc)
+            ws.close(1011, "harness error")
+
+    def shutdown(self) -> None:
+        self._server.shutdown()
+        self._thread.join(timeout=5)
+
+
+@pytest.fixture
+def harness() -> Iterator[Callable[[Callable[[HarnessConnection], None]], Harness]]:
+    made: list[Harness] = []
+
+    def start(script: Callable[[HarnessConnection], None]) -> Harness:
+        h = Harness(script)
+        made.append(h)
+        return h
+
+    yield start
+    for h in made:
+        h.shutdown()
