@@ -117,10 +117,10 @@ class PolicyServer:
         outstanding: set[int] = set()  # envs that received a chunk and owe us its feedback
         expect = messages.INFER
         while True:
-            if self.stopping.is_set():
+            msg = self._receive(ws)
+            if self.stopping.is_set():  # the run is over: whatever the client sent, it learns so now
                 ws.close(messages.CLOSE_GOING_AWAY, messages.REASON_STOP)
                 return
-            msg = self._receive(ws)
             kind = _parse(messages.message_type, msg)
             if kind != expect:
                 raise _Violation(f"expected a {expect!r} message, got {kind!r}")
@@ -139,7 +139,9 @@ class PolicyServer:
                 if unknown:
                     raise _Violation(f"feedback for envs {sorted(unknown)} that have no chunk on this connection")
                 outstanding.difference_update(feedback.env_indices.tolist())
-                self._record(feedback.info.get("episode"))
+                if self._record(feedback.info.get("episode")):
+                    ws.close(messages.CLOSE_GOING_AWAY, messages.REASON_STOP)
+                    return
                 expect = messages.INFER
 
     def _receive(self, ws: ServerConnection) -> Any:
@@ -148,13 +150,15 @@ class PolicyServer:
             raise _Violation("text frame received; PlugRL sends binary msgpack frames only")
         return _parse(codec.unpackb, frame)
 
-    def _record(self, episode: Any) -> None:
+    def _record(self, episode: Any) -> bool:
+        """Count reported episodes; True when the run is over."""
         with self._lock:
             if self.log.add(episode):
                 logger.info("%s", self.log.line())
             if self.max_episodes is not None and self.log.episodes >= self.max_episodes and not self.stopping.is_set():
                 logger.info("reached %d episodes; ending the run (%s)", self.max_episodes, messages.REASON_STOP)
                 self.stopping.set()
+            return self.stopping.is_set()
 
 
 def _parse(parser: Any, value: Any) -> Any:
