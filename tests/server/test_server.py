@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 from websockets.exceptions import ConnectionClosed
@@ -119,6 +121,9 @@ def test_max_episodes_ends_the_run_for_every_client(server_factory):
     b.send(infer([0]))
     b.recv(timeout=5)
     a.send(feedback([0, 1], done=True))
+    deadline = time.monotonic() + 5
+    while server.log.episodes < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
     b.send(feedback([0], done=True))  # the third episode: b is closed at once
     assert close_of(b) == (1001, messages.REASON_STOP)
     assert server.log.episodes == 3
