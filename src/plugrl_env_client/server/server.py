@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import threading
+import time
 from typing import Any
 
 import numpy as np
@@ -25,6 +26,8 @@ from plugrl_env_client.protocol import codec, messages
 from plugrl_env_client.server.policies import Policy
 
 logger = logging.getLogger(__name__)
+
+LOG_PERIOD_S = 5.0
 
 
 @dataclasses.dataclass
@@ -69,6 +72,7 @@ class PolicyServer:
         self.log = EpisodeLog()
         self.stopping = threading.Event()
         self._lock = threading.Lock()
+        self._last_log = -LOG_PERIOD_S
         self._server: Server = serve(self._handle, host, port, compression=None, max_size=None)
         self._thread: threading.Thread | None = None
 
@@ -153,10 +157,12 @@ class PolicyServer:
     def _record(self, episode: Any) -> bool:
         """Count reported episodes; True when the run is over."""
         with self._lock:
-            if self.log.add(episode):
+            if self.log.add(episode) and time.monotonic() - self._last_log >= LOG_PERIOD_S:
+                self._last_log = time.monotonic()
                 logger.info("%s", self.log.line())
             if self.max_episodes is not None and self.log.episodes >= self.max_episodes and not self.stopping.is_set():
-                logger.info("reached %d episodes; ending the run (%s)", self.max_episodes, messages.REASON_STOP)
+                logger.info("reached %d episodes (%s); ending the run (%s)", self.max_episodes, self.log.line(),
+                            messages.REASON_STOP)
                 self.stopping.set()
             return self.stopping.is_set()
 

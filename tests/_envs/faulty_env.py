@@ -1,0 +1,52 @@
+"""Test-only env that raises in ``step`` on a chosen process and step, for failure-path tests.
+
+Kept in an importable module (tests put this folder on sys.path) so spawned rollout processes can load it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+
+from plugrl_env_client.envs.base_env import BaseEnv, BaseEnvConfig, Observation
+from plugrl_env_client.utils.registration import register_env, register_env_config
+
+
+@register_env_config("Faulty-v1")
+@dataclasses.dataclass
+class FaultyConfig(BaseEnvConfig):
+    fail_process: int = 0
+    """Process id whose env raises (-1: none)."""
+    fail_at_step: int = 5
+    episode_length: int = 2
+    reward_shape_bug: bool = False
+    """Return a scalar reward instead of one per env."""
+
+
+@register_env("Faulty-v1")
+class FaultyEnv(BaseEnv):
+    def __init__(self, config: FaultyConfig, num_envs: int = 1, **kwargs: Any) -> None:
+        super().__init__(config, num_envs=num_envs, **kwargs)
+        self.single_action_space = gym.spaces.Box(-1.0, 1.0, (2,), np.float32)
+        self.steps = 0
+        self.t = np.zeros(num_envs)
+
+    def _obs(self) -> Observation:
+        return Observation(states={"t": self.t[:, None].copy()})
+
+    def reset(self, *, seed=None, options=None):
+        self.seed_rngs(seed)
+        self.t[self.reset_mask(self.num_envs, options)] = 0
+        return self._obs(), {}
+
+    def step(self, actions):
+        self.steps += 1
+        if self.process_id == self.config.fail_process and self.steps >= self.config.fail_at_step:
+            raise RuntimeError(f"simulated simulator crash at step {self.steps}")
+        self.t += 1
+        reward = np.float32(1.0) if self.config.reward_shape_bug else np.ones(self.num_envs, np.float32)
+        terminated = self.t >= self.config.episode_length
+        return self._obs(), reward, terminated, np.zeros(self.num_envs, bool), {}

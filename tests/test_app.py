@@ -1,0 +1,178 @@
+"""Whole runs through ``run_client`` and the CLI: several processes, every user error, the README commands."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from plugrl_env_client.app import run_client
+from plugrl_env_client.config import ClientConfig, RunnerConfig
+from plugrl_env_client.envs import discover_envs
+from plugrl_env_client.server.policies import PolicyConfig, make_policy
+from plugrl_env_client.server.server import PolicyServer
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).parent / "_envs"))
+discover_envs()
+from faulty_env import FaultyConfig  # noqa: E402
+
+from plugrl_env_client.envs.point.point_env import PointEnvConfig  # noqa: E402
+
+
+@pytest.fixture
+def policy_server():
+    made = []
+
+    def start(**policy):
+        server = PolicyServer(make_policy(PolicyConfig(**policy)), host="127.0.0.1", port=0).start()
+        made.append(server)
+        return server
+
+    yield start
+    for s in made:
+        s.shutdown()
+
+
+def config(tmp_path: Path, **kwargs) -> ClientConfig:
+    return ClientConfig(output_dir=tmp_path, exp_name="run", progress=False, **kwargs)
+
+
+def summary(tmp_path: Path, proc: int | None = None) -> dict:
+    path = tmp_path / "run" / ("summary.json" if proc is None else f"rollout/proc_{proc:03d}/summary.json")
+    return json.loads(path.read_text())
+
+
+def test_multi_process_run_aggregates_exactly(policy_server, tmp_path):
+    server = policy_server(action_dim=2)
+    cfg = config(tmp_path, env=PointEnvConfig(), num_envs=3, num_procs=2, num_episodes=12,
+                 server_port=server.port, runner=RunnerConfig(max_episode_steps=7))
+    assert run_client(cfg, "Point-v1") == 0
+    total = summary(tmp_path)
+    per = [summary(tmp_path, p) for p in (0, 1)]
+    assert total["completed_episodes"] == 12 == sum(s["completed_episodes"] for s in per)
+    episodes = [json.loads(line) for p in (0, 1)
+                for line in (tmp_path / "run" / f"rollout/proc_{p:03d}/episodes.jsonl").read_text().splitlines()]
+    assert len(episodes) == 12
+    assert total["mean_return"] == pytest.approx(sum(e["return"] for e in episodes) / 12)
+    assert total["mean_length"] == pytest.approx(sum(e["length"] for e in episodes) / 12)
+    assert all(e["length"] <= 7 for e in episodes) and any(e["truncated"] for e in episodes)
+    assert total["status"] == "finished" and total["num_processes"] == 2
+    assert total["timing"]["env_steps"] == sum(s["timing"]["env_steps"] for s in per)
+    client_config = json.loads((tmp_path / "run" / "client_config.json").read_text())
+    assert client_config["env_id"] == "Point-v1" and client_config["num_procs"] == 2
+
+
+def test_crashed_process_stops_the_others_and_is_named(policy_server, tmp_path, capsys):
+    server = policy_server(action_dim=2)
+    cfg = config(tmp_path, env=FaultyConfig(fail_process=1, fail_at_step=30), num_envs=2, num_procs=2,
+                 server_port=server.port, runner=RunnerConfig(pass_proc_id=True))
+    assert run_client(cfg, "Faulty-v1") == 1
+    err = capsys.readouterr().err
+    assert "process 1 failed" in err and "Faulty-v1 raised in step()" in err and "simulated simulator crash" in err
+    total = summary(tmp_path)
+    assert total["failed_processes"] == [1] and total["status"] == "failed"
+    assert summary(tmp_path, 0)["status"] == "interrupted", "the healthy process stops cleanly and says so"
+    assert summary(tmp_path, 0)["completed_episodes"] > 0
+
+
+def test_env_exception_keeps_collected_episodes(policy_server, tmp_path, capsys):
+    server = policy_server(action_dim=2)
+    cfg = config(tmp_path, env=FaultyConfig(fail_at_step=9), num_envs=2, server_port=server.port,
+                 runner=RunnerConfig(pass_proc_id=True))
+    assert run_client(cfg, "Faulty-v1") == 1
+    assert "env Faulty-v1 raised in step(): RuntimeError: simulated simulator crash" in capsys.readouterr().err
+    lines = (tmp_path / "run" / "rollout/proc_000/episodes.jsonl").read_text().splitlines()
+    assert len(lines) == 8 and summary(tmp_path)["completed_episodes"] == 8
+
+
+def test_action_dim_mismatch_says_what_to_do(policy_server, tmp_path, capsys):
+    server = policy_server(action_dim=7)
+    assert run_client(config(tmp_path, env=PointEnvConfig(), server_port=server.port), "Point-v1") == 1
+    err = capsys.readouterr().err
+    assert "Expected action shape tail (2,), got (7,)" in err and "--policy.action-dim" in err
+    assert summary(tmp_path)["status"] == "failed"
+
+
+def test_reward_shape_error(policy_server, tmp_path, capsys):
+    server = policy_server(action_dim=2)
+    cfg = config(tmp_path, env=FaultyConfig(fail_process=-1, reward_shape_bug=True), server_port=server.port)
+    assert run_client(cfg, "Faulty-v1") == 1
+    assert "Expected reward shape (1,), got ()" in capsys.readouterr().err
+
+
+def test_no_server_within_connect_timeout(tmp_path, capsys):
+    import socket
+
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cfg = config(tmp_path, env=PointEnvConfig(), server_port=port, connect_timeout=0.5)
+    assert run_client(cfg, "Point-v1") == 1
+    err = capsys.readouterr().err
+    assert f"ws://127.0.0.1:{port}" in err and "plugrl-run-policy-server" in err
+
+
+def test_bad_flag_values_are_refused(tmp_path):
+    from plugrl_env_client.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="--num-envs must be >= 1"):
+        run_client(config(tmp_path, num_envs=0), "Point-v1")
+    with pytest.raises(ConfigError, match="Did you mean 'Point-v1'"):
+        run_client(config(tmp_path), "Pointt-v1")
+
+
+def readme_commands() -> list[str]:
+    text = (ROOT / "README.md").read_text()
+    blocks = re.findall(r"```bash\n(.*?)```", text, re.S)
+    return [line.strip() for block in blocks for line in block.splitlines() if line.strip() and not line.startswith("#")]
+
+
+def test_readme_quickstart_has_exactly_two_commands():
+    text = (ROOT / "README.md").read_text()
+    quickstart = re.search(r"## Quickstart\n\n```bash\n(.*?)```", text, re.S).group(1).strip().splitlines()
+    assert len(quickstart) == 2
+    assert quickstart[0].startswith("pip install -e . && plugrl-run-env-client ")
+    assert quickstart[1] == 'pip install -e ".[test]" && pytest'
+
+
+def _cli(args: list[str], cwd: Path, **kwargs) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "plugrl_env_client", *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=120, **kwargs)
+
+
+def test_readme_client_commands_run(tmp_path):
+    """Every client command in the README runs; the two-terminal one against a real server subprocess."""
+    commands = [c.split("&&")[-1].split() for c in readme_commands() if "plugrl-run-env-client" in c]
+    server_cmd = next(c.split() for c in readme_commands() if c.startswith("plugrl-run-policy-server"))
+    assert commands
+    server = subprocess.Popen([sys.executable, "-c", "from plugrl_env_client.server.cli import main; main()",
+                               *server_cmd[1:]], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        assert "listening on ws://127.0.0.1:8000" in server.stdout.readline()
+        for cmd in commands:
+            assert cmd[0] == "plugrl-run-env-client"
+            result = _cli([*cmd[1:], "--output-dir", str(tmp_path), "--no-progress"], cwd=tmp_path)
+            assert result.returncode == 0, (cmd, result.stdout, result.stderr)
+            assert "summary: " in result.stdout
+    finally:
+        server.terminate()
+        server.wait(timeout=10)
+
+
+def test_readme_example_env_file_runs_directly(tmp_path):
+    result = subprocess.run([sys.executable, str(ROOT / "examples/reach_env.py"), "reach-v1", "--num-episodes", "2",
+                             "--local-policy", "random", "--output-dir", str(tmp_path), "--exp-name", "r", "--no-progress"],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert json.loads((tmp_path / "r" / "summary.json").read_text())["completed_episodes"] == 2
+
+
+def test_cli_user_error_exits_nonzero_without_traceback(tmp_path):
+    result = _cli(["point-v1", "--num-envs", "0", "--output-dir", str(tmp_path)], cwd=tmp_path)
+    assert result.returncode == 1
+    assert "error: --num-envs must be >= 1" in result.stderr and "Traceback" not in result.stderr
