@@ -77,7 +77,10 @@ def test_crashed_process_stops_the_others_and_is_named(policy_server, tmp_path, 
     total = summary(tmp_path)
     assert total["failed_processes"] == [1] and total["status"] == "failed"
     assert summary(tmp_path, 0)["status"] == "interrupted", "the healthy process stops cleanly and says so"
-    assert summary(tmp_path, 0)["completed_episodes"] > 0
+    kept = [len((tmp_path / "run" / f"rollout/proc_{p:03d}/episodes.jsonl").read_text().splitlines()) for p in (0, 1)]
+    assert kept[1] > 0, "the failed process's episodes before the crash are kept"
+    assert [summary(tmp_path, p)["completed_episodes"] for p in (0, 1)] == kept
+    assert total["completed_episodes"] == sum(kept)
 
 
 def test_env_exception_keeps_collected_episodes(policy_server, tmp_path, capsys):

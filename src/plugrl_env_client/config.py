@@ -53,6 +53,8 @@ class ClientConfig:
     """Give up after this many reconnects. Default: keep reconnecting while the server comes back."""
     connect_timeout: float | None = None
     """Seconds to wait for the first connection. Default: wait until a server is up."""
+    reuse_feedback_obs: bool = True
+    """When the server offers reuse-feedback-obs, do not upload an observation the server already holds."""
     progress: bool = True
     """Show progress (a bar on a terminal, periodic lines otherwise)."""
     runner: RunnerConfig = dataclasses.field(default_factory=RunnerConfig)

@@ -67,6 +67,7 @@ def run_worker(job: WorkerJob, budget: EpisodeBudget, env_lock: Any = None) -> W
             max_episode_steps=cfg.runner.max_episode_steps or spec.max_episode_steps,
             replan_steps=cfg.runner.replan_steps,
             success_threshold=spec.best_reward_threshold_for_success,
+            reuse_feedback_obs=cfg.reuse_feedback_obs,
         )
         session = Session(SessionConfig(
             url=job.url,

@@ -22,7 +22,7 @@ from plugrl_env_client.envs.base_env import BaseEnv, Observation
 from plugrl_env_client.errors import EnvCrashedError
 from plugrl_env_client.outputs.recorder import ProcessRecorder
 from plugrl_env_client.protocol.connection import Closed, CloseAction, Session
-from plugrl_env_client.protocol.messages import ServerMetadata
+from plugrl_env_client.protocol.messages import FEATURE_REUSE_FEEDBACK_OBS, ServerMetadata
 from plugrl_env_client.rollout import checks
 from plugrl_env_client.rollout.budget import EpisodeBudget
 from plugrl_env_client.rollout.chunks import ActionPlans
@@ -38,6 +38,8 @@ class LoopSettings:
     max_episode_steps: int | None
     replan_steps: int | None
     success_threshold: float | None
+    reuse_feedback_obs: bool = True
+    """Leave out of infers the rows the server already holds from feedback (when the server offers it)."""
 
 
 @dataclasses.dataclass
@@ -73,6 +75,8 @@ class Rollout:
         self.plans = ActionPlans(self.n, tuple(self.space.shape or ()), _plan_dtype(self.space), settings.replan_steps)
         self.tracker = EpisodeTracker(self.n, settings.success_threshold)
         self.timing = LoopTiming()
+        self.reuse = False  # the current connection supports reuse-feedback-obs and we use it
+        self.held = np.zeros(self.n, bool)  # env's current obs row is the one its last feedback carried
         self.obs: Observation | None = None
         self.status = "not started"
         self._started: float | None = None
@@ -118,8 +122,10 @@ class Rollout:
         need = self.plans.needing_actions()
         if need.size == 0:
             return None
-        obs = self.obs.select(need).to_wire()
-        reply = self.session.connection.infer(obs, need, self.plans.chunk_index[need])
+        reuse = self.held[need] if self.reuse else None
+        sent = need if reuse is None else need[~reuse]
+        obs = self.obs.select(sent).to_wire()
+        reply = self.session.connection.infer(obs, need, self.plans.chunk_index[need], reuse)
         if isinstance(reply, Closed):
             return reply
         actions = checks.check_actions(reply.actions, self.space, self.settings.replan_steps)
@@ -151,6 +157,9 @@ class Rollout:
         info = checks.slice_info(step.info, rows, self.n)
         if step.done[rows].any():
             info["episode"] = self.tracker.episode_info(rows, step.done)
+        # Known structurally: an env whose chunk ended without ending its episode asks for its next chunk with
+        # exactly the observation this feedback carries, so the server can reuse the row.
+        self.held[rows] = ~step.done[rows]
         return self.session.connection.feedback(
             env_indices=rows,
             step_ids=self.plans.finish_chunks(rows, step.done),
@@ -180,6 +189,7 @@ class Rollout:
         """After a close: reconnect (dropping every chunk in flight) or report that the run ended."""
         while closed.action is CloseAction.RECONNECT:
             self.plans.drop_all()
+            self.held[:] = False  # a new connection holds nothing
             reply = self.session.reconnect(closed)
             if isinstance(reply, ServerMetadata):
                 self._check_metadata(reply)
@@ -189,6 +199,8 @@ class Rollout:
         return False
 
     def _check_metadata(self, meta: ServerMetadata | None) -> None:
+        self.reuse = bool(self.settings.reuse_feedback_obs and meta is not None
+                          and meta.supports(FEATURE_REUSE_FEEDBACK_OBS))
         horizon = meta.action_horizon if meta is not None else None
         replan = self.settings.replan_steps
         if horizon is not None and replan is not None and replan > horizon:

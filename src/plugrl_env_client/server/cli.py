@@ -21,13 +21,16 @@ class ServerArgs:
     port: int = 8000
     max_episodes: int | None = None
     """End the run (close every client with plugrl-server-stop) after this many reported episodes."""
+    reuse_feedback_obs: bool = True
+    """Offer the reuse-feedback-obs feature (clients then skip re-sending observations held from feedback)."""
     policy: PolicyConfig = dataclasses.field(default_factory=PolicyConfig)
 
 
 def main(args: Sequence[str] | None = None) -> None:
     cfg = tyro.cli(ServerArgs, args=args, prog="plugrl-run-policy-server")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    server = PolicyServer(make_policy(cfg.policy), host=cfg.host, port=cfg.port, max_episodes=cfg.max_episodes)
+    server = PolicyServer(make_policy(cfg.policy), host=cfg.host, port=cfg.port, max_episodes=cfg.max_episodes,
+                          reuse_feedback_obs=cfg.reuse_feedback_obs)
     print(f"Policy server ({cfg.policy.name}, action_dim={cfg.policy.action_dim}, horizon={cfg.policy.action_horizon}) "
           f"listening on ws://{cfg.host}:{server.port}", flush=True)
     try:

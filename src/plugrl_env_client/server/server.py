@@ -66,8 +66,10 @@ class _Violation(Exception):
 class PolicyServer:
     """Serve ``policy`` on ``ws://host:port`` until :meth:`shutdown` (or ``max_episodes`` were reported)."""
 
-    def __init__(self, policy: Policy, host: str = "127.0.0.1", port: int = 8000, max_episodes: int | None = None) -> None:
+    def __init__(self, policy: Policy, host: str = "127.0.0.1", port: int = 8000, max_episodes: int | None = None,
+                 reuse_feedback_obs: bool = True) -> None:
         self.policy = policy
+        self.reuse_feedback_obs = reuse_feedback_obs
         self.max_episodes = max_episodes
         self.log = EpisodeLog()
         self.stopping = threading.Event()
@@ -87,7 +89,8 @@ class PolicyServer:
 
     def metadata(self) -> dict[str, Any]:
         return {"protocol_version": messages.PROTOCOL_VERSION, "server": "plugrl-env-client-reference",
-                "server_version": __version__, **self.policy.metadata(), "features": []}
+                "server_version": __version__, **self.policy.metadata(),
+                "features": [messages.FEATURE_REUSE_FEEDBACK_OBS] if self.reuse_feedback_obs else []}
 
     def serve_forever(self) -> None:
         self._server.serve_forever()
@@ -119,6 +122,7 @@ class PolicyServer:
 
     def _serve_connection(self, ws: ServerConnection) -> None:
         outstanding: set[int] = set()  # envs that received a chunk and owe us its feedback
+        held: dict[int, dict[str, Any]] = {}  # env -> its observation row from the last feedback (reuse)
         expect = messages.INFER
         while True:
             msg = self._receive(ws)
@@ -133,7 +137,8 @@ class PolicyServer:
                 stale = outstanding.intersection(request.env_indices.tolist())
                 if stale:
                     raise _Violation(f"infer for envs {sorted(stale)} whose previous chunk got no feedback yet")
-                actions = self.policy.act(request.obs, len(request.env_indices))
+                obs = self._with_reused_rows(request, held)
+                actions = self.policy.act(obs, len(request.env_indices))
                 ws.send(codec.packb(messages.action_message(request.env_indices, actions)))
                 outstanding.update(request.env_indices.tolist())
                 expect = messages.FEEDBACK
@@ -143,10 +148,26 @@ class PolicyServer:
                 if unknown:
                     raise _Violation(f"feedback for envs {sorted(unknown)} that have no chunk on this connection")
                 outstanding.difference_update(feedback.env_indices.tolist())
+                _hold_rows(held, feedback)
                 if self._record(feedback.info.get("episode")):
                     ws.close(messages.CLOSE_GOING_AWAY, messages.REASON_STOP)
                     return
                 expect = messages.INFER
+
+    def _with_reused_rows(self, request: messages.InferRequest, held: dict[int, dict[str, Any]]) -> dict[str, Any]:
+        """The full observation batch of an infer, reused rows taken from the held feedback rows."""
+        if request.reuse is None or not request.reuse.any():
+            return request.obs
+        if not self.reuse_feedback_obs:
+            raise _Violation("infer carries 'reuse' but this server did not offer reuse-feedback-obs")
+        envs = request.env_indices.tolist()
+        missing = [e for e, r in zip(envs, request.reuse.tolist()) if r and e not in held]
+        if missing:
+            raise _Violation(f"infer reuses rows of envs {missing} whose last feedback on this connection "
+                             "did not leave an observation to reuse (none yet, or the episode ended)")
+        sent = iter(range(int((~request.reuse).sum())))
+        rows = [held[e] if r else _row(request.obs, next(sent)) for e, r in zip(envs, request.reuse.tolist())]
+        return _stack_rows(rows)
 
     def _receive(self, ws: ServerConnection) -> Any:
         frame = ws.recv()
@@ -165,6 +186,36 @@ class PolicyServer:
                             messages.REASON_STOP)
                 self.stopping.set()
             return self.stopping.is_set()
+
+
+def _row(obs: dict[str, Any], i: int) -> dict[str, Any]:
+    text = obs["text"]
+    return {
+        "images": {k: v[i] for k, v in obs["images"].items()},
+        "states": {k: v[i] for k, v in obs["states"].items()},
+        "text": None if text is None else str(text[i]),
+    }
+
+
+def _stack_rows(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    first = rows[0]
+    try:
+        return {
+            "images": {k: np.stack([r["images"][k] for r in rows]) for k in first["images"]},
+            "states": {k: np.stack([r["states"][k] for r in rows]) for k in first["states"]},
+            "text": np.array([r["text"] or "" for r in rows]),
+        }
+    except (KeyError, ValueError) as exc:
+        raise _Violation(f"reused and sent observation rows do not fit together: {exc}") from None
+
+
+def _hold_rows(held: dict[int, dict[str, Any]], feedback: messages.FeedbackMessage) -> None:
+    done = feedback.terminated | feedback.truncated
+    for i, env in enumerate(feedback.env_indices.tolist()):
+        if done[i]:
+            held.pop(env, None)
+        else:
+            held[env] = _row(feedback.obs, i)
 
 
 def _parse(parser: Any, value: Any) -> Any:
