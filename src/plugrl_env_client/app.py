@@ -10,7 +10,9 @@ import dataclasses
 import json
 import logging
 import multiprocessing as mp
+import signal
 import sys
+import threading
 from typing import Any
 
 from plugrl_env_client.config import ClientConfig
@@ -20,7 +22,7 @@ from plugrl_env_client.outputs.recorder import aggregate
 from plugrl_env_client.outputs.run_dir import RunDir, default_exp_name, setup_logging, write_json_atomic
 from plugrl_env_client.rollout import checks
 from plugrl_env_client.rollout.budget import EpisodeBudget
-from plugrl_env_client.rollout.launch import WorkerJob, launch
+from plugrl_env_client.rollout.launch import SUMMARY_PERIOD_S, WorkerJob, interrupt_handlers, launch
 from plugrl_env_client.server.server import PolicyServer
 from plugrl_env_client.utils.registration import get_spec, make_env
 
@@ -40,13 +42,17 @@ def run_client(config: ClientConfig, env_id: str) -> int:
     budget = EpisodeBudget(config.num_episodes, ctx)
     jobs = [WorkerJob(spec.uid, config, p, url, run_dir.root) for p in range(config.num_procs)]
     progress = Progress(budget).start() if config.progress else None
+    refresher = Periodic(SUMMARY_PERIOD_S, lambda: _write_aggregate(run_dir, config.num_procs, {}, quiet=True)).start()
     failed: dict[int, str] = {}
-    interrupted = False
+    signum = None
     try:
-        failed = launch(jobs, budget, ctx)
-    except KeyboardInterrupt:
-        interrupted = True
+        with interrupt_handlers():
+            failed = launch(jobs, budget, ctx)
+    except KeyboardInterrupt as exc:
+        signum = getattr(exc, "signum", signal.SIGINT)
+        print(f"\ninterrupted ({signal.Signals(signum).name}); writing outputs", file=sys.stderr)
     finally:
+        refresher.stop()
         if progress is not None:
             progress.stop()
         if server is not None:
@@ -58,7 +64,7 @@ def run_client(config: ClientConfig, env_id: str) -> int:
             print(f"error: process {pid} failed: {summary['process_status'][str(pid)]}", file=sys.stderr)
         print(f"the full traceback is in {run_dir.log_file}", file=sys.stderr)
         return 1
-    return 130 if interrupted else 0
+    return 0 if signum is None else 128 + signum
 
 
 def _validate(config: ClientConfig) -> None:
@@ -84,7 +90,29 @@ def _start_local_policy(config: ClientConfig, env_id: str) -> PolicyServer:
     return server
 
 
-def _write_aggregate(run_dir: RunDir, num_procs: int, failed: dict[int, str]) -> dict[str, Any]:
+class Periodic:
+    """Call ``fn`` every ``period`` seconds from a daemon thread until :meth:`stop`."""
+
+    def __init__(self, period: float, fn: Any) -> None:
+        self.period, self.fn = period, fn
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="plugrl-periodic", daemon=True)
+
+    def start(self) -> Periodic:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._done.set()
+        self._thread.join(timeout=5)
+
+    def _run(self) -> None:
+        while not self._done.wait(self.period):
+            self.fn()
+
+
+def _write_aggregate(run_dir: RunDir, num_procs: int, failed: dict[int, str], quiet: bool = False) -> dict[str, Any]:
+    """Aggregate the per-process summaries on disk into ``summary.json`` (also while the run goes on)."""
     summaries = []
     for pid in range(num_procs):
         path = run_dir.proc_dir(pid) / "summary.json"
@@ -93,7 +121,7 @@ def _write_aggregate(run_dir: RunDir, num_procs: int, failed: dict[int, str]) ->
             summaries.append(summary)
             if pid in failed and summary["status"].startswith("failed: "):
                 failed[pid] = summary["status"][len("failed: "):]
-        else:
+        elif not quiet:
             failed.setdefault(pid, "no summary written")
     summary = aggregate(summaries, failed)
     write_json_atomic(run_dir.summary, summary)

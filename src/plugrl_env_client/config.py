@@ -17,6 +17,8 @@ class RunnerConfig:
     """Time limit in env steps (marks truncated). Default: the env's registered max_episode_steps."""
     replan_steps: int | None = None
     """Use at most this many steps of each action chunk before asking again. Default: the whole chunk."""
+    non_finite_actions: Literal["error", "clip"] = "error"
+    """What to do with NaN/inf actions for a float action space: stop with an error, or clip into the bounds."""
     pass_proc_id: bool = False
     """Pass process_id and total_processes to the env's constructor."""
     use_env_lock: bool = False

@@ -25,8 +25,12 @@ def action_space_of(env: BaseEnv) -> gym.Space:
     return space
 
 
-def check_actions(actions: np.ndarray, space: gym.Space, replan_steps: int | None) -> np.ndarray:
-    """A server's chunk ``[H, m, *shape]`` checked against the env's action space, in the space's dtype."""
+def check_actions(actions: np.ndarray, space: gym.Space, replan_steps: int | None, non_finite: str = "error") -> np.ndarray:
+    """A server's chunk ``[H, m, *shape]`` checked against the env's action space, in the space's dtype.
+
+    NaN or infinite values for a float space are an error (``non_finite="error"``) or are clipped into the
+    space's bounds (``"clip"``: NaN becomes 0, then everything is clipped to [low, high]).
+    """
     expected = tuple(space.shape or ())
     tail = tuple(actions.shape[2:])
     if tail != expected:
@@ -44,8 +48,23 @@ def check_actions(actions: np.ndarray, space: gym.Space, replan_steps: int | Non
     if dtype is not None and np.dtype(dtype).kind in "biuf":
         if actions.dtype.kind not in "biuf":
             raise ProtocolError(f"the server sent actions of dtype {actions.dtype.str}; the env's action space {space} needs numbers")
-        return actions.astype(dtype, copy=False)
+        actions = actions.astype(dtype, copy=False)
+        if actions.dtype.kind == "f" and not np.isfinite(actions).all():
+            actions = _non_finite(actions, space, non_finite)
     return actions
+
+
+def _non_finite(actions: np.ndarray, space: gym.Space, mode: str) -> np.ndarray:
+    if mode != "clip":
+        bad = np.flatnonzero(~np.isfinite(actions).reshape(actions.shape[0], actions.shape[1], -1).all(axis=(0, 2)))
+        raise ProtocolError(
+            f"the server sent NaN or infinite actions (for the infer's envs at positions {bad.tolist()}); fix the policy, or pass "
+            "--runner.non-finite-actions clip to replace them (NaN -> 0, then clipped to the action space bounds)"
+        )
+    finite_max = np.finfo(actions.dtype).max
+    low = np.maximum(getattr(space, "low", -finite_max), -finite_max)
+    high = np.minimum(getattr(space, "high", finite_max), finite_max)
+    return np.clip(np.nan_to_num(actions, nan=0.0, posinf=finite_max, neginf=-finite_max), low, high)
 
 
 def check_step(

@@ -11,7 +11,10 @@ import contextlib
 import dataclasses
 import logging
 import os
+import signal
+import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +32,32 @@ logger = logging.getLogger(__name__)
 SUMMARY_PERIOD_S = 10.0
 
 
+class Interrupted(KeyboardInterrupt):
+    """SIGINT or SIGTERM: stop collecting, write outputs, exit with 128 + the signal number."""
+
+    def __init__(self, signum: int = signal.SIGINT) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = int(signum)
+
+
+def _raise_interrupted(signum: int, _frame: Any) -> None:
+    raise Interrupted(signum)
+
+
+@contextlib.contextmanager
+def interrupt_handlers() -> Iterator[None]:
+    """Turn SIGTERM (and SIGINT) into :class:`Interrupted` while the block runs (main thread only)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {sig: signal.signal(sig, _raise_interrupted) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
 @dataclasses.dataclass
 class WorkerJob:
     env_id: str
@@ -43,7 +72,7 @@ class WorkerResult:
     process_id: int
     status: str
     error: str | None = None
-    interrupted: bool = False
+    signum: int | None = None  # set when a signal interrupted the process
 
 
 def process_seed(seed: int | None, process_id: int, num_envs: int) -> int | None:
@@ -67,6 +96,7 @@ def run_worker(job: WorkerJob, budget: EpisodeBudget, env_lock: Any = None) -> W
             max_episode_steps=cfg.runner.max_episode_steps or spec.max_episode_steps,
             replan_steps=cfg.runner.replan_steps,
             success_threshold=spec.best_reward_threshold_for_success,
+            non_finite_actions=cfg.runner.non_finite_actions,
             reuse_feedback_obs=cfg.reuse_feedback_obs,
         )
         session = Session(SessionConfig(
@@ -81,9 +111,9 @@ def run_worker(job: WorkerJob, budget: EpisodeBudget, env_lock: Any = None) -> W
     except PlugRLError as exc:
         logger.error("process %d failed: %s", job.process_id, exc, exc_info=True)
         result.status, result.error = "failed", str(exc)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:
         logger.warning("process %d interrupted", job.process_id)
-        result.status, result.interrupted = "interrupted", True
+        result.status, result.signum = "interrupted", getattr(exc, "signum", signal.SIGINT)
     except Exception as exc:  # a bug: keep the traceback in the log, the message for the user
         logger.exception("process %d crashed", job.process_id)
         result.status, result.error = "failed", f"internal error {type(exc).__name__}: {exc}"
@@ -100,20 +130,21 @@ def _child_main(job: WorkerJob, budget: EpisodeBudget, env_lock: Any) -> None:
 
     setup_logging(RunDir(job.run_root).log_file)
     discover_envs()
-    result = run_worker(job, budget, env_lock)
+    with interrupt_handlers():
+        result = run_worker(job, budget, env_lock)
     if result.error is not None:
         budget.stop.set()
         raise SystemExit(1)
-    if result.interrupted:
-        raise SystemExit(130)
+    if result.signum is not None:
+        raise SystemExit(128 + result.signum)
 
 
 def launch(jobs: list[WorkerJob], budget: EpisodeBudget, ctx: Any) -> dict[int, str]:
     """Run ``jobs`` (in this process when there is one); returns ``{process_id: error}`` for failed processes."""
     if len(jobs) == 1:
         result = run_worker(jobs[0], budget)
-        if result.interrupted:
-            raise KeyboardInterrupt
+        if result.signum is not None:
+            raise Interrupted(result.signum)
         return {result.process_id: result.error} if result.error else {}
     env_lock = ctx.Lock()
     procs = {job.process_id: ctx.Process(target=_child_main, args=(job, budget, env_lock), name=f"proc_{job.process_id:03d}")
@@ -126,11 +157,12 @@ def launch(jobs: list[WorkerJob], budget: EpisodeBudget, ctx: Any) -> dict[int, 
                 budget.stop.set()
             time.sleep(0.1)
     except KeyboardInterrupt:
-        budget.stop.set()
+        budget.stop.set()  # children stop after their current step and write their outputs
         for proc in procs.values():
             proc.join(timeout=30)
         raise
-    return {pid: _failure(p.exitcode) for pid, p in procs.items() if p.exitcode not in (0, None)}
+    interrupted = (128 + signal.SIGINT, 128 + signal.SIGTERM)
+    return {pid: _failure(p.exitcode) for pid, p in procs.items() if p.exitcode not in (0, None, *interrupted)}
 
 
 def _failure(exitcode: int | None) -> str:

@@ -38,6 +38,8 @@ class LoopSettings:
     max_episode_steps: int | None
     replan_steps: int | None
     success_threshold: float | None
+    non_finite_actions: str = "error"
+    summary_period_s: float = 10.0
     reuse_feedback_obs: bool = True
     """Leave out of infers the rows the server already holds from feedback (when the server offers it)."""
 
@@ -80,6 +82,7 @@ class Rollout:
         self.obs: Observation | None = None
         self.status = "not started"
         self._started: float | None = None
+        self._last_summary = time.monotonic()
 
     # -------------------------------------------------------------------------------------------- the loop
 
@@ -112,6 +115,7 @@ class Rollout:
             self.finish_episodes(step)
             if closed is not None and not self._recover(closed):
                 return "stopped by server"
+            self._refresh_summary()
         self.session.close()
         return "finished" if self.budget.exhausted() else "interrupted"
 
@@ -128,7 +132,8 @@ class Rollout:
         reply = self.session.connection.infer(obs, need, self.plans.chunk_index[need], reuse)
         if isinstance(reply, Closed):
             return reply
-        actions = checks.check_actions(reply.actions, self.space, self.settings.replan_steps)
+        actions = checks.check_actions(reply.actions, self.space, self.settings.replan_steps,
+                                       self.settings.non_finite_actions)
         self.plans.load(need, actions)
         return None
 
@@ -197,6 +202,13 @@ class Rollout:
             closed = reply
         logger.info("the server ended the run (%s)", closed.describe())
         return False
+
+    def _refresh_summary(self) -> None:
+        """Rewrite this process's summary.json every ``summary_period_s`` so a crash loses little."""
+        now = time.monotonic()
+        if now - self._last_summary >= self.settings.summary_period_s:
+            self._last_summary = now
+            self.recorder.write_summary(self.timing_dict(), "running")
 
     def _check_metadata(self, meta: ServerMetadata | None) -> None:
         self.reuse = bool(self.settings.reuse_feedback_obs and meta is not None

@@ -1,0 +1,39 @@
+"""Signals end a run cleanly: outputs written, exit 128 + signal number (SIGINT 130, SIGTERM 143)."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+
+def wait_for(path: Path, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not path.exists() or not path.read_text().strip():
+        assert time.monotonic() < deadline, f"{path} never appeared"
+        time.sleep(0.1)
+
+
+@pytest.mark.parametrize("sig,num_procs", [(signal.SIGINT, 1), (signal.SIGTERM, 1), (signal.SIGTERM, 2)])
+def test_signal_writes_outputs_and_exits_128_plus_signum(tmp_path, sig, num_procs):
+    cmd = [sys.executable, "-m", "plugrl_env_client", "probe-v1", "--num-envs", "2", "--num-procs", str(num_procs),
+           "--local-policy", "random", "--output-dir", str(tmp_path), "--exp-name", "run", "--no-progress"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        for p in range(num_procs):  # every process is collecting episodes
+            wait_for(tmp_path / "run" / "rollout" / f"proc_{p:03d}" / "episodes.jsonl")
+        proc.send_signal(sig)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 128 + sig, (out, err)
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["completed_episodes"] > 0
+    lines = sum(len(f.read_text().splitlines()) for f in (tmp_path / "run" / "rollout").glob("*/episodes.jsonl"))
+    assert summary["completed_episodes"] == lines, "every recorded episode is in the summary"
+    assert set(summary["process_status"].values()) == {"interrupted"}
