@@ -41,12 +41,12 @@ class HarnessConnection:
 class Harness:
     """Runs ``script`` for every connection (in order), and keeps each connection's received messages."""
 
-    def __init__(self, script: Callable[[HarnessConnection], None]) -> None:
+    def __init__(self, script: Callable[[HarnessConnection], None], **serve_kwargs: Any) -> None:
         self.script = script
         self.connections: list[HarnessConnection] = []
         self.errors: list[BaseException] = []
         self._lock = threading.Lock()
-        self._server = serve(self._handle, "127.0.0.1", 0, compression=None, max_size=None)
+        self._server = serve(self._handle, "127.0.0.1", 0, compression=None, max_size=None, **serve_kwargs)
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
         self._thread.start()
 
@@ -75,8 +75,8 @@ class Harness:
 def harness() -> Iterator[Callable[[Callable[[HarnessConnection], None]], Harness]]:
     made: list[Harness] = []
 
-    def start(script: Callable[[HarnessConnection], None]) -> Harness:
-        h = Harness(script)
+    def start(script: Callable[[HarnessConnection], None], **serve_kwargs: Any) -> Harness:
+        h = Harness(script, **serve_kwargs)
         made.append(h)
         return h
 

@@ -61,7 +61,7 @@ def run_client(config: ClientConfig, env_id: str) -> int:
     print(f"\n{spec.uid}: {summary['completed_episodes']} episodes\n{summary_table(summary)}\nsummary: {run_dir.summary}")
     if failed:
         for pid in sorted(failed):
-            print(f"error: process {pid} failed: {summary['process_status'][str(pid)]}", file=sys.stderr)
+            print(f"error: process {pid} failed: {failed[pid]}", file=sys.stderr)
         print(f"the full traceback is in {run_dir.log_file}", file=sys.stderr)
         return 1
     return 0 if signum is None else 128 + signum

@@ -10,16 +10,17 @@ import importlib
 from pathlib import Path
 
 
-def discover_envs() -> list[str]:
-    """Import every ``*_env.py`` module below this package; returns the module names that loaded.
+def discover_envs(package: str = __name__) -> list[str]:
+    """Import every ``<family>/<family>_env.py``-style module (``*/*_env.py``) below ``package`` (default: this
+    package); returns the module names that loaded.
 
     A module whose import fails with ImportError (an optional dependency is not installed) is skipped with a
     one-line message; any other error is a bug in that env module and propagates.
     """
     loaded = []
-    root = Path(__file__).parent
-    for path in sorted(root.glob("*/*_env.py")):
-        module = f"{__name__}.{path.parent.name}.{path.stem}"
+    paths = sorted(p for root in importlib.import_module(package).__path__ for p in Path(root).glob("*/*_env.py"))
+    for path in paths:
+        module = f"{package}.{path.parent.name}.{path.stem}"
         try:
             importlib.import_module(module)
         except ImportError as exc:

@@ -89,8 +89,8 @@ class Observation:
         return int(self.text.shape[0])
 
     def select(self, indices: np.ndarray | Sequence[int]) -> Observation:
-        """Rows ``indices`` of every array, as a new batch (fancy indexing copies once)."""
-        idx = np.asarray(indices, dtype=np.intp)
+        """Rows ``indices`` (env indices or a bool mask) of every array, as a new batch (fancy indexing copies)."""
+        idx = _row_index(indices)
         out = Observation.__new__(Observation)
         out.images = {k: v[idx] for k, v in self.images.items()}
         out.states = {k: v[idx] for k, v in self.states.items()}
@@ -110,6 +110,12 @@ class Observation:
     def to_wire(self) -> dict[str, Any]:
         """The three-key map sent to a policy server."""
         return {"images": self.images, "states": self.states, "text": self.text}
+
+
+def _row_index(indices: np.ndarray | Sequence[int] | Sequence[bool]) -> np.ndarray:
+    """An index for the batch axis: a bool mask stays a mask (casting it to int would pick rows 0 and 1)."""
+    idx = np.asarray(indices)
+    return idx if idx.dtype == np.bool_ else idx.astype(np.intp)
 
 
 def _leading(arr: np.ndarray, name: str) -> int:
@@ -154,13 +160,14 @@ class BaseEnv(gym.vector.VectorEnv):
 
     @staticmethod
     def reset_mask(num_envs: int, options: dict[str, Any] | None) -> np.ndarray:
-        """Bool mask of the envs a ``reset`` call must reset: ``options["reset_indices"]`` or all of them."""
+        """Bool mask of the envs a ``reset`` call must reset: ``options["reset_indices"]`` (env indices, or a bool
+        mask) or all of them."""
         mask = np.zeros(num_envs, dtype=bool)
         indices = None if options is None else options.get("reset_indices")
         if indices is None:
             mask[:] = True
         else:
-            mask[np.asarray(indices, dtype=np.intp)] = True
+            mask[_row_index(indices)] = True
         return mask
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[Observation, dict[str, Any]]:

@@ -109,7 +109,8 @@ def run_worker(job: WorkerJob, budget: EpisodeBudget, env_lock: Any = None) -> W
         rollout = Rollout(env, session, settings, budget, recorder)
         result.status = rollout.run()
     except PlugRLError as exc:
-        logger.error("process %d failed: %s", job.process_id, exc, exc_info=True)
+        # The user sees the message (printed by the CLI); the traceback is for the log file only.
+        logger.debug("process %d failed: %s", job.process_id, exc, exc_info=True)
         result.status, result.error = "failed", str(exc)
     except KeyboardInterrupt as exc:
         logger.warning("process %d interrupted", job.process_id)

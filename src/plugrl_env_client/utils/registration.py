@@ -3,8 +3,9 @@
 Registering an env also registers it with gymnasium (as a vector entry point), so
 ``gymnasium.make_vec(uid, num_envs=N, config=cfg)`` builds the same object the runner uses.
 
-Precedence: an env file run directly (module ``__main__``) may register a uid a built-in already uses; the file's
-class wins with a one-line warning, whichever of the two is imported first. Any other clash needs ``override=True``.
+Precedence: an env file run directly (module ``__main__``; ``__mp_main__`` in spawned processes) may register a uid
+a built-in already uses; the file's class wins with a one-line warning, whichever of the two is imported first. Any
+other clash needs ``override=True``.
 """
 
 from __future__ import annotations
@@ -49,14 +50,19 @@ _ENVS: dict[str, EnvSpec] = {}
 _CONFIGS: dict[str, tuple[type[BaseEnvConfig], str]] = {}
 
 
+# The file being run: ``__main__`` in the process that ran it, ``__mp_main__`` when a spawn/forkserver child
+# re-imports it (``--num-procs`` > 1); both must shadow built-ins the same way.
+_MAIN_MODULES = ("__main__", "__mp_main__")
+
+
 def _accept(uid: str, kind: str, new_module: str, old_module: str | None, override: bool) -> bool:
     """Decide whether a registration from ``new_module`` replaces one from ``old_module``."""
     if old_module is None or override or old_module == new_module:
         return True
-    if new_module == "__main__":
+    if new_module in _MAIN_MODULES:
         warnings.warn(f"{kind} {uid!r} from the file being run shadows the one in {old_module}", stacklevel=3)
         return True
-    if old_module == "__main__":
+    if old_module in _MAIN_MODULES:
         warnings.warn(f"{kind} {uid!r} from the file being run shadows the one in {new_module}", stacklevel=3)
         return False
     raise ConfigError(

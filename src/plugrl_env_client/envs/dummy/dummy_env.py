@@ -1,7 +1,7 @@
 """Dummy-v1: camera-sized images, states and text at almost no simulation cost, for throughput and wire tests.
 
-The images are drawn once per env at reset and only shifted by a cheap per-step counter, so a step costs a few
-small array writes, not fresh random megabytes.
+The images are drawn once per env at reset and only marked by a cheap per-step counter, so a step costs one
+copy of the image buffers (observations never alias env state), not fresh random megabytes.
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ class DummyEnv(BaseEnv):
 
     def _observe(self) -> Observation:
         return Observation(
-            images={"base": self.base, "wrist": self.wrist},
+            images={"base": self.base.copy(), "wrist": self.wrist.copy()},
             states={"robot_state": self.robot_state.copy(), "joint_angles": self.joint_angles.copy()},
             text=self.config.text,
         )

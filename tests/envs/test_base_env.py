@@ -1,0 +1,254 @@
+"""Observation (batch container) and BaseEnv (batched env base class) behaviour."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import pytest
+from gymnasium.vector import AutoresetMode
+
+from plugrl_env_client.envs.base_env import BaseEnv, BaseEnvConfig, Observation
+
+# ------------------------------------------------------------------------------------------------ Observation
+
+
+def _obs(n: int = 3, text: Any = None) -> Observation:
+    return Observation(
+        images={"cam": np.arange(n * 2 * 2 * 3, dtype=np.uint8).reshape(n, 2, 2, 3)},
+        states={"pos": np.arange(n * 2, dtype=np.float64).reshape(n, 2)},
+        text=text,
+    )
+
+
+def test_mismatched_leading_dims_raise_naming_the_arrays() -> None:
+    with pytest.raises(ValueError) as err:
+        Observation(images={"cam": np.zeros((3, 4, 4, 3), np.uint8)}, states={"pos": np.zeros((2, 5))})
+    msg = str(err.value)
+    assert "images['cam']: 3" in msg
+    assert "states['pos']: 2" in msg
+
+
+def test_mismatched_leading_dims_between_states() -> None:
+    with pytest.raises(ValueError, match=r"states\['a'\].*states\['b'\]"):
+        Observation(states={"a": np.zeros((4, 1)), "b": np.zeros((5, 1))})
+
+
+@pytest.mark.parametrize("where", ["images", "states"])
+def test_scalar_arrays_rejected(where: str) -> None:
+    with pytest.raises(ValueError, match="scalar"):
+        Observation(**{where: {"x": np.float64(1.0)}})
+
+
+def test_text_none_is_broadcast_empty() -> None:
+    obs = _obs(3, None)
+    assert obs.text.shape == (3,)
+    assert obs.text.dtype.kind == "U"
+    assert list(obs.text) == ["", "", ""]
+
+
+def test_text_str_is_broadcast() -> None:
+    obs = _obs(4, "pick up the cube")
+    assert obs.text.shape == (4,)
+    assert obs.text.dtype.kind == "U"
+    assert list(obs.text) == ["pick up the cube"] * 4
+
+
+def test_text_list_of_n() -> None:
+    obs = _obs(3, ["a", "bb", "ccc"])
+    assert obs.text.shape == (3,)
+    assert obs.text.dtype.kind == "U"
+    assert list(obs.text) == ["a", "bb", "ccc"]
+
+
+def test_text_unicode_array_of_n_and_of_one() -> None:
+    obs = _obs(3, np.array(["x", "y", "z"]))
+    assert obs.text.dtype.kind == "U" and list(obs.text) == ["x", "y", "z"]
+    obs = _obs(3, np.array(["only"]))
+    assert obs.text.shape == (3,)
+    assert list(obs.text) == ["only"] * 3
+    obs = _obs(2, ["single"])
+    assert list(obs.text) == ["single", "single"]
+
+
+def test_text_object_array_becomes_unicode() -> None:
+    obs = _obs(2, np.array(["a", "b"], dtype=object))
+    assert obs.text.dtype.kind == "U"
+    assert list(obs.text) == ["a", "b"]
+
+
+def test_text_only_observation_infers_batch_from_text() -> None:
+    obs = Observation(text=["a", "b", "c", "d"])
+    assert obs.batch_size == 4
+    assert Observation().batch_size == 1
+
+
+@pytest.mark.parametrize("text", [["a", "b"], np.array(["a", "b", "c", "d"])])
+def test_wrong_text_length_raises(text: Any) -> None:
+    with pytest.raises(ValueError, match="entries but the batch has 3 envs"):
+        _obs(3, text)
+
+
+def test_non_string_text_rejected() -> None:
+    with pytest.raises(ValueError, match="text"):
+        _obs(2, np.array([1, 2]))
+    with pytest.raises(ValueError, match="one-dimensional"):
+        _obs(2, np.array([["a", "b"]]))
+
+
+def test_batch_size() -> None:
+    assert _obs(5).batch_size == 5
+    assert Observation(states={"s": np.zeros((7, 1))}).batch_size == 7
+
+
+def test_select_copies_rows() -> None:
+    obs = _obs(4, ["t0", "t1", "t2", "t3"])
+    sub = obs.select([3, 1])
+    assert sub.batch_size == 2
+    np.testing.assert_array_equal(sub.images["cam"], obs.images["cam"][[3, 1]])
+    np.testing.assert_array_equal(sub.states["pos"], obs.states["pos"][[3, 1]])
+    assert list(sub.text) == ["t3", "t1"]
+    sub.states["pos"][:] = -1.0
+    sub.images["cam"][:] = 0
+    assert (obs.states["pos"] >= 0).all(), "select must not alias the source arrays"
+    assert obs.images["cam"].max() > 0
+
+
+def test_select_with_empty_and_bool_mask() -> None:
+    obs = _obs(4, ["t0", "t1", "t2", "t3"])
+    empty = obs.select(np.array([], dtype=np.int64))
+    assert empty.states["pos"].shape == (0, 2)
+    assert empty.text.shape == (0,)
+    # a bool mask selects the True rows (not rows 0 and 1, which an int cast would give)
+    masked = obs.select(np.array([False, False, True, True]))
+    assert list(masked.text) == ["t2", "t3"]
+    np.testing.assert_array_equal(masked.states["pos"], obs.states["pos"][2:])
+
+
+def test_replace_rows_in_place() -> None:
+    obs = _obs(3, "old")
+    other = Observation(
+        images={"cam": np.full((3, 2, 2, 3), 200, np.uint8)},
+        states={"pos": np.full((3, 2), -5.0)},
+        text=["new-0", "a much longer replacement text", "new-2"],
+    )
+    before = _obs(3, "old")
+    obs.replace_rows(np.array([1]), other)
+    np.testing.assert_array_equal(obs.images["cam"][1], 200)
+    np.testing.assert_array_equal(obs.states["pos"][1], [-5.0, -5.0])
+    np.testing.assert_array_equal(obs.images["cam"][[0, 2]], before.images["cam"][[0, 2]])
+    np.testing.assert_array_equal(obs.states["pos"][[0, 2]], before.states["pos"][[0, 2]])
+    # the text array is widened so a longer replacement is not truncated
+    assert list(obs.text) == ["old", "a much longer replacement text", "old"]
+
+
+def test_to_wire_keys() -> None:
+    obs = _obs(2, "hi")
+    wire = obs.to_wire()
+    assert set(wire) == {"images", "states", "text"}
+    assert set(wire["images"]) == {"cam"}
+    assert set(wire["states"]) == {"pos"}
+    assert wire["text"].shape == (2,)
+
+
+# ------------------------------------------------------------------------------------------------ BaseEnv
+
+
+class _BoxEnv(BaseEnv):
+    def __init__(self, config: BaseEnvConfig | None = None, num_envs: int = 1, **kwargs: Any) -> None:
+        super().__init__(config, num_envs=num_envs, **kwargs)
+        self.single_action_space = gym.spaces.Box(-1.0, 1.0, (3, 2), np.float32)
+
+
+@pytest.mark.parametrize("n", [0, -1])
+def test_num_envs_below_one_rejected(n: int) -> None:
+    with pytest.raises(ValueError, match="num_envs"):
+        _BoxEnv(num_envs=n)
+
+
+def test_constructor_stores_arguments() -> None:
+    cfg = BaseEnvConfig()
+    env = _BoxEnv(cfg, num_envs=2, process_id=1, total_processes=4)
+    assert env.config is cfg
+    assert env.num_envs == 2
+    assert (env.process_id, env.total_processes) == (1, 4)
+
+
+def test_metadata_autoreset_mode() -> None:
+    assert BaseEnv.metadata["autoreset_mode"] is AutoresetMode.NEXT_STEP
+    assert _BoxEnv(num_envs=1).metadata["autoreset_mode"] is AutoresetMode.NEXT_STEP
+
+
+def test_action_space_is_batched_single_action_space() -> None:
+    env = _BoxEnv(num_envs=5)
+    assert env.single_action_space == gym.spaces.Box(-1.0, 1.0, (3, 2), np.float32)
+    space = env.action_space
+    assert isinstance(space, gym.spaces.Box)
+    assert space.shape == (5, 3, 2)
+    assert space.dtype == np.float32
+    assert space.contains(np.zeros((5, 3, 2), np.float32))
+
+
+def test_setting_single_action_space_redefines_action_space() -> None:
+    env = _BoxEnv(num_envs=2)
+    assert env.action_space.shape == (2, 3, 2)
+    env.single_action_space = gym.spaces.Discrete(4)
+    assert isinstance(env.action_space, gym.spaces.MultiDiscrete)
+    np.testing.assert_array_equal(env.action_space.nvec, [4, 4])
+
+
+def test_missing_single_action_space_is_attribute_error() -> None:
+    class NoSpace(BaseEnv):
+        pass
+
+    env = NoSpace(num_envs=1)
+    with pytest.raises(AttributeError):
+        _ = env.single_action_space
+
+
+def test_seed_rngs_reproducible() -> None:
+    env = _BoxEnv(num_envs=1)
+    env.seed_rngs(123)
+    first = env.np_random.random(5)
+    env.seed_rngs(123)
+    np.testing.assert_array_equal(env.np_random.random(5), first)
+    env.seed_rngs(124)
+    assert not np.array_equal(env.np_random.random(5), first)
+
+
+def test_seed_rngs_none_keeps_generator() -> None:
+    env = _BoxEnv(num_envs=1)
+    env.seed_rngs(7)
+    rng = env.np_random
+    a = rng.random()
+    env.seed_rngs(None)
+    assert env.np_random is rng
+    assert env.np_random.random() != a  # continued, not re-seeded
+    fresh = _BoxEnv(num_envs=1)
+    fresh.seed_rngs(None)
+    assert isinstance(fresh.np_random, np.random.Generator)
+
+
+def test_reset_mask_all_without_indices() -> None:
+    np.testing.assert_array_equal(BaseEnv.reset_mask(3, None), [True, True, True])
+    np.testing.assert_array_equal(BaseEnv.reset_mask(3, {}), [True, True, True])
+    np.testing.assert_array_equal(BaseEnv.reset_mask(3, {"reset_indices": None}), [True, True, True])
+
+
+def test_reset_mask_with_indices() -> None:
+    mask = BaseEnv.reset_mask(5, {"reset_indices": np.array([4, 1])})
+    assert mask.dtype == np.bool_
+    np.testing.assert_array_equal(mask, [False, True, False, False, True])
+    np.testing.assert_array_equal(BaseEnv.reset_mask(3, {"reset_indices": [2]}), [False, False, True])
+    np.testing.assert_array_equal(BaseEnv.reset_mask(3, {"reset_indices": []}), [False, False, False])
+
+
+def test_reset_mask_with_bool_mask() -> None:
+    mask = BaseEnv.reset_mask(4, {"reset_indices": np.array([False, False, True, True])})
+    np.testing.assert_array_equal(mask, [False, False, True, True])
+
+
+def test_reset_mask_out_of_range() -> None:
+    with pytest.raises(IndexError):
+        BaseEnv.reset_mask(2, {"reset_indices": [2]})

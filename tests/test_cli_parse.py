@@ -1,0 +1,277 @@
+"""``plugrl-run-env-client`` command-line parsing, and running an env file directly."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import pickle
+import subprocess
+import sys
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+
+import gymnasium as gym
+import numpy as np
+import pytest
+
+from plugrl_env_client import cli
+from plugrl_env_client.config import ClientConfig, RunnerConfig
+from plugrl_env_client.envs import discover_envs
+from plugrl_env_client.envs.base_env import BaseEnv, BaseEnvConfig, Observation
+from plugrl_env_client.envs.dummy.dummy_env import DummyEnvConfig
+from plugrl_env_client.envs.point.point_env import PointEnvConfig
+from plugrl_env_client.envs.probe.probe_env import ProbeEnvConfig
+from plugrl_env_client.utils import registration
+
+
+@pytest.fixture
+def registry() -> Iterator[None]:
+    discover_envs()
+    envs, configs, gym_registry = dict(registration._ENVS), dict(registration._CONFIGS), dict(gym.registry)
+    yield
+    registration._ENVS.clear()
+    registration._ENVS.update(envs)
+    registration._CONFIGS.clear()
+    registration._CONFIGS.update(configs)
+    gym.registry.clear()
+    gym.registry.update(gym_registry)
+
+
+# ---------------------------------------------------------------------------------------------- parse()
+
+
+@pytest.mark.parametrize(
+    "sub,uid,cfg_cls",
+    [("point-v1", "Point-v1", PointEnvConfig), ("dummy-v1", "Dummy-v1", DummyEnvConfig),
+     ("probe-v1", "Probe-v1", ProbeEnvConfig)],
+)
+def test_each_builtin_subcommand_parses_with_defaults(sub: str, uid: str, cfg_cls: type) -> None:
+    env_id, config = cli.parse([sub])
+    assert env_id == uid
+    assert type(config) is ClientConfig
+    assert config.env == cfg_cls()
+    assert type(config.env) is cfg_cls
+    assert config.num_envs == 1 and config.num_procs == 1 and config.num_episodes is None
+    assert config.runner == RunnerConfig()
+    assert config.server_host == "127.0.0.1" and config.server_port == 8000
+    assert config.output_dir == Path("runs")
+
+
+def test_subcommands_are_lowercased_ids() -> None:
+    subs = cli.build_subcommands()
+    assert {"point-v1", "dummy-v1", "probe-v1"} <= set(subs)
+    assert all(name == name.lower() for name in subs)
+    assert subs["point-v1"].env_id == "Point-v1"
+
+
+def test_env_flags_map_to_config_fields() -> None:
+    _, config = cli.parse(["point-v1", "--env.step-size", "0.5", "--env.goal-radius", "0.02"])
+    assert config.env == PointEnvConfig(step_size=0.5, goal_radius=0.02)
+    _, config = cli.parse(["probe-v1", "--env.action-dim", "5"])
+    assert config.env == ProbeEnvConfig(action_dim=5)
+    _, config = cli.parse(["dummy-v1", "--env.base-image-size", "32", "--env.text", "open the door",
+                           "--env.terminated-prob", "1.0"])
+    assert config.env.base_image_size == 32
+    assert config.env.text == "open the door"
+    assert config.env.terminated_prob == 1.0
+    assert config.env.wrist_image_size == DummyEnvConfig().wrist_image_size
+
+
+def test_general_and_runner_flags() -> None:
+    env_id, config = cli.parse([
+        "point-v1", "--num-envs", "8", "--num-procs", "2", "--num-episodes", "10", "--runner.seed", "42",
+        "--runner.max-episode-steps", "50", "--runner.replan-steps", "3", "--runner.start-method", "fork",
+        "--server-port", "9001", "--exp-name", "abc", "--local-policy", "random", "--no-progress",
+    ])
+    assert env_id == "Point-v1"
+    assert (config.num_envs, config.num_procs, config.num_episodes) == (8, 2, 10)
+    assert config.runner.seed == 42
+    assert config.runner.max_episode_steps == 50 and config.runner.replan_steps == 3
+    assert config.runner.start_method == "fork"
+    assert config.server_port == 9001 and config.exp_name == "abc"
+    assert config.local_policy == "random" and config.progress is False
+    assert config.resolved_url() == "ws://127.0.0.1:9001"
+
+
+def test_runner_seed_none() -> None:
+    _, config = cli.parse(["probe-v1", "--runner.seed", "None"])
+    assert config.runner.seed is None
+
+
+@pytest.mark.parametrize("args", [["nope-v1"], ["point-v1", "--env.no-such-flag", "1"], ["probe-v1", "--env.step-size", "1"],
+                                  ["point-v1", "--num-envs", "many"], []])
+def test_bad_command_lines_exit_non_zero(args: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        cli.parse(args)
+    assert exc.value.code not in (0, None)
+
+
+def test_returned_config_is_plain_and_picklable() -> None:
+    env_id, config = cli.parse(["point-v1", "--env.step-size", "0.3", "--runner.seed", "5"])
+    assert type(config) is ClientConfig
+    restored = pickle.loads(pickle.dumps(config))
+    assert restored == config
+    assert restored.env == PointEnvConfig(step_size=0.3)
+    assert restored.runner.seed == 5
+    json.dumps(dataclasses.asdict(config), default=str)  # what client_config.json holds
+
+
+def test_env_registered_after_import_gets_a_subcommand(registry: None) -> None:
+    """The parser is built at call time, so an env registered after importing the CLI is still offered."""
+
+    @registration.register_env_config("Late-v1")
+    @dataclasses.dataclass
+    class LateConfig(BaseEnvConfig):
+        level: int = 1
+
+    @registration.register_env("Late-v1")
+    class LateEnv(BaseEnv):
+        """A late env."""
+
+        def __init__(self, config: LateConfig, num_envs: int = 1, **kwargs: object) -> None:
+            super().__init__(config, num_envs=num_envs, **kwargs)
+            self.single_action_space = gym.spaces.Box(-1.0, 1.0, (1,), np.float32)
+
+        def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[Observation, dict]:
+            return Observation(states={"x": np.zeros((self.num_envs, 1))}), {}
+
+    env_id, config = cli.parse(["late-v1", "--env.level", "3"])
+    assert env_id == "Late-v1"
+    assert config.env == LateConfig(level=3)
+
+
+# ---------------------------------------------------------------------------------------------- env file run directly
+
+USER_FILE = textwrap.dedent('''
+    """A user env file, run directly."""
+    import dataclasses
+
+    import gymnasium as gym
+    import numpy as np
+
+    from plugrl_env_client import BaseEnv, BaseEnvConfig, Observation, register_env, register_env_config
+
+
+    @register_env_config("Tmpfile-v1")
+    @dataclasses.dataclass
+    class TmpfileConfig(BaseEnvConfig):
+        flavour: str = "plain"
+
+
+    @register_env_config("Point-v1")
+    @dataclasses.dataclass
+    class MyPointConfig(BaseEnvConfig):
+        marker_file: str = ""
+        """Each env built appends a line here."""
+
+
+    class _Env(BaseEnv):
+        REWARD = 0.0
+
+        def __init__(self, config, num_envs=1, **kwargs):
+            super().__init__(config, num_envs=num_envs, **kwargs)
+            self.single_action_space = gym.spaces.Box(-1.0, 1.0, (2,), np.float32)
+            if getattr(config, "marker_file", ""):
+                with open(config.marker_file, "a") as f:
+                    f.write(f"{type(self).__name__} {type(config).__name__}\\n")
+
+        def _obs(self):
+            return Observation(states={"x": np.zeros((self.num_envs, 1))}, text="user env")
+
+        def reset(self, *, seed=None, options=None):
+            self.seed_rngs(seed)
+            return self._obs(), {}
+
+        def step(self, actions):
+            n = self.num_envs
+            return (self._obs(), np.full(n, self.REWARD, np.float32), np.ones(n, bool), np.zeros(n, bool), {})
+
+
+    @register_env("Tmpfile-v1")
+    class TmpfileEnv(_Env):
+        """The temporary file env."""
+        REWARD = 1.0
+
+
+    @register_env("Point-v1", max_episode_steps=7)
+    class MyPointEnv(_Env):
+        """My own Point-v1."""
+        REWARD = 42.0
+
+
+    if __name__ == "__main__":
+        from plugrl_env_client.cli import main
+        main()
+''')
+
+
+@pytest.fixture
+def user_file(tmp_path: Path) -> Path:
+    path = tmp_path / "my_env.py"
+    path.write_text(USER_FILE)
+    return path
+
+
+def _run(path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, str(path), *args], capture_output=True, text=True, timeout=60,
+                          cwd=path.parent)
+
+
+SHADOW = "env 'Point-v1' from the file being run shadows the one in plugrl_env_client.envs.point.point_env"
+
+
+def test_env_file_help_for_shadowed_builtin_and_new_env(user_file: Path) -> None:
+    res = _run(user_file, "point-v1", "--help")
+    assert res.returncode == 0, res.stderr
+    assert "My own Point-v1." in res.stdout
+    assert "--env.marker-file" in res.stdout
+    assert "--env.step-size" not in res.stdout  # the built-in's config is shadowed as well
+    assert SHADOW in res.stderr
+
+    res = _run(user_file, "tmpfile-v1", "--help")
+    assert res.returncode == 0, res.stderr
+    assert "The temporary file env." in res.stdout
+    assert "--env.flavour" in res.stdout
+
+
+def test_env_file_run_uses_the_users_class(user_file: Path, tmp_path: Path) -> None:
+    marker = tmp_path / "built.txt"
+    out = tmp_path / "runs"
+    res = _run(user_file, "point-v1", "--num-episodes", "1", "--local-policy", "zero", "--output-dir", str(out),
+               "--exp-name", "x", "--no-progress", "--env.marker-file", str(marker))
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert SHADOW in res.stderr
+    built = marker.read_text().splitlines()
+    assert built and all(line == "MyPointEnv MyPointConfig" for line in built)
+    summary = json.loads((out / "x" / "summary.json").read_text())
+    assert summary["completed_episodes"] == 1
+    assert summary["mean_return"] == 42.0  # the user's reward, not the built-in's
+    client_config = json.loads((out / "x" / "client_config.json").read_text())
+    assert client_config["env_id"] == "Point-v1"
+    assert client_config["env"] == {"marker_file": str(marker)}
+
+
+def test_env_file_run_with_spawned_processes(user_file: Path, tmp_path: Path) -> None:
+    """Spawned children re-import the file as ``__mp_main__``; its envs must still shadow the built-ins there."""
+    marker = tmp_path / "built.txt"
+    out = tmp_path / "runs"
+    res = _run(user_file, "point-v1", "--num-procs", "2", "--num-episodes", "2", "--local-policy", "zero",
+               "--output-dir", str(out), "--exp-name", "mp", "--no-progress", "--env.marker-file", str(marker))
+    assert res.returncode == 0, res.stdout + res.stderr
+    built = marker.read_text().splitlines()
+    assert len(built) >= 3  # the local policy's probe env + one per process
+    assert all(line == "MyPointEnv MyPointConfig" for line in built)
+    summary = json.loads((out / "mp" / "summary.json").read_text())
+    assert summary["completed_episodes"] == 2 and summary["mean_return"] == 42.0
+    assert summary["failed_processes"] == []
+
+
+def test_env_file_new_env_runs(user_file: Path, tmp_path: Path) -> None:
+    out = tmp_path / "runs"
+    res = _run(user_file, "tmpfile-v1", "--num-episodes", "2", "--num-envs", "2", "--local-policy", "random",
+               "--output-dir", str(out), "--exp-name", "t", "--no-progress", "--env.flavour", "spicy")
+    assert res.returncode == 0, res.stdout + res.stderr
+    summary = json.loads((out / "t" / "summary.json").read_text())
+    assert summary["completed_episodes"] == 2 and summary["mean_return"] == 1.0
+    assert json.loads((out / "t" / "client_config.json").read_text())["env"] == {"flavour": "spicy"}
