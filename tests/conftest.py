@@ -6,8 +6,10 @@ encode/decode through the project's codec and record every message the client se
 
 from __future__ import annotations
 
+import sys
 import threading
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -15,6 +17,9 @@ from websockets.exceptions import ConnectionClosed
 from websockets.sync.server import ServerConnection, serve
 
 from plugrl_env_client.protocol import codec, messages
+
+# Importable helpers for tests (and for spawned rollout processes, which inherit sys.path).
+sys.path.insert(0, str(Path(__file__).parent / "_support"))
 
 
 class HarnessConnection:

@@ -17,7 +17,6 @@ from plugrl_env_client.server.policies import PolicyConfig, make_policy
 from plugrl_env_client.server.server import PolicyServer
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(Path(__file__).parent / "_envs"))
 discover_envs()
 from faulty_env import FaultyConfig  # noqa: E402
 

@@ -1,0 +1,202 @@
+"""Fault injection over real loopback sockets: servers that die, resync, time out, pause, or send huge frames.
+
+The reference server validates every client message strictly, so a completed run against it with no protocol
+violation in its log shows that no stale feedback (for an action from an earlier connection) was ever sent.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from plugrl_env_client.app import run_client
+from plugrl_env_client.config import ClientConfig
+from plugrl_env_client.envs import discover_envs
+from plugrl_env_client.protocol import messages
+
+discover_envs()
+from plugrl_env_client.envs.probe.probe_env import ProbeEnvConfig  # noqa: E402
+from probe_protocol import check_probe_transcript, probe_script  # noqa: E402
+
+D = 3
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def config(tmp_path: Path, port: int, **kwargs) -> ClientConfig:
+    kwargs.setdefault("num_envs", 4)
+    return ClientConfig(server_port=port, output_dir=tmp_path, exp_name="run", progress=False,
+                        env=ProbeEnvConfig(action_dim=D), **kwargs)
+
+
+def episodes(tmp_path: Path) -> list[dict]:
+    path = tmp_path / "run" / "rollout" / "proc_000" / "episodes.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def start_server(port: int, log: Path) -> subprocess.Popen:
+    cmd = [sys.executable, "-c", "from plugrl_env_client.server.cli import main; main()", "--port", str(port),
+           "--policy.action-dim", str(D), "--policy.action-horizon", "3"]
+    proc = subprocess.Popen(cmd, stdout=log.open("a"), stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 30
+    while "listening" not in log.read_text():
+        assert time.monotonic() < deadline and proc.poll() is None, log.read_text()
+        time.sleep(0.05)
+    return proc
+
+
+def test_server_killed_and_restarted_mid_run(tmp_path):
+    port, log = free_port(), tmp_path / "server.log"
+    servers = [start_server(port, log)]
+
+    def kill_and_restart():
+        deadline = time.monotonic() + 60
+        while len(episodes(tmp_path)) < 10 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        servers[0].kill()
+        servers[0].wait(timeout=10)
+        time.sleep(0.5)
+        servers.append(start_server(port, log))
+
+    chaos = threading.Thread(target=kill_and_restart, daemon=True)
+    chaos.start()
+    try:
+        assert run_client(config(tmp_path, port, num_episodes=200), "Probe-v1") == 0
+    finally:
+        chaos.join(timeout=60)
+        for s in servers:
+            s.kill()
+            s.wait(timeout=10)
+    assert len(servers) == 2, "the server was restarted during the run"
+    recorded = episodes(tmp_path)
+    assert len(recorded) == 200, "every episode counted exactly once"
+    assert all(e["length"] == 3 + 2 * (e["env_index"] % 3) == e["return"] for e in recorded)
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["completed_episodes"] == 200 and summary["timing"]["reconnects"] >= 1
+    assert "protocol violation" not in log.read_text()
+
+
+@pytest.mark.parametrize(
+    "close",
+    [(1001, messages.REASON_RESYNC), (1001, messages.REASON_FEEDBACK_TIMEOUT), (1001, messages.REASON_SHUTDOWN),
+     (1011, messages.REASON_INTERNAL), None],
+    ids=["resync", "feedback-timeout", "shutdown", "internal-error", "dropped"],
+)
+def test_random_closes_reconnect_and_every_transcript_stays_valid(harness, tmp_path, close):
+    """The server closes at random points (instead of an action, right after one, after a feedback)."""
+    rng = random.Random(7)
+    counter = [0]
+    inner = probe_script(4, stop_after_feedbacks=None, counter=counter)
+
+    def script(conn):
+        if conn.index >= 6:  # enough chaos: let the run finish
+            return inner(conn)
+        original_send, original_recv = conn.send, conn.recv
+
+        def end():
+            if close is None:
+                conn.ws.socket.shutdown(socket.SHUT_RDWR)  # no close frame at all
+            else:
+                conn.close(*close)
+            raise ConnectionAbortedError
+
+        def send(msg):
+            original_send(msg)
+            if rng.random() < 0.15:
+                end()
+
+        def recv():
+            msg = original_recv()
+            if rng.random() < 0.1:
+                end()
+            return msg
+
+        conn.send, conn.recv = send, recv
+        try:
+            inner(conn)
+        except (ConnectionAbortedError, OSError):
+            pass
+
+    h = harness(script)
+    assert run_client(config(tmp_path, h.port, num_envs=5, num_episodes=60), "Probe-v1") == 0
+    assert len(h.connections) >= 2 and not h.errors
+    for conn in h.connections:
+        answered = [m for m in conn.received if m["message_type"] == "feedback" or "_call" in m]
+        if answered:
+            check_probe_transcript(answered, 4, None, 5)
+        if conn.index > 0 and conn.received:
+            assert conn.received[0]["message_type"] == "infer"
+            assert conn.received[0]["env_indices"].tolist() == list(range(5))
+    assert len(episodes(tmp_path)) == 60
+
+
+def test_huge_metadata_and_slow_metadata(harness, tmp_path):
+    def script(conn):
+        time.sleep(1.5)  # a slow server: the client waits for metadata
+        conn.send_metadata(action_horizon=2, blob="x" * (3 * 1024 * 1024))
+        while True:
+            msg = conn.recv()
+            if msg["message_type"] == "infer":
+                conn.send(messages.action_message(msg["env_indices"], np.zeros((2, len(msg["env_indices"]), D))))
+
+    h = harness(script)
+    assert run_client(config(tmp_path, h.port, num_episodes=4), "Probe-v1") == 0
+    assert len(episodes(tmp_path)) == 4
+
+
+def test_long_server_pause_keeps_a_healthy_connection(harness, tmp_path):
+    """The server pings every 0.2 s and waits 2 s before answering: the client must answer pings meanwhile."""
+
+    def script(conn):
+        conn.send_metadata(action_horizon=8)
+        first = True
+        while True:
+            msg = conn.recv()
+            if msg["message_type"] == "infer":
+                if first:
+                    time.sleep(2.0)
+                    first = False
+                conn.send(messages.action_message(msg["env_indices"], np.zeros((8, len(msg["env_indices"]), D))))
+
+    h = harness(script, ping_interval=0.2, ping_timeout=0.5)
+    assert run_client(config(tmp_path, h.port, num_episodes=3), "Probe-v1") == 0
+    assert len(h.connections) == 1, "no reconnect: the pause did not drop the connection"
+
+
+def test_max_reconnects_gives_up_with_a_message(harness, tmp_path, capsys):
+    def script(conn):
+        conn.send_metadata()
+        conn.recv()
+        conn.close(1001, messages.REASON_RESYNC)
+
+    h = harness(script)
+    assert run_client(config(tmp_path, h.port, max_reconnects=2), "Probe-v1") == 1
+    assert "more than --max-reconnects=2 times" in capsys.readouterr().err
+    assert len(h.connections) == 3
+
+
+def test_reconnect_on_server_stop_waits_for_the_next_run(harness, tmp_path):
+    inner = probe_script(4, stop_after_feedbacks=5)
+
+    def script(conn):
+        if conn.index == 0:
+            return inner(conn)  # ends the first run with plugrl-server-stop
+        return probe_script(4, stop_after_feedbacks=None)(conn)
+
+    h = harness(script)
+    cfg = config(tmp_path, h.port, num_episodes=20, reconnect_on_server_stop=True)
+    assert run_client(cfg, "Probe-v1") == 0
+    assert len(h.connections) == 2 and len(episodes(tmp_path)) == 20
