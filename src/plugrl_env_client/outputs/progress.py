@@ -21,6 +21,7 @@ class Progress:
         self._done = threading.Event()
         self._thread = threading.Thread(target=self._run, name="plugrl-progress", daemon=True)
         self._start = time.perf_counter()
+        self._width = 0  # length of the last line drawn on a terminal
 
     def start(self) -> Progress:
         self._thread.start()
@@ -48,7 +49,10 @@ class Progress:
 
     def _draw(self, final: bool = False) -> None:
         if self.tty:
-            self.stream.write("\r" + self.line() + ("\n" if final else ""))
+            text = self.line()
+            # pad to the last line's length: a shorter line must overwrite the old one's tail
+            self.stream.write("\r" + text.ljust(self._width) + ("\n" if final else ""))
+            self._width = len(text)
         elif not final:
             self.stream.write("progress: " + self.line() + "\n")
         self.stream.flush()

@@ -31,6 +31,7 @@ def write_json_atomic(path: Path, data: Any) -> None:
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
         with os.fdopen(fd, "w") as f:
+            os.fchmod(f.fileno(), 0o666 & ~_umask())  # mkstemp makes 0600 files; use open()'s permissions
             json.dump(data, f, indent=2, default=_json_default)
             f.write("\n")
         os.replace(tmp, path)
@@ -39,9 +40,17 @@ def write_json_atomic(path: Path, data: Any) -> None:
         raise
 
 
+def _umask() -> int:
+    mask = os.umask(0o077)  # reading it means setting it; meanwhile the strictest mask, never a looser one
+    os.umask(mask)
+    return mask
+
+
 def _json_default(value: Any) -> Any:
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return {"_type": type(value).__name__, **dataclasses.asdict(value)}
+    if hasattr(value, "tolist"):  # numpy arrays (any size) and numpy scalars
+        return value.tolist()
     if hasattr(value, "item"):
         return value.item()
     if isinstance(value, (set, tuple)):

@@ -217,7 +217,8 @@ class Rollout:
         replan = self.settings.replan_steps
         if horizon is not None and replan is not None and replan > horizon:
             logger.warning(
-                "--runner.replan-steps=%d exceeds the server's action_horizon=%d; each chunk is cut to what the server sends",
+                "--runner.replan-steps=%d exceeds the server's action_horizon=%d; a chunk shorter than the replan "
+                "steps is refused, so lower --runner.replan-steps",
                 replan, horizon,
             )
 

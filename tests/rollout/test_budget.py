@@ -1,0 +1,128 @@
+"""EpisodeBudget: an exact total of claimed episodes across spawned processes, and the stop event.
+
+Spawned children cannot import this test module (pytest runs with --import-mode=importlib), so each child runs
+a small code string through the builtin ``exec`` with the shared objects passed in its globals.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import time
+
+import pytest
+
+from plugrl_env_client.rollout.budget import EpisodeBudget
+
+JOIN_TIMEOUT = 60.0
+
+_RACE = """
+go.wait(30)
+mine = 0
+while budget.claim():
+    mine += 1
+    budget.add_env_steps(3)
+late = sum(1 for _ in range(50) if budget.claim())
+counts[index] = mine
+extra[index] = late
+"""
+
+_UNTIL_STOPPED = """
+ready.set()
+deadline = time.monotonic() + 30
+while not budget.finished() and time.monotonic() < deadline:
+    budget.claim()
+    budget.add_env_steps(1)
+seen_exhausted.value = int(budget.exhausted())
+"""
+
+_SET_STOP = """
+budget.stop.set()
+"""
+
+
+def _start(ctx: mp.context.BaseContext, code: str, **shared: object) -> mp.process.BaseProcess:
+    proc = ctx.Process(target=exec, args=(code, dict(shared)), daemon=True)
+    proc.start()
+    return proc
+
+
+def _join(*procs: mp.process.BaseProcess) -> None:
+    for proc in procs:
+        proc.join(JOIN_TIMEOUT)
+    alive = [p for p in procs if p.is_alive()]
+    for proc in alive:  # only our own children, by handle
+        proc.kill()
+        proc.join(5)
+    assert not alive, "a child process did not end by itself"
+    assert [p.exitcode for p in procs] == [0] * len(procs)
+
+
+@pytest.fixture(scope="module")
+def ctx() -> mp.context.BaseContext:
+    return mp.get_context("spawn")
+
+
+def test_claims_are_exact_across_two_racing_processes(ctx: mp.context.BaseContext) -> None:
+    target = 3000
+    budget = EpisodeBudget(target, ctx)
+    go = ctx.Event()
+    counts = ctx.Array("q", 2)
+    extra = ctx.Array("q", 2)
+    procs = [_start(ctx, _RACE, budget=budget, go=go, counts=counts, extra=extra, index=i) for i in range(2)]
+    time.sleep(0.05)
+    go.set()
+    _join(*procs)
+    assert sum(counts[:]) == target
+    assert list(extra[:]) == [0, 0]  # nothing claimed once the target was reached
+    assert budget.claimed == target
+    assert budget.env_steps == 3 * target  # the unlocked counter is guarded by the claim lock
+    assert budget.exhausted() and budget.finished()
+    assert not budget.claim()
+    assert budget.claimed == target
+
+
+def test_no_target_never_exhausts_and_the_stop_event_ends_a_child(ctx: mp.context.BaseContext) -> None:
+    budget = EpisodeBudget(None, ctx)
+    ready = ctx.Event()
+    seen_exhausted = ctx.Value("q", -1)
+    proc = _start(ctx, "import time\n" + _UNTIL_STOPPED, budget=budget, ready=ready, seen_exhausted=seen_exhausted)
+    assert ready.wait(JOIN_TIMEOUT)
+    deadline = time.monotonic() + 20
+    while budget.claimed < 500 and time.monotonic() < deadline:
+        time.sleep(0.005)
+    assert budget.claimed >= 500
+    assert not budget.exhausted()
+    budget.stop.set()
+    _join(proc)
+    assert seen_exhausted.value == 0
+    assert budget.finished() and not budget.exhausted()
+    assert budget.env_steps >= 500
+
+
+def test_a_stop_set_in_a_child_is_seen_by_the_parent(ctx: mp.context.BaseContext) -> None:
+    budget = EpisodeBudget(10, ctx)
+    assert not budget.finished()
+    _join(_start(ctx, _SET_STOP, budget=budget))
+    assert budget.stop.is_set()
+    assert budget.finished()
+    assert not budget.exhausted()
+    assert budget.claim()  # stop does not block claims; the loop checks finished()
+
+
+def test_target_none_in_process() -> None:
+    budget = EpisodeBudget(None)
+    assert all(budget.claim() for _ in range(1000))
+    assert budget.claimed == 1000
+    assert not budget.exhausted() and not budget.finished()
+    budget.stop.set()
+    assert budget.finished() and not budget.exhausted()
+
+
+def test_target_in_process() -> None:
+    budget = EpisodeBudget(3)
+    assert [budget.claim() for _ in range(5)] == [True, True, True, False, False]
+    assert budget.claimed == 3
+    assert budget.exhausted() and budget.finished()
+    budget.add_env_steps(4)
+    budget.add_env_steps(5)
+    assert budget.env_steps == 9

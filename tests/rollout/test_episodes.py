@@ -1,0 +1,125 @@
+"""EpisodeTracker: per-env returns, lengths and success when envs finish on different steps."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from plugrl_env_client.rollout.episodes import EpisodeRecord, EpisodeTracker
+
+
+def _f(*values: float) -> np.ndarray:
+    return np.array(values, np.float32)
+
+
+def _b(*values: bool) -> np.ndarray:
+    return np.array(values, bool)
+
+
+def test_returns_and_lengths_per_env_with_different_finish_steps() -> None:
+    tracker = EpisodeTracker(3, success_threshold=None)
+    tracker.add_step(_f(1.0, 2.0, 3.0), {})
+    tracker.add_step(_f(1.0, 2.0, 3.0), {})
+    # env 1 finishes after 2 steps
+    records = tracker.finish(np.array([1]), _b(False, True, False), _b(False, False, False))
+    assert records == [EpisodeRecord(1, 4.0, 2, False, True, False)]
+    tracker.restart(np.array([1]))
+    assert tracker.returns.tolist() == [2.0, 0.0, 6.0]
+    assert tracker.lengths.tolist() == [2, 0, 2]
+    tracker.add_step(_f(0.5, 10.0, -1.0), {})
+    # envs 0 and 2 finish on step 3 (0 truncated), env 1 is one step into its second episode
+    records = tracker.finish(np.array([0, 2]), _b(False, False, True), _b(True, False, False))
+    assert [r.env_index for r in records] == [0, 2]
+    assert records[0].episode_return == 2.5 and records[0].length == 3
+    assert records[0].terminated is False and records[0].truncated is True
+    assert records[1].episode_return == 5.0 and records[1].length == 3
+    assert records[1].terminated is True and records[1].truncated is False
+    tracker.restart(np.array([0, 2]))
+    tracker.add_step(_f(1.0, 1.0, 1.0), {})
+    records = tracker.finish(np.array([0, 1, 2]), _b(True, True, True), _b(False, False, False))
+    assert [(r.episode_return, r.length) for r in records] == [(1.0, 1), (11.0, 2), (1.0, 1)]
+
+
+def test_record_types_and_json() -> None:
+    tracker = EpisodeTracker(1, success_threshold=None)
+    tracker.add_step(_f(1.5), {})
+    (record,) = tracker.finish(np.array([0]), _b(True), _b(False))
+    assert type(record.env_index) is int and type(record.length) is int
+    assert type(record.episode_return) is float and type(record.success) is bool
+    assert record.to_json() == {
+        "env_index": 0, "return": 1.5, "length": 1, "success": False, "terminated": True, "truncated": False,
+    }
+
+
+def test_success_by_threshold_on_any_step() -> None:
+    tracker = EpisodeTracker(3, success_threshold=1.0)
+    tracker.add_step(_f(0.5, 1.0, 0.99), {})
+    tracker.add_step(_f(0.2, -5.0, 0.99), {})  # a later low reward does not undo env 1's success
+    assert tracker.success.tolist() == [False, True, False]
+    tracker.add_step(_f(2.0, 0.0, 0.0), {})
+    assert tracker.success.tolist() == [True, True, False]
+    records = tracker.finish(np.array([0, 1, 2]), _b(True, True, True), _b(False, False, False))
+    assert [r.success for r in records] == [True, True, False]
+
+
+def test_no_threshold_means_no_success_from_rewards() -> None:
+    tracker = EpisodeTracker(2, success_threshold=None)
+    tracker.add_step(_f(1e9, -1e9), {})
+    assert tracker.success.tolist() == [False, False]
+
+
+def test_success_from_info_bool_array() -> None:
+    tracker = EpisodeTracker(3, success_threshold=None)
+    tracker.add_step(_f(0, 0, 0), {"success": _b(False, True, False)})
+    tracker.add_step(_f(0, 0, 0), {"success": _b(False, False, False)})  # sticky within the episode
+    assert tracker.success.tolist() == [False, True, False]
+    tracker.add_step(_f(0, 0, 0), {"success": _b(False, False, True)})
+    assert tracker.success.tolist() == [False, True, True]
+
+
+def test_success_info_of_the_wrong_shape_or_type_is_ignored() -> None:
+    tracker = EpisodeTracker(2, success_threshold=None)
+    tracker.add_step(_f(0, 0), {"success": True})
+    tracker.add_step(_f(0, 0), {"success": _b(True, True, True)})
+    assert tracker.success.tolist() == [False, False]
+
+
+def test_episode_info_keys_dtypes_and_rows() -> None:
+    tracker = EpisodeTracker(4, success_threshold=1.0)
+    tracker.add_step(_f(0.5, 1.0, 2.0, 0.25), {})
+    tracker.add_step(_f(0.5, 0.0, 2.0, 0.25), {})
+    done = _b(False, True, False, True)
+    rows = np.array([1, 2, 3])
+    info = tracker.episode_info(rows, done)
+    assert set(info) == {"r", "l", "s", "mask"}
+    assert info["r"].dtype == np.float32 and info["r"].shape == (3,)
+    assert info["l"].dtype.kind == "i" and info["l"].shape == (3,)
+    assert info["s"].dtype == bool and info["s"].shape == (3,)
+    assert info["mask"].dtype == bool and info["mask"].shape == (3,)
+    assert info["r"].tolist() == [1.0, 4.0, 0.5]
+    assert info["l"].tolist() == [2, 2, 2]
+    assert info["s"].tolist() == [True, True, False]
+    assert info["mask"].tolist() == [True, False, True]
+
+
+def test_episode_info_is_a_copy() -> None:
+    tracker = EpisodeTracker(2, success_threshold=None)
+    tracker.add_step(_f(1, 1), {"success": _b(True, False)})
+    done = _b(True, False)
+    info = tracker.episode_info(np.array([0, 1]), done)
+    tracker.restart(np.array([0]))
+    done[0] = False
+    assert info["r"].tolist() == [1.0, 1.0]
+    assert info["s"].tolist() == [True, False]
+    assert info["mask"].tolist() == [True, False]
+
+
+def test_restart_clears_only_the_given_envs() -> None:
+    tracker = EpisodeTracker(3, success_threshold=0.5)
+    tracker.add_step(_f(1, 1, 1), {})
+    tracker.restart(np.array([0, 2]))
+    assert tracker.returns.tolist() == [0.0, 1.0, 0.0]
+    assert tracker.lengths.tolist() == [0, 1, 0]
+    assert tracker.success.tolist() == [False, True, False]
+    tracker.add_step(_f(0, 0, 0), {})
+    (record,) = tracker.finish(np.array([0]), _b(True, False, False), _b(False, False, False))
+    assert (record.episode_return, record.length, record.success) == (0.0, 1, False)
