@@ -210,7 +210,8 @@ def _observation(obs: Any, where: str) -> int:
                 raise ProtocolError(f"{where}['states'][{name!r}] must be numeric, got {arr.dtype.str}")
             sizes.add(arr.shape[0])
     text = obs["text"]
-    if isinstance(text, np.ndarray) and text.dtype.kind == "U" and text.ndim == 1:
+    # np.array([]) is float64: an empty text batch may come with any dtype
+    if isinstance(text, np.ndarray) and text.ndim == 1 and (text.dtype.kind == "U" or text.size == 0):
         sizes.add(text.shape[0])
     elif isinstance(text, list) and all(isinstance(t, str) for t in text):
         sizes.add(len(text))
