@@ -108,8 +108,15 @@ class Observation:
         self.text[indices] = other.text[indices]
 
     def to_wire(self) -> dict[str, Any]:
-        """The three-key map sent to a policy server."""
-        return {"images": self.images, "states": self.states, "text": self.text}
+        """The three-key map sent to a policy server.
+
+        Servers read the batch size from an array, so a batch with neither images nor states (a text-only env)
+        carries an empty ``states["_batch"]`` of shape ``(n, 0)``: the batch size, and no payload.
+        """
+        states = self.states
+        if not self.images and not states:
+            states = {"_batch": np.zeros((self.text.shape[0], 0), np.float32)}
+        return {"images": self.images, "states": states, "text": self.text}
 
 
 def _row_index(indices: np.ndarray | Sequence[int] | Sequence[bool]) -> np.ndarray:

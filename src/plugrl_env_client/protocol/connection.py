@@ -162,10 +162,13 @@ class Session:
         self._rng = random.Random()
 
     def open(self) -> ServerMetadata | Closed:
-        """Connect (waiting for the server if it is not up yet) and read its metadata."""
+        """First connection: wait for the server (up to ``connect_timeout_s``, if set) and read its metadata."""
+        return self._open(self.config.connect_timeout_s)
+
+    def _open(self, timeout_s: float | None) -> ServerMetadata | Closed:
         attempt, deadline = 0, None
-        if self.config.connect_timeout_s is not None:
-            deadline = time.monotonic() + self.config.connect_timeout_s
+        if timeout_s is not None:
+            deadline = time.monotonic() + timeout_s
         while True:
             ws = self._try_connect(attempt)
             if ws is not None:
@@ -176,7 +179,7 @@ class Session:
                 return reply
             if deadline is not None and time.monotonic() > deadline:
                 raise ConfigError(
-                    f"no policy server answered at {self.config.url} within {self.config.connect_timeout_s:g} s; "
+                    f"no policy server answered at {self.config.url} within {timeout_s:g} s; "
                     "start one with `plugrl-run-policy-server` or use `--local-policy random`"
                 )
             attempt += 1
@@ -191,7 +194,7 @@ class Session:
         logger.warning("reconnecting to %s after close (%s)", self.config.url, closed.describe())
         self.close()
         time.sleep(self._backoff(1))
-        return self.open()
+        return self._open(None)  # a server that restarts may take a while: wait for it (bounded by max_reconnects)
 
     def close(self) -> None:
         if self.connection is not None:

@@ -1,0 +1,51 @@
+"""``--server-url wss://...``: TLS to a server whose certificate the system trusts (here via SSL_CERT_FILE)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import ssl
+import subprocess
+import threading
+
+import numpy as np
+import pytest
+from websockets.sync.server import serve
+
+from plugrl_env_client.app import run_client
+from plugrl_env_client.config import ClientConfig, RunnerConfig
+from plugrl_env_client.envs import discover_envs
+from plugrl_env_client.protocol import codec, messages
+
+discover_envs()
+from plugrl_env_client.envs.point.point_env import PointEnvConfig  # noqa: E402
+
+
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command to make a certificate")
+def test_wss_server_url(tmp_path, monkeypatch):
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=127.0.0.1",
+                    "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", str(key), "-out", str(cert)],
+                   check=True, capture_output=True, timeout=60)
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(cert, key)
+
+    def handler(ws):
+        ws.send(codec.packb(messages.metadata_message({"action_horizon": 4})))
+        for frame in ws:
+            msg = codec.unpackb(frame)
+            if msg["message_type"] == "infer":
+                ids = msg["env_indices"]
+                ws.send(codec.packb(messages.action_message(ids, np.zeros((4, len(ids), 2), np.float32))))
+
+    server = serve(handler, "127.0.0.1", 0, ssl=context, compression=None, max_size=None)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    monkeypatch.setenv("SSL_CERT_FILE", str(cert))
+    try:
+        port = server.socket.getsockname()[1]
+        cfg = ClientConfig(server_url=f"wss://127.0.0.1:{port}", num_episodes=2, output_dir=tmp_path, exp_name="run",
+                           progress=False, env=PointEnvConfig(), runner=RunnerConfig(max_episode_steps=5))
+        assert run_client(cfg, "Point-v1") == 0
+    finally:
+        server.shutdown()
+    assert json.loads((tmp_path / "run" / "summary.json").read_text())["completed_episodes"] == 2
