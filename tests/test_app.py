@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from plugrl_env_client.app import run_client
@@ -178,3 +179,36 @@ def test_cli_user_error_exits_nonzero_without_traceback(tmp_path):
     result = _cli(["point-v1", "--num-envs", "0", "--output-dir", str(tmp_path)], cwd=tmp_path)
     assert result.returncode == 1
     assert "error: --num-envs must be >= 1" in result.stderr and "Traceback" not in result.stderr
+
+
+def _episodes_of(root: Path, proc: int = 0) -> list[dict]:
+    path = root / "run" / f"rollout/proc_{proc:03d}/episodes.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_seed_reproduces_a_run_and_processes_get_distinct_seeds(tmp_path):
+    def run(sub: str, seed: int, procs: int = 1) -> Path:
+        cfg = ClientConfig(output_dir=tmp_path / sub, exp_name="run", progress=False, env=PointEnvConfig(), num_envs=2,
+                           num_procs=procs, num_episodes=6, local_policy="zero",
+                           runner=RunnerConfig(seed=seed, max_episode_steps=20))
+        assert run_client(cfg, "Point-v1") == 0
+        return tmp_path / sub
+
+    a, b, c = run("a", 3), run("b", 3), run("c", 4)
+    assert _episodes_of(a) == _episodes_of(b), "same seed, same episodes"
+    assert _episodes_of(a) != _episodes_of(c), "another seed, other episodes"
+    # A zero policy never moves the point: each episode's return is -distance * length, so returns identify the
+    # start states. Episodes after the first reset differ from the first ones: the seed reaches only that reset.
+    first = _episodes_of(a)
+    assert first[0]["return"] != first[2]["return"]
+
+
+def test_process_seeds_do_not_overlap():
+    from plugrl_env_client.rollout.launch import process_seed
+    from plugrl_env_client.utils.registration import make_env
+
+    seeds = [process_seed(3, p, num_envs=4) for p in range(3)]
+    assert seeds == [3, 7, 11], "process p starts at seed + p * num_envs: per-env seed ranges never overlap"
+    starts = [make_env("Point-v1", num_envs=4).reset(seed=s)[0].states["pos"] for s in seeds]
+    assert not np.array_equal(starts[0], starts[1]) and not np.array_equal(starts[1], starts[2])
+    assert process_seed(None, 2, 4) is None

@@ -116,7 +116,6 @@ class Rollout:
             if closed is not None and not self._recover(closed):
                 return "stopped by server"
             self._refresh_summary()
-        self.session.close()
         return "finished" if self.budget.exhausted() else "interrupted"
 
     # -------------------------------------------------------------------------------------------- the steps
