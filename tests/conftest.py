@@ -88,3 +88,23 @@ def harness() -> Iterator[Callable[[Callable[[HarnessConnection], None]], Harnes
     yield start
     for h in made:
         h.shutdown()
+
+
+@pytest.fixture
+def registry() -> Iterator[None]:
+    """Built-ins discovered first (their modules import once per session), then the env registries restored after."""
+    import gymnasium as gym
+
+    from plugrl_env_client.envs import discover_envs
+    from plugrl_env_client.utils import registration
+
+    discover_envs()
+    envs, configs, gym_registry = dict(registration._ENVS), dict(registration._CONFIGS), dict(gym.registry)
+    yield
+    registration._ENVS.clear()
+    registration._ENVS.update(envs)
+    registration._CONFIGS.clear()
+    registration._CONFIGS.update(configs)
+    gym.registry.clear()
+    gym.registry.update(gym_registry)
+

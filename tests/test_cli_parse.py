@@ -8,7 +8,6 @@ import pickle
 import subprocess
 import sys
 import textwrap
-from collections.abc import Iterator
 from pathlib import Path
 
 import gymnasium as gym
@@ -17,25 +16,11 @@ import pytest
 
 from plugrl_env_client import cli
 from plugrl_env_client.config import ClientConfig, RunnerConfig
-from plugrl_env_client.envs import discover_envs
 from plugrl_env_client.envs.base_env import BaseEnv, BaseEnvConfig, Observation
 from plugrl_env_client.envs.dummy.dummy_env import DummyEnvConfig
 from plugrl_env_client.envs.point.point_env import PointEnvConfig
 from plugrl_env_client.envs.probe.probe_env import ProbeEnvConfig
 from plugrl_env_client.utils import registration
-
-
-@pytest.fixture
-def registry() -> Iterator[None]:
-    discover_envs()
-    envs, configs, gym_registry = dict(registration._ENVS), dict(registration._CONFIGS), dict(gym.registry)
-    yield
-    registration._ENVS.clear()
-    registration._ENVS.update(envs)
-    registration._CONFIGS.clear()
-    registration._CONFIGS.update(configs)
-    gym.registry.clear()
-    gym.registry.update(gym_registry)
 
 
 # ---------------------------------------------------------------------------------------------- parse()

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import warnings
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -27,18 +26,8 @@ from plugrl_env_client.utils.registration import (
 
 
 @pytest.fixture(autouse=True)
-def registry() -> Iterator[None]:
-    """Built-ins discovered first (their modules import once per session), then the registries restored after."""
-    discover_envs()
-    envs, configs = dict(registration._ENVS), dict(registration._CONFIGS)
-    gym_registry = dict(gym.registry)
-    yield
-    registration._ENVS.clear()
-    registration._ENVS.update(envs)
-    registration._CONFIGS.clear()
-    registration._CONFIGS.update(configs)
-    gym.registry.clear()
-    gym.registry.update(gym_registry)
+def _restore_registry(registry: None) -> None:
+    """Every test here may register envs; the shared ``registry`` fixture undoes it."""
 
 
 def _env_class(name: str = "Tmp", module: str | None = None, marker: str = "") -> type[BaseEnv]:
