@@ -15,7 +15,7 @@ For each env (Dummy-v1, Point-v1), batch size (num_envs 1, 16, 256) and server a
   process (as ``--local-policy random`` does), stopped through the budget's ``stop`` event by a watcher thread
   after a time limit or a step cap;
 * the round trip of each ``Connection.infer`` call (pack, send, server decode + policy, reply, parse), timed by
-  instrumenting the connection from this script only;
+  instrumenting the session from this script only;
 * bytes sent per env step (infer and feedback frames, from ``session.stats.bytes_sent``).
 
 Numbers depend on the machine and its load; compare them within one run only.
@@ -40,7 +40,8 @@ import numpy as np
 
 from plugrl_env_client.envs import discover_envs
 from plugrl_env_client.outputs.recorder import ProcessRecorder
-from plugrl_env_client.protocol.connection import Closed, Session, SessionConfig
+from plugrl_env_client.protocol.connection import Closed
+from plugrl_env_client.protocol.session import Session, SessionConfig
 from plugrl_env_client.rollout import checks
 from plugrl_env_client.rollout.budget import EpisodeBudget
 from plugrl_env_client.rollout.loop import LoopSettings, Rollout
@@ -111,27 +112,18 @@ def bench_raw(env_id: str, num_envs: int, seconds: float) -> float:
 
 
 class TimedSession(Session):
-    """A Session whose connections record the wall time of every completed ``infer`` call."""
+    """A Session that records the wall time of every completed ``infer`` exchange (send → action received)."""
 
     def __init__(self, config: SessionConfig) -> None:
         super().__init__(config)
         self.infer_s: list[float] = []
 
-    def open(self):  # type: ignore[override]
-        reply = super().open()
-        conn = self.connection
-        if conn is not None:
-            inner = conn.infer
-
-            def timed_infer(*args: Any, **kwargs: Any) -> Any:
-                start = time.perf_counter()
-                out = inner(*args, **kwargs)
-                if not isinstance(out, Closed):
-                    self.infer_s.append(time.perf_counter() - start)
-                return out
-
-            conn.infer = timed_infer  # type: ignore[method-assign]
-        return reply
+    def infer(self, *args: Any, **kwargs: Any) -> Any:
+        start = time.perf_counter()
+        out = super().infer(*args, **kwargs)
+        if not isinstance(out, Closed):
+            self.infer_s.append(time.perf_counter() - start)
+        return out
 
 
 @dataclasses.dataclass

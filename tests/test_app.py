@@ -125,6 +125,10 @@ def test_bad_flag_values_are_refused(tmp_path):
 
     with pytest.raises(ConfigError, match="--num-envs must be >= 1"):
         run_client(config(tmp_path, num_envs=0), "Point-v1")
+    with pytest.raises(ConfigError, match="--runner.max-episode-steps must be >= 1, got -1"):
+        run_client(config(tmp_path, runner=RunnerConfig(max_episode_steps=-1)), "Point-v1")
+    with pytest.raises(ConfigError, match="--local-policy-horizon must be >= 1, got 0"):
+        run_client(config(tmp_path, local_policy="random", local_policy_horizon=0), "Point-v1")
     with pytest.raises(ConfigError, match="Did you mean 'Point-v1'"):
         run_client(config(tmp_path), "Pointt-v1")
 

@@ -73,8 +73,11 @@ def _validate(config: ClientConfig) -> None:
             raise ConfigError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(config, name)}")
     if config.num_episodes is not None and config.num_episodes < 1:
         raise ConfigError(f"--num-episodes must be >= 1, got {config.num_episodes}")
-    if config.runner.replan_steps is not None and config.runner.replan_steps < 1:
-        raise ConfigError(f"--runner.replan-steps must be >= 1, got {config.runner.replan_steps}")
+    for flag, value in (("--runner.replan-steps", config.runner.replan_steps),
+                        ("--runner.max-episode-steps", config.runner.max_episode_steps),
+                        ("--local-policy-horizon", config.local_policy_horizon)):
+        if value is not None and value < 1:
+            raise ConfigError(f"{flag} must be >= 1, got {value}")
 
 
 def _start_local_policy(config: ClientConfig, env_id: str) -> PolicyServer:

@@ -55,6 +55,8 @@ class ClientConfig:
     """Give up after this many reconnects. Default: keep reconnecting while the server comes back."""
     connect_timeout: float | None = None
     """Seconds to wait for the first connection. Default: wait until a server is up."""
+    reconnect_timeout: float | None = None
+    """Seconds to wait for the server to come back after a lost connection. Default: wait until it does."""
     reuse_feedback_obs: bool = True
     """When the server offers reuse-feedback-obs, do not upload an observation the server already holds."""
     progress: bool = True

@@ -200,3 +200,32 @@ def test_reconnect_on_server_stop_waits_for_the_next_run(harness, tmp_path):
     cfg = config(tmp_path, h.port, num_episodes=20, reconnect_on_server_stop=True)
     assert run_client(cfg, "Probe-v1") == 0
     assert len(h.connections) == 2 and len(episodes(tmp_path)) == 20
+
+
+def test_close_after_the_last_needed_episode_ends_the_run_without_reconnecting(harness, tmp_path):
+    """The server answers, then shuts down for good: the client has all it needs and must not wait for it."""
+
+    def script(conn):
+        conn.send_metadata(action_horizon=8)
+        msg = conn.recv()
+        conn.send(messages.action_message(msg["env_indices"], np.zeros((8, len(msg["env_indices"]), D))))
+        conn.close(1001, messages.REASON_SHUTDOWN)
+
+    h = harness(script)
+    start = time.monotonic()
+    assert run_client(config(tmp_path, h.port, num_envs=1, num_episodes=1), "Probe-v1") == 0
+    assert time.monotonic() - start < 20 and len(h.connections) == 1
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["status"] == "finished" and summary["completed_episodes"] == 1
+
+
+def test_reconnect_timeout_gives_up_with_a_message(harness, tmp_path, capsys):
+    def script(conn):
+        conn.send_metadata()
+        conn.recv()
+        conn.close(1001, messages.REASON_SHUTDOWN)
+        threading.Thread(target=h.shutdown, daemon=True).start()  # and the server stays down
+
+    h = harness(script)
+    assert run_client(config(tmp_path, h.port, reconnect_timeout=1.0), "Probe-v1") == 1
+    assert "--reconnect-timeout" in capsys.readouterr().err

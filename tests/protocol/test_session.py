@@ -7,9 +7,12 @@ import threading
 import time
 
 import numpy as np
+import pytest
 
+from plugrl_env_client.errors import ConfigError
 from plugrl_env_client.protocol import messages
-from plugrl_env_client.protocol.connection import Session, SessionConfig
+from plugrl_env_client.protocol.connection import CloseAction, Closed
+from plugrl_env_client.protocol.session import Session, SessionConfig
 from plugrl_env_client.protocol.messages import ServerMetadata
 
 
@@ -87,3 +90,53 @@ def test_backoff_grows_with_jitter_and_is_capped():
     assert 0.05 <= min(first) and max(first) <= 0.1
     assert len(set(np.round(first, 6))) > 1, "jitter spreads retries"
     assert 1.0 <= min(late) and max(late) <= 2.0
+
+
+def test_stop_request_ends_waiting_for_a_server():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    session = Session(SessionConfig(url=f"ws://127.0.0.1:{port}"), should_stop=lambda: True)
+    closed = session.open()
+    assert isinstance(closed, Closed) and closed.action is CloseAction.END
+
+
+def test_http_4xx_handshake_is_an_error_that_says_so():
+    from websockets.sync.server import serve
+
+    server = serve(lambda ws: None, "127.0.0.1", 0, process_request=lambda conn, req: conn.respond(403, "no key\n"))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        session = Session(SessionConfig(url=f"ws://127.0.0.1:{server.socket.getsockname()[1]}"))
+        with pytest.raises(ConfigError, match="refused the WebSocket handshake with HTTP 403.*--api-key"):
+            session.open()
+    finally:
+        server.shutdown()
+
+
+@pytest.mark.parametrize("url", ["ws://[::1", "ws://127.0.0.1:99999", "http://127.0.0.1:8000"])
+def test_invalid_url_is_an_error_that_says_so(url):
+    with pytest.raises(ConfigError, match="invalid server URL"):
+        Session(SessionConfig(url=url)).open()
+
+
+def test_reconnects_that_fail_at_once_back_off_further(harness):
+    times = []
+
+    def script(conn):
+        times.append(time.monotonic())
+        conn.send_metadata()
+        conn.recv()
+        conn.close(1001, messages.REASON_RESYNC)
+
+    h = harness(script)
+    session = Session(SessionConfig(url=f"ws://127.0.0.1:{h.port}", backoff_initial_s=0.05))
+    session.open()
+    for _ in range(4):
+        obs = {"images": {}, "states": {"x": np.zeros((1, 1))}, "text": np.array(["a"])}
+        closed = session.infer(obs, np.arange(1), np.zeros(1, np.int64))
+        assert isinstance(closed, Closed)
+        session.reconnect(closed)
+    session.close()
+    gaps = np.diff(times)
+    assert len(gaps) == 4 and gaps[-1] > 3 * gaps[0], f"no growing backoff: {gaps}"

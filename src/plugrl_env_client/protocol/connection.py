@@ -1,12 +1,9 @@
-"""One client connection to a policy server, and a session that reconnects.
+"""One client connection to a policy server.
 
 A :class:`Connection` is one WebSocket: it reads the metadata first, then offers ``infer`` and ``feedback``. When
 the server closes it, the call returns a :class:`Closed` value saying what the client should do (a closed
 connection is an ordinary event of a long run, not an exception). What cannot be recovered by reconnecting (a text
 frame, a message that breaks the protocol) raises :class:`ProtocolError`.
-
-A :class:`Session` owns the current connection, opens a new one with backoff when told to, and keeps the counters
-that end up in ``summary.json``.
 """
 
 from __future__ import annotations
@@ -14,15 +11,14 @@ from __future__ import annotations
 import dataclasses
 import enum
 import logging
-import random
 import time
 from typing import Any
 
 import numpy as np
-from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidURI
-from websockets.sync.client import ClientConnection, connect
+from websockets.exceptions import ConnectionClosed
+from websockets.sync.client import ClientConnection
 
-from plugrl_env_client.errors import ConfigError, ProtocolError
+from plugrl_env_client.errors import ProtocolError
 from plugrl_env_client.protocol import codec, messages
 from plugrl_env_client.protocol.messages import ActionReply, ServerMetadata
 
@@ -60,6 +56,7 @@ def classify_close(code: int | None, reason: str, reconnect_on_stop: bool = Fals
 @dataclasses.dataclass
 class SessionStats:
     infer_calls: int = 0
+    actions_received: int = 0
     feedback_calls: int = 0
     infer_wait_s: float = 0.0
     pack_s: float = 0.0
@@ -100,7 +97,9 @@ class Connection:
         self._stats.infer_wait_s += time.perf_counter() - start
         if isinstance(reply, Closed):
             return reply
-        return messages.parse_action(reply, np.asarray(env_indices, dtype=np.int64))
+        action = messages.parse_action(reply, np.asarray(env_indices, dtype=np.int64))
+        self._stats.actions_received += 1
+        return action
 
     def feedback(self, **fields: Any) -> Closed | None:
         """Send one feedback (no reply). Fields are those of :func:`messages.feedback_message`."""
@@ -139,101 +138,3 @@ class Connection:
         closed = classify_close(frame.code if frame else None, frame.reason if frame else "", self._reconnect_on_stop)
         logger.info("connection closed by the server (%s)", closed.describe())
         return closed
-
-
-@dataclasses.dataclass
-class SessionConfig:
-    url: str
-    api_key: str | None = None
-    reconnect_on_stop: bool = False
-    max_reconnects: int | None = None
-    connect_timeout_s: float | None = None
-    backoff_initial_s: float = 0.1
-    backoff_max_s: float = 5.0
-
-
-class Session:
-    """The rollout's handle on the server: the current :class:`Connection`, reopened with backoff when needed."""
-
-    def __init__(self, config: SessionConfig) -> None:
-        self.config = config
-        self.stats = SessionStats()
-        self.connection: Connection | None = None
-        self._rng = random.Random()
-
-    def open(self) -> ServerMetadata | Closed:
-        """First connection: wait for the server (up to ``connect_timeout_s``, if set) and read its metadata."""
-        return self._open(self.config.connect_timeout_s)
-
-    def _open(self, timeout_s: float | None) -> ServerMetadata | Closed:
-        attempt, deadline = 0, None
-        if timeout_s is not None:
-            deadline = time.monotonic() + timeout_s
-        while True:
-            ws = self._try_connect(attempt)
-            if ws is not None:
-                self.connection = Connection(ws, self.stats, self.config.reconnect_on_stop)
-                reply = self.connection.read_metadata()
-                if isinstance(reply, ServerMetadata):
-                    logger.info("connected to %s; server metadata: %s", self.config.url, _short(reply.raw))
-                return reply
-            if deadline is not None and time.monotonic() > deadline:
-                raise ConfigError(
-                    f"no policy server answered at {self.config.url} within {timeout_s:g} s; "
-                    "start one with `plugrl-run-policy-server` or use `--local-policy random`"
-                )
-            attempt += 1
-            time.sleep(self._backoff(attempt))
-
-    def reconnect(self, closed: Closed) -> ServerMetadata | Closed:
-        """Open a fresh connection after ``closed``; the caller has dropped every chunk in flight."""
-        self.stats.reconnects += 1
-        limit = self.config.max_reconnects
-        if limit is not None and self.stats.reconnects > limit:
-            raise ConfigError(f"the server closed the connection ({closed.describe()}) more than --max-reconnects={limit} times; giving up")
-        logger.warning("reconnecting to %s after close (%s)", self.config.url, closed.describe())
-        self.close()
-        time.sleep(self._backoff(1))
-        return self._open(None)  # a server that restarts may take a while: wait for it (bounded by max_reconnects)
-
-    def close(self) -> None:
-        if self.connection is not None:
-            self.connection.close()
-            self.connection = None
-
-    def _backoff(self, attempt: int) -> float:
-        base = min(self.config.backoff_max_s, self.config.backoff_initial_s * 2 ** max(attempt - 1, 0))
-        return base * (0.5 + self._rng.random() / 2)
-
-    def _try_connect(self, attempt: int) -> ClientConnection | None:
-        headers = {"Authorization": f"Api-Key {self.config.api_key}"} if self.config.api_key else None
-        try:
-            ws = connect(
-                self.config.url,
-                compression=None,
-                max_size=None,
-                ping_interval=None,  # liveness is the protocol's business (server-side feedback timeout)
-                open_timeout=10,
-                close_timeout=2,
-                additional_headers=headers,
-                proxy=None,
-            )
-        except InvalidURI as exc:
-            raise ConfigError(f"invalid server URL {self.config.url!r}: {exc}") from None
-        except (OSError, InvalidHandshake, TimeoutError) as exc:
-            if attempt == 0:
-                logger.warning(
-                    "waiting for a policy server at %s (%s). Start one with `plugrl-run-policy-server --port <port>`, "
-                    "or run with `--local-policy random` to use the embedded one.",
-                    self.config.url,
-                    exc,
-                )
-            return None
-        # Entering the context marks the connection as owned by us (websockets warns on bare use); it is left
-        # by Connection.close(), which sends our 1000 close frame.
-        return ws.__enter__()
-
-
-def _short(data: dict[str, Any], limit: int = 400) -> str:
-    text = repr(data)
-    return text if len(text) <= limit else text[:limit] + "..."

@@ -23,6 +23,7 @@ class ActionPlans:
         self.cursor = np.zeros(num_envs, np.int64)  # steps of it already taken
         self.chunk_reward = np.zeros(num_envs, np.float64)
         self.chunk_index = np.zeros(num_envs, np.int64)  # completed chunks in the current episode (step_ids)
+        self._all = np.arange(num_envs)
 
     def needing_actions(self) -> np.ndarray:
         """Envs (ascending) whose chunk is used up or was dropped."""
@@ -42,7 +43,7 @@ class ActionPlans:
 
     def next_actions(self) -> np.ndarray:
         """The batch of actions for this env step (every env must hold a chunk)."""
-        return self._queue[np.arange(self.num_envs), self.cursor]
+        return self._queue[self._all, self.cursor]
 
     def advance(self, rewards: np.ndarray, done: np.ndarray) -> np.ndarray:
         """Account one env step; returns the envs whose chunk ended on it (used up or episode over)."""

@@ -22,7 +22,7 @@ from plugrl_env_client.config import ClientConfig
 from plugrl_env_client.errors import PlugRLError
 from plugrl_env_client.outputs.recorder import ProcessRecorder
 from plugrl_env_client.outputs.run_dir import RunDir, setup_logging
-from plugrl_env_client.protocol.connection import Session, SessionConfig
+from plugrl_env_client.protocol.session import Session, SessionConfig
 from plugrl_env_client.rollout.budget import EpisodeBudget
 from plugrl_env_client.rollout.loop import LoopSettings, Rollout
 from plugrl_env_client.utils.registration import get_spec, make_env
@@ -93,7 +93,7 @@ def run_worker(job: WorkerJob, budget: EpisodeBudget, env_lock: Any = None) -> W
         settings = LoopSettings(
             env_id=spec.uid,
             seed=process_seed(cfg.runner.seed, job.process_id, cfg.num_envs),
-            max_episode_steps=cfg.runner.max_episode_steps or spec.max_episode_steps,
+            max_episode_steps=spec.max_episode_steps if cfg.runner.max_episode_steps is None else cfg.runner.max_episode_steps,
             replan_steps=cfg.runner.replan_steps,
             success_threshold=spec.best_reward_threshold_for_success,
             non_finite_actions=cfg.runner.non_finite_actions,
@@ -105,7 +105,8 @@ def run_worker(job: WorkerJob, budget: EpisodeBudget, env_lock: Any = None) -> W
             reconnect_on_stop=cfg.reconnect_on_server_stop,
             max_reconnects=cfg.max_reconnects,
             connect_timeout_s=cfg.connect_timeout,
-        ))
+            reconnect_timeout_s=cfg.reconnect_timeout,
+        ), should_stop=budget.stop.is_set)
         rollout = Rollout(env, session, settings, budget, recorder)
         result.status = rollout.run()
     except PlugRLError as exc:

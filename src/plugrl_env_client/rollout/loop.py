@@ -21,8 +21,9 @@ import numpy as np
 from plugrl_env_client.envs.base_env import BaseEnv, Observation
 from plugrl_env_client.errors import EnvCrashedError
 from plugrl_env_client.outputs.recorder import ProcessRecorder
-from plugrl_env_client.protocol.connection import Closed, CloseAction, Session
+from plugrl_env_client.protocol.connection import Closed, CloseAction
 from plugrl_env_client.protocol.messages import FEATURE_REUSE_FEEDBACK_OBS, ServerMetadata
+from plugrl_env_client.protocol.session import Session
 from plugrl_env_client.rollout import checks
 from plugrl_env_client.rollout.budget import EpisodeBudget
 from plugrl_env_client.rollout.chunks import ActionPlans
@@ -49,12 +50,9 @@ class StepResult:
     rewards: np.ndarray
     terminated: np.ndarray
     truncated: np.ndarray
+    done: np.ndarray  # terminated | truncated
     info: dict[str, Any]
     chunk_ended: np.ndarray  # envs whose chunk ended on this step (they get feedback)
-
-    @property
-    def done(self) -> np.ndarray:
-        return self.terminated | self.truncated
 
 
 @dataclasses.dataclass
@@ -101,22 +99,27 @@ class Rollout:
     def _run(self) -> str:
         opened = self.session.open()
         if isinstance(opened, Closed) and not self._recover(opened):
-            return "stopped by server"
-        self._check_metadata(self.session.connection.metadata)
+            return self._end_status()
+        self._check_metadata(self.session.metadata)
         self.obs = self._reset(seed=self.settings.seed, options=None)
         while not self.budget.finished():
             reply = self.request_actions()
             if isinstance(reply, Closed):
                 if not self._recover(reply):
-                    return "stopped by server"
+                    return self._end_status()
                 continue
             step = self.step_envs()
             closed = self.send_feedback(step)
             self.finish_episodes(step)
             if closed is not None and not self._recover(closed):
-                return "stopped by server"
+                return self._end_status()
             self._refresh_summary()
-        return "finished" if self.budget.exhausted() else "interrupted"
+        return self._end_status()
+
+    def _end_status(self) -> str:
+        if self.budget.exhausted():
+            return "finished"
+        return "interrupted" if self.budget.stop.is_set() else "stopped by server"
 
     # -------------------------------------------------------------------------------------------- the steps
 
@@ -127,8 +130,7 @@ class Rollout:
             return None
         reuse = self.held[need] if self.reuse else None
         sent = need if reuse is None else need[~reuse]
-        obs = self.obs.select(sent).to_wire()
-        reply = self.session.connection.infer(obs, need, self.plans.chunk_index[need], reuse)
+        reply = self.session.infer(self._rows(sent), need, self.plans.chunk_index[need], reuse)
         if isinstance(reply, Closed):
             return reply
         actions = checks.check_actions(reply.actions, self.space, self.settings.replan_steps,
@@ -150,8 +152,9 @@ class Rollout:
         self.tracker.add_step(rewards, info)
         if self.settings.max_episode_steps is not None:
             truncated = truncated | ((self.tracker.lengths >= self.settings.max_episode_steps) & ~terminated)
-        chunk_ended = self.plans.advance(rewards, terminated | truncated)
-        return StepResult(rewards, terminated, truncated, info, chunk_ended)
+        done = terminated | truncated
+        chunk_ended = self.plans.advance(rewards, done)
+        return StepResult(rewards, terminated, truncated, done, info, chunk_ended)
 
     def send_feedback(self, step: StepResult) -> Closed | None:
         """Feedback for the envs whose chunk ended: chunk-summed rewards, post-step (terminal) observations."""
@@ -164,10 +167,10 @@ class Rollout:
         # Known structurally: an env whose chunk ended without ending its episode asks for its next chunk with
         # exactly the observation this feedback carries, so the server can reuse the row.
         self.held[rows] = ~step.done[rows]
-        return self.session.connection.feedback(
+        return self.session.feedback(
             env_indices=rows,
             step_ids=self.plans.finish_chunks(rows, step.done),
-            obs=self.obs.select(rows).to_wire(),
+            obs=self._rows(rows),
             rewards=self.plans.chunk_reward[rows].astype(np.float32),
             terminated=step.terminated[rows],
             truncated=step.truncated[rows],
@@ -189,9 +192,14 @@ class Rollout:
 
     # -------------------------------------------------------------------------------------------- helpers
 
+    def _rows(self, rows: np.ndarray) -> dict[str, Any]:
+        """Wire form of the current observation's ``rows`` (no copy when that is the whole batch, in order)."""
+        whole = rows.size == self.n  # rows are ascending and unique, so this means 0..n-1
+        return (self.obs if whole else self.obs.select(rows)).to_wire()
+
     def _recover(self, closed: Closed) -> bool:
         """After a close: reconnect (dropping every chunk in flight) or report that the run ended."""
-        while closed.action is CloseAction.RECONNECT:
+        while closed.action is CloseAction.RECONNECT and not self.budget.finished():
             self.plans.drop_all()
             self.held[:] = False  # a new connection holds nothing
             reply = self.session.reconnect(closed)
@@ -199,7 +207,8 @@ class Rollout:
                 self._check_metadata(reply)
                 return True
             closed = reply
-        logger.info("the server ended the run (%s)", closed.describe())
+        if closed.action is CloseAction.END:
+            logger.info("the run ended (%s)", closed.describe())
         return False
 
     def _refresh_summary(self) -> None:

@@ -1,0 +1,169 @@
+"""The rollout's handle on the server: the current connection, reopened with backoff when the server asks.
+
+A :class:`Session` connects (waiting, once said, for a server that is not up yet), hands ``infer`` and
+``feedback`` to the current :class:`~plugrl_env_client.protocol.connection.Connection`, reconnects with exponential
+backoff and jitter after a close that calls for it, and keeps the counters that end up in ``summary.json``.
+Handshake answers that no retry can fix (a 4xx status, a TLS certificate that does not verify, a malformed URL)
+are errors that say so.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import random
+import ssl
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+from websockets.exceptions import InvalidHandshake, InvalidStatus, InvalidURI
+from websockets.sync.client import ClientConnection, connect
+
+from plugrl_env_client.errors import ConfigError
+from plugrl_env_client.protocol.connection import CloseAction, Closed, Connection, SessionStats
+from plugrl_env_client.protocol.messages import ActionReply, ServerMetadata
+
+logger = logging.getLogger(__name__)
+
+STOPPED_LOCALLY = Closed(CloseAction.END, None, "the run was stopped locally")
+
+
+@dataclasses.dataclass
+class SessionConfig:
+    url: str
+    api_key: str | None = None
+    reconnect_on_stop: bool = False
+    max_reconnects: int | None = None
+    connect_timeout_s: float | None = None
+    reconnect_timeout_s: float | None = None
+    backoff_initial_s: float = 0.1
+    backoff_max_s: float = 5.0
+
+
+class Session:
+    """The rollout's handle on the server: the current :class:`Connection`, reopened with backoff when needed."""
+
+    def __init__(self, config: SessionConfig, should_stop: Callable[[], bool] = lambda: False) -> None:
+        self.config = config
+        self.stats = SessionStats()
+        self.connection: Connection | None = None
+        self._should_stop = should_stop
+        self._rng = random.Random()
+        self._failed_reconnects = 0  # reconnects in a row that did not get one exchange done
+        self._actions_at_open = 0
+
+    # ------------------------------------------------------------------------------ what the rollout calls
+
+    @property
+    def metadata(self) -> ServerMetadata | None:
+        return self.connection.metadata if self.connection is not None else None
+
+    def infer(self, obs: dict[str, Any], env_indices: np.ndarray, step_ids: np.ndarray,
+              reuse: np.ndarray | None = None) -> ActionReply | Closed:
+        return self.connection.infer(obs, env_indices, step_ids, reuse)
+
+    def feedback(self, **fields: Any) -> Closed | None:
+        return self.connection.feedback(**fields)
+
+    def open(self) -> ServerMetadata | Closed:
+        """First connection: wait for the server (up to ``connect_timeout_s``, if set) and read its metadata."""
+        return self._open(self.config.connect_timeout_s, "--connect-timeout")
+
+    def _open(self, timeout_s: float | None, flag: str) -> ServerMetadata | Closed:
+        attempt, deadline = 0, None
+        if timeout_s is not None:
+            deadline = time.monotonic() + timeout_s
+        while True:
+            if self._should_stop():
+                return STOPPED_LOCALLY
+            ws = self._try_connect(attempt)
+            if ws is not None:
+                self.connection = Connection(ws, self.stats, self.config.reconnect_on_stop)
+                reply = self.connection.read_metadata()
+                self._actions_at_open = self.stats.actions_received
+                if isinstance(reply, ServerMetadata):
+                    logger.info("connected to %s; server metadata: %s", self.config.url, _short(reply.raw))
+                return reply
+            if deadline is not None and time.monotonic() > deadline:
+                raise ConfigError(
+                    f"no policy server answered at {self.config.url} within {timeout_s:g} s ({flag}); "
+                    "start one with `plugrl-run-policy-server` or use `--local-policy random`"
+                )
+            attempt += 1
+            time.sleep(self._backoff(attempt))
+
+    def reconnect(self, closed: Closed) -> ServerMetadata | Closed:
+        """Open a fresh connection after ``closed``; the caller has dropped every chunk in flight."""
+        self.stats.reconnects += 1
+        limit = self.config.max_reconnects
+        if limit is not None and self.stats.reconnects > limit:
+            raise ConfigError(f"the server closed the connection ({closed.describe()}) more than --max-reconnects={limit} times; giving up")
+        # Back off further while reconnects keep failing before a single exchange (a server that resyncs at once).
+        progressed = self.stats.actions_received > self._actions_at_open
+        self._failed_reconnects = 1 if progressed else self._failed_reconnects + 1
+        logger.warning("reconnecting to %s after close (%s)", self.config.url, closed.describe())
+        self.close()
+        time.sleep(self._backoff(self._failed_reconnects))
+        # A restarting server may take a while: wait for it, up to --reconnect-timeout if set.
+        return self._open(self.config.reconnect_timeout_s, "--reconnect-timeout")
+
+    def close(self) -> None:
+        if self.connection is not None:
+            self.connection.close()
+            self.connection = None
+
+    def _backoff(self, attempt: int) -> float:
+        base = min(self.config.backoff_max_s, self.config.backoff_initial_s * 2 ** max(attempt - 1, 0))
+        return base * (0.5 + self._rng.random() / 2)
+
+    def _try_connect(self, attempt: int) -> ClientConnection | None:
+        headers = {"Authorization": f"Api-Key {self.config.api_key}"} if self.config.api_key else None
+        try:
+            ws = connect(
+                self.config.url,
+                compression=None,
+                max_size=None,
+                ping_interval=None,  # liveness is the protocol's business (server-side feedback timeout)
+                open_timeout=10,
+                close_timeout=2,
+                additional_headers=headers,
+                proxy=None,
+            )
+        except (InvalidURI, ValueError) as exc:
+            raise ConfigError(f"invalid server URL {self.config.url!r}: {exc}; use ws://host:port or wss://host:port") from None
+        except InvalidStatus as exc:
+            status = exc.response.status_code
+            if 400 <= status < 500:
+                raise ConfigError(
+                    f"the server at {self.config.url} refused the WebSocket handshake with HTTP {status}; check the URL "
+                    "and --api-key / $PLUGRL_API_KEY"
+                ) from None
+            self._say_waiting(attempt, exc)
+            return None
+        except ssl.SSLCertVerificationError as exc:
+            raise ConfigError(
+                f"the TLS certificate of {self.config.url} did not verify ({exc.verify_message}); point SSL_CERT_FILE "
+                "at the CA that signed it, or use ws:// on a trusted network"
+            ) from None
+        except (OSError, InvalidHandshake, TimeoutError) as exc:
+            self._say_waiting(attempt, exc)
+            return None
+        # Entering the context marks the connection as owned by us (websockets warns on bare use); it is left
+        # by Connection.close(), which sends our 1000 close frame.
+        return ws.__enter__()
+
+    def _say_waiting(self, attempt: int, exc: BaseException) -> None:
+        if attempt == 0:
+            logger.warning(
+                "waiting for a policy server at %s (%s). Start one with `plugrl-run-policy-server --port <port>`, "
+                "or run with `--local-policy random` to use the embedded one.",
+                self.config.url,
+                exc,
+            )
+
+
+def _short(data: dict[str, Any], limit: int = 400) -> str:
+    text = repr(data)
+    return text if len(text) <= limit else text[:limit] + "..."
