@@ -144,3 +144,33 @@ def test_episode_log_counts_only_masked_rows(server_factory):
     assert server.log.episodes == 2 and server.log.return_sum == 4.0 and server.log.length_sum == 10
     assert server.log.successes == 1
     ws.close()
+
+
+@pytest.mark.parametrize("info", [{"x": np.float32(1.0)}, {"x": np.zeros(3)}, {"nested": {"y": [1, 2]}}],
+                         ids=["scalar", "wrong-rows", "list-leaf"])
+def test_info_that_cannot_be_split_per_env_is_a_violation(server_factory, info):
+    server = server_factory()
+    ws, _ = open_client(server)
+    ws.send(infer([0, 1]))
+    ws.recv(timeout=5)
+    ws.send(feedback([0, 1], info=info))
+    assert close_of(ws) == (1001, messages.REASON_RESYNC)
+
+
+def test_shutdown_tells_clients_with_server_shutdown(server_factory):
+    server = server_factory()
+    ws, _ = open_client(server)
+    server.shutdown()
+    assert close_of(ws) == (1001, messages.REASON_SHUTDOWN)
+
+
+def test_policy_crash_closes_with_internal_error(server_factory):
+    server = server_factory()
+
+    def boom(obs, n):
+        raise RuntimeError("policy bug")
+
+    server.policy.act = boom
+    ws, _ = open_client(server)
+    ws.send(infer([0]))
+    assert close_of(ws) == (1011, messages.REASON_INTERNAL)

@@ -5,15 +5,26 @@ from __future__ import annotations
 import sys
 import threading
 import time
-from typing import Any, TextIO
+from typing import Any, Protocol, TextIO
 
-from plugrl_env_client.rollout.budget import EpisodeBudget
+
+
+class Counters(Protocol):
+    """Run-wide counters progress is drawn from (the rollout's shared episode budget has them)."""
+
+    target: int | None
+
+    @property
+    def claimed(self) -> int: ...
+
+    @property
+    def env_steps(self) -> int: ...
 
 
 class Progress:
     """Reads the shared budget counters from a thread and redraws every ``period`` seconds."""
 
-    def __init__(self, budget: EpisodeBudget, stream: TextIO | None = None, period: float | None = None) -> None:
+    def __init__(self, budget: Counters, stream: TextIO | None = None, period: float | None = None) -> None:
         self.budget = budget
         self.stream = stream or sys.stderr
         self.tty = self.stream.isatty()

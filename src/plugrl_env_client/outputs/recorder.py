@@ -10,14 +10,23 @@ import json
 import math
 from collections import deque
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from plugrl_env_client.outputs.run_dir import write_json_atomic
-from plugrl_env_client.rollout.episodes import EpisodeRecord
 
 METRIC_WINDOW = 100
 _SUMMED_TIMING = ("env_steps", "batch_steps", "infer_calls", "feedback_calls", "infer_wait_s", "env_step_s",
                   "pack_s", "reset_s", "bytes_sent", "bytes_received", "reconnects")
+
+
+class EpisodeRecord(Protocol):
+    """What the recorder needs of a finished episode (the rollout's records have it)."""
+
+    episode_return: float
+    length: int
+    success: bool
+
+    def to_json(self) -> dict[str, Any]: ...
 
 
 class ProcessRecorder:

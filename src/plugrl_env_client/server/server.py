@@ -74,6 +74,7 @@ class PolicyServer:
         self.log = EpisodeLog()
         self.stopping = threading.Event()
         self._lock = threading.Lock()
+        self._clients: set[ServerConnection] = set()
         self._last_log = -LOG_PERIOD_S
         self._server: Server = serve(self._handle, host, port, compression=None, max_size=None)
         self._thread: threading.Thread | None = None
@@ -102,6 +103,11 @@ class PolicyServer:
         return self
 
     def shutdown(self) -> None:
+        """Close every client with ``Server shutdown`` (they reconnect when a server comes back), then stop."""
+        with self._lock:
+            clients = list(self._clients)
+        for ws in clients:
+            ws.close(messages.CLOSE_GOING_AWAY, messages.REASON_SHUTDOWN)
         self._server.shutdown()
         if self._thread is not None:
             self._thread.join(timeout=5)
@@ -111,6 +117,8 @@ class PolicyServer:
     def _handle(self, ws: ServerConnection) -> None:
         peer = ws.remote_address
         logger.info("client connected: %s", peer)
+        with self._lock:
+            self._clients.add(ws)
         try:
             ws.send(codec.packb(messages.metadata_message(self.metadata())))
             self._serve_connection(ws)
@@ -119,6 +127,12 @@ class PolicyServer:
             ws.close(messages.CLOSE_GOING_AWAY, messages.REASON_RESYNC)
         except ConnectionClosed:
             logger.info("client disconnected: %s", peer)
+        except Exception:  # a bug in a policy or here: the client reconnects, the traceback is logged
+            logger.exception("internal error while serving %s", peer)
+            ws.close(messages.CLOSE_INTERNAL, messages.REASON_INTERNAL)
+        finally:
+            with self._lock:
+                self._clients.discard(ws)
 
     def _serve_connection(self, ws: ServerConnection) -> None:
         outstanding: set[int] = set()  # envs that received a chunk and owe us its feedback
@@ -144,6 +158,7 @@ class PolicyServer:
                 expect = messages.FEEDBACK
             else:
                 feedback = _parse(messages.parse_feedback, msg)
+                _check_info(feedback.info, len(feedback.env_indices), "info")
                 unknown = set(feedback.env_indices.tolist()) - outstanding
                 if unknown:
                     raise _Violation(f"feedback for envs {sorted(unknown)} that have no chunk on this connection")
@@ -186,6 +201,18 @@ class PolicyServer:
                             messages.REASON_STOP)
                 self.stopping.set()
             return self.stopping.is_set()
+
+
+def _check_info(info: dict[str, Any], m: int, path: str) -> None:
+    """Info must split per env: str keys, and every leaf an array whose leading dim is the feedback's m."""
+    for key, value in info.items():
+        if not isinstance(key, str):
+            raise _Violation(f"feedback {path} has a non-str key {key!r}; use str keys only")
+        if isinstance(value, dict):
+            _check_info(value, m, f"{path}[{key!r}]")
+        elif not (isinstance(value, np.ndarray) and value.ndim >= 1 and value.shape[0] == m):
+            got = f"shape {list(value.shape)}" if isinstance(value, np.ndarray) else type(value).__name__
+            raise _Violation(f"feedback {path}[{key!r}] must be an array with leading dim {m} (one row per env), got {got}")
 
 
 def _row(obs: dict[str, Any], i: int) -> dict[str, Any]:

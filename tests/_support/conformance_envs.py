@@ -1,0 +1,68 @@
+"""Test-only env for the conformance-gap tests: observations with text only (no images, no states).
+
+``TextOnly-v1`` env ``i`` shows ``"env <i> t <t>"`` as its text, so a harness can tell rows apart and check their
+order. Its step info holds a per-env array, a value that cannot be split per env and a nested map with an integer
+key, so a harness can check what the client forwards. ``slow_first_step_s`` makes the first ``step`` call block,
+to check that the client keeps its connection alive while its envs step.
+
+Kept in an importable module (tests put this folder on sys.path) so spawned rollout processes can load it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+
+from plugrl_env_client.envs.base_env import BaseEnv, BaseEnvConfig, Observation
+from plugrl_env_client.utils.registration import register_env, register_env_config
+
+ACTION_DIM = 2
+
+
+def episode_lengths(num_envs: int) -> np.ndarray:
+    """Env i's episode lasts 2 + (i % 2) steps."""
+    return 2 + np.arange(num_envs) % 2
+
+
+@register_env_config("TextOnly-v1")
+@dataclasses.dataclass
+class TextOnlyConfig(BaseEnvConfig):
+    slow_first_step_s: float = 0.0
+    """Seconds the first step() call sleeps (the client's main thread is busy meanwhile)."""
+
+
+@register_env("TextOnly-v1")
+class TextOnlyEnv(BaseEnv):
+    def __init__(self, config: TextOnlyConfig, num_envs: int = 1, **kwargs: Any) -> None:
+        super().__init__(config, num_envs=num_envs, **kwargs)
+        self.single_action_space = gym.spaces.Box(-1.0, 1.0, (ACTION_DIM,), np.float32)
+        self.t = np.zeros(num_envs, dtype=np.int64)
+        self.lengths = episode_lengths(num_envs)
+        self.steps = 0
+
+    def _obs(self) -> Observation:
+        return Observation(text=[f"env {i} t {t}" for i, t in enumerate(self.t.tolist())])
+
+    def reset(self, *, seed=None, options=None):
+        self.seed_rngs(seed)
+        self.t[self.reset_mask(self.num_envs, options)] = 0
+        return self._obs(), {}
+
+    def step(self, actions):
+        if self.steps == 0 and self.config.slow_first_step_s > 0:
+            time.sleep(self.config.slow_first_step_s)
+        self.steps += 1
+        self.t += 1
+        ids = np.arange(self.num_envs)
+        info = {
+            "env": ids.astype(np.float64),  # per env: forwarded, cut to the feedback's rows
+            "scalar": 1.0,  # cannot be split per env: left out
+            "nested": {7: ids * 10, "note": "text"},  # int key of an array: sent as "7"
+            2: {"deep": ids + 100},  # int key of a map: sent as "2"
+        }
+        terminated = self.t >= self.lengths
+        return self._obs(), np.ones(self.num_envs, np.float32), terminated, np.zeros(self.num_envs, bool), info
