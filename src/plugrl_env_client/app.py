@@ -22,7 +22,8 @@ from plugrl_env_client.outputs.recorder import aggregate
 from plugrl_env_client.outputs.run_dir import RunDir, default_exp_name, setup_logging, write_json_atomic
 from plugrl_env_client.rollout import checks
 from plugrl_env_client.rollout.budget import EpisodeBudget
-from plugrl_env_client.rollout.launch import SUMMARY_PERIOD_S, WorkerJob, interrupt_handlers, launch
+from plugrl_env_client.rollout.launch import SUMMARY_PERIOD_S, WorkerJob, launch
+from plugrl_env_client.rollout.signals import interrupt_handlers
 from plugrl_env_client.server.server import PolicyServer
 from plugrl_env_client.utils.registration import get_spec, make_env
 

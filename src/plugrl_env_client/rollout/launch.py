@@ -12,9 +12,7 @@ import dataclasses
 import logging
 import os
 import signal
-import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,37 +23,12 @@ from plugrl_env_client.outputs.run_dir import RunDir, setup_logging
 from plugrl_env_client.protocol.session import Session, SessionConfig
 from plugrl_env_client.rollout.budget import EpisodeBudget
 from plugrl_env_client.rollout.loop import LoopSettings, Rollout
+from plugrl_env_client.rollout.signals import Interrupted, interrupt_handlers
 from plugrl_env_client.utils.registration import get_spec, make_env
 
 logger = logging.getLogger(__name__)
 
 SUMMARY_PERIOD_S = 10.0
-
-
-class Interrupted(KeyboardInterrupt):
-    """SIGINT or SIGTERM: stop collecting, write outputs, exit with 128 + the signal number."""
-
-    def __init__(self, signum: int = signal.SIGINT) -> None:
-        super().__init__(signal.Signals(signum).name)
-        self.signum = int(signum)
-
-
-def _raise_interrupted(signum: int, _frame: Any) -> None:
-    raise Interrupted(signum)
-
-
-@contextlib.contextmanager
-def interrupt_handlers() -> Iterator[None]:
-    """Turn SIGTERM (and SIGINT) into :class:`Interrupted` while the block runs (main thread only)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = {sig: signal.signal(sig, _raise_interrupted) for sig in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
 
 
 @dataclasses.dataclass

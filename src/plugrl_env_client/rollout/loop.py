@@ -28,6 +28,7 @@ from plugrl_env_client.rollout import checks
 from plugrl_env_client.rollout.budget import EpisodeBudget
 from plugrl_env_client.rollout.chunks import ActionPlans
 from plugrl_env_client.rollout.episodes import EpisodeTracker
+from plugrl_env_client.rollout.signals import deferred_interrupts
 
 logger = logging.getLogger(__name__)
 
@@ -182,9 +183,10 @@ class Rollout:
         done = np.flatnonzero(step.done)
         if done.size == 0:
             return
-        for record in self.tracker.finish(done, step.terminated, step.truncated):
-            if self.budget.claim():
-                self.recorder.add(record)
+        with deferred_interrupts():  # an episode is claimed and written as one, never half
+            for record in self.tracker.finish(done, step.terminated, step.truncated):
+                if self.budget.claim():
+                    self.recorder.add(record)
         if self.budget.finished():
             return
         self.tracker.restart(done)

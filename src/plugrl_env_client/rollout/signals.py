@@ -1,0 +1,59 @@
+"""Signals as a clean end of the run: SIGINT and SIGTERM become :class:`Interrupted`, raised in the main thread.
+
+The rollout loop stops where it is, its ``finally`` blocks write the outputs, and the exit code is 128 + the signal
+number. Inside :func:`deferred_interrupts` (recording a finished episode) a signal waits until the block is done,
+so an episode is never half-recorded (claimed in the shared budget but missing from ``episodes.jsonl``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+_state = {"defer_depth": 0, "pending": None}
+
+
+class Interrupted(KeyboardInterrupt):
+    """SIGINT or SIGTERM: stop collecting, write outputs, exit with 128 + the signal number."""
+
+    def __init__(self, signum: int = signal.SIGINT) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = int(signum)
+
+
+def _on_signal(signum: int, _frame: Any) -> None:
+    if _state["defer_depth"]:
+        _state["pending"] = signum
+        return
+    raise Interrupted(signum)
+
+
+@contextlib.contextmanager
+def interrupt_handlers() -> Iterator[None]:
+    """Turn SIGTERM and SIGINT into :class:`Interrupted` while the block runs (main thread only)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {sig: signal.signal(sig, _on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+@contextlib.contextmanager
+def deferred_interrupts() -> Iterator[None]:
+    """Hold a signal that arrives inside the block and raise it when the block ends."""
+    _state["defer_depth"] += 1
+    try:
+        yield
+    finally:
+        _state["defer_depth"] -= 1
+        pending = _state["pending"]
+        if _state["defer_depth"] == 0 and pending is not None:
+            _state["pending"] = None
+            raise Interrupted(pending)
