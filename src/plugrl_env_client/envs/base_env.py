@@ -178,10 +178,21 @@ class BaseEnv(gym.vector.VectorEnv):
         return mask
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[Observation, dict[str, Any]]:
+        """Reset the envs in ``options["reset_indices"]`` (all when absent) and return the whole batch.
+
+        Rows of envs that were not reset must come back unchanged: the client (and, with reuse-feedback-obs, the
+        server) keeps using the observation those envs last produced.
+        """
         raise NotImplementedError
 
     def step(self, actions: Action) -> tuple[Observation, RewardArray, BoolArray, BoolArray, dict[str, Any]]:
+        """Step every env once with ``actions[i]``; never reset inside (the client resets finished envs).
+
+        Returns ``(observation, rewards float32 (n,), terminated bool (n,), truncated bool (n,), info)``; info
+        values that are arrays with leading dim n reach the server row by row.
+        """
         raise NotImplementedError
+
 
     @property
     def single_action_space(self) -> gym.Space:  # type: ignore[override]
