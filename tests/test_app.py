@@ -83,6 +83,19 @@ def test_crashed_process_stops_the_others_and_is_named(policy_server, tmp_path, 
     assert total["completed_episodes"] == sum(kept)
 
 
+def test_killed_process_is_named_and_the_aggregate_is_still_written(policy_server, tmp_path, capsys):
+    server = policy_server(action_dim=2)
+    cfg = config(tmp_path, env=FaultyConfig(fail_process=1, fail_at_step=30, hard_kill=True), num_envs=2, num_procs=2,
+                 server_port=server.port, runner=RunnerConfig(pass_proc_id=True))
+    assert run_client(cfg, "Faulty-v1") == 1
+    assert "process 1 failed: killed by signal 9" in capsys.readouterr().err
+    total = summary(tmp_path)
+    assert total["failed_processes"] == [1] and total["process_status"]["1"] == "failed: killed by signal 9"
+    assert summary(tmp_path, 0)["status"] == "interrupted"
+    kept = len((tmp_path / "run" / "rollout/proc_000/episodes.jsonl").read_text().splitlines())
+    assert total["completed_episodes"] >= kept == summary(tmp_path, 0)["completed_episodes"]
+
+
 def test_env_exception_keeps_collected_episodes(policy_server, tmp_path, capsys):
     server = policy_server(action_dim=2)
     cfg = config(tmp_path, env=FaultyConfig(fail_at_step=9), num_envs=2, server_port=server.port,

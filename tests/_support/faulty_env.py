@@ -6,6 +6,8 @@ Kept in an importable module (tests put this folder on sys.path) so spawned roll
 from __future__ import annotations
 
 import dataclasses
+import os
+import signal
 from typing import Any
 
 import gymnasium as gym
@@ -24,6 +26,8 @@ class FaultyConfig(BaseEnvConfig):
     episode_length: int = 2
     reward_shape_bug: bool = False
     """Return a scalar reward instead of one per env."""
+    hard_kill: bool = False
+    """Die by SIGKILL instead of raising (no Python cleanup at all)."""
 
 
 @register_env("Faulty-v1")
@@ -45,6 +49,8 @@ class FaultyEnv(BaseEnv):
     def step(self, actions):
         self.steps += 1
         if self.process_id == self.config.fail_process and self.steps >= self.config.fail_at_step:
+            if self.config.hard_kill:
+                os.kill(os.getpid(), signal.SIGKILL)
             raise RuntimeError(f"simulated simulator crash at step {self.steps}")
         self.t += 1
         reward = np.float32(1.0) if self.config.reward_shape_bug else np.ones(self.num_envs, np.float32)
