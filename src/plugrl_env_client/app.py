@@ -12,12 +12,11 @@ import logging
 import multiprocessing as mp
 import signal
 import sys
-import threading
 from typing import Any
 
 from plugrl_env_client.config import ClientConfig
 from plugrl_env_client.errors import ConfigError
-from plugrl_env_client.outputs.progress import Progress, summary_table
+from plugrl_env_client.outputs.progress import Periodic, Progress, summary_table
 from plugrl_env_client.outputs.recorder import aggregate
 from plugrl_env_client.outputs.run_dir import RunDir, default_exp_name, setup_logging, write_json_atomic
 from plugrl_env_client.rollout import checks
@@ -92,27 +91,6 @@ def _start_local_policy(config: ClientConfig, env_id: str) -> PolicyServer:
     server = start_local_server(config.local_policy, space, config.local_policy_horizon, seed=config.runner.seed)
     logger.info("embedded %s policy serving on %s", config.local_policy, server.url)
     return server
-
-
-class Periodic:
-    """Call ``fn`` every ``period`` seconds from a daemon thread until :meth:`stop`."""
-
-    def __init__(self, period: float, fn: Any) -> None:
-        self.period, self.fn = period, fn
-        self._done = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="plugrl-periodic", daemon=True)
-
-    def start(self) -> Periodic:
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._done.set()
-        self._thread.join(timeout=5)
-
-    def _run(self) -> None:
-        while not self._done.wait(self.period):
-            self.fn()
 
 
 def _write_aggregate(run_dir: RunDir, num_procs: int, failed: dict[int, str], quiet: bool = False) -> dict[str, Any]:

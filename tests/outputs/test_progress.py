@@ -59,7 +59,6 @@ def test_non_tty_stream_gets_progress_lines_until_stopped() -> None:
     while stream.getvalue().count("\n") < 3 and time.monotonic() < deadline:
         time.sleep(0.01)
     progress.stop()
-    assert not progress._thread.is_alive()
     text = stream.getvalue()
     lines = text.splitlines()
     assert len(lines) >= 3
@@ -133,3 +132,18 @@ def test_summary_table_shows_na_for_missing_means() -> None:
     assert lines["mean length"].endswith("n/a")
     assert lines["success rate"].endswith("n/a")
     assert "stopped by server" in table
+
+
+def test_periodic_calls_until_stopped() -> None:
+    from plugrl_env_client.outputs.progress import Periodic
+
+    calls: list[float] = []
+    ticker = Periodic(0.01, lambda: calls.append(time.monotonic())).start()
+    deadline = time.monotonic() + 5
+    while len(calls) < 3 and time.monotonic() < deadline:
+        time.sleep(0.005)
+    ticker.stop()
+    seen = len(calls)
+    assert seen >= 3
+    time.sleep(0.05)
+    assert len(calls) == seen, "no call after stop()"

@@ -5,8 +5,32 @@ from __future__ import annotations
 import sys
 import threading
 import time
+from collections.abc import Callable
 from typing import Any, Protocol, TextIO
 
+
+
+class Periodic:
+    """Call ``fn`` every ``period`` seconds from a daemon thread until :meth:`stop`."""
+
+    def __init__(self, period: float, fn: Callable[[], Any], name: str = "plugrl-periodic") -> None:
+        self.period, self.fn = period, fn
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+
+    def start(self) -> Periodic:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop ticking (a call in progress finishes first)."""
+        self._done.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=5)
+
+    def _run(self) -> None:
+        while not self._done.wait(self.period):
+            self.fn()
 
 
 class Counters(Protocol):
@@ -29,18 +53,16 @@ class Progress:
         self.stream = stream or sys.stderr
         self.tty = self.stream.isatty()
         self.period = period if period is not None else (0.5 if self.tty else 10.0)
-        self._done = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="plugrl-progress", daemon=True)
+        self._ticker = Periodic(self.period, self._draw, name="plugrl-progress")
         self._start = time.perf_counter()
         self._width = 0  # length of the last line drawn on a terminal
 
     def start(self) -> Progress:
-        self._thread.start()
+        self._ticker.start()
         return self
 
     def stop(self) -> None:
-        self._done.set()
-        self._thread.join(timeout=2)
+        self._ticker.stop()
         self._draw(final=True)
 
     def line(self) -> str:
@@ -53,10 +75,6 @@ class Progress:
             bar = "#" * filled + "-" * (width - filled)
             return f"[{bar}] {done}/{target} episodes | {rate:,.0f} env-steps/s | {elapsed:,.0f}s"
         return f"{done} episodes | {rate:,.0f} env-steps/s | {elapsed:,.0f}s"
-
-    def _run(self) -> None:
-        while not self._done.wait(self.period):
-            self._draw()
 
     def _draw(self, final: bool = False) -> None:
         if self.tty:
