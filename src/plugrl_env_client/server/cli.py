@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import sys
 from collections.abc import Sequence
 
 import tyro
@@ -29,8 +30,13 @@ class ServerArgs:
 def main(args: Sequence[str] | None = None) -> None:
     cfg = tyro.cli(ServerArgs, args=args, prog="plugrl-run-policy-server")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    server = PolicyServer(make_policy(cfg.policy), host=cfg.host, port=cfg.port, max_episodes=cfg.max_episodes,
-                          reuse_feedback_obs=cfg.reuse_feedback_obs)
+    try:
+        policy = make_policy(cfg.policy)
+        server = PolicyServer(policy, host=cfg.host, port=cfg.port, max_episodes=cfg.max_episodes,
+                              reuse_feedback_obs=cfg.reuse_feedback_obs)
+    except (TypeError, ValueError, OSError) as exc:  # a bad --policy.* value, or the port is taken
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(2)
     print(f"Policy server ({cfg.policy.name}, action_dim={cfg.policy.action_dim}, horizon={cfg.policy.action_horizon}) "
           f"listening on ws://{cfg.host}:{server.port}", flush=True)
     try:

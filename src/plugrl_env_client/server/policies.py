@@ -4,26 +4,27 @@ from __future__ import annotations
 
 import abc
 import dataclasses
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
 
 @dataclasses.dataclass
 class PolicyConfig:
-    """Flags ``--policy.*`` of the reference server."""
+    """What the reference server answers infers with."""
 
-    name: str = "random"
-    """Which policy answers infers: ``random`` (uniform in [low, high]) or ``zero`` (all zeros)."""
+    name: Literal["random", "zero"] = "random"
+    """random: uniform in [low, high]; zero: all zeros."""
     action_dim: int = 7
     """Length of each action vector; 0 means scalar actions (discrete policies), sent as [horizon, n]."""
     action_horizon: int = 4
     """Steps per action chunk."""
     dtype: str = "float32"
-    """numpy dtype of the actions; an integer dtype makes ``random`` draw integers in [low, high]."""
+    """numpy dtype of the actions (float32, float64, int64, ...); an integer dtype draws integers in [low, high]."""
     low: float = -1.0
     high: float = 1.0
     seed: int | None = None
+    """Seed of the random policy's generator (default: fresh entropy)."""
 
 
 class Policy(abc.ABC):
@@ -31,7 +32,7 @@ class Policy(abc.ABC):
 
     def __init__(self, action_shape: tuple[int, ...], dtype: np.dtype, horizon: int, low: Any, high: Any) -> None:
         if horizon < 1:
-            raise ValueError(f"action horizon must be >= 1, got {horizon}")
+            raise ValueError(f"the action horizon (--policy.action-horizon) must be >= 1, got {horizon}")
         self.action_shape = tuple(action_shape)
         self.dtype = np.dtype(dtype)
         self.horizon = int(horizon)
@@ -79,8 +80,14 @@ def make_policy(config: PolicyConfig, action_shape: tuple[int, ...] | None = Non
     """Build the policy named in ``config``; ``action_shape``/``low``/``high`` override the config (embedded use)."""
     if config.name not in POLICIES:
         raise ValueError(f"unknown policy {config.name!r}; choose one of {', '.join(POLICIES)}")
+    try:
+        dtype = np.dtype(config.dtype)
+    except TypeError:
+        raise ValueError(f"--policy.dtype {config.dtype!r} is not a numpy dtype; use e.g. float32, float64 or int64") from None
+    if dtype.kind not in "biuf":
+        raise ValueError(f"--policy.dtype {config.dtype!r} is not numeric; actions are numbers")
     shape = action_shape if action_shape is not None else ((config.action_dim,) if config.action_dim > 0 else ())
-    args = (shape, np.dtype(config.dtype), config.action_horizon, config.low if low is None else low, config.high if high is None else high)
+    args = (shape, dtype, config.action_horizon, config.low if low is None else low, config.high if high is None else high)
     if config.name == "random":
         return RandomPolicy(*args, seed=config.seed)
     return POLICIES[config.name](*args)

@@ -1,0 +1,56 @@
+"""``plugrl-run-policy-server``: bad flag values are one-line errors, and the server really serves."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from websockets.sync.client import connect
+
+from plugrl_env_client.protocol import codec, messages
+from plugrl_env_client.server.cli import main
+
+
+@pytest.mark.parametrize(
+    "args,words",
+    [(["--policy.dtype", "foo"], "--policy.dtype 'foo' is not a numpy dtype"),
+     (["--policy.dtype", "<U3"], "is not numeric"),
+     (["--policy.action-horizon", "0"], "--policy.action-horizon) must be >= 1")],
+)
+def test_bad_values_exit_2_with_a_message(args, words, capsys):
+    with pytest.raises(SystemExit) as info:
+        main(args)
+    assert info.value.code == 2
+    assert words in capsys.readouterr().err
+
+
+def test_unknown_policy_name_is_refused_by_the_parser(capsys):
+    with pytest.raises(SystemExit) as info:
+        main(["--policy.name", "greedy"])
+    assert info.value.code != 0
+
+
+def test_serves_int_actions_from_the_command_line():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cmd = [sys.executable, "-c", "from plugrl_env_client.server.cli import main; main()", "--port", str(port),
+           "--policy.dtype", "int64", "--policy.action-dim", "0", "--policy.low", "0", "--policy.high", "2"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        assert f"listening on ws://127.0.0.1:{port}" in proc.stdout.readline()
+        with connect(f"ws://127.0.0.1:{port}", compression=None, proxy=None) as ws:
+            meta = messages.parse_metadata(codec.unpackb(ws.recv(timeout=10)))
+            assert meta.action_dim == 0 and meta.action_horizon == 4
+            ids = np.arange(5, dtype=np.int64)
+            obs = {"images": {}, "states": {"x": np.zeros((5, 1))}, "text": np.array(["a"] * 5)}
+            ws.send(codec.packb(messages.infer_message(obs, ids, np.zeros(5, np.int64))))
+            reply = messages.parse_action(codec.unpackb(ws.recv(timeout=10)), ids)
+        assert reply.actions.shape == (4, 5) and reply.actions.dtype == np.int64
+        assert set(np.unique(reply.actions)) <= {0, 1, 2}
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
