@@ -66,3 +66,33 @@ class TextOnlyEnv(BaseEnv):
         }
         terminated = self.t >= self.lengths
         return self._obs(), np.ones(self.num_envs, np.float32), terminated, np.zeros(self.num_envs, bool), info
+
+
+@register_env_config("EchoText-v1")
+@dataclasses.dataclass
+class EchoTextConfig(BaseEnvConfig):
+    episode_length: int = 4
+
+
+@register_env("EchoText-v1")
+class EchoTextEnv(BaseEnv):
+    """Text actions in, the same text out as the observation: shows what a language-agent env receives."""
+
+    def __init__(self, config: EchoTextConfig, num_envs: int = 1, **kwargs: Any) -> None:
+        super().__init__(config, num_envs=num_envs, **kwargs)
+        self.single_action_space = gym.spaces.Text(max_length=64)
+        self.t = np.zeros(num_envs, np.int64)
+        self.last = np.array([""] * num_envs, dtype="<U64")
+
+    def reset(self, *, seed=None, options=None):
+        self.seed_rngs(seed)
+        mask = self.reset_mask(self.num_envs, options)
+        self.t[mask] = 0
+        self.last[mask] = ""
+        return Observation(text=self.last.copy()), {}
+
+    def step(self, actions):
+        self.last[:] = np.asarray(actions, dtype=str)
+        self.t += 1
+        terminated = self.t >= self.config.episode_length
+        return Observation(text=self.last.copy()), np.zeros(self.num_envs, np.float32), terminated, np.zeros(self.num_envs, bool), {}

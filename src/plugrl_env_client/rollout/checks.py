@@ -45,6 +45,9 @@ def check_actions(actions: np.ndarray, space: gym.Space, replan_steps: int | Non
             "lower --runner.replan-steps or raise the server's action horizon"
         )
     dtype = getattr(space, "dtype", None)
+    if dtype is not None and np.dtype(dtype).kind == "U" and actions.dtype.kind != "U":
+        raise ProtocolError(f"the server sent actions of dtype {actions.dtype.str}; the env's action space {space} "
+                            "needs text (a '<U' array)")
     if dtype is not None and np.dtype(dtype).kind in "biuf":
         if actions.dtype.kind not in "biuf":
             raise ProtocolError(f"the server sent actions of dtype {actions.dtype.str}; the env's action space {space} needs numbers")

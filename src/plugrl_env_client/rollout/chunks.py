@@ -32,6 +32,9 @@ class ActionPlans:
     def load(self, env_ids: np.ndarray, actions: np.ndarray) -> None:
         """Queue a time-major chunk ``actions[t, j]`` for env ``env_ids[j]``, cut to ``replan_steps``."""
         steps = actions.shape[0] if self.replan_steps is None else min(actions.shape[0], self.replan_steps)
+        if self.dtype.kind == "U" and actions.dtype.itemsize > self.dtype.itemsize:
+            self.dtype = actions.dtype  # text actions: widen the queue to the longest string seen
+            self._queue = self._queue.astype(self.dtype)
         if steps > self._queue.shape[1]:
             grown = np.zeros((self.num_envs, steps, *self.action_shape), self.dtype)
             grown[:, : self._queue.shape[1]] = self._queue
