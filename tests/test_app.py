@@ -65,6 +65,7 @@ def test_multi_process_run_aggregates_exactly(policy_server, tmp_path):
     assert total["timing"]["env_steps"] == sum(s["timing"]["env_steps"] for s in per)
     client_config = json.loads((tmp_path / "run" / "client_config.json").read_text())
     assert client_config["env_id"] == "Point-v1" and client_config["num_procs"] == 2
+    assert client_config["output_dir"] == str(tmp_path) and client_config["env"]["step_size"] == 0.1
 
 
 def test_crashed_process_stops_the_others_and_is_named(policy_server, tmp_path, capsys):
@@ -92,8 +93,20 @@ def test_killed_process_is_named_and_the_aggregate_is_still_written(policy_serve
     total = summary(tmp_path)
     assert total["failed_processes"] == [1] and total["process_status"]["1"] == "failed: killed by signal 9"
     assert summary(tmp_path, 0)["status"] == "interrupted"
-    kept = len((tmp_path / "run" / "rollout/proc_000/episodes.jsonl").read_text().splitlines())
-    assert total["completed_episodes"] >= kept == summary(tmp_path, 0)["completed_episodes"]
+    kept = [len((tmp_path / "run" / f"rollout/proc_{p:03d}/episodes.jsonl").read_text().splitlines()) for p in (0, 1)]
+    assert kept[1] > 0 and kept[0] == summary(tmp_path, 0)["completed_episodes"]
+    assert total["completed_episodes"] == sum(kept), "the killed process's episodes count, read from its episodes.jsonl"
+
+
+def test_env_lock_builds_envs_one_process_at_a_time(policy_server, tmp_path):
+    server = policy_server(action_dim=2)
+    log = tmp_path / "inits.txt"
+    cfg = config(tmp_path, env=FaultyConfig(fail_process=-1, init_log=str(log), init_sleep_s=0.5), num_procs=3,
+                 num_episodes=6, server_port=server.port, runner=RunnerConfig(use_env_lock=True))
+    assert run_client(cfg, "Faulty-v1") == 0
+    spans = sorted(tuple(map(float, line.split())) for line in log.read_text().splitlines())
+    assert len(spans) == 3
+    assert all(later[0] >= earlier[1] for earlier, later in zip(spans, spans[1:])), f"constructions overlap: {spans}"
 
 
 def test_env_exception_keeps_collected_episodes(policy_server, tmp_path, capsys):
@@ -131,6 +144,17 @@ def test_no_server_within_connect_timeout(tmp_path, capsys):
     assert run_client(cfg, "Point-v1") == 1
     err = capsys.readouterr().err
     assert f"ws://127.0.0.1:{port}" in err and "plugrl-run-policy-server" in err
+
+
+def test_api_key_is_not_written_to_disk(policy_server, tmp_path):
+    server = policy_server(action_dim=2)
+    cfg = config(tmp_path, env=PointEnvConfig(), server_port=server.port, api_key="s3cret", num_episodes=1,
+                 runner=RunnerConfig(max_episode_steps=3))
+    assert run_client(cfg, "Point-v1") == 0
+    for path in (tmp_path / "run").rglob("*"):
+        if path.is_file():
+            assert "s3cret" not in path.read_text(), path
+    assert json.loads((tmp_path / "run" / "client_config.json").read_text())["api_key"] == "<redacted>"
 
 
 def test_bad_flag_values_are_refused(tmp_path):

@@ -84,7 +84,7 @@ def test_runner_seed_none() -> None:
     assert config.runner.seed is None
 
 
-@pytest.mark.parametrize("args", [["nope-v1"], ["point-v1", "--env.no-such-flag", "1"], ["probe-v1", "--env.step-size", "1"],
+@pytest.mark.parametrize("args", [["point-v1", "--env.no-such-flag", "1"], ["probe-v1", "--env.step-size", "1"],
                                   ["point-v1", "--num-envs", "many"], []])
 def test_bad_command_lines_exit_non_zero(args: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exc:
@@ -203,7 +203,7 @@ def _run(path: Path, *args: str) -> subprocess.CompletedProcess[str]:
                           cwd=path.parent)
 
 
-SHADOW = "env 'Point-v1' from the file being run shadows the one in plugrl_env_client.envs.point.point_env"
+SHADOW = "my_env.py:0: UserWarning: env 'Point-v1' defined here shadows the built-in one in plugrl_env_client.envs.point.point_env"
 
 
 def test_env_file_help_for_shadowed_builtin_and_new_env(user_file: Path) -> None:
@@ -212,7 +212,7 @@ def test_env_file_help_for_shadowed_builtin_and_new_env(user_file: Path) -> None
     assert "My own Point-v1." in res.stdout
     assert "--env.marker-file" in res.stdout
     assert "--env.step-size" not in res.stdout  # the built-in's config is shadowed as well
-    assert SHADOW in res.stderr
+    assert SHADOW in res.stderr and res.stderr.count("shadows") == 1, res.stderr
 
     res = _run(user_file, "tmpfile-v1", "--help")
     assert res.returncode == 0, res.stderr
@@ -226,7 +226,7 @@ def test_env_file_run_uses_the_users_class(user_file: Path, tmp_path: Path) -> N
     res = _run(user_file, "point-v1", "--num-episodes", "1", "--local-policy", "zero", "--output-dir", str(out),
                "--exp-name", "x", "--no-progress", "--env.marker-file", str(marker))
     assert res.returncode == 0, res.stdout + res.stderr
-    assert SHADOW in res.stderr
+    assert SHADOW in res.stderr and res.stderr.count("shadows") == 1, res.stderr
     built = marker.read_text().splitlines()
     assert built and all(line == "MyPointEnv MyPointConfig" for line in built)
     summary = json.loads((out / "x" / "summary.json").read_text())
@@ -260,3 +260,16 @@ def test_env_file_new_env_runs(user_file: Path, tmp_path: Path) -> None:
     summary = json.loads((out / "t" / "summary.json").read_text())
     assert summary["completed_episodes"] == 2 and summary["mean_return"] == 1.0
     assert json.loads((out / "t" / "client_config.json").read_text())["env"] == {"flavour": "spicy"}
+
+
+def test_env_id_in_any_case_is_accepted():
+    env_id, config = cli.parse(["Point-v1", "--num-envs", "3"])
+    assert env_id == "Point-v1" and config.num_envs == 3
+
+
+def test_mistyped_env_id_on_the_command_line_suggests_close_ids(capsys):
+    with pytest.raises(SystemExit) as info:
+        cli.main(["pont-v1", "--num-episodes", "1"])
+    assert info.value.code == 1
+    err = capsys.readouterr().err
+    assert "Unknown env id 'pont-v1'" in err and "Did you mean 'Point-v1'" in err

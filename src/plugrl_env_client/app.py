@@ -17,7 +17,7 @@ from typing import Any
 from plugrl_env_client.config import ClientConfig
 from plugrl_env_client.errors import ConfigError
 from plugrl_env_client.outputs.progress import Periodic, Progress, summary_table
-from plugrl_env_client.outputs.recorder import aggregate
+from plugrl_env_client.outputs.recorder import aggregate, summary_from_episodes
 from plugrl_env_client.outputs.run_dir import RunDir, default_exp_name, setup_logging, write_json_atomic
 from plugrl_env_client.rollout import checks
 from plugrl_env_client.rollout.budget import EpisodeBudget
@@ -34,7 +34,7 @@ def run_client(config: ClientConfig, env_id: str) -> int:
     _validate(config)
     run_dir = RunDir(config.output_dir / (config.exp_name or default_exp_name(spec.uid, config.num_envs))).create()
     setup_logging(run_dir.log_file)
-    write_json_atomic(run_dir.client_config, {"env_id": spec.uid, "env_kwargs": spec.kwargs, **dataclasses.asdict(config)})
+    write_json_atomic(run_dir.client_config, _recorded_config(config, spec.uid, spec.kwargs))
     server = _start_local_policy(config, spec.uid) if config.local_policy else None
     url = server.url if server is not None else config.resolved_url()
     logger.info("run %s: env %s, %d proc x %d envs, server %s", run_dir.root, spec.uid, config.num_procs, config.num_envs, url)
@@ -42,7 +42,7 @@ def run_client(config: ClientConfig, env_id: str) -> int:
     budget = EpisodeBudget(config.num_episodes, ctx)
     jobs = [WorkerJob(spec.uid, config, p, url, run_dir.root) for p in range(config.num_procs)]
     progress = Progress(budget).start() if config.progress else None
-    refresher = Periodic(SUMMARY_PERIOD_S, lambda: _write_aggregate(run_dir, config.num_procs, {}, quiet=True)).start()
+    refresher = Periodic(SUMMARY_PERIOD_S, lambda: _write_aggregate(run_dir, config.num_procs, {}, final=False)).start()
     failed: dict[int, str] = {}
     signum = None
     try:
@@ -65,6 +65,15 @@ def run_client(config: ClientConfig, env_id: str) -> int:
         print(f"the full traceback is in {run_dir.log_file}", file=sys.stderr)
         return 1
     return 0 if signum is None else 128 + signum
+
+
+def _recorded_config(config: ClientConfig, env_id: str, env_kwargs: dict[str, Any]) -> dict[str, Any]:
+    """Every flag of the run for ``client_config.json``; the API key is not written to disk."""
+    flags = dataclasses.asdict(config)
+    flags["output_dir"] = str(config.output_dir)
+    if flags.get("api_key"):
+        flags["api_key"] = "<redacted>"
+    return {"env_id": env_id, "env_kwargs": env_kwargs, **flags}
 
 
 def _validate(config: ClientConfig) -> None:
@@ -93,20 +102,28 @@ def _start_local_policy(config: ClientConfig, env_id: str) -> PolicyServer:
     return server
 
 
-def _write_aggregate(run_dir: RunDir, num_procs: int, failed: dict[int, str], quiet: bool = False) -> dict[str, Any]:
-    """Aggregate the per-process summaries on disk into ``summary.json`` (also while the run goes on)."""
-    summaries = []
-    for pid in range(num_procs):
-        path = run_dir.proc_dir(pid) / "summary.json"
-        if path.exists():
-            summary = json.loads(path.read_text())
-            summaries.append(summary)
-            if pid in failed and summary["status"].startswith("failed: "):
-                failed[pid] = summary["status"][len("failed: "):]
-        elif not quiet:
-            failed.setdefault(pid, "no summary written")
+def _write_aggregate(run_dir: RunDir, num_procs: int, failed: dict[int, str], final: bool = True) -> dict[str, Any]:
+    """Aggregate the per-process summaries into ``summary.json`` (periodically while the run goes on, then once
+    at the end, when a process that died without a final summary is counted from its ``episodes.jsonl``)."""
+    summaries = [_process_summary(run_dir, pid, failed, final) for pid in range(num_procs)]
     summary = aggregate(summaries, failed)
     write_json_atomic(run_dir.summary, summary)
+    return summary
+
+
+def _process_summary(run_dir: RunDir, pid: int, failed: dict[int, str], final: bool) -> dict[str, Any]:
+    path = run_dir.proc_dir(pid) / "summary.json"
+    summary = json.loads(path.read_text()) if path.exists() else None
+    if not final:
+        return summary or summary_from_episodes(path.with_name("episodes.jsonl"), pid, "starting", {})
+    if summary is not None and summary["status"].startswith("failed: "):
+        if pid in failed:
+            failed[pid] = summary["status"][len("failed: "):]
+        return summary
+    if summary is None or pid in failed:  # died without its final summary: its episodes file is the record
+        failed.setdefault(pid, "no summary written")
+        timing = summary["timing"] if summary is not None else {}
+        return summary_from_episodes(path.with_name("episodes.jsonl"), pid, f"failed: {failed[pid]}", timing)
     return summary
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 
 import tyro
@@ -40,9 +41,11 @@ def build_subcommands() -> dict[str, type[ClientConfig]]:
 
 
 def parse(args: Sequence[str] | None = None) -> tuple[str, ClientConfig]:
-    """Parse a command line into (env id, config)."""
+    """Parse a command line into (env id, config). An unknown env id is a ConfigError naming close matches."""
+    subcommands = build_subcommands()
+    args = _normalize_env_id(list(sys.argv[1:] if args is None else args), subcommands)
     config = tyro.extras.subcommand_cli_from_dict(
-        build_subcommands(),
+        subcommands,
         prog="plugrl-run-env-client",
         description="Run batched envs against a PlugRL policy server (or an embedded one with --local-policy).",
         args=args,
@@ -53,11 +56,20 @@ def parse(args: Sequence[str] | None = None) -> tuple[str, ClientConfig]:
     return type(config).env_id, plain  # type: ignore[attr-defined]
 
 
+def _normalize_env_id(args: list[str], subcommands: dict[str, Any]) -> list[str]:
+    """Accept an env id in any case (``Point-v1``); an id that matches nothing raises with suggestions."""
+    position = next((i for i, a in enumerate(args) if not a.startswith("-")), None)
+    if position is None or args[position] in subcommands:
+        return args
+    spec = get_spec(args[position])  # case-insensitive; raises "Unknown env id ... Did you mean ..."
+    return [*args[:position], spec.uid.lower(), *args[position + 1:]]
+
+
 def main(args: Sequence[str] | None = None) -> None:
     from plugrl_env_client.app import run_client
 
-    env_id, config = parse(args)
     try:
+        env_id, config = parse(args)
         code = run_client(config, env_id)
     except PlugRLError as exc:
         print(f"error: {exc}", file=sys.stderr)

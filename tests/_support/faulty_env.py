@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import signal
+import time
 from typing import Any
 
 import gymnasium as gym
@@ -26,6 +27,9 @@ class FaultyConfig(BaseEnvConfig):
     episode_length: int = 2
     reward_shape_bug: bool = False
     """Return a scalar reward instead of one per env."""
+    init_log: str = ""
+    """If set, append '<start> <end>' wall times of each constructor to this file (it sleeps init_sleep_s)."""
+    init_sleep_s: float = 0.0
     hard_kill: bool = False
     """Die by SIGKILL instead of raising (no Python cleanup at all)."""
 
@@ -34,6 +38,11 @@ class FaultyConfig(BaseEnvConfig):
 class FaultyEnv(BaseEnv):
     def __init__(self, config: FaultyConfig, num_envs: int = 1, **kwargs: Any) -> None:
         super().__init__(config, num_envs=num_envs, **kwargs)
+        if config.init_log:
+            start = time.time()
+            time.sleep(config.init_sleep_s)
+            with open(config.init_log, "a") as f:
+                f.write(f"{start} {time.time()}\n")
         self.single_action_space = gym.spaces.Box(-1.0, 1.0, (2,), np.float32)
         self.steps = 0
         self.t = np.zeros(num_envs)

@@ -192,3 +192,19 @@ def test_slice_info_keeps_per_env_arrays_cut_to_rows() -> None:
 
 def test_slice_info_of_nothing_splittable_is_empty() -> None:
     assert checks.slice_info({"a": 1, "b": np.zeros(3)}, np.array([0]), 2) == {}
+
+
+@pytest.mark.parametrize(
+    "obs,words",
+    [
+        (lambda n: Observation(images={"cam": np.zeros((n, 4, 4, 3), np.float32)}), "images['cam'] of dtype float32"),
+        (lambda n: Observation(images={"cam": np.zeros((n, 4, 4), np.uint8)}), "(n, height, width, channels)"),
+        (lambda n: Observation(states={"s": np.array(["a"] * n, dtype=object)[:, None]}), "states must be numeric"),
+    ],
+    ids=["float-image", "3d-image", "object-state"],
+)
+def test_observation_dtypes_a_server_would_refuse_are_env_errors(obs, words):
+    with pytest.raises(EnvContractError, match=re.escape(words)):
+        checks.check_step(2, obs(2), np.zeros(2, np.float32), np.zeros(2, bool), np.zeros(2, bool), {})
+    with pytest.raises(EnvContractError, match=re.escape(words)):
+        checks.check_reset(2, (obs(2), {}))

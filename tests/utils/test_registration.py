@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 import warnings
 from pathlib import Path
 from typing import Any
@@ -176,13 +177,20 @@ def test_override_builtin() -> None:
 
 @pytest.mark.parametrize("main_module", ["__main__", "__mp_main__"])
 def test_main_module_shadows_builtin_registered_first(main_module: str) -> None:
-    """The built-in was imported first (discover_envs in the fixture); the run file's class still wins."""
+    """The built-in was imported first (discover_envs in the fixture); the run file's class still wins, with one
+    warning in the run's own process (spawned children, ``__mp_main__``, stay quiet)."""
     cfg_cls = _config_class("MyPointConfig", module=main_module)
-    with pytest.warns(UserWarning, match=r"env config 'Point-v1' from the file being run shadows .*point_env"):
-        register_env_config("Point-v1")(cfg_cls)
     mine = _env_class("MyPoint", module=main_module)
-    with pytest.warns(UserWarning, match=r"env 'Point-v1' from the file being run shadows the one in .*point_env"):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        register_env_config("Point-v1")(cfg_cls)
         register_env("Point-v1")(mine)
+    messages = [str(w.message) for w in caught]
+    if main_module == "__main__":
+        assert len(messages) == 1
+        assert re.fullmatch(r"env 'Point-v1' defined here shadows the built-in one in .*point_env", messages[0])
+    else:
+        assert messages == []
     assert get_spec("Point-v1").env_cls is mine
     assert get_spec("Point-v1").config_cls is cfg_cls
     env = make_env("Point-v1")
@@ -194,10 +202,12 @@ def test_main_module_shadows_builtin_registered_later(main_module: str) -> None:
     """The run file registers first, a library module registers the same id afterwards: the run file still wins."""
     mine = register_env("Order-v1")(_env_class("Mine", module=main_module))
     mine_cfg = register_env_config("Order-v1")(_config_class("MineCfg", module=main_module))
-    with pytest.warns(UserWarning, match=r"env 'Order-v1' from the file being run shadows the one in lib\.builtin"):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
         register_env("Order-v1", max_episode_steps=5)(_env_class("Builtin", module="lib.builtin"))
-    with pytest.warns(UserWarning, match=r"env config 'Order-v1' from the file being run shadows"):
         register_env_config("Order-v1")(_config_class("BuiltinCfg", module="lib.builtin"))
+    expected = ["env 'Order-v1' defined here shadows the built-in one in lib.builtin"] if main_module == "__main__" else []
+    assert [str(w.message) for w in caught] == expected
     spec = get_spec("Order-v1")
     assert spec.env_cls is mine and spec.config_cls is mine_cfg and spec.max_episode_steps is None
     assert isinstance(gym.make_vec("Order-v1", num_envs=1), mine)

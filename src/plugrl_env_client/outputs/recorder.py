@@ -6,6 +6,7 @@ exact sums next to the means, which is what lets :func:`aggregate` combine proce
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from collections import deque
@@ -29,31 +30,36 @@ class EpisodeRecord(Protocol):
     def to_json(self) -> dict[str, Any]: ...
 
 
-class ProcessRecorder:
-    def __init__(self, proc_dir: Path, process_id: int) -> None:
-        self.proc_dir = proc_dir
-        self.process_id = process_id
-        proc_dir.mkdir(parents=True, exist_ok=True)
-        self._episodes = open(proc_dir / "episodes.jsonl", "a", buffering=1)
+@dataclasses.dataclass(frozen=True)
+class _Episode:
+    """A finished episode read back from ``episodes.jsonl``."""
+
+    episode_return: float
+    length: int
+    success: bool
+
+
+class EpisodeStats:
+    """Exact running totals of finished episodes, plus a window of the latest ones."""
+
+    def __init__(self) -> None:
         self.count = 0
         self.return_sum = 0.0
         self.length_sum = 0
         self.success_count = 0
-        self.window: deque[EpisodeRecord] = deque(maxlen=METRIC_WINDOW)
+        self.window: deque[EpisodeRecord | _Episode] = deque(maxlen=METRIC_WINDOW)
 
-    def add(self, record: EpisodeRecord) -> None:
-        self._episodes.write(json.dumps(record.to_json()) + "\n")
-        self._episodes.flush()
+    def add(self, record: EpisodeRecord | _Episode) -> None:
         self.count += 1
         self.return_sum += record.episode_return
         self.length_sum += record.length
         self.success_count += int(record.success)
         self.window.append(record)
 
-    def summary(self, timing: dict[str, Any], status: str) -> dict[str, Any]:
+    def summary(self, process_id: int, timing: dict[str, Any], status: str) -> dict[str, Any]:
         window = list(self.window)
         return {
-            "process_id": self.process_id,
+            "process_id": process_id,
             "status": status,
             **_means(self.count, self.return_sum, self.length_sum, self.success_count),
             "metric_window": {
@@ -65,6 +71,29 @@ class ProcessRecorder:
             "timing": timing,
         }
 
+
+class ProcessRecorder:
+    """Writes one process's ``episodes.jsonl`` (a flushed line per episode) and its ``summary.json``."""
+
+    def __init__(self, proc_dir: Path, process_id: int) -> None:
+        self.proc_dir = proc_dir
+        self.process_id = process_id
+        proc_dir.mkdir(parents=True, exist_ok=True)
+        self._episodes = open(proc_dir / "episodes.jsonl", "a", buffering=1)
+        self.stats = EpisodeStats()
+
+    @property
+    def count(self) -> int:
+        return self.stats.count
+
+    def add(self, record: EpisodeRecord) -> None:
+        self._episodes.write(json.dumps(record.to_json()) + "\n")
+        self._episodes.flush()
+        self.stats.add(record)
+
+    def summary(self, timing: dict[str, Any], status: str) -> dict[str, Any]:
+        return self.stats.summary(self.process_id, timing, status)
+
     def write_summary(self, timing: dict[str, Any], status: str) -> dict[str, Any]:
         summary = self.summary(timing, status)
         write_json_atomic(self.proc_dir / "summary.json", summary)
@@ -72,6 +101,22 @@ class ProcessRecorder:
 
     def close(self) -> None:
         self._episodes.close()
+
+
+def summary_from_episodes(episodes: Path, process_id: int, status: str, timing: dict[str, Any]) -> dict[str, Any]:
+    """A process summary rebuilt from its ``episodes.jsonl`` (for a process that died before writing one).
+
+    A last line cut short by the crash is skipped.
+    """
+    stats = EpisodeStats()
+    if episodes.exists():
+        for line in episodes.read_text().splitlines():
+            try:
+                row = json.loads(line)
+                stats.add(_Episode(float(row["return"]), int(row["length"]), bool(row["success"])))
+            except (ValueError, KeyError, TypeError):
+                continue
+    return stats.summary(process_id, timing, status)
 
 
 def _means(count: int, return_sum: float, length_sum: float, success_count: float) -> dict[str, Any]:
@@ -108,4 +153,6 @@ def aggregate(summaries: list[dict[str, Any]], failed: dict[int, str]) -> dict[s
 
 def _overall(statuses: dict[int, str]) -> str:
     values = set(statuses.values())
-    return values.pop() if len(values) == 1 else "mixed"
+    if len(values) == 1:
+        return values.pop()
+    return "running" if values & {"running", "starting"} else "mixed"

@@ -76,8 +76,7 @@ def check_step(
     """Validate ``env.step`` outputs; returns rewards (float32) and the two flag arrays (bool)."""
     if not isinstance(obs, Observation):
         raise EnvContractError(f"env.step must return an Observation as its first value, got {type(obs).__name__}")
-    if obs.batch_size != num_envs:
-        raise EnvContractError(f"env.step returned an Observation of {obs.batch_size} envs; expected {num_envs}")
+    check_observation(num_envs, obs, "env.step")
     if not isinstance(info, dict):
         raise EnvContractError(f"env.step must return a dict as info, got {type(info).__name__}")
     out = []
@@ -97,9 +96,23 @@ def check_reset(num_envs: int, result: Any) -> Observation:
     """Validate ``env.reset`` output; returns the observation batch."""
     if not (isinstance(result, tuple) and len(result) == 2 and isinstance(result[0], Observation)):
         raise EnvContractError("env.reset must return (Observation, info) for the whole batch")
-    if result[0].batch_size != num_envs:
-        raise EnvContractError(f"env.reset returned an Observation of {result[0].batch_size} envs; expected {num_envs}")
+    check_observation(num_envs, result[0], "env.reset")
     return result[0]
+
+
+def check_observation(num_envs: int, obs: Observation, where: str) -> None:
+    """Batch size and dtypes policy servers accept (dtype checks only: no pass over the data)."""
+    if obs.batch_size != num_envs:
+        raise EnvContractError(f"{where} returned an Observation of {obs.batch_size} envs; expected {num_envs}")
+    for name, arr in obs.images.items():
+        if arr.dtype != np.uint8 or arr.ndim != 4:
+            raise EnvContractError(
+                f"{where} returned images[{name!r}] of dtype {arr.dtype} and shape {arr.shape}; images must be uint8 "
+                "(n, height, width, channels): convert them, or put other arrays (depth, features) in states"
+            )
+    for name, arr in obs.states.items():
+        if arr.dtype.kind not in "biuf":
+            raise EnvContractError(f"{where} returned states[{name!r}] of dtype {arr.dtype}; states must be numeric")
 
 
 def slice_info(info: dict[str, Any], rows: np.ndarray, num_envs: int) -> dict[str, Any]:

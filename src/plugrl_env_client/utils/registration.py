@@ -14,6 +14,7 @@ import dataclasses
 import difflib
 import json
 import logging
+import sys
 import warnings
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -60,14 +61,26 @@ def _accept(uid: str, kind: str, new_module: str, old_module: str | None, overri
     if old_module is None or override or old_module == new_module:
         return True
     if new_module in _MAIN_MODULES:
-        warnings.warn(f"{kind} {uid!r} from the file being run shadows the one in {old_module}", stacklevel=3)
+        _warn_shadowing(uid, kind, new_module, old_module)
         return True
     if old_module in _MAIN_MODULES:
-        warnings.warn(f"{kind} {uid!r} from the file being run shadows the one in {new_module}", stacklevel=3)
+        _warn_shadowing(uid, kind, old_module, new_module)
         return False
     raise ConfigError(
         f"{kind} id {uid!r} is already registered by {old_module}; pick another id or pass override=True"
     )
+
+
+def _warn_shadowing(uid: str, kind: str, main_module: str, other: str) -> None:
+    """One line, once per run: the file being run replaces ``other``'s registration of ``uid``.
+
+    Spawned rollout processes re-import that file as ``__mp_main__``; they stay quiet. The warning is attributed
+    to the user's file (line 0, so no source line is printed under it).
+    """
+    if main_module != "__main__" or kind != "env":
+        return
+    path = getattr(sys.modules.get("__main__"), "__file__", None) or "<the file being run>"
+    warnings.warn_explicit(f"env {uid!r} defined here shadows the built-in one in {other}", UserWarning, path, 0)
 
 
 def register_env(
