@@ -109,6 +109,26 @@ def test_env_lock_builds_envs_one_process_at_a_time(policy_server, tmp_path):
     assert all(later[0] >= earlier[1] for earlier, later in zip(spans, spans[1:])), f"constructions overlap: {spans}"
 
 
+def test_one_process_stopped_from_outside_fails_the_run(policy_server, tmp_path, capsys):
+    server = policy_server(action_dim=2)
+    cfg = config(tmp_path, env=FaultyConfig(fail_process=1, fail_at_step=20, sigterm_self=True), num_envs=2,
+                 num_procs=2, server_port=server.port, runner=RunnerConfig(pass_proc_id=True))
+    assert run_client(cfg, "Faulty-v1") == 1
+    assert "process 1 failed: stopped by SIGTERM" in capsys.readouterr().err
+    assert summary(tmp_path, 1)["status"] == "interrupted" and summary(tmp_path, 1)["completed_episodes"] > 0
+
+
+def test_reusing_an_exp_name_is_refused(policy_server, tmp_path):
+    from plugrl_env_client.errors import ConfigError
+
+    server = policy_server(action_dim=2)
+    cfg = config(tmp_path, env=PointEnvConfig(), server_port=server.port, num_episodes=1,
+                 runner=RunnerConfig(max_episode_steps=3))
+    assert run_client(cfg, "Point-v1") == 0
+    with pytest.raises(ConfigError, match="already holds a run; pick another --exp-name"):
+        run_client(cfg, "Point-v1")
+
+
 def test_env_exception_keeps_collected_episodes(policy_server, tmp_path, capsys):
     server = policy_server(action_dim=2)
     cfg = config(tmp_path, env=FaultyConfig(fail_at_step=9), num_envs=2, server_port=server.port,

@@ -22,7 +22,7 @@ from plugrl_env_client.outputs.run_dir import RunDir, default_exp_name, setup_lo
 from plugrl_env_client.rollout import checks
 from plugrl_env_client.rollout.budget import EpisodeBudget
 from plugrl_env_client.rollout.launch import SUMMARY_PERIOD_S, WorkerJob, launch
-from plugrl_env_client.rollout.signals import interrupt_handlers
+from plugrl_env_client.rollout.signals import interrupt_handlers, shielded
 from plugrl_env_client.server.server import PolicyServer
 from plugrl_env_client.utils.registration import get_spec, make_env
 
@@ -32,7 +32,7 @@ logger = logging.getLogger(__name__)
 def run_client(config: ClientConfig, env_id: str) -> int:
     spec = get_spec(env_id)
     _validate(config)
-    run_dir = RunDir(config.output_dir / (config.exp_name or default_exp_name(spec.uid, config.num_envs))).create()
+    run_dir = _new_run_dir(config, spec.uid)
     setup_logging(run_dir.log_file)
     write_json_atomic(run_dir.client_config, _recorded_config(config, spec.uid, spec.kwargs))
     server = _start_local_policy(config, spec.uid) if config.local_policy else None
@@ -45,24 +45,39 @@ def run_client(config: ClientConfig, env_id: str) -> int:
     refresher = Periodic(SUMMARY_PERIOD_S, lambda: _write_aggregate(run_dir, config.num_procs, {}, final=False)).start()
     failed: dict[int, str] = {}
     signum = None
-    try:
-        with interrupt_handlers():
+    with interrupt_handlers():
+        try:
             failed = launch(jobs, budget, ctx)
-    except KeyboardInterrupt as exc:
-        signum = getattr(exc, "signum", signal.SIGINT)
-        print(f"\ninterrupted ({signal.Signals(signum).name}); writing outputs", file=sys.stderr)
-    finally:
-        refresher.stop()
-        if progress is not None:
-            progress.stop()
-        if server is not None:
-            server.shutdown()
-    summary = _write_aggregate(run_dir, config.num_procs, failed)
-    print(f"\n{spec.uid}: {summary['completed_episodes']} episodes\n{summary_table(summary)}\nsummary: {run_dir.summary}")
+        except KeyboardInterrupt as exc:
+            signum = getattr(exc, "signum", signal.SIGINT)
+            print(f"\ninterrupted ({signal.Signals(signum).name}); writing outputs", file=sys.stderr)
+        with shielded():  # the outputs are written whatever else arrives
+            refresher.stop()
+            if progress is not None:
+                progress.stop()
+            if server is not None:
+                server.shutdown()
+            summary = _write_aggregate(run_dir, config.num_procs, failed, interrupted=signum is not None)
+    return _report(spec.uid, run_dir, summary, failed, signum)
+
+
+def _new_run_dir(config: ClientConfig, uid: str) -> RunDir:
+    run_dir = RunDir(config.output_dir / (config.exp_name or default_exp_name(uid, config.num_envs)))
+    if run_dir.client_config.exists():
+        raise ConfigError(
+            f"{run_dir.root} already holds a run; pick another --exp-name (or leave it out for a fresh name), "
+            "or delete that folder"
+        )
+    return run_dir.create()
+
+
+def _report(uid: str, run_dir: RunDir, summary: dict[str, Any], failed: dict[int, str], signum: int | None) -> int:
+    """Print the end-of-run table and errors; returns the exit code."""
+    print(f"\n{uid}: {summary['completed_episodes']} episodes\n{summary_table(summary)}\nsummary: {run_dir.summary}")
     if failed:
         for pid in sorted(failed):
             print(f"error: process {pid} failed: {failed[pid]}", file=sys.stderr)
-        print(f"the full traceback is in {run_dir.log_file}", file=sys.stderr)
+        print(f"details (tracebacks included) are in {run_dir.log_file}", file=sys.stderr)
         return 1
     return 0 if signum is None else 128 + signum
 
@@ -102,28 +117,32 @@ def _start_local_policy(config: ClientConfig, env_id: str) -> PolicyServer:
     return server
 
 
-def _write_aggregate(run_dir: RunDir, num_procs: int, failed: dict[int, str], final: bool = True) -> dict[str, Any]:
+def _write_aggregate(run_dir: RunDir, num_procs: int, failed: dict[int, str], final: bool = True,
+                     interrupted: bool = False) -> dict[str, Any]:
     """Aggregate the per-process summaries into ``summary.json`` (periodically while the run goes on, then once
     at the end, when a process that died without a final summary is counted from its ``episodes.jsonl``)."""
-    summaries = [_process_summary(run_dir, pid, failed, final) for pid in range(num_procs)]
+    summaries = [_process_summary(run_dir, pid, failed, final, interrupted) for pid in range(num_procs)]
     summary = aggregate(summaries, failed)
     write_json_atomic(run_dir.summary, summary)
     return summary
 
 
-def _process_summary(run_dir: RunDir, pid: int, failed: dict[int, str], final: bool) -> dict[str, Any]:
+def _process_summary(run_dir: RunDir, pid: int, failed: dict[int, str], final: bool, interrupted: bool) -> dict[str, Any]:
     path = run_dir.proc_dir(pid) / "summary.json"
+    episodes = path.with_name("episodes.jsonl")
     summary = json.loads(path.read_text()) if path.exists() else None
     if not final:
-        return summary or summary_from_episodes(path.with_name("episodes.jsonl"), pid, "starting", {})
+        return summary or summary_from_episodes(episodes, pid, "starting", {})
     if summary is not None and summary["status"].startswith("failed: "):
         if pid in failed:
             failed[pid] = summary["status"][len("failed: "):]
         return summary
+    if summary is None and interrupted and pid not in failed:  # stopped before it got going
+        return summary_from_episodes(episodes, pid, "interrupted", {})
     if summary is None or pid in failed:  # died without its final summary: its episodes file is the record
         failed.setdefault(pid, "no summary written")
         timing = summary["timing"] if summary is not None else {}
-        return summary_from_episodes(path.with_name("episodes.jsonl"), pid, f"failed: {failed[pid]}", timing)
+        return summary_from_episodes(episodes, pid, f"failed: {failed[pid]}", timing)
     return summary
 
 

@@ -8,6 +8,7 @@ registered by then, whatever was imported first.
 from __future__ import annotations
 
 import dataclasses
+import signal
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -74,6 +75,9 @@ def main(args: Sequence[str] | None = None) -> None:
     except PlugRLError as exc:
         print(f"error: {exc}", file=sys.stderr)
         code = 1
+    except KeyboardInterrupt as exc:  # before the run had anything to write
+        print("interrupted", file=sys.stderr)
+        code = 128 + getattr(exc, "signum", signal.SIGINT)
     sys.exit(code)
 
 

@@ -31,6 +31,8 @@ class FaultyConfig(BaseEnvConfig):
     """If set, append '<start> <end>' wall times of each constructor to this file (it sleeps init_sleep_s)."""
     init_sleep_s: float = 0.0
     hard_kill: bool = False
+    sigterm_self: bool = False
+    """Send SIGTERM to its own process (as if something outside stopped just this process)."""
     """Die by SIGKILL instead of raising (no Python cleanup at all)."""
 
 
@@ -60,6 +62,9 @@ class FaultyEnv(BaseEnv):
         if self.process_id == self.config.fail_process and self.steps >= self.config.fail_at_step:
             if self.config.hard_kill:
                 os.kill(os.getpid(), signal.SIGKILL)
+            if self.config.sigterm_self:
+                os.kill(os.getpid(), signal.SIGTERM)
+                time.sleep(5)  # the handler interrupts this sleep
             raise RuntimeError(f"simulated simulator crash at step {self.steps}")
         self.t += 1
         reward = np.float32(1.0) if self.config.reward_shape_bug else np.ones(self.num_envs, np.float32)

@@ -49,3 +49,25 @@ def test_wss_server_url(tmp_path, monkeypatch):
     finally:
         server.shutdown()
     assert json.loads((tmp_path / "run" / "summary.json").read_text())["completed_episodes"] == 2
+
+
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command to make a certificate")
+def test_untrusted_certificate_is_an_error_that_says_so(tmp_path, monkeypatch):
+    from plugrl_env_client.errors import ConfigError
+    from plugrl_env_client.protocol.session import Session, SessionConfig
+
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=127.0.0.1",
+                    "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", str(key), "-out", str(cert)],
+                   check=True, capture_output=True, timeout=60)
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(cert, key)
+    server = serve(lambda ws: None, "127.0.0.1", 0, ssl=context)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    monkeypatch.delenv("SSL_CERT_FILE", raising=False)
+    try:
+        session = Session(SessionConfig(url=f"wss://127.0.0.1:{server.socket.getsockname()[1]}"))
+        with pytest.raises(ConfigError, match="TLS certificate .* did not verify .*SSL_CERT_FILE"):
+            session.open()
+    finally:
+        server.shutdown()

@@ -37,3 +37,24 @@ def test_signal_writes_outputs_and_exits_128_plus_signum(tmp_path, sig, num_proc
     lines = sum(len(f.read_text().splitlines()) for f in (tmp_path / "run" / "rollout").glob("*/episodes.jsonl"))
     assert summary["completed_episodes"] == lines, "every recorded episode is in the summary"
     assert set(summary["process_status"].values()) == {"interrupted"}
+
+
+def test_ctrl_c_while_processes_start_is_a_clean_interrupt(tmp_path):
+    cmd = [sys.executable, "-m", "plugrl_env_client", "probe-v1", "--num-envs", "2", "--num-procs", "2",
+           "--local-policy", "random", "--output-dir", str(tmp_path), "--exp-name", "run", "--no-progress"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not (tmp_path / "run" / "client_config.json").exists():
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, (out, err)
+    assert "Traceback" not in err
+    summary_path = tmp_path / "run" / "summary.json"
+    if summary_path.exists():  # interrupted before anything ran: nothing to sum up is fine, a failure is not
+        summary = json.loads(summary_path.read_text())
+        assert summary["failed_processes"] == [] and set(summary["process_status"].values()) <= {"interrupted"}

@@ -26,7 +26,7 @@ class Periodic:
         """Stop ticking (a call in progress finishes first)."""
         self._done.set()
         if self._thread.is_alive():
-            self._thread.join(timeout=5)
+            self._thread.join()  # a call in progress finishes: nothing it writes can land after what follows
 
     def _run(self) -> None:
         while not self._done.wait(self.period):

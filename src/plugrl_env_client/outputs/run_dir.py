@@ -13,7 +13,6 @@ import json
 import logging
 import os
 import secrets
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -26,24 +25,21 @@ def default_exp_name(uid: str, num_envs: int) -> str:
 
 
 def write_json_atomic(path: Path, data: Any) -> None:
-    """Write ``data`` as JSON to ``path`` via a temp file in the same folder and a rename."""
+    """Write ``data`` as JSON to ``path`` via a temp file in the same folder and a rename.
+
+    The temp file is created with mode 0o666 (less the umask), like any file ``open()`` makes.
+    """
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    tmp = path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
     try:
         with os.fdopen(fd, "w") as f:
-            os.fchmod(f.fileno(), 0o666 & ~_umask())  # mkstemp makes 0600 files; use open()'s permissions
             json.dump(data, f, indent=2, default=_json_default)
             f.write("\n")
         os.replace(tmp, path)
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)
         raise
-
-
-def _umask() -> int:
-    mask = os.umask(0o077)  # reading it means setting it; meanwhile the strictest mask, never a looser one
-    os.umask(mask)
-    return mask
 
 
 def _json_default(value: Any) -> Any:

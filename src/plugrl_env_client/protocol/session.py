@@ -28,6 +28,8 @@ from plugrl_env_client.protocol.messages import ActionReply, ServerMetadata
 logger = logging.getLogger(__name__)
 
 STOPPED_LOCALLY = Closed(CloseAction.END, None, "the run was stopped locally")
+RETRYABLE_STATUS = (408, 429)  # request timeout, too many requests: worth another try
+STEADY_CONNECTION_S = 1.0  # a connection that lived this long and completed an exchange resets the backoff
 
 
 @dataclasses.dataclass
@@ -53,6 +55,7 @@ class Session:
         self._rng = random.Random()
         self._failed_reconnects = 0  # reconnects in a row that did not get one exchange done
         self._actions_at_open = 0
+        self._opened_at = 0.0
 
     # ------------------------------------------------------------------------------ what the rollout calls
 
@@ -83,14 +86,14 @@ class Session:
                 self.connection = Connection(ws, self.stats, self.config.reconnect_on_stop)
                 reply = self.connection.read_metadata()
                 self._actions_at_open = self.stats.actions_received
+                self._opened_at = time.monotonic()
                 if isinstance(reply, ServerMetadata):
                     logger.info("connected to %s; server metadata: %s", self.config.url, _short(reply.raw))
                 return reply
             if deadline is not None and time.monotonic() > deadline:
-                raise ConfigError(
-                    f"no policy server answered at {self.config.url} within {timeout_s:g} s ({flag}); "
-                    "start one with `plugrl-run-policy-server` or use `--local-policy random`"
-                )
+                hint = ("start one with `plugrl-run-policy-server` or use `--local-policy random`"
+                        if flag == "--connect-timeout" else "it went away and did not come back")
+                raise ConfigError(f"no policy server answered at {self.config.url} within {timeout_s:g} s ({flag}); {hint}")
             attempt += 1
             time.sleep(self._backoff(attempt))
 
@@ -101,7 +104,8 @@ class Session:
         if limit is not None and self.stats.reconnects > limit:
             raise ConfigError(f"the server closed the connection ({closed.describe()}) more than --max-reconnects={limit} times; giving up")
         # Back off further while reconnects keep failing before a single exchange (a server that resyncs at once).
-        progressed = self.stats.actions_received > self._actions_at_open
+        progressed = (self.stats.actions_received > self._actions_at_open
+                      and time.monotonic() - self._opened_at >= STEADY_CONNECTION_S)
         self._failed_reconnects = 1 if progressed else self._failed_reconnects + 1
         logger.warning("reconnecting to %s after close (%s)", self.config.url, closed.describe())
         self.close()
@@ -131,22 +135,22 @@ class Session:
                 additional_headers=headers,
                 proxy=None,
             )
+        except ssl.SSLCertVerificationError as exc:  # before ValueError: it is one
+            raise ConfigError(
+                f"the TLS certificate of {self.config.url} did not verify ({exc.verify_message}); point SSL_CERT_FILE "
+                "at the CA that signed it, or use ws:// on a trusted network"
+            ) from None
         except (InvalidURI, ValueError) as exc:
             raise ConfigError(f"invalid server URL {self.config.url!r}: {exc}; use ws://host:port or wss://host:port") from None
         except InvalidStatus as exc:
             status = exc.response.status_code
-            if 400 <= status < 500:
+            if 400 <= status < 500 and status not in RETRYABLE_STATUS:
                 raise ConfigError(
                     f"the server at {self.config.url} refused the WebSocket handshake with HTTP {status}; check the URL "
                     "and --api-key / $PLUGRL_API_KEY"
                 ) from None
             self._say_waiting(attempt, exc)
             return None
-        except ssl.SSLCertVerificationError as exc:
-            raise ConfigError(
-                f"the TLS certificate of {self.config.url} did not verify ({exc.verify_message}); point SSL_CERT_FILE "
-                "at the CA that signed it, or use ws:// on a trusted network"
-            ) from None
         except (OSError, InvalidHandshake, TimeoutError) as exc:
             self._say_waiting(attempt, exc)
             return None

@@ -12,6 +12,7 @@ import dataclasses
 import logging
 import os
 import signal
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -23,12 +24,13 @@ from plugrl_env_client.outputs.run_dir import RunDir, setup_logging
 from plugrl_env_client.protocol.session import Session, SessionConfig
 from plugrl_env_client.rollout.budget import EpisodeBudget
 from plugrl_env_client.rollout.loop import LoopSettings, Rollout
-from plugrl_env_client.rollout.signals import Interrupted, interrupt_handlers
+from plugrl_env_client.rollout.signals import Interrupted, deferred_interrupts, interrupt_handlers, shielded
 from plugrl_env_client.utils.registration import get_spec, make_env
 
 logger = logging.getLogger(__name__)
 
 SUMMARY_PERIOD_S = 10.0
+HELD_SIGNALS = {signal.SIGINT, signal.SIGTERM}
 
 
 @dataclasses.dataclass
@@ -79,7 +81,7 @@ def run_worker(job: WorkerJob, budget: EpisodeBudget, env_lock: Any = None) -> W
             max_reconnects=cfg.max_reconnects,
             connect_timeout_s=cfg.connect_timeout,
             reconnect_timeout_s=cfg.reconnect_timeout,
-        ), should_stop=budget.stop.is_set)
+        ), should_stop=budget.finished)
         rollout = Rollout(env, session, settings, budget, recorder)
         result.status = rollout.run()
     except PlugRLError as exc:
@@ -93,9 +95,10 @@ def run_worker(job: WorkerJob, budget: EpisodeBudget, env_lock: Any = None) -> W
         logger.exception("process %d crashed", job.process_id)
         result.status, result.error = "failed", f"internal error {type(exc).__name__}: {exc}"
     finally:
-        timing = rollout.timing_dict() if rollout is not None else {}
-        recorder.write_summary(timing, result.status if result.error is None else f"failed: {result.error}")
-        recorder.close()
+        with shielded():  # a second Ctrl-C must not lose the summary
+            timing = rollout.timing_dict() if rollout is not None else {}
+            recorder.write_summary(timing, result.status if result.error is None else f"failed: {result.error}")
+            recorder.close()
     return result
 
 
@@ -103,9 +106,10 @@ def _child_main(job: WorkerJob, budget: EpisodeBudget, env_lock: Any) -> None:
     """Entry point of a spawned process: it must rebuild logging and the env registry first."""
     from plugrl_env_client.envs import discover_envs
 
-    setup_logging(RunDir(job.run_root).log_file)
-    discover_envs()
     with interrupt_handlers():
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, HELD_SIGNALS)  # held since the parent started us
+        setup_logging(RunDir(job.run_root).log_file)
+        discover_envs()
         result = run_worker(job, budget, env_lock)
     if result.error is not None:
         budget.stop.set()
@@ -124,9 +128,8 @@ def launch(jobs: list[WorkerJob], budget: EpisodeBudget, ctx: Any) -> dict[int, 
     env_lock = ctx.Lock()
     procs = {job.process_id: ctx.Process(target=_child_main, args=(job, budget, env_lock), name=f"proc_{job.process_id:03d}")
              for job in jobs}
-    for proc in procs.values():
-        proc.start()
     try:
+        _start_with_signals_held(procs.values())
         while any(p.is_alive() for p in procs.values()):
             if any(p.exitcode not in (None, 0) for p in procs.values()):
                 budget.stop.set()
@@ -136,11 +139,35 @@ def launch(jobs: list[WorkerJob], budget: EpisodeBudget, ctx: Any) -> dict[int, 
         for proc in procs.values():
             proc.join(timeout=30)
         raise
-    interrupted = (128 + signal.SIGINT, 128 + signal.SIGTERM)
-    return {pid: _failure(p.exitcode) for pid, p in procs.items() if p.exitcode not in (0, None, *interrupted)}
+    # Here the parent was not interrupted: a child that ended by a signal of its own was stopped from outside.
+    return {pid: _failure(p.exitcode) for pid, p in procs.items() if p.exitcode not in (0, None)}
+
+
+def _start_with_signals_held(procs: Any) -> None:
+    """Start children with SIGINT/SIGTERM blocked; each unblocks them once its handlers are installed.
+
+    A child inherits the signal mask, so a Ctrl-C while it is still starting waits for it instead of killing it with
+    a traceback before it can write any output. The parent unblocks right after the starts, and a signal that came
+    meanwhile is delivered to it then.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        for proc in procs:
+            proc.start()
+        return
+    # Deferred too: a signal that arrived just before the block is still run by Python's handler a little later,
+    # and must not interrupt a start() halfway (the child would read a truncated pipe).
+    with deferred_interrupts():
+        previous = signal.pthread_sigmask(signal.SIG_BLOCK, HELD_SIGNALS)
+        try:
+            for proc in procs:
+                proc.start()
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
 def _failure(exitcode: int | None) -> str:
     if exitcode is not None and exitcode < 0:
         return f"killed by signal {-exitcode}"
+    if exitcode is not None and exitcode > 128 and exitcode - 128 in (signal.SIGINT, signal.SIGTERM):
+        return f"stopped by {signal.Signals(exitcode - 128).name}"
     return f"exited with code {exitcode}"

@@ -2,7 +2,8 @@
 
 The rollout loop stops where it is, its ``finally`` blocks write the outputs, and the exit code is 128 + the signal
 number. Inside :func:`deferred_interrupts` (recording a finished episode) a signal waits until the block is done,
-so an episode is never half-recorded (claimed in the shared budget but missing from ``episodes.jsonl``).
+so an episode is never half-recorded (claimed in the shared budget but missing from ``episodes.jsonl``); inside
+:func:`shielded` (writing the final outputs) a further signal is ignored.
 """
 
 from __future__ import annotations
@@ -52,8 +53,20 @@ def deferred_interrupts() -> Iterator[None]:
     try:
         yield
     finally:
+        _state["defer_depth"] -= 1  # from here a new signal raises at once
+        if _state["defer_depth"] == 0:
+            pending, _state["pending"] = _state["pending"], None
+            if pending is not None:
+                raise Interrupted(pending)
+
+
+@contextlib.contextmanager
+def shielded() -> Iterator[None]:
+    """Let the block finish whatever signal arrives (the run is already ending: outputs are being written)."""
+    _state["defer_depth"] += 1
+    try:
+        yield
+    finally:
         _state["defer_depth"] -= 1
-        pending = _state["pending"]
-        if _state["defer_depth"] == 0 and pending is not None:
+        if _state["defer_depth"] == 0:
             _state["pending"] = None
-            raise Interrupted(pending)
