@@ -273,3 +273,10 @@ def test_mistyped_env_id_on_the_command_line_suggests_close_ids(capsys):
     assert info.value.code == 1
     err = capsys.readouterr().err
     assert "Unknown env id 'pont-v1'" in err and "Did you mean 'Point-v1'" in err
+
+
+def test_flags_before_the_env_id_say_where_the_id_goes(capsys):
+    with pytest.raises(SystemExit) as info:
+        cli.main(["--num-envs", "2", "point-v1"])
+    assert info.value.code == 1
+    assert "the env id comes first" in capsys.readouterr().err

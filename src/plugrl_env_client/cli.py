@@ -18,7 +18,7 @@ import tyro
 
 from plugrl_env_client.config import ClientConfig
 from plugrl_env_client.envs import discover_envs
-from plugrl_env_client.errors import PlugRLError
+from plugrl_env_client.errors import ConfigError, PlugRLError
 from plugrl_env_client.utils.registration import get_spec, registered_ids
 
 
@@ -62,6 +62,8 @@ def _normalize_env_id(args: list[str], subcommands: dict[str, Any]) -> list[str]
     position = next((i for i, a in enumerate(args) if not a.startswith("-")), None)
     if position is None or args[position] in subcommands:
         return args
+    if position > 0:
+        raise ConfigError(f"the env id comes first: plugrl-run-env-client <env-id> {' '.join(args[:position])} ...")
     spec = get_spec(args[position])  # case-insensitive; raises "Unknown env id ... Did you mean ..."
     return [*args[:position], spec.uid.lower(), *args[position + 1:]]
 

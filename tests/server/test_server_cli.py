@@ -18,7 +18,8 @@ from plugrl_env_client.server.cli import main
     "args,words",
     [(["--policy.dtype", "foo"], "--policy.dtype 'foo' is not a numpy dtype"),
      (["--policy.dtype", "<U3"], "is not numeric"),
-     (["--policy.action-horizon", "0"], "--policy.action-horizon) must be >= 1")],
+     (["--policy.action-horizon", "0"], "--policy.action-horizon) must be >= 1"),
+     (["--policy.action-dim", "-1"], "--policy.action-dim must be >= 0")],
 )
 def test_bad_values_exit_2_with_a_message(args, words, capsys):
     with pytest.raises(SystemExit) as info:

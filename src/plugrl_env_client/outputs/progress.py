@@ -9,7 +9,6 @@ from collections.abc import Callable
 from typing import Any, Protocol, TextIO
 
 
-
 class Periodic:
     """Call ``fn`` every ``period`` seconds from a daemon thread until :meth:`stop`."""
 

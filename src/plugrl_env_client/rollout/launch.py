@@ -72,6 +72,7 @@ def run_worker(job: WorkerJob, budget: EpisodeBudget, env_lock: Any = None) -> W
             replan_steps=cfg.runner.replan_steps,
             success_threshold=spec.best_reward_threshold_for_success,
             non_finite_actions=cfg.runner.non_finite_actions,
+            summary_period_s=SUMMARY_PERIOD_S,
             reuse_feedback_obs=cfg.reuse_feedback_obs,
         )
         session = Session(SessionConfig(

@@ -80,6 +80,8 @@ def make_policy(config: PolicyConfig, action_shape: tuple[int, ...] | None = Non
     """Build the policy named in ``config``; ``action_shape``/``low``/``high`` override the config (embedded use)."""
     if config.name not in POLICIES:
         raise ValueError(f"unknown policy {config.name!r}; choose one of {', '.join(POLICIES)}")
+    if config.action_dim < 0:
+        raise ValueError(f"--policy.action-dim must be >= 0 (0: scalar actions), got {config.action_dim}")
     try:
         dtype = np.dtype(config.dtype)
     except TypeError:
