@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.server import ServerConnection, serve
@@ -41,6 +42,18 @@ class HarnessConnection:
 
     def close(self, code: int, reason: str = "") -> None:
         self.ws.close(code, reason)
+
+    def send_zero_action(self, infer: dict[str, Any], horizon: int, action_dim: int) -> None:
+        """Answer ``infer`` with an all-zero float64 chunk ``[horizon, n, action_dim]``."""
+        ids = infer["env_indices"]
+        self.send(messages.action_message(ids, np.zeros((horizon, len(ids), action_dim))))
+
+    def answer_infers_with_zeros(self, horizon: int, action_dim: int) -> None:
+        """Serve until the client leaves: zero chunks for every infer, feedback just recorded."""
+        while True:
+            msg = self.recv()
+            if msg["message_type"] == "infer":
+                self.send_zero_action(msg, horizon, action_dim)
 
 
 class Harness:

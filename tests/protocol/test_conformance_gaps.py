@@ -169,10 +169,7 @@ def test_c9_sends_nothing_before_metadata_and_takes_odd_metadata_as_unknown(harn
             pass
         # a horizon of the wrong type (not stated) and keys no client knows
         conn.send({"message_type": "metadata", "data": {"action_horizon": "3", "future": {"x": [1, 2]}}})
-        while True:
-            msg = conn.recv()
-            if msg["message_type"] == "infer":
-                conn.send(messages.action_message(msg["env_indices"], np.zeros((3, len(msg["env_indices"]), D))))
+        conn.answer_infers_with_zeros(3, D)
 
     h = harness(script)
     assert run_client(config(tmp_path, h.port, num_episodes=3), "Probe-v1") == 0

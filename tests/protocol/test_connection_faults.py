@@ -15,7 +15,6 @@ import threading
 import time
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from plugrl_env_client.app import run_client
@@ -147,10 +146,7 @@ def test_huge_metadata_and_slow_metadata(harness, tmp_path):
     def script(conn):
         time.sleep(1.5)  # a slow server: the client waits for metadata
         conn.send_metadata(action_horizon=2, blob="x" * (3 * 1024 * 1024))
-        while True:
-            msg = conn.recv()
-            if msg["message_type"] == "infer":
-                conn.send(messages.action_message(msg["env_indices"], np.zeros((2, len(msg["env_indices"]), D))))
+        conn.answer_infers_with_zeros(2, D)
 
     h = harness(script)
     assert run_client(config(tmp_path, h.port, num_episodes=4), "Probe-v1") == 0
@@ -169,7 +165,7 @@ def test_long_server_pause_keeps_a_healthy_connection(harness, tmp_path):
                 if first:
                     time.sleep(2.0)
                     first = False
-                conn.send(messages.action_message(msg["env_indices"], np.zeros((8, len(msg["env_indices"]), D))))
+                conn.send_zero_action(msg, 8, D)
 
     h = harness(script, ping_interval=0.2, ping_timeout=0.5)
     assert run_client(config(tmp_path, h.port, num_episodes=3), "Probe-v1") == 0
@@ -207,8 +203,7 @@ def test_close_after_the_last_needed_episode_ends_the_run_without_reconnecting(h
 
     def script(conn):
         conn.send_metadata(action_horizon=8)
-        msg = conn.recv()
-        conn.send(messages.action_message(msg["env_indices"], np.zeros((8, len(msg["env_indices"]), D))))
+        conn.send_zero_action(conn.recv(), 8, D)
         conn.close(1001, messages.REASON_SHUTDOWN)
 
     h = harness(script)

@@ -21,14 +21,22 @@ discover_envs()
 from plugrl_env_client.envs.point.point_env import PointEnvConfig  # noqa: E402
 
 
-@pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command to make a certificate")
-def test_wss_server_url(tmp_path, monkeypatch):
+@pytest.fixture
+def tls(tmp_path):
+    """A self-signed certificate for 127.0.0.1 and a server TLS context using it."""
+    if shutil.which("openssl") is None:
+        pytest.skip("needs the openssl command to make a certificate")
     cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
     subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=127.0.0.1",
                     "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", str(key), "-out", str(cert)],
                    check=True, capture_output=True, timeout=60)
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.load_cert_chain(cert, key)
+    return cert, context
+
+
+def test_wss_server_url(tmp_path, monkeypatch, tls):
+    cert, context = tls
 
     def handler(ws):
         ws.send(codec.packb(messages.metadata_message({"action_horizon": 4})))
@@ -51,17 +59,11 @@ def test_wss_server_url(tmp_path, monkeypatch):
     assert json.loads((tmp_path / "run" / "summary.json").read_text())["completed_episodes"] == 2
 
 
-@pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command to make a certificate")
-def test_untrusted_certificate_is_an_error_that_says_so(tmp_path, monkeypatch):
+def test_untrusted_certificate_is_an_error_that_says_so(monkeypatch, tls):
     from plugrl_env_client.errors import ConfigError
     from plugrl_env_client.protocol.session import Session, SessionConfig
 
-    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=127.0.0.1",
-                    "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", str(key), "-out", str(cert)],
-                   check=True, capture_output=True, timeout=60)
-    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    context.load_cert_chain(cert, key)
+    cert, context = tls
     server = serve(lambda ws: None, "127.0.0.1", 0, ssl=context)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     monkeypatch.delenv("SSL_CERT_FILE", raising=False)

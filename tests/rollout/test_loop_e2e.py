@@ -85,7 +85,7 @@ def test_resync_reconnects_without_stale_feedback(harness, tmp_path):
         for _ in range(3):  # three full exchanges, then a resync instead of an action
             msg = conn.recv()
             if msg["message_type"] == "infer":
-                conn.send(messages.action_message(msg["env_indices"], np.zeros((4, len(msg["env_indices"]), D))))
+                conn.send_zero_action(msg, 4, D)
             msg = conn.recv()
         conn.recv()
         conn.close(1001, messages.REASON_RESYNC)
