@@ -280,3 +280,14 @@ def test_flags_before_the_env_id_say_where_the_id_goes(capsys):
         cli.main(["--num-envs", "2", "point-v1"])
     assert info.value.code == 1
     assert "the env id comes first" in capsys.readouterr().err
+
+
+def test_builtin_env_file_runs_directly_without_a_shadowing_warning(tmp_path: Path) -> None:
+    from plugrl_env_client.envs.point import point_env
+
+    res = subprocess.run([sys.executable, point_env.__file__, "point-v1", "--num-episodes", "1", "--local-policy",
+                          "random", "--output-dir", str(tmp_path), "--exp-name", "p", "--no-progress"],
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert "shadows" not in res.stderr
+    assert json.loads((tmp_path / "p" / "summary.json").read_text())["completed_episodes"] == 1

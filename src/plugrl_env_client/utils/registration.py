@@ -14,6 +14,7 @@ import dataclasses
 import difflib
 import json
 import logging
+import os
 import sys
 import warnings
 from collections.abc import Callable
@@ -80,6 +81,9 @@ def _warn_shadowing(uid: str, kind: str, main_module: str, other: str) -> None:
     if main_module != "__main__" or kind != "env":
         return
     path = getattr(sys.modules.get("__main__"), "__file__", None) or "<the file being run>"
+    other_path = getattr(sys.modules.get(other), "__file__", None)
+    if other_path is not None and os.path.realpath(other_path) == os.path.realpath(path):
+        return  # a built-in env file run directly: it is the same class, nothing is shadowed
     warnings.warn_explicit(f"env {uid!r} defined here shadows the built-in one in {other}", UserWarning, path, 0)
 
 
