@@ -313,3 +313,10 @@ def test_discover_envs_propagates_other_errors(tmp_path: Path, monkeypatch: pyte
     monkeypatch.syspath_prepend(str(tmp_path))
     with pytest.raises(ZeroDivisionError, match="bug in env module"):
         discover_envs(pkg)
+
+
+def test_make_vec_with_module_prefix_needs_no_discovery() -> None:
+    """gymnasium's ``module:EnvId`` form imports the env's module first, so plain gymnasium code can build it."""
+    env = gym.make_vec("plugrl_env_client.envs.probe.probe_env:Probe-v1", num_envs=3)
+    obs, _ = env.reset(seed=1)
+    assert env.num_envs == 3 and obs.states["t"].shape == (3, 1)
