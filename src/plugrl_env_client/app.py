@@ -1,7 +1,8 @@
 """One client run from start to end: run folder, optional embedded server, processes, aggregated summary.
 
 Returns the process exit code: 0 when the run finished or the server ended it, 1 on an error (the message is
-printed, the traceback is in ``logs/client.log``), 130 when interrupted. Outputs are written in every case.
+printed, the traceback is in ``logs/client.log``), 130 / 143 when interrupted by SIGINT / SIGTERM. Outputs are
+written in every case.
 """
 
 from __future__ import annotations

@@ -16,10 +16,6 @@ class EnvContractError(PlugRLError):
     """An env returned something outside the batched env contract (shapes, dtypes, missing spaces)."""
 
 
-class ServerError(PlugRLError):
-    """The policy server sent something this client cannot act on (fatal; reconnecting would not help)."""
-
-
 class ConfigError(PlugRLError):
     """A registration or command-line setting cannot work as given."""
 

@@ -5,7 +5,9 @@ vector API already fixes the batch-as-leading-axis convention. The differences f
 
 * observations are :class:`Observation` (images, states, text), the shape policy servers expect;
 * an env never resets inside ``step``; the runner calls ``reset(options={"reset_indices": idx})`` for finished
-  envs (``metadata["autoreset_mode"] = NEXT_STEP`` describes that a done env must be reset before stepping again).
+  envs. ``metadata["autoreset_mode"] = NEXT_STEP`` says what a step returns: a done env's row holds its terminal
+  observation, and the env starts afresh only on the next interaction; here that interaction is the client's
+  explicit partial reset, never a hidden reset inside ``step``.
 """
 
 from __future__ import annotations

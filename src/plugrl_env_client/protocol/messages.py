@@ -161,7 +161,7 @@ def parse_metadata(msg: Any) -> ServerMetadata:
 
 
 def index_array(value: Any, name: str) -> np.ndarray:
-    """A 1-d signed integer array (env indices, step ids)."""
+    """A 1-d integer array (env indices, step ids), as int64; unsigned input is accepted if it fits."""
     if not isinstance(value, np.ndarray) or value.ndim != 1 or value.dtype.kind not in "iu":
         got = f"{value.dtype.str} {list(value.shape)}" if isinstance(value, np.ndarray) else type(value).__name__
         raise ProtocolError(f"{name!r} must be a 1-d int64 array, got {got}")
@@ -263,7 +263,7 @@ def parse_feedback(msg: Any) -> FeedbackMessage:
     for key, kind in (("rewards", "f"), ("terminated", "b"), ("truncated", "b")):
         arr = data[key]
         if not isinstance(arr, np.ndarray) or arr.shape != (m,) or arr.dtype.kind != kind:
-            raise ProtocolError(f"feedback {key!r} must be a [{m}] {'float32' if kind == 'f' else 'bool'} array")
+            raise ProtocolError(f"feedback {key!r} must be a [{m}] {'float (float32)' if kind == 'f' else 'bool'} array")
     if not isinstance(data["info"], dict):
         raise ProtocolError("feedback 'info' must be a map")
     return FeedbackMessage(

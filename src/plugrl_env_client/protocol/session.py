@@ -3,8 +3,8 @@
 A :class:`Session` connects (waiting, once said, for a server that is not up yet), hands ``infer`` and
 ``feedback`` to the current :class:`~plugrl_env_client.protocol.connection.Connection`, reconnects with exponential
 backoff and jitter after a close that calls for it, and keeps the counters that end up in ``summary.json``.
-Handshake answers that no retry can fix (a 4xx status, a TLS certificate that does not verify, a malformed URL)
-are errors that say so.
+Handshake answers that no retry can fix (a 4xx status other than 408/429, a TLS certificate that does not verify,
+a malformed URL) are errors that say so.
 """
 
 from __future__ import annotations
@@ -99,14 +99,14 @@ class Session:
 
     def reconnect(self, closed: Closed) -> ServerMetadata | Closed:
         """Open a fresh connection after ``closed``; the caller has dropped every chunk in flight."""
-        self.stats.reconnects += 1
         limit = self.config.max_reconnects
-        if limit is not None and self.stats.reconnects > limit:
+        if limit is not None and self.stats.reconnects >= limit:
             raise ConfigError(f"the server closed the connection ({closed.describe()}) more than --max-reconnects={limit} times; giving up")
         # Back off further while reconnects keep failing before a single exchange (a server that resyncs at once).
         progressed = (self.stats.actions_received > self._actions_at_open
                       and time.monotonic() - self._opened_at >= STEADY_CONNECTION_S)
         self._failed_reconnects = 1 if progressed else self._failed_reconnects + 1
+        self.stats.reconnects += 1
         logger.warning("reconnecting to %s after close (%s)", self.config.url, closed.describe())
         self.close()
         time.sleep(self._backoff(self._failed_reconnects))
