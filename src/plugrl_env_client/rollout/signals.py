@@ -47,8 +47,7 @@ def interrupt_handlers() -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def deferred_interrupts() -> Iterator[None]:
-    """Hold a signal that arrives inside the block and raise it when the block ends."""
+def _holding_signals(raise_when_done: bool) -> Iterator[None]:
     _state["defer_depth"] += 1
     try:
         yield
@@ -56,17 +55,15 @@ def deferred_interrupts() -> Iterator[None]:
         _state["defer_depth"] -= 1  # from here a new signal raises at once
         if _state["defer_depth"] == 0:
             pending, _state["pending"] = _state["pending"], None
-            if pending is not None:
+            if pending is not None and raise_when_done:
                 raise Interrupted(pending)
 
 
-@contextlib.contextmanager
-def shielded() -> Iterator[None]:
+def deferred_interrupts() -> contextlib.AbstractContextManager[None]:
+    """Hold a signal that arrives inside the block and raise it when the block ends."""
+    return _holding_signals(raise_when_done=True)
+
+
+def shielded() -> contextlib.AbstractContextManager[None]:
     """Let the block finish whatever signal arrives (the run is already ending: outputs are being written)."""
-    _state["defer_depth"] += 1
-    try:
-        yield
-    finally:
-        _state["defer_depth"] -= 1
-        if _state["defer_depth"] == 0:
-            _state["pending"] = None
+    return _holding_signals(raise_when_done=False)
