@@ -13,7 +13,7 @@ class ReachConfig(BaseEnvConfig):
 
 
 @register_env("Reach-v1", max_episode_steps=50, best_reward_threshold_for_success=1.0)
-class ReachEnv(BaseEnv):
+class ReachEnv(BaseEnv[ReachConfig]):
     def __init__(self, config: ReachConfig, num_envs: int = 1, **kwargs):
         super().__init__(config, num_envs=num_envs, **kwargs)
         self.single_action_space = gym.spaces.Box(-1.0, 1.0, (2,), np.float32)
@@ -21,7 +21,7 @@ class ReachEnv(BaseEnv):
 
     def reset(self, *, seed=None, options=None):
         self.seed_rngs(seed)                                # all randomness from self.np_random
-        mask = self.reset_mask(self.num_envs, options)      # options["reset_indices"] or every env
+        mask = self.reset_mask(options)                     # the envs the runner resets (all at first)
         self.pos[mask] = self.np_random.uniform(-1, 1, (int(mask.sum()), 2))
         return Observation(states={"pos": self.pos.copy()}, text="reach the origin"), {}
 

@@ -109,7 +109,7 @@ def registry() -> Iterator[None]:
     import gymnasium as gym
 
     from plugrl_env_client.envs import discover_envs
-    from plugrl_env_client.utils import registration
+    from plugrl_env_client.envs import registry as registration
 
     discover_envs()
     envs, configs, gym_registry = dict(registration._ENVS), dict(registration._CONFIGS), dict(gym.registry)

@@ -1,8 +1,7 @@
 """plugrl-env-client: batched, vectorized envs streamed to a remote PlugRL policy/training server."""
 
-__version__ = "0.1.0"
-
-from plugrl_env_client.envs.base_env import (  # noqa: E402
+from plugrl_env_client.version import __version__
+from plugrl_env_client.envs.base_env import (
     Action,
     BaseEnv,
     BaseEnvConfig,
@@ -10,7 +9,7 @@ from plugrl_env_client.envs.base_env import (  # noqa: E402
     Observation,
     RewardArray,
 )
-from plugrl_env_client.utils.registration import make_env, register_env, register_env_config  # noqa: E402
+from plugrl_env_client.envs.registry import make_env, register_env, register_env_config
 
 __all__ = [
     "Action",

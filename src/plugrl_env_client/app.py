@@ -25,7 +25,7 @@ from plugrl_env_client.rollout.budget import EpisodeBudget
 from plugrl_env_client.rollout.launch import SUMMARY_PERIOD_S, WorkerJob, launch
 from plugrl_env_client.rollout.signals import interrupt_handlers, shielded
 from plugrl_env_client.server.server import PolicyServer
-from plugrl_env_client.utils.registration import get_spec, make_env
+from plugrl_env_client.envs.registry import get_spec, make_env
 
 logger = logging.getLogger(__name__)
 

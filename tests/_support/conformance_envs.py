@@ -49,7 +49,7 @@ class TextOnlyEnv(BaseEnv):
 
     def reset(self, *, seed=None, options=None):
         self.seed_rngs(seed)
-        self.t[self.reset_mask(self.num_envs, options)] = 0
+        self.t[self.reset_mask(options)] = 0
         return self._obs(), {}
 
     def step(self, actions):
@@ -86,7 +86,7 @@ class EchoTextEnv(BaseEnv):
 
     def reset(self, *, seed=None, options=None):
         self.seed_rngs(seed)
-        mask = self.reset_mask(self.num_envs, options)
+        mask = self.reset_mask(options)
         self.t[mask] = 0
         self.last[mask] = ""
         return Observation(text=self.last.copy()), {}

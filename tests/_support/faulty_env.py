@@ -37,7 +37,7 @@ class FaultyConfig(BaseEnvConfig):
 
 
 @register_env("Faulty-v1")
-class FaultyEnv(BaseEnv):
+class FaultyEnv(BaseEnv[FaultyConfig]):
     def __init__(self, config: FaultyConfig, num_envs: int = 1, **kwargs: Any) -> None:
         super().__init__(config, num_envs=num_envs, **kwargs)
         if config.init_log:
@@ -54,7 +54,7 @@ class FaultyEnv(BaseEnv):
 
     def reset(self, *, seed=None, options=None):
         self.seed_rngs(seed)
-        self.t[self.reset_mask(self.num_envs, options)] = 0
+        self.t[self.reset_mask(options)] = 0
         return self._obs(), {}
 
     def step(self, actions):

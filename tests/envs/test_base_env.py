@@ -126,37 +126,11 @@ def test_select_with_empty_and_bool_mask() -> None:
     np.testing.assert_array_equal(masked.states["pos"], obs.states["pos"][2:])
 
 
-def test_replace_rows_in_place() -> None:
-    obs = _obs(3, "old")
-    other = Observation(
-        images={"cam": np.full((3, 2, 2, 3), 200, np.uint8)},
-        states={"pos": np.full((3, 2), -5.0)},
-        text=["new-0", "a much longer replacement text", "new-2"],
-    )
-    before = _obs(3, "old")
-    obs.replace_rows(np.array([1]), other)
-    np.testing.assert_array_equal(obs.images["cam"][1], 200)
-    np.testing.assert_array_equal(obs.states["pos"][1], [-5.0, -5.0])
-    np.testing.assert_array_equal(obs.images["cam"][[0, 2]], before.images["cam"][[0, 2]])
-    np.testing.assert_array_equal(obs.states["pos"][[0, 2]], before.states["pos"][[0, 2]])
-    # the text array is widened so a longer replacement is not truncated
-    assert list(obs.text) == ["old", "a much longer replacement text", "old"]
-
-
-def test_to_wire_keys() -> None:
-    obs = _obs(2, "hi")
-    wire = obs.to_wire()
-    assert set(wire) == {"images", "states", "text"}
-    assert set(wire["images"]) == {"cam"}
-    assert set(wire["states"]) == {"pos"}
-    assert wire["text"].shape == (2,)
-
-
 # ------------------------------------------------------------------------------------------------ BaseEnv
 
 
-class _BoxEnv(BaseEnv):
-    def __init__(self, config: BaseEnvConfig | None = None, num_envs: int = 1, **kwargs: Any) -> None:
+class _BoxEnv(BaseEnv[BaseEnvConfig]):
+    def __init__(self, config: BaseEnvConfig = BaseEnvConfig(), num_envs: int = 1, **kwargs: Any) -> None:
         super().__init__(config, num_envs=num_envs, **kwargs)
         self.single_action_space = gym.spaces.Box(-1.0, 1.0, (3, 2), np.float32)
 
@@ -176,8 +150,8 @@ def test_constructor_stores_arguments() -> None:
 
 
 def test_metadata_autoreset_mode() -> None:
-    assert BaseEnv.metadata["autoreset_mode"] is AutoresetMode.NEXT_STEP
-    assert _BoxEnv(num_envs=1).metadata["autoreset_mode"] is AutoresetMode.NEXT_STEP
+    assert BaseEnv.metadata["autoreset_mode"] is AutoresetMode.DISABLED
+    assert _BoxEnv(num_envs=1).metadata["autoreset_mode"] is AutoresetMode.DISABLED
 
 
 def test_action_space_is_batched_single_action_space() -> None:
@@ -202,7 +176,7 @@ def test_missing_single_action_space_is_attribute_error() -> None:
     class NoSpace(BaseEnv):
         pass
 
-    env = NoSpace(num_envs=1)
+    env = NoSpace(BaseEnvConfig(), num_envs=1)
     with pytest.raises(AttributeError):
         _ = env.single_action_space
 
@@ -230,25 +204,37 @@ def test_seed_rngs_none_keeps_generator() -> None:
     assert isinstance(fresh.np_random, np.random.Generator)
 
 
+def _envs(n: int) -> _BoxEnv:
+    return _BoxEnv(num_envs=n)
+
+
 def test_reset_mask_all_without_indices() -> None:
-    np.testing.assert_array_equal(BaseEnv.reset_mask(3, None), [True, True, True])
-    np.testing.assert_array_equal(BaseEnv.reset_mask(3, {}), [True, True, True])
-    np.testing.assert_array_equal(BaseEnv.reset_mask(3, {"reset_indices": None}), [True, True, True])
+    np.testing.assert_array_equal(_envs(3).reset_mask(None), [True, True, True])
+    np.testing.assert_array_equal(_envs(3).reset_mask({}), [True, True, True])
+    np.testing.assert_array_equal(_envs(3).reset_mask({"reset_indices": None}), [True, True, True])
 
 
 def test_reset_mask_with_indices() -> None:
-    mask = BaseEnv.reset_mask(5, {"reset_indices": np.array([4, 1])})
+    mask = _envs(5).reset_mask({"reset_indices": np.array([4, 1])})
     assert mask.dtype == np.bool_
     np.testing.assert_array_equal(mask, [False, True, False, False, True])
-    np.testing.assert_array_equal(BaseEnv.reset_mask(3, {"reset_indices": [2]}), [False, False, True])
-    np.testing.assert_array_equal(BaseEnv.reset_mask(3, {"reset_indices": []}), [False, False, False])
+    np.testing.assert_array_equal(_envs(3).reset_mask({"reset_indices": [2]}), [False, False, True])
+    np.testing.assert_array_equal(_envs(3).reset_mask({"reset_indices": []}), [False, False, False])
 
 
 def test_reset_mask_with_bool_mask() -> None:
-    mask = BaseEnv.reset_mask(4, {"reset_indices": np.array([False, False, True, True])})
+    mask = _envs(4).reset_mask({"reset_indices": np.array([False, False, True, True])})
     np.testing.assert_array_equal(mask, [False, False, True, True])
+
+
+def test_reset_mask_gymnasium_name() -> None:
+    """Gymnasium's ``reset_mask`` is accepted, and wins when both names are given (they agree from the runner)."""
+    mask = _envs(3).reset_mask({"reset_mask": np.array([True, False, True])})
+    np.testing.assert_array_equal(mask, [True, False, True])
+    both = _envs(3).reset_mask({"reset_mask": np.array([False, True, False]), "reset_indices": np.array([1])})
+    np.testing.assert_array_equal(both, [False, True, False])
 
 
 def test_reset_mask_out_of_range() -> None:
     with pytest.raises(IndexError):
-        BaseEnv.reset_mask(2, {"reset_indices": [2]})
+        _envs(2).reset_mask({"reset_indices": [2]})

@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from plugrl_env_client.envs.base_env import Observation
 from plugrl_env_client.errors import ProtocolError
 from plugrl_env_client.protocol import codec, messages
 from plugrl_env_client.protocol.messages import (
@@ -383,3 +384,21 @@ def test_feedback_int_info_key_is_refused_by_the_codec() -> None:
     frame = codec.packb(feedback_message([0], [1], obs(1), [0.0], [False], [False], {0: np.zeros(1)}))
     with pytest.raises(ProtocolError, match="map keys must be str or bytes, got 0"):
         codec.unpackb(frame)
+
+
+# ------------------------------------------------------------------------------------------- wire observation
+
+
+def test_wire_observation_keeps_the_three_groups() -> None:
+    obs = Observation(images={"cam": np.zeros((2, 4, 4, 3), np.uint8)}, states={"pos": np.zeros((2, 2))}, text="hi")
+    wire = messages.wire_observation(obs)
+    assert set(wire) == {"images", "states", "text"}
+    assert wire["images"]["cam"] is obs.images["cam"]  # no copy on the way to the codec
+    assert set(wire["states"]) == {"pos"}
+    assert wire["text"].shape == (2,)
+
+
+def test_wire_observation_text_only_carries_the_batch_size() -> None:
+    wire = messages.wire_observation(Observation(text=["a", "b", "c"]))
+    assert wire["images"] == {}
+    assert wire["states"]["_batch"].shape == (3, 0)

@@ -4,17 +4,17 @@ Why a ``gymnasium.vector.VectorEnv`` subclass: spaces are the contract between e
 vector API already fixes the batch-as-leading-axis convention. The differences from a plain ``VectorEnv`` are:
 
 * observations are :class:`Observation` (images, states, text), the shape policy servers expect;
-* an env never resets inside ``step``; the runner calls ``reset(options={"reset_indices": idx})`` for finished
-  envs. ``metadata["autoreset_mode"] = NEXT_STEP`` says what a step returns: a done env's row holds its terminal
-  observation, and the env starts afresh only on the next interaction; here that interaction is the client's
-  explicit partial reset, never a hidden reset inside ``step``.
+* an env never resets inside ``step``. A done env's row holds its terminal observation, and the caller resets
+  finished envs explicitly with ``reset(options={"reset_mask": mask, "reset_indices": idx})``. Gymnasium calls
+  this ``AutoresetMode.DISABLED`` ("the caller resets with a mask"), which is what ``metadata`` declares, so that
+  Gymnasium's vector wrappers (``RecordEpisodeStatistics`` and friends) treat a partial reset as one.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping, Sequence
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Generic, TypeVar
 
 import gymnasium as gym
 import numpy as np
@@ -99,27 +99,6 @@ class Observation:
         out.text = self.text[idx]
         return out
 
-    def replace_rows(self, indices: np.ndarray, other: Observation) -> None:
-        """Write rows of ``other`` (a full batch) at ``indices`` into this batch, in place."""
-        for k, v in other.images.items():
-            self.images[k][indices] = v[indices]
-        for k, v in other.states.items():
-            self.states[k][indices] = v[indices]
-        if self.text.dtype.itemsize < other.text.dtype.itemsize:
-            self.text = self.text.astype(other.text.dtype)
-        self.text[indices] = other.text[indices]
-
-    def to_wire(self) -> dict[str, Any]:
-        """The three-key map sent to a policy server.
-
-        Servers read the batch size from an array, so a batch with neither images nor states (a text-only env)
-        carries an empty ``states["_batch"]`` of shape ``(n, 0)``: the batch size, and no payload.
-        """
-        states = self.states
-        if not self.images and not states:
-            states = {"_batch": np.zeros((self.text.shape[0], 0), np.float32)}
-        return {"images": self.images, "states": states, "text": self.text}
-
 
 def _row_index(indices: np.ndarray | Sequence[int] | Sequence[bool]) -> np.ndarray:
     """An index for the batch axis: a bool mask stays a mask (casting it to int would pick rows 0 and 1)."""
@@ -139,18 +118,23 @@ class BaseEnvConfig:
     turns each field into an ``--env.<field>`` flag."""
 
 
-class BaseEnv(gym.vector.VectorEnv):
+ConfigT = TypeVar("ConfigT", bound=BaseEnvConfig)
+
+
+class BaseEnv(gym.vector.VectorEnv[Observation, np.ndarray, np.ndarray], Generic[ConfigT]):
     """A batch of ``num_envs`` copies of one simulator behind the gymnasium vector API.
 
-    Subclasses set ``self.single_action_space`` (unbatched) in ``__init__`` and implement :meth:`reset` and
-    :meth:`step`. All randomness should come from ``self.np_random`` so that ``--runner.seed`` reproduces a run.
+    Subclasses name their config type (``class PointEnv(BaseEnv[PointEnvConfig])``, so ``self.config`` is typed),
+    set ``self.single_action_space`` (unbatched) in ``__init__`` and implement :meth:`reset` and :meth:`step`.
+    All randomness should come from ``self.np_random`` so that ``--runner.seed`` reproduces a run.
     """
 
-    metadata: ClassVar[dict[str, Any]] = {"autoreset_mode": AutoresetMode.NEXT_STEP}
+    metadata: ClassVar[dict[str, Any]] = {"autoreset_mode": AutoresetMode.DISABLED}
+    config: ConfigT
 
     def __init__(
         self,
-        config: BaseEnvConfig | None = None,
+        config: ConfigT,
         num_envs: int = 1,
         process_id: int | None = None,
         total_processes: int | None = None,
@@ -167,20 +151,26 @@ class BaseEnv(gym.vector.VectorEnv):
         if seed is not None or self._np_random is None:
             self._np_random, self._np_random_seed = gym.utils.seeding.np_random(seed)
 
-    @staticmethod
-    def reset_mask(num_envs: int, options: dict[str, Any] | None) -> np.ndarray:
-        """Bool mask of the envs a ``reset`` call must reset: ``options["reset_indices"]`` (env indices, or a bool
-        mask) or all of them."""
-        mask = np.zeros(num_envs, dtype=bool)
-        indices = None if options is None else options.get("reset_indices")
-        if indices is None:
+    def reset_mask(self, options: dict[str, Any] | None) -> np.ndarray:
+        """Bool mask of the envs a ``reset`` call must reset.
+
+        ``options["reset_mask"]`` (Gymnasium's name: a bool array) or ``options["reset_indices"]`` (PlugRL's name:
+        env indices or a bool mask); all envs when neither is given. The runner passes both, because Gymnasium's
+        vector wrappers consume ``reset_mask`` on the way down.
+        """
+        mask = np.zeros(self.num_envs, dtype=bool)
+        options = options or {}
+        chosen = options.get("reset_mask")
+        if chosen is None:
+            chosen = options.get("reset_indices")
+        if chosen is None:
             mask[:] = True
         else:
-            mask[_row_index(indices)] = True
+            mask[_row_index(chosen)] = True
         return mask
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[Observation, dict[str, Any]]:
-        """Reset the envs in ``options["reset_indices"]`` (all when absent) and return the whole batch.
+        """Reset the envs :meth:`reset_mask` selects (all when ``options`` names none) and return the whole batch.
 
         Rows of envs that were not reset must come back unchanged: the client (and, with reuse-feedback-obs, the
         server) keeps using the observation those envs last produced.

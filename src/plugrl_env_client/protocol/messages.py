@@ -7,7 +7,8 @@ Both ends live here (client and reference server) so the two can never disagree 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -71,7 +72,27 @@ class FeedbackMessage:
     info: dict[str, Any]
 
 
+class ObservationLike(Protocol):
+    """What the wire needs of an observation batch (an env's ``Observation`` has it): the env batch leads."""
+
+    images: Mapping[str, np.ndarray]
+    states: Mapping[str, np.ndarray]
+    text: np.ndarray
+
+
 # ----------------------------------------------------------------------------------------------- builders
+
+
+def wire_observation(obs: ObservationLike) -> dict[str, Any]:
+    """The three-key map an observation batch travels as.
+
+    Servers read the batch size from an array, so a batch with neither images nor states (a text-only env)
+    carries an empty ``states["_batch"]`` of shape ``(n, 0)``: the batch size, and no payload.
+    """
+    states: Mapping[str, np.ndarray] = obs.states
+    if not obs.images and not states:
+        states = {"_batch": np.zeros((obs.text.shape[0], 0), np.float32)}
+    return {"images": obs.images, "states": states, "text": obs.text}
 
 
 def metadata_message(data: dict[str, Any]) -> dict[str, Any]:

@@ -25,7 +25,7 @@ from plugrl_env_client.protocol.session import Session, SessionConfig
 from plugrl_env_client.rollout.budget import EpisodeBudget
 from plugrl_env_client.rollout.loop import LoopSettings, Rollout
 from plugrl_env_client.rollout.signals import Interrupted, deferred_interrupts, interrupt_handlers, shielded
-from plugrl_env_client.utils.registration import get_spec, make_env
+from plugrl_env_client.envs.registry import get_spec, make_env
 
 logger = logging.getLogger(__name__)
 

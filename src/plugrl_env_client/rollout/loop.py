@@ -22,7 +22,7 @@ from plugrl_env_client.envs.base_env import BaseEnv, Observation
 from plugrl_env_client.errors import EnvCrashedError
 from plugrl_env_client.outputs.recorder import ProcessRecorder
 from plugrl_env_client.protocol.connection import Closed, CloseAction
-from plugrl_env_client.protocol.messages import FEATURE_REUSE_FEEDBACK_OBS, ServerMetadata
+from plugrl_env_client.protocol.messages import FEATURE_REUSE_FEEDBACK_OBS, ServerMetadata, wire_observation
 from plugrl_env_client.protocol.session import Session
 from plugrl_env_client.rollout import checks
 from plugrl_env_client.rollout.budget import EpisodeBudget
@@ -197,7 +197,7 @@ class Rollout:
     def _rows(self, rows: np.ndarray) -> dict[str, Any]:
         """Wire form of the current observation's ``rows`` (no copy when that is the whole batch, in order)."""
         whole = rows.size == self.n  # rows are ascending and unique, so this means 0..n-1
-        return (self.obs if whole else self.obs.select(rows)).to_wire()
+        return wire_observation(self.obs if whole else self.obs.select(rows))
 
     def _recover(self, closed: Closed) -> bool:
         """After a close: reconnect (dropping every chunk in flight) or report that the run ended."""

@@ -13,7 +13,7 @@ import gymnasium as gym
 import numpy as np
 
 from plugrl_env_client.envs.base_env import Action, BaseEnv, BaseEnvConfig, BoolArray, Observation, RewardArray
-from plugrl_env_client.utils.registration import register_env, register_env_config
+from plugrl_env_client.envs.registry import register_env, register_env_config
 
 
 @register_env_config("Dummy-v1")
@@ -33,7 +33,7 @@ class DummyEnvConfig(BaseEnvConfig):
 
 
 @register_env("Dummy-v1")
-class DummyEnv(BaseEnv):
+class DummyEnv(BaseEnv[DummyEnvConfig]):
     def __init__(self, config: DummyEnvConfig, num_envs: int = 1, **kwargs: Any) -> None:
         super().__init__(config, num_envs=num_envs, **kwargs)
         c = config
@@ -53,7 +53,7 @@ class DummyEnv(BaseEnv):
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[Observation, dict]:
         self.seed_rngs(seed)
-        mask = self.reset_mask(self.num_envs, options)
+        mask = self.reset_mask(options)
         k = int(mask.sum())
         self.base[mask] = self.np_random.integers(0, 256, (k, 1, 1, 3), dtype=np.uint8)
         self.wrist[mask] = self.np_random.integers(0, 256, (k, 1, 1, 3), dtype=np.uint8)

@@ -12,7 +12,7 @@ import gymnasium as gym
 import numpy as np
 
 from plugrl_env_client.envs.base_env import Action, BaseEnv, BaseEnvConfig, BoolArray, Observation, RewardArray
-from plugrl_env_client.utils.registration import register_env, register_env_config
+from plugrl_env_client.envs.registry import register_env, register_env_config
 
 
 @register_env_config("Point-v1")
@@ -25,7 +25,7 @@ class PointEnvConfig(BaseEnvConfig):
 
 
 @register_env("Point-v1", max_episode_steps=100, best_reward_threshold_for_success=1.0)
-class PointEnv(BaseEnv):
+class PointEnv(BaseEnv[PointEnvConfig]):
     def __init__(self, config: PointEnvConfig, num_envs: int = 1, **kwargs: Any) -> None:
         super().__init__(config, num_envs=num_envs, **kwargs)
         self.single_action_space = gym.spaces.Box(-1.0, 1.0, (2,), np.float32)
@@ -37,7 +37,7 @@ class PointEnv(BaseEnv):
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[Observation, dict]:
         self.seed_rngs(seed)
-        mask = self.reset_mask(self.num_envs, options)
+        mask = self.reset_mask(options)
         k = int(mask.sum())
         self.pos[mask] = self.np_random.uniform(-1.0, 1.0, (k, 2))
         self.goal[mask] = self.np_random.uniform(-1.0, 1.0, (k, 2))

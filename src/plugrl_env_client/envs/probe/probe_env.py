@@ -14,7 +14,7 @@ import gymnasium as gym
 import numpy as np
 
 from plugrl_env_client.envs.base_env import Action, BaseEnv, BaseEnvConfig, BoolArray, Observation, RewardArray
-from plugrl_env_client.utils.registration import register_env, register_env_config
+from plugrl_env_client.envs.registry import register_env, register_env_config
 
 
 @register_env_config("Probe-v1")
@@ -25,7 +25,7 @@ class ProbeEnvConfig(BaseEnvConfig):
 
 
 @register_env("Probe-v1")
-class ProbeEnv(BaseEnv):
+class ProbeEnv(BaseEnv[ProbeEnvConfig]):
     def __init__(self, config: ProbeEnvConfig, num_envs: int = 1, **kwargs: Any) -> None:
         super().__init__(config, num_envs=num_envs, **kwargs)
         self.single_action_space = gym.spaces.Box(-np.inf, np.inf, (config.action_dim,), np.float64)
@@ -38,7 +38,7 @@ class ProbeEnv(BaseEnv):
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[Observation, dict]:
         self.seed_rngs(seed)
-        mask = self.reset_mask(self.num_envs, options)
+        mask = self.reset_mask(options)
         self.t[mask] = 0.0
         self.a[mask] = 0.0
         return self._observe(), {}

@@ -16,8 +16,8 @@ from plugrl_env_client.envs import discover_envs
 from plugrl_env_client.envs.base_env import BaseEnv, BaseEnvConfig, Observation
 from plugrl_env_client.envs.point.point_env import PointEnv, PointEnvConfig
 from plugrl_env_client.errors import ConfigError
-from plugrl_env_client.utils import registration
-from plugrl_env_client.utils.registration import (
+from plugrl_env_client.envs import registry as registration
+from plugrl_env_client.envs.registry import (
     get_spec,
     make_env,
     register_env,
