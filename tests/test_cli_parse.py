@@ -22,7 +22,6 @@ from plugrl_env_client.envs.point.point_env import PointEnvConfig
 from plugrl_env_client.envs.probe.probe_env import ProbeEnvConfig
 from plugrl_env_client.utils import registration
 
-
 # ---------------------------------------------------------------------------------------------- parse()
 
 

@@ -16,6 +16,7 @@ import sys
 from typing import Any
 
 from plugrl_env_client.config import ClientConfig
+from plugrl_env_client.envs.registry import get_spec, make_env
 from plugrl_env_client.errors import ConfigError
 from plugrl_env_client.outputs.progress import Periodic, Progress, summary_table
 from plugrl_env_client.outputs.recorder import aggregate, summary_from_episodes
@@ -25,7 +26,6 @@ from plugrl_env_client.rollout.budget import EpisodeBudget
 from plugrl_env_client.rollout.launch import SUMMARY_PERIOD_S, WorkerJob, launch
 from plugrl_env_client.rollout.signals import interrupt_handlers, shielded
 from plugrl_env_client.server.server import PolicyServer
-from plugrl_env_client.envs.registry import get_spec, make_env
 
 logger = logging.getLogger(__name__)
 

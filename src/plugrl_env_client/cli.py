@@ -13,13 +13,12 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-
 import tyro
 
 from plugrl_env_client.config import ClientConfig
 from plugrl_env_client.envs import discover_envs
-from plugrl_env_client.errors import ConfigError, PlugRLError
 from plugrl_env_client.envs.registry import get_spec, registered_ids
+from plugrl_env_client.errors import ConfigError, PlugRLError
 
 
 def _config_class(uid: str) -> type[ClientConfig]:

@@ -3,6 +3,7 @@
 ``python tests/_support/msgpack_listing.py`` prints the section's listings; the test re-derives them.
 """
 import numpy as np
+
 from plugrl_env_client.protocol import codec, messages
 
 

@@ -13,10 +13,9 @@ import numpy as np
 import pytest
 
 from plugrl_env_client.envs import discover_envs
+from plugrl_env_client.envs import registry as registration
 from plugrl_env_client.envs.base_env import BaseEnv, BaseEnvConfig, Observation
 from plugrl_env_client.envs.point.point_env import PointEnv, PointEnvConfig
-from plugrl_env_client.errors import ConfigError
-from plugrl_env_client.envs import registry as registration
 from plugrl_env_client.envs.registry import (
     get_spec,
     make_env,
@@ -24,6 +23,7 @@ from plugrl_env_client.envs.registry import (
     register_env_config,
     registered_ids,
 )
+from plugrl_env_client.errors import ConfigError
 
 
 @pytest.fixture(autouse=True)

@@ -25,10 +25,10 @@ from plugrl_env_client.envs.base_env import BaseEnvConfig
 from plugrl_env_client.protocol import messages
 
 discover_envs()
-from plugrl_env_client.envs.probe.probe_env import ProbeEnvConfig  # noqa: E402
-
 from conformance_envs import ACTION_DIM, TextOnlyConfig  # noqa: E402
 from probe_protocol import D, check_probe_transcript, probe_script  # noqa: E402
+
+from plugrl_env_client.envs.probe.probe_env import ProbeEnvConfig  # noqa: E402
 
 
 def config(tmp_path: Path, port: int, env: BaseEnvConfig | None = None, **kwargs: Any) -> ClientConfig:

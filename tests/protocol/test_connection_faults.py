@@ -23,8 +23,9 @@ from plugrl_env_client.envs import discover_envs
 from plugrl_env_client.protocol import messages
 
 discover_envs()
-from plugrl_env_client.envs.probe.probe_env import ProbeEnvConfig  # noqa: E402
 from probe_protocol import check_probe_transcript, probe_script  # noqa: E402
+
+from plugrl_env_client.envs.probe.probe_env import ProbeEnvConfig  # noqa: E402
 
 D = 3
 

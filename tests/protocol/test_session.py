@@ -12,8 +12,8 @@ import pytest
 from plugrl_env_client.errors import ConfigError
 from plugrl_env_client.protocol import messages
 from plugrl_env_client.protocol.connection import CloseAction, Closed
-from plugrl_env_client.protocol.session import Session, SessionConfig
 from plugrl_env_client.protocol.messages import ServerMetadata
+from plugrl_env_client.protocol.session import Session, SessionConfig
 
 
 def test_api_key_header_from_flag(harness):

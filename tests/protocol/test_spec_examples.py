@@ -6,8 +6,8 @@ import re
 from pathlib import Path
 
 import pytest
-
 from msgpack_listing import examples, listing
+
 from plugrl_env_client.protocol import codec
 
 SPEC = (Path(__file__).resolve().parents[2] / "SPEC.md").read_text()

@@ -19,9 +19,9 @@ from plugrl_env_client.envs import discover_envs
 from plugrl_env_client.protocol import messages
 
 discover_envs()
-from plugrl_env_client.envs.probe.probe_env import ProbeEnvConfig  # noqa: E402
-
 from probe_protocol import D, check_probe_transcript, probe_script  # noqa: E402
+
+from plugrl_env_client.envs.probe.probe_env import ProbeEnvConfig  # noqa: E402
 
 
 def client_config(tmp_path: Path, port: int, num_envs: int, **kwargs: Any) -> ClientConfig:

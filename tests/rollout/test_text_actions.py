@@ -5,13 +5,12 @@ from __future__ import annotations
 import json
 
 import numpy as np
+from conformance_envs import EchoTextConfig
 
 from plugrl_env_client.app import run_client
 from plugrl_env_client.config import ClientConfig
 from plugrl_env_client.protocol import messages
 from plugrl_env_client.rollout.chunks import ActionPlans
-
-from conformance_envs import EchoTextConfig  # noqa: E402  (tests/_support)
 
 
 def test_plans_widen_for_longer_strings():

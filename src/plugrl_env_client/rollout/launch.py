@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from plugrl_env_client.config import ClientConfig
+from plugrl_env_client.envs.registry import get_spec, make_env
 from plugrl_env_client.errors import PlugRLError
 from plugrl_env_client.outputs.recorder import ProcessRecorder
 from plugrl_env_client.outputs.run_dir import RunDir, setup_logging
@@ -25,7 +26,6 @@ from plugrl_env_client.protocol.session import Session, SessionConfig
 from plugrl_env_client.rollout.budget import EpisodeBudget
 from plugrl_env_client.rollout.loop import LoopSettings, Rollout
 from plugrl_env_client.rollout.signals import Interrupted, deferred_interrupts, interrupt_handlers, shielded
-from plugrl_env_client.envs.registry import get_spec, make_env
 
 logger = logging.getLogger(__name__)
 

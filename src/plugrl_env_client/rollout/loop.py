@@ -21,7 +21,7 @@ import numpy as np
 from plugrl_env_client.envs.base_env import BaseEnv, Observation
 from plugrl_env_client.errors import EnvCrashedError
 from plugrl_env_client.outputs.recorder import ProcessRecorder
-from plugrl_env_client.protocol.connection import Closed, CloseAction
+from plugrl_env_client.protocol.connection import CloseAction, Closed
 from plugrl_env_client.protocol.messages import FEATURE_REUSE_FEEDBACK_OBS, ServerMetadata, wire_observation
 from plugrl_env_client.protocol.session import Session
 from plugrl_env_client.rollout import checks

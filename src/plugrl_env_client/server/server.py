@@ -20,10 +20,10 @@ import numpy as np
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.server import Server, ServerConnection, serve
 
-from plugrl_env_client.version import __version__
 from plugrl_env_client.errors import ProtocolError
 from plugrl_env_client.protocol import codec, messages
 from plugrl_env_client.server.policies import Policy
+from plugrl_env_client.version import __version__
 
 logger = logging.getLogger(__name__)
 
