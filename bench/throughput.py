@@ -10,7 +10,7 @@ For each env (Dummy-v1, Point-v1), batch size (num_envs 1, 16, 256) and server a
 
 * raw: ``env.step`` in a tight loop with pre-made valid actions, after one reset (independent of the horizon, so
   it is measured once per env and batch size and repeated on both horizon rows);
-* client: the real :class:`~plugrl_env_client.rollout.loop.Rollout` (Session, EpisodeBudget, ProcessRecorder in a
+* client: the real :class:`~plugrl_env_client.rollout.loop.Rollout` (Session, EpisodeBudget, RunWriter in a
   temp dir) against the reference ``random`` server started with ``start_local_server`` in a thread of this
   process (as ``--local-policy random`` does), stopped through the budget's ``stop`` event by a watcher thread
   after a time limit or a step cap;
@@ -39,14 +39,14 @@ from typing import Any
 import numpy as np
 
 from plugrl_env_client.envs import discover_envs
-from plugrl_env_client.outputs.recorder import ProcessRecorder
-from plugrl_env_client.protocol.connection import Closed
+from plugrl_env_client.envs.registry import get_spec, make_env
+from plugrl_env_client.outputs.run_dir import RunDir
+from plugrl_env_client.outputs.run_writer import RunWriter
 from plugrl_env_client.protocol.session import Session, SessionConfig
 from plugrl_env_client.rollout import checks
 from plugrl_env_client.rollout.budget import EpisodeBudget
 from plugrl_env_client.rollout.loop import LoopSettings, Rollout
 from plugrl_env_client.server.embedded import start_local_server
-from plugrl_env_client.utils.registration import get_spec, make_env
 
 ENV_IDS = ("Dummy-v1", "Point-v1")
 NUM_ENVS = (1, 16, 256)
@@ -120,9 +120,8 @@ class TimedSession(Session):
 
     def infer(self, *args: Any, **kwargs: Any) -> Any:
         start = time.perf_counter()
-        out = super().infer(*args, **kwargs)
-        if not isinstance(out, Closed):
-            self.infer_s.append(time.perf_counter() - start)
+        out = super().infer(*args, **kwargs)  # a close raises: only completed exchanges are timed
+        self.infer_s.append(time.perf_counter() - start)
         return out
 
 
@@ -157,17 +156,18 @@ def bench_client(env_id: str, num_envs: int, horizon: int, seconds: float, max_e
                 return
 
     with tempfile.TemporaryDirectory(prefix="plugrl-bench-") as tmp:
-        recorder = ProcessRecorder(Path(tmp) / "proc_000", 0)
+        writer = RunWriter(RunDir(Path(tmp) / "run").create(), "bench", 1)
         session = TimedSession(SessionConfig(url=server.url, connect_timeout_s=10))
         settings = LoopSettings(
             env_id=spec.uid,
+            process_id=0,
             seed=0,
             max_episode_steps=spec.max_episode_steps,
             replan_steps=None,
             success_threshold=spec.best_reward_threshold_for_success,
             reuse_feedback_obs=reuse_feedback_obs,
         )
-        rollout = Rollout(env, session, settings, budget, recorder)
+        rollout = Rollout(env, session, settings, budget, writer, session.timing)
         watcher = threading.Thread(target=watch, name="bench-watch", daemon=True)
         watcher.start()
         try:
@@ -175,18 +175,17 @@ def bench_client(env_id: str, num_envs: int, horizon: int, seconds: float, max_e
         finally:
             done.set()
             watcher.join()
-            recorder.write_summary(rollout.timing_dict(), rollout.status)
-            recorder.close()
+            writer.close()
             server.shutdown()
             env.close()
     t = rollout.timing
     return ClientResult(
         env_steps=t.env_steps,
         seconds=t.collect_time_s,
-        infers=session.stats.infer_calls,
+        infers=t.infer_calls,
         rtt_ms=np.asarray(session.infer_s) * 1e3,
-        bytes_sent=session.stats.bytes_sent,
-        status=status,
+        bytes_sent=t.bytes_sent,
+        status=status.value,
         reused=bool(getattr(rollout, "reuse", False)),
     )
 

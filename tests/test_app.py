@@ -58,10 +58,10 @@ def test_multi_process_run_aggregates_exactly(policy_server, tmp_path):
     episodes = [json.loads(line) for p in (0, 1)
                 for line in (tmp_path / "run" / f"rollout/proc_{p:03d}/episodes.jsonl").read_text().splitlines()]
     assert len(episodes) == 12
-    assert total["mean_return"] == pytest.approx(sum(e["return"] for e in episodes) / 12)
-    assert total["mean_length"] == pytest.approx(sum(e["length"] for e in episodes) / 12)
+    assert total["all_episodes"]["mean_return"] == pytest.approx(sum(e["return"] for e in episodes) / 12)
+    assert total["all_episodes"]["mean_length"] == pytest.approx(sum(e["length"] for e in episodes) / 12)
     assert all(e["length"] <= 7 for e in episodes) and any(e["truncated"] for e in episodes)
-    assert total["status"] == "finished" and total["num_processes"] == 2
+    assert total["status"] == "finished" and total["total_processes"] == 2
     assert total["timing"]["env_steps"] == sum(s["timing"]["env_steps"] for s in per)
     client_config = json.loads((tmp_path / "run" / "client_config.json").read_text())
     assert client_config["env_id"] == "Point-v1" and client_config["num_procs"] == 2
@@ -91,7 +91,8 @@ def test_killed_process_is_named_and_the_aggregate_is_still_written(policy_serve
     assert run_client(cfg, "Faulty-v1") == 1
     assert "process 1 failed: killed by signal 9" in capsys.readouterr().err
     total = summary(tmp_path)
-    assert total["failed_processes"] == [1] and total["process_status"]["1"] == "failed: killed by signal 9"
+    assert total["failed_processes"] == [1] and total["process_status"]["1"] == "failed"
+    assert total["errors"]["1"] == "killed by signal 9"
     assert summary(tmp_path, 0)["status"] == "interrupted"
     kept = [len((tmp_path / "run" / f"rollout/proc_{p:03d}/episodes.jsonl").read_text().splitlines()) for p in (0, 1)]
     assert kept[1] > 0 and kept[0] == summary(tmp_path, 0)["completed_episodes"]
@@ -115,7 +116,9 @@ def test_one_process_stopped_from_outside_fails_the_run(policy_server, tmp_path,
                  num_procs=2, server_port=server.port, runner=RunnerConfig(pass_proc_id=True))
     assert run_client(cfg, "Faulty-v1") == 1
     assert "process 1 failed: stopped by SIGTERM" in capsys.readouterr().err
-    assert summary(tmp_path, 1)["status"] == "interrupted" and summary(tmp_path, 1)["completed_episodes"] > 0
+    stopped = summary(tmp_path, 1)
+    assert stopped["status"] == "failed" and stopped["error"] == "stopped by SIGTERM"
+    assert stopped["completed_episodes"] > 0
 
 
 def test_reusing_an_exp_name_is_refused(policy_server, tmp_path):
@@ -243,8 +246,9 @@ def test_cli_user_error_exits_nonzero_without_traceback(tmp_path):
 
 
 def _episodes_of(root: Path, proc: int = 0) -> list[dict]:
+    """The episodes of a run, without their wall times (which differ from run to run)."""
     path = root / "run" / f"rollout/proc_{proc:03d}/episodes.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines()]
+    return [{k: v for k, v in json.loads(line).items() if k != "wall_time_s"} for line in path.read_text().splitlines()]
 
 
 def test_seed_reproduces_a_run_and_processes_get_distinct_seeds(tmp_path):
@@ -265,7 +269,7 @@ def test_seed_reproduces_a_run_and_processes_get_distinct_seeds(tmp_path):
 
 
 def test_process_seeds_do_not_overlap():
-    from plugrl_env_client.rollout.launch import process_seed
+    from plugrl_env_client.launch.process import process_seed
     from plugrl_env_client.utils.registration import make_env
 
     seeds = [process_seed(3, p, num_envs=4) for p in range(3)]

@@ -31,7 +31,7 @@ from plugrl_env_client.utils import registration
      ("probe-v1", "Probe-v1", ProbeEnvConfig)],
 )
 def test_each_builtin_subcommand_parses_with_defaults(sub: str, uid: str, cfg_cls: type) -> None:
-    env_id, config = cli.parse([sub])
+    env_id, config, _line = cli.parse([sub])
     assert env_id == uid
     assert type(config) is ClientConfig
     assert config.env == cfg_cls()
@@ -43,18 +43,18 @@ def test_each_builtin_subcommand_parses_with_defaults(sub: str, uid: str, cfg_cl
 
 
 def test_subcommands_are_lowercased_ids() -> None:
-    subs = cli.build_subcommands()
+    subs = cli.build_subcommands(ClientConfig)
     assert {"point-v1", "dummy-v1", "probe-v1"} <= set(subs)
     assert all(name == name.lower() for name in subs)
-    assert subs["point-v1"].env_id == "Point-v1"
+    assert isinstance(subs["point-v1"]().env, PointEnvConfig)
 
 
 def test_env_flags_map_to_config_fields() -> None:
-    _, config = cli.parse(["point-v1", "--env.step-size", "0.5", "--env.goal-radius", "0.02"])
+    _, config, _line = cli.parse(["point-v1", "--env.step-size", "0.5", "--env.goal-radius", "0.02"])
     assert config.env == PointEnvConfig(step_size=0.5, goal_radius=0.02)
-    _, config = cli.parse(["probe-v1", "--env.action-dim", "5"])
+    _, config, _line = cli.parse(["probe-v1", "--env.action-dim", "5"])
     assert config.env == ProbeEnvConfig(action_dim=5)
-    _, config = cli.parse(["dummy-v1", "--env.base-image-size", "32", "--env.text", "open the door",
+    _, config, _line = cli.parse(["dummy-v1", "--env.base-image-size", "32", "--env.text", "open the door",
                            "--env.terminated-prob", "1.0"])
     assert config.env.base_image_size == 32
     assert config.env.text == "open the door"
@@ -63,7 +63,7 @@ def test_env_flags_map_to_config_fields() -> None:
 
 
 def test_general_and_runner_flags() -> None:
-    env_id, config = cli.parse([
+    env_id, config, _line = cli.parse([
         "point-v1", "--num-envs", "8", "--num-procs", "2", "--num-episodes", "10", "--runner.seed", "42",
         "--runner.max-episode-steps", "50", "--runner.replan-steps", "3", "--runner.start-method", "fork",
         "--server-port", "9001", "--exp-name", "abc", "--local-policy", "random", "--no-progress",
@@ -79,7 +79,7 @@ def test_general_and_runner_flags() -> None:
 
 
 def test_runner_seed_none() -> None:
-    _, config = cli.parse(["probe-v1", "--runner.seed", "None"])
+    _, config, _line = cli.parse(["probe-v1", "--runner.seed", "None"])
     assert config.runner.seed is None
 
 
@@ -92,7 +92,7 @@ def test_bad_command_lines_exit_non_zero(args: list[str], capsys: pytest.Capture
 
 
 def test_returned_config_is_plain_and_picklable() -> None:
-    env_id, config = cli.parse(["point-v1", "--env.step-size", "0.3", "--runner.seed", "5"])
+    env_id, config, _line = cli.parse(["point-v1", "--env.step-size", "0.3", "--runner.seed", "5"])
     assert type(config) is ClientConfig
     restored = pickle.loads(pickle.dumps(config))
     assert restored == config
@@ -120,7 +120,7 @@ def test_env_registered_after_import_gets_a_subcommand(registry: None) -> None:
         def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[Observation, dict]:
             return Observation(states={"x": np.zeros((self.num_envs, 1))}), {}
 
-    env_id, config = cli.parse(["late-v1", "--env.level", "3"])
+    env_id, config, _line = cli.parse(["late-v1", "--env.level", "3"])
     assert env_id == "Late-v1"
     assert config.env == LateConfig(level=3)
 
@@ -262,7 +262,7 @@ def test_env_file_new_env_runs(user_file: Path, tmp_path: Path) -> None:
 
 
 def test_env_id_in_any_case_is_accepted():
-    env_id, config = cli.parse(["Point-v1", "--num-envs", "3"])
+    env_id, config, _line = cli.parse(["Point-v1", "--num-envs", "3"])
     assert env_id == "Point-v1" and config.num_envs == 3
 
 

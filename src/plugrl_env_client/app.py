@@ -1,14 +1,13 @@
-"""One client run from start to end: run folder, optional embedded server, processes, aggregated summary.
+"""One client run from start to end: run folder, optional embedded server, processes, summaries.
 
 Returns the process exit code: 0 when the run finished or the server ended it, 1 on an error (the message is
 printed, the traceback is in ``logs/client.log``), 130 / 143 when interrupted by SIGINT / SIGTERM. Outputs are
-written in every case.
+written in every case once the run folder exists; a run that cannot start says why in its ``summary.json``.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import multiprocessing as mp
 import signal
@@ -16,54 +15,93 @@ import sys
 from typing import Any
 
 from plugrl_env_client.config import ClientConfig
-from plugrl_env_client.envs.registry import get_spec, make_env
-from plugrl_env_client.errors import ConfigError
+from plugrl_env_client.envs.base_env import BaseEnv
+from plugrl_env_client.envs.discovery import EnvSources
+from plugrl_env_client.envs.registry import get_spec
+from plugrl_env_client.errors import ConfigError, PlugRLError
+from plugrl_env_client.launch.local import launch
+from plugrl_env_client.launch.process import ProcessJob, build_env
+from plugrl_env_client.outputs.logs import setup_logging
 from plugrl_env_client.outputs.progress import Periodic, Progress, summary_table
-from plugrl_env_client.outputs.recorder import aggregate, summary_from_episodes
-from plugrl_env_client.outputs.run_dir import RunDir, default_exp_name, setup_logging, write_json_atomic
+from plugrl_env_client.outputs.results import ProcessResult, ProcessStatus
+from plugrl_env_client.outputs.run_dir import RunDir, default_exp_name, write_json_atomic
+from plugrl_env_client.outputs.run_writer import RunWriter
 from plugrl_env_client.rollout import checks
 from plugrl_env_client.rollout.budget import EpisodeBudget
-from plugrl_env_client.rollout.launch import SUMMARY_PERIOD_S, WorkerJob, launch
 from plugrl_env_client.rollout.signals import interrupt_handlers, shielded
 from plugrl_env_client.server.server import PolicyServer
 
 logger = logging.getLogger(__name__)
 
+SUMMARY_PERIOD_S = 10.0
 
-def run_client(config: ClientConfig, env_id: str) -> int:
+
+def run_client(config: ClientConfig, env_id: str, sources: EnvSources | None = None) -> int:
+    """Run ``env_id`` as ``config`` says; ``sources`` are the env files and modules spawned processes must import
+    (besides ``config.env_path``) to see the env."""
+    sources = EnvSources(tuple(config.env_path) + (sources.paths if sources else ()),
+                         sources.modules if sources else ())
     spec = get_spec(env_id)
     _validate(config)
-    run_dir = _new_run_dir(config, spec.uid)
+    exp_name = config.exp_name or default_exp_name(spec.uid, config.num_envs)
+    run_dir = _new_run_dir(config, exp_name)
     setup_logging(run_dir.log_file)
     write_json_atomic(run_dir.client_config, _recorded_config(config, spec.uid, spec.kwargs))
-    server = _start_local_policy(config, spec.uid) if config.local_policy else None
-    url = server.url if server is not None else config.resolved_url()
-    logger.info("run %s: env %s, %d proc x %d envs, server %s", run_dir.root, spec.uid, config.num_procs, config.num_envs, url)
-    ctx = mp.get_context(config.runner.start_method)
-    budget = EpisodeBudget(config.num_episodes, ctx)
-    jobs = [WorkerJob(spec.uid, config, p, url, run_dir.root) for p in range(config.num_procs)]
-    progress = Progress(budget).start() if config.progress else None
-    refresher = Periodic(SUMMARY_PERIOD_S, lambda: _write_aggregate(run_dir, config.num_procs, {}, final=False)).start()
-    failed: dict[int, str] = {}
+    writer = RunWriter(run_dir, exp_name, config.num_procs)
+    env: BaseEnv | None = None
+    server: PolicyServer | None = None
     signum = None
     with interrupt_handlers():
         try:
-            failed = launch(jobs, budget, ctx)
+            # One process: its env is built here, once, and also tells the embedded server the action space.
+            jobs = [ProcessJob(spec.uid, config, p, "") for p in range(config.num_procs)]
+            if config.num_procs == 1:
+                env = build_env(jobs[0])
+            server = _start_local_policy(config, spec.uid, env) if config.local_policy else None
+            url = server.url if server is not None else config.resolved_url()
+            jobs = [dataclasses.replace(job, url=url) for job in jobs]
+            _run(config, spec.uid, run_dir, writer, jobs, sources, env)
+        except PlugRLError as exc:  # the run could not start: say why in its summary
+            logger.debug("the run could not start: %s", exc, exc_info=True)
+            for p in range(config.num_procs):
+                writer.result(ProcessResult(p, ProcessStatus.FAILED, str(exc)))
+            if env is not None:
+                env.close()
         except KeyboardInterrupt as exc:
             signum = getattr(exc, "signum", signal.SIGINT)
             print(f"\ninterrupted ({signal.Signals(signum).name}); writing outputs", file=sys.stderr)
-        with shielded():  # the outputs are written whatever else arrives
+            for p in writer.unfinished():  # interrupted before it got going
+                writer.result(ProcessResult(p, ProcessStatus.INTERRUPTED))
+        finally:
+            with shielded():  # the outputs are written whatever else arrives
+                if server is not None:
+                    server.shutdown()
+                summary = writer.close()
+    return _report(spec.uid, run_dir, summary, writer.failures(), signum)
+
+
+def _run(config: ClientConfig, uid: str, run_dir: RunDir, writer: RunWriter, jobs: list[ProcessJob],
+         sources: EnvSources, env: BaseEnv | None) -> None:
+    logger.info("run %s: env %s, %d proc x %d envs, server %s", run_dir.root, uid, config.num_procs,
+                config.num_envs, jobs[0].url)
+    if config.local_policy and config.num_episodes is None:
+        logger.warning("--local-policy without --num-episodes: collecting until Ctrl-C (the embedded server never "
+                       "ends a run)")
+    ctx = mp.get_context(config.runner.start_method)
+    budget = EpisodeBudget(config.num_episodes, ctx)
+    progress = Progress(budget).start() if config.progress else None
+    refresher = Periodic(SUMMARY_PERIOD_S, writer.write_summaries).start()
+    try:
+        launch(jobs, budget, ctx, writer, sources, env)
+    finally:
+        with shielded():
             refresher.stop()
             if progress is not None:
                 progress.stop()
-            if server is not None:
-                server.shutdown()
-            summary = _write_aggregate(run_dir, config.num_procs, failed, interrupted=signum is not None)
-    return _report(spec.uid, run_dir, summary, failed, signum)
 
 
-def _new_run_dir(config: ClientConfig, uid: str) -> RunDir:
-    run_dir = RunDir(config.output_dir / (config.exp_name or default_exp_name(uid, config.num_envs)))
+def _new_run_dir(config: ClientConfig, exp_name: str) -> RunDir:
+    run_dir = RunDir(config.output_dir / exp_name)
     if run_dir.client_config.exists():
         raise ConfigError(
             f"{run_dir.root} already holds a run; pick another --exp-name (or leave it out for a fresh name), "
@@ -74,7 +112,9 @@ def _new_run_dir(config: ClientConfig, uid: str) -> RunDir:
 
 def _report(uid: str, run_dir: RunDir, summary: dict[str, Any], failed: dict[int, str], signum: int | None) -> int:
     """Print the end-of-run table and errors; returns the exit code."""
-    print(f"\n{uid}: {summary['completed_episodes']} episodes\n{summary_table(summary)}\nsummary: {run_dir.summary}")
+    episodes = summary["completed_episodes"]
+    print(f"\n{uid}: {episodes} episode{'' if episodes == 1 else 's'}\n{summary_table(summary)}\n"
+          f"summary: {run_dir.summary}")
     if failed:
         for pid in sorted(failed):
             print(f"error: process {pid} failed: {failed[pid]}", file=sys.stderr)
@@ -105,46 +145,21 @@ def _validate(config: ClientConfig) -> None:
             raise ConfigError(f"{flag} must be >= 1, got {value}")
 
 
-def _start_local_policy(config: ClientConfig, env_id: str) -> PolicyServer:
+def _start_local_policy(config: ClientConfig, env_id: str, env: BaseEnv | None) -> PolicyServer:
+    """The embedded reference server, matched to the env's action space (read from ``env`` when it is built
+    already; otherwise from a one-env probe, for runs whose envs are built in other processes)."""
     from plugrl_env_client.server.embedded import start_local_server
 
-    probe = make_env(env_id, num_envs=1, config=config.env)
+    probe = env if env is not None else build_env(ProcessJob(env_id, dataclasses.replace(config, num_envs=1), 0, ""))
     try:
         space = checks.action_space_of(probe)
     finally:
-        probe.close()
+        if probe is not env:
+            probe.close()
+    assert config.local_policy is not None
     server = start_local_server(config.local_policy, space, config.local_policy_horizon, seed=config.runner.seed)
     logger.info("embedded %s policy serving on %s", config.local_policy, server.url)
     return server
-
-
-def _write_aggregate(run_dir: RunDir, num_procs: int, failed: dict[int, str], final: bool = True,
-                     interrupted: bool = False) -> dict[str, Any]:
-    """Aggregate the per-process summaries into ``summary.json`` (periodically while the run goes on, then once
-    at the end, when a process that died without a final summary is counted from its ``episodes.jsonl``)."""
-    summaries = [_process_summary(run_dir, pid, failed, final, interrupted) for pid in range(num_procs)]
-    summary = aggregate(summaries, failed)
-    write_json_atomic(run_dir.summary, summary)
-    return summary
-
-
-def _process_summary(run_dir: RunDir, pid: int, failed: dict[int, str], final: bool, interrupted: bool) -> dict[str, Any]:
-    path = run_dir.proc_dir(pid) / "summary.json"
-    episodes = path.with_name("episodes.jsonl")
-    summary = json.loads(path.read_text()) if path.exists() else None
-    if not final:
-        return summary or summary_from_episodes(episodes, pid, "starting", {})
-    if summary is not None and summary["status"].startswith("failed: "):
-        if pid in failed:
-            failed[pid] = summary["status"][len("failed: "):]
-        return summary
-    if summary is None and interrupted and pid not in failed:  # stopped before it got going
-        return summary_from_episodes(episodes, pid, "interrupted", {})
-    if summary is None or pid in failed:  # died without its final summary: its episodes file is the record
-        failed.setdefault(pid, "no summary written")
-        timing = summary["timing"] if summary is not None else {}
-        return summary_from_episodes(episodes, pid, f"failed: {failed[pid]}", timing)
-    return summary
 
 
 __all__ = ["run_client"]

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
+
+import tyro
 
 from plugrl_env_client.envs.base_env import BaseEnvConfig
 
@@ -19,6 +21,10 @@ class RunnerConfig:
     """Use at most this many steps of each action chunk before asking again. Default: the whole chunk."""
     non_finite_actions: Literal["error", "clip"] = "error"
     """What to do with NaN/inf actions for a float action space: stop with an error, or clip into the bounds."""
+    non_finite_rewards: Literal["error", "zero"] = "error"
+    """What to do with NaN/inf rewards from the env: stop with an error naming the env rows, or replace them by 0."""
+    non_finite_observations: Literal["error", "allow"] = "error"
+    """NaN/inf in the env's float states: stop with an error naming the key and rows, or send them as they are."""
     pass_proc_id: bool = False
     """Pass process_id and total_processes to the env's constructor."""
     use_env_lock: bool = False
@@ -61,6 +67,9 @@ class ClientConfig:
     """When the server offers reuse-feedback-obs, do not upload an observation the server already holds."""
     progress: bool = True
     """Show progress (a bar on a terminal, periodic lines otherwise)."""
+    env_path: Annotated[tuple[str, ...], tyro.conf.UseAppendAction] = ()
+    """An env file (*_env.py) or a folder searched for them, imported before the env id is looked up (repeatable;
+    also $PLUGRL_ENV_PATH, os.pathsep-separated)."""
     runner: RunnerConfig = dataclasses.field(default_factory=RunnerConfig)
     env: BaseEnvConfig = dataclasses.field(default_factory=BaseEnvConfig)
 

@@ -261,7 +261,7 @@ def test_probe_layout_and_action_space() -> None:
 def test_probe_action_dim_from_cli_flag() -> None:
     from plugrl_env_client import cli
 
-    env_id, config = cli.parse(["probe-v1", "--env.action-dim", "4"])
+    env_id, config, _line = cli.parse(["probe-v1", "--env.action-dim", "4"])
     env = make_env(env_id, num_envs=3, config=config.env)
     assert env.single_action_space == gym.spaces.Box(-np.inf, np.inf, (4,), np.float64)
     assert env.action_space.shape == (3, 4)

@@ -5,14 +5,12 @@ from __future__ import annotations
 import dataclasses
 import re
 import warnings
-from pathlib import Path
 from typing import Any
 
 import gymnasium as gym
 import numpy as np
 import pytest
 
-from plugrl_env_client.envs import discover_envs
 from plugrl_env_client.envs import registry as registration
 from plugrl_env_client.envs.base_env import BaseEnv, BaseEnvConfig, Observation
 from plugrl_env_client.envs.point.point_env import PointEnv, PointEnvConfig
@@ -165,7 +163,7 @@ def test_override_true_replaces() -> None:
     spec = get_spec("Ovr-v1")
     assert spec.env_cls is second and spec.module == "pkg_b.envs" and spec.max_episode_steps == 3
     assert isinstance(make_env("Ovr-v1"), second)
-    assert isinstance(gym.make_vec("Ovr-v1", num_envs=1), second)
+    assert isinstance(gym.make_vec("Ovr-v1", num_envs=1).unwrapped, second)
     cfg = register_env_config("Ovr-v1", override=True)(_config_class(module="pkg_b.envs"))
     assert get_spec("Ovr-v1").config_cls is cfg
 
@@ -210,7 +208,7 @@ def test_main_module_shadows_builtin_registered_later(main_module: str) -> None:
     assert [str(w.message) for w in caught] == expected
     spec = get_spec("Order-v1")
     assert spec.env_cls is mine and spec.config_cls is mine_cfg and spec.max_episode_steps is None
-    assert isinstance(gym.make_vec("Order-v1", num_envs=1), mine)
+    assert isinstance(gym.make_vec("Order-v1", num_envs=1).unwrapped, mine)
 
 
 def test_main_module_reregistering_itself_does_not_warn() -> None:
@@ -245,9 +243,9 @@ def test_lookup_is_case_insensitive() -> None:
 def test_gymnasium_make_vec_builds_the_env_with_config() -> None:
     cfg = PointEnvConfig(step_size=0.25, goal_radius=0.05)
     env = gym.make_vec("Point-v1", num_envs=3, config=cfg)
-    assert isinstance(env, PointEnv)
+    assert isinstance(env.unwrapped, PointEnv)
     assert env.num_envs == 3
-    assert env.config is cfg
+    assert env.unwrapped.config is cfg
     assert env.action_space.shape == (3, 2)
     obs, _ = env.reset(seed=0)
     assert obs.states["pos"].shape == (3, 2)
@@ -258,7 +256,22 @@ def test_gymnasium_make_vec_default_config_and_registered_id() -> None:
     cfg_cls = register_env_config("GymTmp-v1")(_config_class())
     assert "GymTmp-v1" in gym.registry
     env = gym.make_vec("GymTmp-v1", num_envs=2)
-    assert env.num_envs == 2 and env.config == cfg_cls()
+    assert env.num_envs == 2 and env.unwrapped.config == cfg_cls()
+
+
+def test_gymnasium_make_vec_applies_the_registered_time_limit() -> None:
+    """Point-v1 is registered with max_episode_steps=100: plain gymnasium code gets truncated at step 100."""
+    env = gym.make_vec("Point-v1", num_envs=2, config=PointEnvConfig(step_size=0.0))  # never reaches the goal
+    env.reset(seed=0)
+    for step in range(1, 101):
+        _, _, terminated, truncated, _ = env.step(np.zeros((2, 2), np.float32))
+        assert not terminated.any()
+        assert truncated.all() == (step == 100), step
+    env.reset(options={"reset_mask": np.array([True, False])})
+    _, _, _, truncated, _ = env.step(np.zeros((2, 2), np.float32))
+    assert truncated.tolist() == [False, True], "the count restarts only for the env that was reset"
+    unlimited = gym.make_vec("Point-v1", num_envs=1, max_episode_steps=-1)
+    assert isinstance(unlimited, PointEnv)
 
 
 def test_fixture_restores_registries() -> None:
@@ -270,49 +283,6 @@ def test_fixture_restores_registries() -> None:
 
 
 # ---------------------------------------------------------------------------------------------- discovery
-
-
-def test_discover_envs_builtins() -> None:
-    loaded = discover_envs()
-    assert loaded == sorted(loaded)
-    assert {
-        "plugrl_env_client.envs.point.point_env",
-        "plugrl_env_client.envs.dummy.dummy_env",
-        "plugrl_env_client.envs.probe.probe_env",
-    } <= set(loaded)
-
-
-def test_discover_envs_skips_modules_with_import_errors(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
-) -> None:
-    pkg = "plugrl_discover_probe_pkg"
-    root = tmp_path / pkg
-    (root / "good").mkdir(parents=True)
-    (root / "broken").mkdir()
-    (root / "notes").mkdir()
-    (root / "__init__.py").write_text("")
-    (root / "good" / "good_env.py").write_text("LOADED = True\n")
-    (root / "broken" / "broken_env.py").write_text("import plugrl_no_such_dependency_xyz\n")
-    (root / "notes" / "helpers.py").write_text("raise RuntimeError('not an env module; must not be imported')\n")
-    monkeypatch.syspath_prepend(str(tmp_path))
-
-    loaded = discover_envs(pkg)
-
-    assert loaded == [f"{pkg}.good.good_env"]
-    out = capsys.readouterr().out
-    assert (f"Skip loading env module {pkg}.broken.broken_env: No module named 'plugrl_no_such_dependency_xyz'"
-            in out)
-    assert "good_env" not in out
-
-
-def test_discover_envs_propagates_other_errors(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    pkg = "plugrl_discover_bug_pkg"
-    (tmp_path / pkg / "bad").mkdir(parents=True)
-    (tmp_path / pkg / "__init__.py").write_text("")
-    (tmp_path / pkg / "bad" / "bad_env.py").write_text("raise ZeroDivisionError('bug in env module')\n")
-    monkeypatch.syspath_prepend(str(tmp_path))
-    with pytest.raises(ZeroDivisionError, match="bug in env module"):
-        discover_envs(pkg)
 
 
 def test_make_vec_with_module_prefix_needs_no_discovery() -> None:

@@ -103,9 +103,8 @@ def test_summary_table_contains_the_key_rows() -> None:
     summary = {
         "status": "finished",
         "completed_episodes": 12,
-        "mean_return": 1.23456,
-        "mean_length": 42.04,
-        "mean_success_rate": 0.5,
+        "mean_return": 99.0,  # over the latest episodes only: the table shows the means over every episode
+        "all_episodes": {"mean_return": 1.23456, "mean_length": 42.04, "mean_success_rate": 0.5},
         "timing": {"env_steps": 5000, "effective_fps": 12345.6, "infer_calls": 77, "infer_wait_s": 0.5},
     }
     rows = {line.strip().rsplit("  ", 1)[0].strip(): line.strip().rsplit("  ", 1)[1].strip()
@@ -124,8 +123,8 @@ def test_summary_table_contains_the_key_rows() -> None:
 
 
 def test_summary_table_shows_na_for_missing_means() -> None:
-    table = summary_table({"status": "stopped by server", "completed_episodes": 0, "mean_return": None,
-                           "mean_length": None, "mean_success_rate": None, "timing": {}})
+    table = summary_table({"status": "stopped by server", "completed_episodes": 0, "timing": {},
+                           "all_episodes": {"mean_return": None, "mean_length": None, "mean_success_rate": None}})
     lines = {line.split()[0] + (" " + line.split()[1] if line.split()[0] in ("mean", "success") else ""): line
              for line in table.splitlines()}
     assert lines["mean return"].endswith("n/a")

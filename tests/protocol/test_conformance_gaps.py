@@ -398,4 +398,4 @@ def test_c28_every_process_numbers_its_envs_from_zero_on_its_own_connection(harn
         assert conn.received[0]["env_indices"].tolist() == [0, 1, 2]
         assert {i for m in conn.received for i in m["env_indices"].tolist()} <= {0, 1, 2}
         assert check_probe_transcript(conn.received, 4, None, 3) > 0
-    assert summary(tmp_path)["num_processes"] == 2
+    assert summary(tmp_path)["total_processes"] == 2

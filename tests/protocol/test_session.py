@@ -9,9 +9,10 @@ import time
 import numpy as np
 import pytest
 
+from plugrl_env_client.envs.base_env import Observation
 from plugrl_env_client.errors import ConfigError
 from plugrl_env_client.protocol import messages
-from plugrl_env_client.protocol.connection import CloseAction, Closed
+from plugrl_env_client.protocol.connection import CloseAction, ConnectionLost
 from plugrl_env_client.protocol.messages import ServerMetadata
 from plugrl_env_client.protocol.session import Session, SessionConfig
 
@@ -97,8 +98,9 @@ def test_stop_request_ends_waiting_for_a_server():
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     session = Session(SessionConfig(url=f"ws://127.0.0.1:{port}"), should_stop=lambda: True)
-    closed = session.open()
-    assert isinstance(closed, Closed) and closed.action is CloseAction.END
+    with pytest.raises(ConnectionLost) as info:
+        session.open()
+    assert info.value.close.action is CloseAction.END
 
 
 def test_http_4xx_handshake_is_an_error_that_says_so():
@@ -133,10 +135,11 @@ def test_reconnects_that_fail_at_once_back_off_further(harness):
     session = Session(SessionConfig(url=f"ws://127.0.0.1:{h.port}", backoff_initial_s=0.05))
     session.open()
     for _ in range(4):
-        obs = {"images": {}, "states": {"x": np.zeros((1, 1))}, "text": np.array(["a"])}
-        closed = session.infer(obs, np.arange(1), np.zeros(1, np.int64))
-        assert isinstance(closed, Closed)
-        session.reconnect(closed)
+        obs = Observation(states={"x": np.zeros((1, 1))}, text="a")
+        with pytest.raises(ConnectionLost) as info:
+            session.infer(obs, np.arange(1), np.zeros(1, np.int64))
+        assert info.value.close.action is CloseAction.RECONNECT
+        session.reconnect(info.value.close)
     session.close()
     gaps = np.diff(times)
     assert len(gaps) == 4 and gaps[-1] > 3 * gaps[0], f"no growing backoff: {gaps}"

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from plugrl_env_client.rollout.episodes import EpisodeRecord, EpisodeTracker
+from plugrl_env_client.outputs.results import EpisodeRecord
+from plugrl_env_client.rollout.episodes import EpisodeTracker
 
 
 def _f(*values: float) -> np.ndarray:
@@ -20,34 +21,49 @@ def test_returns_and_lengths_per_env_with_different_finish_steps() -> None:
     tracker.add_step(_f(1.0, 2.0, 3.0), {})
     tracker.add_step(_f(1.0, 2.0, 3.0), {})
     # env 1 finishes after 2 steps
-    records = tracker.finish(np.array([1]), _b(False, True, False), _b(False, False, False))
-    assert records == [EpisodeRecord(1, 4.0, 2, False, True, False)]
-    tracker.restart(np.array([1]))
+    records = tracker.finish(np.array([1]), _b(False, True, False), _b(False, False, False), 0, 1.0, 10)
+    assert records == [EpisodeRecord(1, 4.0, 2, None, True, False, process_id=0, wall_time_s=1.0, env_steps=10)]
+    tracker.start(np.array([1]))
     assert tracker.returns.tolist() == [2.0, 0.0, 6.0]
     assert tracker.lengths.tolist() == [2, 0, 2]
     tracker.add_step(_f(0.5, 10.0, -1.0), {})
     # envs 0 and 2 finish on step 3 (0 truncated), env 1 is one step into its second episode
-    records = tracker.finish(np.array([0, 2]), _b(False, False, True), _b(True, False, False))
+    records = tracker.finish(np.array([0, 2]), _b(False, False, True), _b(True, False, False), 0, 1.0, 10)
     assert [r.env_index for r in records] == [0, 2]
     assert records[0].episode_return == 2.5 and records[0].length == 3
     assert records[0].terminated is False and records[0].truncated is True
     assert records[1].episode_return == 5.0 and records[1].length == 3
     assert records[1].terminated is True and records[1].truncated is False
-    tracker.restart(np.array([0, 2]))
+    tracker.start(np.array([0, 2]))
     tracker.add_step(_f(1.0, 1.0, 1.0), {})
-    records = tracker.finish(np.array([0, 1, 2]), _b(True, True, True), _b(False, False, False))
+    records = tracker.finish(np.array([0, 1, 2]), _b(True, True, True), _b(False, False, False), 0, 1.0, 10)
     assert [(r.episode_return, r.length) for r in records] == [(1.0, 1), (11.0, 2), (1.0, 1)]
 
 
 def test_record_types_and_json() -> None:
     tracker = EpisodeTracker(1, success_threshold=None)
     tracker.add_step(_f(1.5), {})
-    (record,) = tracker.finish(np.array([0]), _b(True), _b(False))
+    (record,) = tracker.finish(np.array([0]), _b(True), _b(False), 0, 1.0, 10)
     assert type(record.env_index) is int and type(record.length) is int
-    assert type(record.episode_return) is float and type(record.success) is bool
+    assert type(record.episode_return) is float
+    assert record.success is None, "no threshold and no info['success']: the env has no success rule"
     assert record.to_json() == {
-        "env_index": 0, "return": 1.5, "length": 1, "success": False, "terminated": True, "truncated": False,
+        "env_index": 0, "return": 1.5, "length": 1, "success": None, "terminated": True, "truncated": False,
+        "process_id": 0, "seed": None, "wall_time_s": 1.0, "env_steps": 10,
     }
+
+
+def test_records_carry_the_process_time_steps_and_known_seeds() -> None:
+    tracker = EpisodeTracker(2, success_threshold=None)
+    tracker.start(np.array([0, 1]), [7, 7])
+    tracker.add_step(_f(1, 1), {"success": _b(True, False)})
+    first = tracker.finish(np.array([0, 1]), _b(True, True), _b(False, False), 3, 2.5, 40)
+    assert [(r.seed, r.success, r.process_id, r.wall_time_s, r.env_steps) for r in first] == [
+        (7, True, 3, 2.5, 40), (7, False, 3, 2.5, 40)]
+    tracker.start(np.array([0]))  # a later reset continues the env's generator: its seed is not known
+    tracker.add_step(_f(1, 1), {})
+    (later,) = tracker.finish(np.array([0]), _b(True, False), _b(False, False), 3, 3.0, 42)
+    assert later.seed is None and later.success is False, "info['success'] seen once: success is judged"
 
 
 def test_success_by_threshold_on_any_step() -> None:
@@ -57,7 +73,7 @@ def test_success_by_threshold_on_any_step() -> None:
     assert tracker.success.tolist() == [False, True, False]
     tracker.add_step(_f(2.0, 0.0, 0.0), {})
     assert tracker.success.tolist() == [True, True, False]
-    records = tracker.finish(np.array([0, 1, 2]), _b(True, True, True), _b(False, False, False))
+    records = tracker.finish(np.array([0, 1, 2]), _b(True, True, True), _b(False, False, False), 0, 1.0, 10)
     assert [r.success for r in records] == [True, True, False]
 
 
@@ -106,7 +122,7 @@ def test_episode_info_is_a_copy() -> None:
     tracker.add_step(_f(1, 1), {"success": _b(True, False)})
     done = _b(True, False)
     info = tracker.episode_info(np.array([0, 1]), done)
-    tracker.restart(np.array([0]))
+    tracker.start(np.array([0]))
     done[0] = False
     assert info["r"].tolist() == [1.0, 1.0]
     assert info["s"].tolist() == [True, False]
@@ -116,10 +132,10 @@ def test_episode_info_is_a_copy() -> None:
 def test_restart_clears_only_the_given_envs() -> None:
     tracker = EpisodeTracker(3, success_threshold=0.5)
     tracker.add_step(_f(1, 1, 1), {})
-    tracker.restart(np.array([0, 2]))
+    tracker.start(np.array([0, 2]))
     assert tracker.returns.tolist() == [0.0, 1.0, 0.0]
     assert tracker.lengths.tolist() == [0, 1, 0]
     assert tracker.success.tolist() == [False, True, False]
     tracker.add_step(_f(0, 0, 0), {})
-    (record,) = tracker.finish(np.array([0]), _b(True, False, False), _b(False, False, False))
+    (record,) = tracker.finish(np.array([0]), _b(True, False, False), _b(False, False, False), 0, 1.0, 10)
     assert (record.episode_return, record.length, record.success) == (0.0, 1, False)

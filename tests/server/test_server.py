@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import time
 
 import numpy as np
@@ -85,13 +86,13 @@ def test_zero_policy_integer_dtype_and_scalar_actions(server_factory):
     [
         [infer([0]), None, infer([0])],  # two infers without a feedback between them
         [feedback([0])],  # feedback before any infer
-        [infer([0]), None, feedback([1])],  # feedback for an env that holds no chunk
+        [infer([0]), None, feedback([0]), infer([1]), None, feedback([0])],  # a second feedback for one chunk
         [b"\xc1not msgpack"],
         [codec.packb({"message_type": "bogus"})],
         [codec.packb({"message_type": "infer", "data": {"images": {}}, "env_indices": np.arange(1),
                       "step_ids": np.zeros(1, np.int64)})],
     ],
-    ids=["double-infer", "feedback-first", "unknown-env", "garbage", "bad-type", "bad-obs"],
+    ids=["double-infer", "feedback-first", "repeated-feedback", "garbage", "bad-type", "bad-obs"],
 )
 def test_violations_close_with_resync(server_factory, frames, caplog):
     server = server_factory()
@@ -141,20 +142,109 @@ def test_episode_log_counts_only_masked_rows(server_factory):
     ws.send(feedback([0, 1, 2], info=info))
     ws.send(infer([0, 1, 2]))
     ws.recv(timeout=5)
-    assert server.log.episodes == 2 and server.log.return_sum == 4.0 and server.log.length_sum == 10
-    assert server.log.successes == 1
+    stats = server.log.stats
+    assert server.log.episodes == 2 and stats.return_sum == 4.0 and stats.length_sum == 10
+    assert stats.success_count == 1 and stats.success_judged == 2
     ws.close()
+
+
+def plugrl_client_feedback(ids, done):
+    """A feedback shaped exactly as PlugRL's own env client sends it: ``info["is_step_success"]`` on every
+    feedback; on a done step ``info["episode"]`` with ``l`` as int32 and a plain float ``mean_success_rate``."""
+    ids = np.asarray(ids, dtype=np.int64)
+    m = len(ids)
+    done = np.asarray(done, bool)
+    info = {"is_step_success": np.zeros(m, bool)}
+    if done.any():
+        info["episode"] = {"r": np.arange(1, m + 1, dtype=np.float32), "l": np.full(m, 7, np.int32),
+                           "s": done.copy(), "mask": done.copy(), "mean_success_rate": 0.5}
+    return codec.packb(messages.feedback_message(ids, np.zeros(m, np.int64), obs(m), np.ones(m, np.float32), done,
+                                                 np.zeros(m, bool), info))
+
+
+@pytest.mark.parametrize("m", [1, 3])
+def test_plugrl_client_feedback_shape_is_accepted_and_counted(server_factory, m, caplog):
+    """PlugRL's client against this server: no resync storm, every reported episode counted once."""
+    server = server_factory()
+    ws, _ = open_client(server)
+    ids = list(range(m))
+    rounds = 4
+    for r in range(rounds):
+        ws.send(codec.packb(messages.infer_message(obs(m), np.asarray(ids), np.zeros(m, np.int64))))  # no "reuse"
+        ws.recv(timeout=5)
+        done = [r % 2 == 1] * m  # a non-done feedback with info, then a done one
+        ws.send(plugrl_client_feedback(ids, done))
+    ws.send(infer(ids))  # still the same connection
+    assert ws.recv(timeout=5)
+    assert server.log.episodes == 2 * m
+    assert server.log.stats.length_sum == 2 * m * 7
+    assert not any("protocol violation" in r.getMessage() for r in caplog.records)
+    ws.close()
+
+
+def test_feedback_for_envs_without_step_state_is_ignored_with_one_warning(server_factory, caplog):
+    """PlugRL SPEC 7.6: feedback for an env that got no chunk on this connection has no transition to complete;
+    the server says so once per connection, ignores those rows, and keeps serving."""
+    server = server_factory()
+    ws, _ = open_client(server)
+    for _ in range(2):
+        ws.send(infer([0]))
+        ws.recv(timeout=5)
+        ws.send(feedback([0, 5], done=True))
+    ws.send(infer([0]))
+    assert ws.recv(timeout=5)
+    warnings = [r for r in caplog.records if "no step state" in r.getMessage()]
+    assert len(warnings) == 1 and "[5]" in warnings[0].getMessage()
+    assert server.log.episodes == 2, "only env 0's episodes count"
+    ws.close()
+
+
+def test_a_client_that_drops_the_socket_is_a_note_not_an_error(server_factory, caplog):
+    caplog.set_level(logging.INFO, logger="plugrl_env_client")
+    server = server_factory()
+    ws, _ = open_client(server)
+    ws.socket.close()  # no close frame
+    deadline = time.monotonic() + 5
+    while not any("without a close frame" in r.getMessage() for r in caplog.records):
+        assert time.monotonic() < deadline, [r.getMessage() for r in caplog.records]
+        time.sleep(0.01)
+    assert not any(r.levelname in ("WARNING", "ERROR") for r in caplog.records if "plugrl" in r.name)
 
 
 @pytest.mark.parametrize("info", [{"x": np.float32(1.0)}, {"x": np.zeros(3)}, {"nested": {"y": [1, 2]}}],
                          ids=["scalar", "wrong-rows", "list-leaf"])
 def test_info_that_cannot_be_split_per_env_is_a_violation(server_factory, info):
+    """For m > 1, a non-empty info with no array of leading dim m has nothing to split it by."""
     server = server_factory()
     ws, _ = open_client(server)
     ws.send(infer([0, 1]))
     ws.recv(timeout=5)
     ws.send(feedback([0, 1], info=info))
     assert close_of(ws) == (1001, messages.REASON_RESYNC)
+
+
+@pytest.mark.parametrize("info", [
+    {"non_str": {3: np.zeros(2)}},
+    {"episode": {"r": np.zeros(3, np.float32), "mask": np.ones(2, bool)}},
+], ids=["non-str-key", "episode-field-of-wrong-length"])
+def test_info_that_breaks_the_exchange_is_a_violation(server_factory, info):
+    server = server_factory()
+    ws, _ = open_client(server)
+    ws.send(infer([0, 1]))
+    ws.recv(timeout=5)
+    ws.send(feedback([0, 1], info=info))
+    assert close_of(ws) == (1001, messages.REASON_RESYNC)
+
+
+def test_values_that_are_not_m_shaped_pass_through(server_factory):
+    server = server_factory()
+    ws, _ = open_client(server)
+    ws.send(infer([0, 1]))
+    ws.recv(timeout=5)
+    ws.send(feedback([0, 1], info={"rows": np.zeros(2), "task": "pick", "scale": 0.5, "other": np.zeros(5)}))
+    ws.send(infer([0, 1]))
+    assert ws.recv(timeout=5)
+    ws.close()
 
 
 def test_shutdown_tells_clients_with_server_shutdown(server_factory):

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping, Sequence
-from typing import Any, ClassVar, Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 import gymnasium as gym
 import numpy as np
@@ -129,7 +129,7 @@ class BaseEnv(gym.vector.VectorEnv[Observation, np.ndarray, np.ndarray], Generic
     All randomness should come from ``self.np_random`` so that ``--runner.seed`` reproduces a run.
     """
 
-    metadata: ClassVar[dict[str, Any]] = {"autoreset_mode": AutoresetMode.DISABLED}
+    metadata: dict[str, Any] = {"autoreset_mode": AutoresetMode.DISABLED}
     config: ConfigT
 
     def __init__(
@@ -187,7 +187,7 @@ class BaseEnv(gym.vector.VectorEnv[Observation, np.ndarray, np.ndarray], Generic
 
 
     @property
-    def single_action_space(self) -> gym.Space:  # type: ignore[override]
+    def single_action_space(self) -> gym.Space:
         """The unbatched action space; setting it also defines the batched ``action_space``."""
         space = self.__dict__.get("_single_action_space")
         if space is None:
@@ -200,7 +200,7 @@ class BaseEnv(gym.vector.VectorEnv[Observation, np.ndarray, np.ndarray], Generic
         self.__dict__.pop("_action_space", None)
 
     @property
-    def action_space(self) -> gym.Space:  # type: ignore[override]
+    def action_space(self) -> gym.Space:
         """``single_action_space`` batched over ``num_envs`` (built once, on first use)."""
         space = self.__dict__.get("_action_space")
         if space is None:

@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import inspect
 import json
 import logging
 import os
 import sys
+import typing
 import warnings
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -23,6 +25,7 @@ from typing import Any, TypeVar
 import gymnasium as gym
 
 from plugrl_env_client.envs.base_env import BaseEnv, BaseEnvConfig
+from plugrl_env_client.envs.time_limit import EpisodeTimeLimit
 from plugrl_env_client.errors import ConfigError
 
 logger = logging.getLogger(__name__)
@@ -40,12 +43,57 @@ class EnvSpec:
     max_episode_steps: int | None = None
     best_reward_threshold_for_success: float | None = None
     kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)
+    config: type[BaseEnvConfig] | None = None
+    """The config class given as ``register_env(uid, config=...)``, if any."""
 
     @property
     def config_cls(self) -> type[BaseEnvConfig]:
-        """The config dataclass registered for this uid (``BaseEnvConfig`` when there is none)."""
-        entry = _CONFIGS.get(self.uid)
-        return entry[0] if entry is not None else BaseEnvConfig
+        """The env's config dataclass: ``register_env(config=...)``, else ``register_env_config(uid)``, else the
+        annotation of ``config`` in the env's ``__init__``, else ``BaseEnvConfig`` (no ``--env.*`` flags).
+
+        A config registered under another id that belongs to this env (it is this env's ``__init__`` annotation,
+        or its id is a near miss of this one) is an error naming both ids: otherwise the ``--env.*`` flags would
+        silently vanish.
+        """
+        registered = _CONFIGS.get(self.uid)
+        if self.config is not None:
+            if registered is not None and registered[0] is not self.config:
+                raise ConfigError(
+                    f"env {self.uid!r} names two config classes: register_env(config={self.config.__name__}) and "
+                    f"register_env_config({self.uid!r}) on {registered[0].__name__}; keep one"
+                )
+            return self.config
+        if registered is not None:
+            return registered[0]
+        annotated = _annotated_config(self.env_cls)
+        stray = [cuid for cuid, (cls, _) in _CONFIGS.items() if cuid not in _ENVS
+                 and (cls is annotated or difflib.get_close_matches(cuid.lower(), [self.uid.lower()], cutoff=0.8))]
+        if stray:
+            raise ConfigError(
+                f"register_env_config({stray[0]!r}) and register_env({self.uid!r}) name different ids; use the same "
+                f"id in both decorators (without it the env gets no --env.* flags)"
+            )
+        return annotated or BaseEnvConfig
+
+
+def _annotated_config(env_cls: type) -> type[BaseEnvConfig] | None:
+    """The config dataclass named by the annotation of ``config`` in ``env_cls.__init__``, if it is one."""
+    try:
+        hints = typing.get_type_hints(env_cls.__init__)  # type: ignore[misc]
+    except Exception:  # an annotation that does not resolve: nothing to infer
+        return None
+    hint = hints.get("config")
+    if isinstance(hint, type) and issubclass(hint, BaseEnvConfig) and dataclasses.is_dataclass(hint):
+        return hint
+    return None
+
+
+class UnknownEnvError(ConfigError):
+    """No env is registered under this id (the message lists close matches and the registered ids)."""
+
+    def __init__(self, uid: str, message: str) -> None:
+        super().__init__(message)
+        self.uid = uid
 
 
 _ENVS: dict[str, EnvSpec] = {}
@@ -92,13 +140,17 @@ def register_env(
     max_episode_steps: int | None = None,
     best_reward_threshold_for_success: float | None = None,
     override: bool = False,
+    config: type[BaseEnvConfig] | None = None,
     **kwargs: Any,
 ) -> Callable[[EnvT], EnvT]:
     """Class decorator registering a :class:`BaseEnv` subclass under ``uid``.
 
-    ``kwargs`` are passed to the env's constructor and written to ``client_config.json``; they must therefore be
-    JSON-serializable (pass a string key and look the object up inside the env otherwise).
+    ``config`` is the env's config dataclass (or use ``register_env_config(uid)`` on it, or annotate ``config`` in
+    ``__init__``). ``kwargs`` are passed to the env's constructor and written to ``client_config.json``; they must
+    therefore be JSON-serializable (pass a string key and look the object up inside the env otherwise).
     """
+    if config is not None:
+        _check_config_class(uid, config, "register_env(config=...)")
     try:
         json.dumps(kwargs)
     except (TypeError, ValueError) as exc:
@@ -112,7 +164,8 @@ def register_env(
             raise ConfigError(f"register_env({uid!r}) decorates {cls!r}, which is not a subclass of BaseEnv")
         old = _ENVS.get(uid)
         if _accept(uid, "env", cls.__module__, old.module if old else None, override):
-            _ENVS[uid] = EnvSpec(uid, cls, cls.__module__, max_episode_steps, best_reward_threshold_for_success, kwargs)
+            _ENVS[uid] = EnvSpec(uid, cls, cls.__module__, max_episode_steps, best_reward_threshold_for_success, kwargs,
+                                 config)
             _register_with_gymnasium(uid)
         return cls
 
@@ -123,18 +176,7 @@ def register_env_config(uid: str, override: bool = False) -> Callable[[EnvT], En
     """Class decorator registering the config dataclass of env ``uid``; every field needs a default."""
 
     def decorate(cls: EnvT) -> EnvT:
-        if not dataclasses.is_dataclass(cls):
-            raise ConfigError(f"register_env_config({uid!r}): {cls.__name__} must be a @dataclasses.dataclass")
-        missing = [
-            f.name
-            for f in dataclasses.fields(cls)
-            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING  # type: ignore[misc]
-        ]
-        if missing:
-            raise ConfigError(
-                f"register_env_config({uid!r}): {cls.__name__} cannot be built without arguments; give these "
-                f"fields a default: {', '.join(missing)}"
-            )
+        _check_config_class(uid, cls, f"register_env_config({uid!r})")
         old = _CONFIGS.get(uid)
         if _accept(uid, "env config", cls.__module__, old[1] if old else None, override):
             _CONFIGS[uid] = (cls, cls.__module__)
@@ -143,12 +185,55 @@ def register_env_config(uid: str, override: bool = False) -> Callable[[EnvT], En
     return decorate
 
 
+def _check_config_class(uid: str, cls: Any, where: str) -> None:
+    if not (isinstance(cls, type) and dataclasses.is_dataclass(cls)):
+        raise ConfigError(f"{where}: {getattr(cls, '__name__', cls)!r} must be a @dataclasses.dataclass")
+    missing = [f.name for f in dataclasses.fields(cls)
+               if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
+    if missing:
+        raise ConfigError(
+            f"{where}: {cls.__name__} cannot be built without arguments; give these fields a default: "
+            f"{', '.join(missing)}"
+        )
+
+
 def _register_with_gymnasium(uid: str) -> None:
-    def vector_entry_point(num_envs: int = 1, config: BaseEnvConfig | None = None, **kwargs: Any) -> BaseEnv:
-        return make_env(uid, num_envs=num_envs, config=config, **kwargs)
+    spec = _ENVS[uid]
+
+    def vector_entry_point(num_envs: int = 1, config: BaseEnvConfig | None = None,
+                           max_episode_steps: int | None = None, **kwargs: Any) -> gym.vector.VectorEnv:
+        env = make_env(uid, num_envs=num_envs, config=config, **kwargs)
+        # The runner applies the time limit itself; plain gymnasium code gets it from this wrapper (gymnasium's
+        # convention: max_episode_steps=-1 asks for none).
+        return EpisodeTimeLimit(env, max_episode_steps) if max_episode_steps and max_episode_steps > 0 else env
 
     gym.registry.pop(uid, None)
-    gym.register(id=uid, vector_entry_point=vector_entry_point)
+    gym.register(id=uid, vector_entry_point=vector_entry_point, max_episode_steps=spec.max_episode_steps)
+
+
+@dataclasses.dataclass(frozen=True)
+class RegistrySnapshot:
+    """The registry at one moment, to go back to (a module that failed halfway through registering)."""
+
+    envs: dict[str, EnvSpec]
+    configs: dict[str, tuple[type[BaseEnvConfig], str]]
+    gymnasium_ids: frozenset[str]
+
+
+def snapshot() -> RegistrySnapshot:
+    return RegistrySnapshot(dict(_ENVS), dict(_CONFIGS), frozenset(_ENVS))
+
+
+def restore(snap: RegistrySnapshot) -> None:
+    """Forget every registration made since ``snap`` (ours and the matching gymnasium ids)."""
+    for uid in set(_ENVS) - snap.gymnasium_ids:
+        gym.registry.pop(uid, None)
+    _ENVS.clear()
+    _ENVS.update(snap.envs)
+    _CONFIGS.clear()
+    _CONFIGS.update(snap.configs)
+    for uid in _ENVS:
+        _register_with_gymnasium(uid)
 
 
 def registered_ids() -> list[str]:
@@ -167,7 +252,7 @@ def get_spec(uid: str) -> EnvSpec:
     close = difflib.get_close_matches(uid.lower(), list(by_lower), n=3, cutoff=0.5)
     hint = f" Did you mean {', '.join(repr(by_lower[c]) for c in close)}?" if close else ""
     known = ", ".join(registered_ids()) or "(none)"
-    raise ConfigError(f"Unknown env id {uid!r}.{hint} Registered envs: {known}")
+    raise UnknownEnvError(uid, f"Unknown env id {uid!r}.{hint} Registered envs: {known}.")
 
 
 def make_env(
@@ -182,6 +267,26 @@ def make_env(
     spec = get_spec(uid)
     cfg = config if config is not None else spec.config_cls()
     ids = {} if process_id is None else {"process_id": process_id, "total_processes": total_processes}
-    env = spec.env_cls(cfg, num_envs=num_envs, **ids, **{**spec.kwargs, **kwargs})
+    arguments = {**ids, **spec.kwargs, **kwargs}
+    _check_signature(spec, arguments)
+    env = spec.env_cls(cfg, num_envs=num_envs, **arguments)
     env.spec = gym.registry.get(spec.uid)
     return env
+
+
+def _check_signature(spec: EnvSpec, arguments: dict[str, Any]) -> None:
+    """The env's ``__init__`` must take ``(config, num_envs=..., **kwargs)``; say so before a TypeError does."""
+    try:
+        signature = inspect.signature(spec.env_cls.__init__)
+    except (TypeError, ValueError):
+        return
+    try:
+        signature.bind(None, None, num_envs=1, **arguments)
+    except TypeError as exc:
+        raise ConfigError(
+            f"{spec.env_cls.__name__}.__init__{signature} cannot be called as __init__(config, num_envs=N"
+            f"{''.join(', ' + k + '=...' for k in arguments)}) ({exc}). Write "
+            "`def __init__(self, config: MyConfig, num_envs: int = 1, **kwargs)` and call "
+            "`super().__init__(config, num_envs=num_envs, **kwargs)`; the old worker_id / total_workers parameters "
+            "are now process_id / total_processes (passed with --runner.pass-proc-id)."
+        ) from None

@@ -44,6 +44,31 @@ class Counters(Protocol):
     def env_steps(self) -> int: ...
 
 
+class TerminalLine:
+    """The line a progress bar redraws in place. Anything else written to the terminal clears it first (under the
+    same lock), so a warning never lands on the bar's line; the bar comes back on its next tick."""
+
+    def __init__(self) -> None:
+        self.lock = threading.RLock()
+        self.width = 0  # characters of the bar now on screen (0: none)
+
+    def draw(self, stream: TextIO, text: str, final: bool = False) -> None:
+        with self.lock:
+            # pad to the last line's length: a shorter line must overwrite the old one's tail
+            stream.write("\r" + text.ljust(self.width) + ("\n" if final else ""))
+            self.width = 0 if final else len(text)
+            stream.flush()
+
+    def clear(self, stream: TextIO) -> None:
+        with self.lock:
+            if self.width:
+                stream.write("\r" + " " * self.width + "\r")
+                self.width = 0
+
+
+BAR_LINE = TerminalLine()
+
+
 class Progress:
     """Reads the shared budget counters from a thread and redraws every ``period`` seconds."""
 
@@ -54,7 +79,6 @@ class Progress:
         self.period = period if period is not None else (0.5 if self.tty else 10.0)
         self._ticker = Periodic(self.period, self._draw, name="plugrl-progress")
         self._start = time.perf_counter()
-        self._width = 0  # length of the last line drawn on a terminal
 
     def start(self) -> Progress:
         self._ticker.start()
@@ -77,18 +101,16 @@ class Progress:
 
     def _draw(self, final: bool = False) -> None:
         if self.tty:
-            text = self.line()
-            # pad to the last line's length: a shorter line must overwrite the old one's tail
-            self.stream.write("\r" + text.ljust(self._width) + ("\n" if final else ""))
-            self._width = len(text)
+            BAR_LINE.draw(self.stream, self.line(), final)
         elif not final:
             self.stream.write("progress: " + self.line() + "\n")
-        self.stream.flush()
+            self.stream.flush()
 
 
 def summary_table(summary: dict[str, Any]) -> str:
-    """A short human-readable table of an aggregated summary."""
+    """A short human-readable table of an aggregated summary (means over every episode of the run)."""
     timing = summary.get("timing", {})
+    every = summary.get("all_episodes", {})
 
     def fmt(value: Any, spec: str) -> str:
         return "n/a" if value is None else format(value, spec)
@@ -96,9 +118,9 @@ def summary_table(summary: dict[str, Any]) -> str:
     rows = [
         ("status", summary.get("status")),
         ("episodes", summary.get("completed_episodes")),
-        ("mean return", fmt(summary.get("mean_return"), ".4f")),
-        ("mean length", fmt(summary.get("mean_length"), ".1f")),
-        ("success rate", fmt(summary.get("mean_success_rate"), ".3f")),
+        ("mean return", fmt(every.get("mean_return"), ".4f")),
+        ("mean length", fmt(every.get("mean_length"), ".1f")),
+        ("success rate", fmt(every.get("mean_success_rate"), ".3f")),
         ("env steps", timing.get("env_steps")),
         ("env-steps/s", fmt(timing.get("effective_fps"), ",.0f")),
         ("infer calls", timing.get("infer_calls")),

@@ -10,13 +10,11 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import json
-import logging
+import math
 import os
 import secrets
 from pathlib import Path
 from typing import Any
-
-LOG_FORMAT = "%(asctime)s %(levelname)s [%(processName)s] %(name)s: %(message)s"
 
 
 def default_exp_name(uid: str, num_envs: int) -> str:
@@ -25,21 +23,35 @@ def default_exp_name(uid: str, num_envs: int) -> str:
 
 
 def write_json_atomic(path: Path, data: Any) -> None:
-    """Write ``data`` as JSON to ``path`` via a temp file in the same folder and a rename.
+    """Write ``data`` as strict JSON to ``path`` via a temp file in the same folder and a rename.
 
-    The temp file is created with mode 0o666 (less the umask), like any file ``open()`` makes.
+    Strict: a NaN or infinite float becomes ``null`` (JSON has neither, and many readers refuse them). The temp
+    file is created with mode 0o666 (less the umask), like any file ``open()`` makes.
     """
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
     try:
         with os.fdopen(fd, "w") as f:
-            json.dump(data, f, indent=2, default=_json_default)
+            json.dump(finite_json(data), f, indent=2, allow_nan=False)
             f.write("\n")
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+
+
+def finite_json(value: Any) -> Any:
+    """``value`` as plain JSON types, with every NaN or infinite float replaced by None."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, (str, int, bool)) or value is None:
+        return value
+    if isinstance(value, dict):
+        return {str(k): finite_json(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple, set, frozenset)):
+        return [finite_json(v) for v in value]
+    return finite_json(_json_default(value))
 
 
 def _json_default(value: Any) -> Any:
@@ -77,24 +89,3 @@ class RunDir:
         (self.root / "logs").mkdir(parents=True, exist_ok=True)
         (self.root / "rollout").mkdir(parents=True, exist_ok=True)
         return self
-
-
-def setup_logging(log_file: Path, console_level: int = logging.WARNING) -> None:
-    """Everything (DEBUG and up for this package) to the log file; warnings and errors to the console."""
-    log_file.parent.mkdir(parents=True, exist_ok=True)
-    root = logging.getLogger()
-    for handler in list(root.handlers):
-        if getattr(handler, "_plugrl", False):
-            root.removeHandler(handler)
-            handler.close()
-    file_handler = logging.FileHandler(log_file)
-    file_handler.setFormatter(logging.Formatter(LOG_FORMAT))
-    file_handler.setLevel(logging.DEBUG)
-    console = logging.StreamHandler()
-    console.setFormatter(logging.Formatter("%(levelname)s: %(message)s"))
-    console.setLevel(console_level)
-    for handler in (file_handler, console):
-        handler._plugrl = True  # type: ignore[attr-defined]
-        root.addHandler(handler)
-    root.setLevel(logging.INFO)
-    logging.getLogger("plugrl_env_client").setLevel(logging.DEBUG)

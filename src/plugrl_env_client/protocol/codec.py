@@ -34,8 +34,9 @@ def _encode(obj: Any) -> Any:
         # A C-contiguous plain ndarray is handed to msgpack as a buffer: one copy (into the frame) instead of two.
         # Subclasses go through tobytes(): some override ``.data`` (np.ma.MaskedArray) or ``tobytes`` (which is
         # what the reference convention sends).
+        data: memoryview | bytes
         if type(obj) is np.ndarray and obj.flags.c_contiguous and obj.ndim > 0 and obj.dtype.kind in _BUFFER_KINDS:
-            data = memoryview(obj)
+            data = memoryview(obj)  # type: ignore[arg-type]  # numpy arrays export the buffer protocol
         else:
             data = obj.tobytes()
         return {_ND: True, _DATA: data, _DTYPE: obj.dtype.str, _SHAPE: list(obj.shape)}

@@ -1,9 +1,15 @@
 """One client connection to a policy server.
 
 A :class:`Connection` is one WebSocket: it reads the metadata first, then offers ``infer`` and ``feedback``. When
-the server closes it, the call returns a :class:`Closed` value saying what the client should do (a closed
-connection is an ordinary event of a long run, not an exception). What cannot be recovered by reconnecting (a text
-frame, a message that breaks the protocol) raises :class:`ProtocolError`.
+the server closes it, the call raises :class:`ConnectionLost` carrying the close and what the client should do
+about it: a closed connection is an ordinary event of a long run, handled in one place by the caller (reconnect, or
+end the run). What cannot be recovered by reconnecting (a text frame, a message that breaks the protocol) raises
+:class:`ProtocolError`.
+
+``feedback`` has no reply, so whether the server got one is unknowable until the next exchange. A feedback that
+cannot be sent because the connection is already gone is therefore not an error of its own: the connection
+remembers the close and the next ``infer`` raises it, exactly as if the server had closed right after receiving
+the feedback. The caller's episodes continue either way.
 """
 
 from __future__ import annotations
@@ -20,7 +26,8 @@ from websockets.sync.client import ClientConnection
 
 from plugrl_env_client.errors import ProtocolError
 from plugrl_env_client.protocol import codec, messages
-from plugrl_env_client.protocol.messages import ActionReply, ServerMetadata
+from plugrl_env_client.protocol.messages import ActionReply, ObservationLike, ServerMetadata
+from plugrl_env_client.timing import Timing
 
 logger = logging.getLogger(__name__)
 
@@ -34,6 +41,8 @@ class CloseAction(enum.Enum):
 
 @dataclasses.dataclass(frozen=True)
 class Closed:
+    """A close as the client saw it: code (None without a close frame), reason, and what to do next."""
+
     action: CloseAction
     code: int | None
     reason: str
@@ -41,6 +50,14 @@ class Closed:
     def describe(self) -> str:
         code = "no close frame" if self.code is None else f"code {self.code}"
         return f"{code}, reason {self.reason!r}" if self.reason else code
+
+
+class ConnectionLost(Exception):
+    """The connection is closed (by the server, the network, or a local stop); ``close`` says what to do next."""
+
+    def __init__(self, close: Closed) -> None:
+        super().__init__(close.describe())
+        self.close = close
 
 
 def classify_close(code: int | None, reason: str, reconnect_on_stop: bool = False) -> Closed:
@@ -53,31 +70,21 @@ def classify_close(code: int | None, reason: str, reconnect_on_stop: bool = Fals
     return Closed(CloseAction.RECONNECT, code, reason)
 
 
-@dataclasses.dataclass
-class SessionStats:
-    infer_calls: int = 0
-    actions_received: int = 0
-    feedback_calls: int = 0
-    infer_wait_s: float = 0.0
-    pack_s: float = 0.0
-    bytes_sent: int = 0
-    bytes_received: int = 0
-    reconnects: int = 0
-
-
 class Connection:
-    """One WebSocket to a PlugRL server. Not thread-safe; one rollout loop drives it."""
+    """One WebSocket to a PlugRL server. Not thread-safe; one rollout loop drives it.
 
-    def __init__(self, ws: ClientConnection, stats: SessionStats, reconnect_on_stop: bool) -> None:
+    Counters and times go into ``timing`` (shared with the rollout that owns this connection).
+    """
+
+    def __init__(self, ws: ClientConnection, timing: Timing, reconnect_on_stop: bool) -> None:
         self._ws = ws
-        self._stats = stats
+        self._timing = timing
         self._reconnect_on_stop = reconnect_on_stop
+        self._lost: Closed | None = None  # set when a feedback found the connection gone
         self.metadata: ServerMetadata | None = None
 
-    def read_metadata(self) -> ServerMetadata | Closed:
+    def read_metadata(self) -> ServerMetadata:
         reply = self._recv()
-        if isinstance(reply, Closed):
-            return reply
         if messages.message_type(reply) != messages.METADATA:
             raise ProtocolError(
                 f"the server's first message must be 'metadata', got {messages.message_type(reply)!r}; "
@@ -86,51 +93,65 @@ class Connection:
         self.metadata = messages.parse_metadata(reply)
         return self.metadata
 
-    def infer(self, obs: dict[str, Any], env_indices: np.ndarray, step_ids: np.ndarray, reuse: np.ndarray | None = None) -> ActionReply | Closed:
-        """Send one infer and wait for its action chunk."""
-        closed = self._send(messages.infer_message(obs, env_indices, step_ids, reuse))
-        if closed is not None:
-            return closed
-        self._stats.infer_calls += 1
+    def infer(self, obs: ObservationLike, env_indices: np.ndarray, step_ids: np.ndarray,
+              reuse: np.ndarray | None = None) -> ActionReply:
+        """Send one infer and wait for its action chunk (raises :class:`ConnectionLost` when closed)."""
+        if self._lost is not None:
+            raise ConnectionLost(self._lost)
         start = time.perf_counter()
+        frame = self._pack(messages.infer_message(messages.wire_observation(obs), env_indices, step_ids, reuse))
+        sent = time.perf_counter()
+        self._timing.infer_obs_pack_s += sent - start
+        self._send(frame)
+        self._timing.infer_calls += 1
         reply = self._recv()
-        self._stats.infer_wait_s += time.perf_counter() - start
-        if isinstance(reply, Closed):
-            return reply
         action = messages.parse_action(reply, np.asarray(env_indices, dtype=np.int64))
-        self._stats.actions_received += 1
+        self._timing.infer_wait_s += time.perf_counter() - sent
+        self._timing.actions_received += 1
         return action
 
-    def feedback(self, **fields: Any) -> Closed | None:
-        """Send one feedback (no reply). Fields are those of :func:`messages.feedback_message`."""
-        closed = self._send(messages.feedback_message(**fields))
-        if closed is None:
-            self._stats.feedback_calls += 1
-        return closed
+    def feedback(self, env_indices: np.ndarray, step_ids: np.ndarray, obs: ObservationLike, rewards: np.ndarray,
+                 terminated: np.ndarray, truncated: np.ndarray, info: dict[str, Any]) -> None:
+        """Send one feedback (no reply). A connection found closed is reported by the next :meth:`infer`."""
+        if self._lost is not None:
+            return
+        start = time.perf_counter()
+        frame = self._pack(messages.feedback_message(
+            env_indices, step_ids, messages.wire_observation(obs), rewards, terminated, truncated, info))
+        try:
+            self._send(frame)
+        except ConnectionLost as lost:
+            self._lost = lost.close
+            return
+        finally:
+            self._timing.feedback_s += time.perf_counter() - start
+        self._timing.feedback_calls += 1
 
     def close(self) -> None:
         """Send a normal close (1000) and wait briefly for the server's answer."""
         self._ws.close(code=messages.CLOSE_NORMAL)
 
-    def _send(self, msg: dict[str, Any]) -> Closed | None:
+    def _pack(self, msg: dict[str, Any]) -> bytes:
         start = time.perf_counter()
         frame = codec.packb(msg)
-        self._stats.pack_s += time.perf_counter() - start
+        self._timing.pack_s += time.perf_counter() - start
+        return frame
+
+    def _send(self, frame: bytes) -> None:
         try:
             self._ws.send(frame)
         except ConnectionClosed as exc:
-            return self._closed(exc)
-        self._stats.bytes_sent += len(frame)
-        return None
+            raise ConnectionLost(self._closed(exc)) from None
+        self._timing.bytes_sent += len(frame)
 
     def _recv(self) -> Any:
         try:
             frame = self._ws.recv()
         except ConnectionClosed as exc:
-            return self._closed(exc)
+            raise ConnectionLost(self._closed(exc)) from None
         if isinstance(frame, str):
             raise ProtocolError(f"the server sent a text frame instead of a binary msgpack frame: {frame[:2000]!r}")
-        self._stats.bytes_received += len(frame)
+        self._timing.bytes_received += len(frame)
         return codec.unpackb(frame)
 
     def _closed(self, exc: ConnectionClosed) -> Closed:

@@ -75,9 +75,14 @@ class FeedbackMessage:
 class ObservationLike(Protocol):
     """What the wire needs of an observation batch (an env's ``Observation`` has it): the env batch leads."""
 
-    images: Mapping[str, np.ndarray]
-    states: Mapping[str, np.ndarray]
-    text: np.ndarray
+    @property
+    def images(self) -> Mapping[str, np.ndarray]: ...
+
+    @property
+    def states(self) -> Mapping[str, np.ndarray]: ...
+
+    @property
+    def text(self) -> np.ndarray: ...
 
 
 # ----------------------------------------------------------------------------------------------- builders

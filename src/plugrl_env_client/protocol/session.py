@@ -1,8 +1,11 @@
 """The rollout's handle on the server: the current connection, reopened with backoff when the server asks.
 
 A :class:`Session` connects (waiting, once said, for a server that is not up yet), hands ``infer`` and
-``feedback`` to the current :class:`~plugrl_env_client.protocol.connection.Connection`, reconnects with exponential
-backoff and jitter after a close that calls for it, and keeps the counters that end up in ``summary.json``.
+``feedback`` to the current :class:`~plugrl_env_client.protocol.connection.Connection`, and reconnects with
+exponential backoff and jitter after a close that calls for it. A close surfaces as
+:class:`~plugrl_env_client.protocol.connection.ConnectionLost` from ``open``, ``infer`` or ``reconnect``; the
+caller decides, in one place, whether to reconnect or end. Counters go into the caller's
+:class:`~plugrl_env_client.timing.Timing`.
 Handshake answers that no retry can fix (a 4xx status other than 408/429, a TLS certificate that does not verify,
 a malformed URL) are errors that say so.
 """
@@ -22,8 +25,9 @@ from websockets.exceptions import InvalidHandshake, InvalidStatus, InvalidURI
 from websockets.sync.client import ClientConnection, connect
 
 from plugrl_env_client.errors import ConfigError
-from plugrl_env_client.protocol.connection import CloseAction, Closed, Connection, SessionStats
-from plugrl_env_client.protocol.messages import ActionReply, ServerMetadata
+from plugrl_env_client.protocol.connection import CloseAction, Closed, Connection, ConnectionLost
+from plugrl_env_client.protocol.messages import ActionReply, ObservationLike, ServerMetadata
+from plugrl_env_client.timing import Timing
 
 logger = logging.getLogger(__name__)
 
@@ -47,9 +51,10 @@ class SessionConfig:
 class Session:
     """The rollout's handle on the server: the current :class:`Connection`, reopened with backoff when needed."""
 
-    def __init__(self, config: SessionConfig, should_stop: Callable[[], bool] = lambda: False) -> None:
+    def __init__(self, config: SessionConfig, should_stop: Callable[[], bool] = lambda: False,
+                 timing: Timing | None = None) -> None:
         self.config = config
-        self.stats = SessionStats()
+        self.timing = timing if timing is not None else Timing()
         self.connection: Connection | None = None
         self._should_stop = should_stop
         self._rng = random.Random()
@@ -63,33 +68,38 @@ class Session:
     def metadata(self) -> ServerMetadata | None:
         return self.connection.metadata if self.connection is not None else None
 
-    def infer(self, obs: dict[str, Any], env_indices: np.ndarray, step_ids: np.ndarray,
-              reuse: np.ndarray | None = None) -> ActionReply | Closed:
-        return self.connection.infer(obs, env_indices, step_ids, reuse)
+    def infer(self, obs: ObservationLike, env_indices: np.ndarray, step_ids: np.ndarray,
+              reuse: np.ndarray | None = None) -> ActionReply:
+        return self._current().infer(obs, env_indices, step_ids, reuse)
 
-    def feedback(self, **fields: Any) -> Closed | None:
-        return self.connection.feedback(**fields)
+    def feedback(self, env_indices: np.ndarray, step_ids: np.ndarray, obs: ObservationLike, rewards: np.ndarray,
+                 terminated: np.ndarray, truncated: np.ndarray, info: dict[str, Any]) -> None:
+        self._current().feedback(env_indices, step_ids, obs, rewards, terminated, truncated, info)
 
-    def open(self) -> ServerMetadata | Closed:
+    def _current(self) -> Connection:
+        if self.connection is None:
+            raise RuntimeError("the session has no connection: call open() first")
+        return self.connection
+
+    def open(self) -> ServerMetadata:
         """First connection: wait for the server (up to ``connect_timeout_s``, if set) and read its metadata."""
         return self._open(self.config.connect_timeout_s, "--connect-timeout")
 
-    def _open(self, timeout_s: float | None, flag: str) -> ServerMetadata | Closed:
+    def _open(self, timeout_s: float | None, flag: str) -> ServerMetadata:
         attempt, deadline = 0, None
         if timeout_s is not None:
             deadline = time.monotonic() + timeout_s
         while True:
             if self._should_stop():
-                return STOPPED_LOCALLY
+                raise ConnectionLost(STOPPED_LOCALLY)
             ws = self._try_connect(attempt)
             if ws is not None:
-                self.connection = Connection(ws, self.stats, self.config.reconnect_on_stop)
-                reply = self.connection.read_metadata()
-                self._actions_at_open = self.stats.actions_received
+                self.connection = Connection(ws, self.timing, self.config.reconnect_on_stop)
+                self._actions_at_open = self.timing.actions_received
                 self._opened_at = time.monotonic()
-                if isinstance(reply, ServerMetadata):
-                    logger.info("connected to %s; server metadata: %s", self.config.url, _short(reply.raw))
-                return reply
+                meta = self.connection.read_metadata()
+                logger.info("connected to %s; server metadata: %s", self.config.url, _short(meta.raw))
+                return meta
             if deadline is not None and time.monotonic() > deadline:
                 hint = ("start one with `plugrl-run-policy-server` or use `--local-policy random`"
                         if flag == "--connect-timeout" else "it went away and did not come back")
@@ -97,16 +107,16 @@ class Session:
             attempt += 1
             time.sleep(self._backoff(attempt))
 
-    def reconnect(self, closed: Closed) -> ServerMetadata | Closed:
+    def reconnect(self, closed: Closed) -> ServerMetadata:
         """Open a fresh connection after ``closed``; the caller has dropped every chunk in flight."""
         limit = self.config.max_reconnects
-        if limit is not None and self.stats.reconnects >= limit:
+        if limit is not None and self.timing.reconnects >= limit:
             raise ConfigError(f"the server closed the connection ({closed.describe()}) more than --max-reconnects={limit} times; giving up")
         # Back off further while reconnects keep failing before a single exchange (a server that resyncs at once).
-        progressed = (self.stats.actions_received > self._actions_at_open
+        progressed = (self.timing.actions_received > self._actions_at_open
                       and time.monotonic() - self._opened_at >= STEADY_CONNECTION_S)
         self._failed_reconnects = 1 if progressed else self._failed_reconnects + 1
-        self.stats.reconnects += 1
+        self.timing.reconnects += 1
         logger.warning("reconnecting to %s after close (%s)", self.config.url, closed.describe())
         self.close()
         time.sleep(self._backoff(self._failed_reconnects))

@@ -1,36 +1,15 @@
-"""Per-env episode accounting: return, length and success of each running episode, and finished-episode records.
+"""Per-env episode accounting: return, length and success of each running episode, until it becomes a record.
 
 Kept per env (not per batch) so statistics stay right when envs finish on different steps.
 """
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 import numpy as np
 
-
-@dataclasses.dataclass(frozen=True)
-class EpisodeRecord:
-    """One finished episode, as written to ``episodes.jsonl``."""
-
-    env_index: int
-    episode_return: float
-    length: int
-    success: bool
-    terminated: bool
-    truncated: bool
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "env_index": self.env_index,
-            "return": self.episode_return,
-            "length": self.length,
-            "success": self.success,
-            "terminated": self.terminated,
-            "truncated": self.truncated,
-        }
+from plugrl_env_client.outputs.results import EpisodeRecord
 
 
 class EpisodeTracker:
@@ -41,6 +20,17 @@ class EpisodeTracker:
         self.returns = np.zeros(num_envs, np.float64)
         self.lengths = np.zeros(num_envs, np.int64)
         self.success = np.zeros(num_envs, bool)
+        self.seeds: list[int | None] = [None] * num_envs
+        # Success is judged when the env has a rule: a registered threshold, or info["success"] seen on some step.
+        self.judges_success = success_threshold is not None
+
+    def start(self, env_ids: np.ndarray, seeds: list[int | None] | None = None) -> None:
+        """New episodes begin at ``env_ids`` (with the seeds they were reset with, when known)."""
+        self.returns[env_ids] = 0.0
+        self.lengths[env_ids] = 0
+        self.success[env_ids] = False
+        for k, env in enumerate(np.asarray(env_ids).tolist()):
+            self.seeds[env] = None if seeds is None else seeds[k]
 
     def add_step(self, rewards: np.ndarray, info: dict[str, Any]) -> None:
         """Account one env step of every env.
@@ -54,13 +44,25 @@ class EpisodeTracker:
             self.success |= rewards >= self.success_threshold
         reported = info.get("success")
         if isinstance(reported, np.ndarray) and reported.shape == self.success.shape:
+            self.judges_success = True
             self.success |= reported.astype(bool)
 
-    def finish(self, env_ids: np.ndarray, terminated: np.ndarray, truncated: np.ndarray) -> list[EpisodeRecord]:
-        """Records of the episodes that ended at ``env_ids`` (the caller resets the envs and :meth:`restart`s)."""
+    def finish(self, env_ids: np.ndarray, terminated: np.ndarray, truncated: np.ndarray, process_id: int,
+               wall_time_s: float, env_steps: int) -> list[EpisodeRecord]:
+        """Records of the episodes that ended at ``env_ids`` (the caller resets the envs and :meth:`start` s them)."""
         return [
-            EpisodeRecord(int(i), float(self.returns[i]), int(self.lengths[i]), bool(self.success[i]),
-                          bool(terminated[i]), bool(truncated[i]))
+            EpisodeRecord(
+                env_index=int(i),
+                episode_return=float(self.returns[i]),
+                length=int(self.lengths[i]),
+                success=bool(self.success[i]) if self.judges_success else None,
+                terminated=bool(terminated[i]),
+                truncated=bool(truncated[i]),
+                process_id=process_id,
+                seed=self.seeds[int(i)],
+                wall_time_s=wall_time_s,
+                env_steps=env_steps,
+            )
             for i in env_ids
         ]
 
@@ -72,8 +74,3 @@ class EpisodeTracker:
             "s": self.success[rows].copy(),
             "mask": done[rows].copy(),
         }
-
-    def restart(self, env_ids: np.ndarray) -> None:
-        self.returns[env_ids] = 0.0
-        self.lengths[env_ids] = 0
-        self.success[env_ids] = False

@@ -14,7 +14,15 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
-_state = {"defer_depth": 0, "pending": None}
+
+class _State:
+    """How deep inside held-signal blocks the main thread is, and the signal that arrived meanwhile."""
+
+    defer_depth = 0
+    pending: int | None = None
+
+
+_state = _State()
 
 
 class Interrupted(KeyboardInterrupt):
@@ -26,8 +34,8 @@ class Interrupted(KeyboardInterrupt):
 
 
 def _on_signal(signum: int, _frame: Any) -> None:
-    if _state["defer_depth"]:
-        _state["pending"] = signum
+    if _state.defer_depth:
+        _state.pending = signum
         return
     raise Interrupted(signum)
 
@@ -48,13 +56,13 @@ def interrupt_handlers() -> Iterator[None]:
 
 @contextlib.contextmanager
 def _holding_signals(raise_when_done: bool) -> Iterator[None]:
-    _state["defer_depth"] += 1
+    _state.defer_depth += 1
     try:
         yield
     finally:
-        _state["defer_depth"] -= 1  # from here a new signal raises at once
-        if _state["defer_depth"] == 0:
-            pending, _state["pending"] = _state["pending"], None
+        _state.defer_depth -= 1  # from here a new signal raises at once
+        if _state.defer_depth == 0:
+            pending, _state.pending = _state.pending, None
             if pending is not None and raise_when_done:
                 raise Interrupted(pending)
 

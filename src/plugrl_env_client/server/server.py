@@ -10,17 +10,17 @@ One thread per connection (websockets' sync server); episode counters are shared
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import threading
 import time
 from typing import Any
 
 import numpy as np
-from websockets.exceptions import ConnectionClosed
+from websockets.exceptions import ConnectionClosed, ConnectionClosedOK
 from websockets.sync.server import Server, ServerConnection, serve
 
 from plugrl_env_client.errors import ProtocolError
+from plugrl_env_client.outputs.results import EpisodeStats
 from plugrl_env_client.protocol import codec, messages
 from plugrl_env_client.server.policies import Policy
 from plugrl_env_client.version import __version__
@@ -30,33 +30,42 @@ logger = logging.getLogger(__name__)
 LOG_PERIOD_S = 5.0
 
 
-@dataclasses.dataclass
 class EpisodeLog:
-    """Running totals of the episodes clients reported."""
+    """Running totals of the episodes clients reported in ``info["episode"]`` (thread-safe)."""
 
-    episodes: int = 0
-    return_sum: float = 0.0
-    length_sum: int = 0
-    successes: int = 0
+    def __init__(self) -> None:
+        self.stats = EpisodeStats()
+        self._lock = threading.Lock()
+
+    @property
+    def episodes(self) -> int:
+        return self.stats.count
 
     def add(self, episode: Any) -> int:
-        """Count the finished rows of one ``info["episode"]`` map; returns how many there were."""
-        if not isinstance(episode, dict):
+        """Count the finished rows of one ``info["episode"]`` map (``l`` may be any integer type; extra keys such
+        as PlugRL's ``mean_success_rate`` are ignored); returns how many there were."""
+        if not isinstance(episode, dict) or "r" not in episode:
             return 0
-        mask = np.asarray(episode.get("mask", np.ones(len(np.atleast_1d(episode.get("r", []))), bool)), dtype=bool)
-        rows = int(mask.sum())
-        self.episodes += rows
-        self.return_sum += float(np.asarray(episode.get("r", np.zeros(mask.shape)), dtype=np.float64)[mask].sum())
-        self.length_sum += int(np.asarray(episode.get("l", np.zeros(mask.shape)), dtype=np.int64)[mask].sum())
-        self.successes += int(np.asarray(episode.get("s", np.zeros(mask.shape)), dtype=bool)[mask].sum())
-        return rows
+        returns = np.atleast_1d(np.asarray(episode["r"], dtype=np.float64))
+        mask = np.asarray(episode.get("mask", np.ones(returns.shape, bool)), dtype=bool).reshape(-1)
+        lengths = np.atleast_1d(np.asarray(episode.get("l", np.zeros(returns.shape)), dtype=np.int64))
+        success = episode.get("s")
+        judged = None if success is None else np.atleast_1d(np.asarray(success, dtype=bool))
+        rows = np.flatnonzero(mask)
+        with self._lock:
+            for i in rows:
+                self.stats.add(float(returns[i]), int(lengths[i]), None if judged is None else bool(judged[i]))
+        return int(rows.size)
 
     def line(self) -> str:
-        n = max(self.episodes, 1)
-        return (
-            f"episodes={self.episodes} mean_return={self.return_sum / n:.3f} "
-            f"mean_length={self.length_sum / n:.1f} success_rate={self.successes / n:.3f}"
-        )
+        with self._lock:
+            means = self.stats.all_episodes()
+
+        def fmt(value: float | None, spec: str) -> str:
+            return "n/a" if value is None else format(value, spec)
+
+        return (f"episodes={self.stats.count} mean_return={fmt(means['mean_return'], '.3f')} "
+                f"mean_length={fmt(means['mean_length'], '.1f')} success_rate={fmt(means['mean_success_rate'], '.3f')}")
 
 
 class _Violation(Exception):
@@ -125,8 +134,10 @@ class PolicyServer:
         except _Violation as exc:
             logger.warning("protocol violation by %s, closing with %s: %s", peer, messages.REASON_RESYNC, exc)
             ws.close(messages.CLOSE_GOING_AWAY, messages.REASON_RESYNC)
-        except ConnectionClosed:
+        except ConnectionClosedOK:
             logger.info("client disconnected: %s", peer)
+        except ConnectionClosed:  # not an error of ours or theirs; PlugRL SPEC 7.5 asks clients for a close frame
+            logger.info("client disconnected: %s (note: it dropped the socket without a close frame)", peer)
         except Exception:  # a bug in a policy or here: the client reconnects, the traceback is logged
             logger.exception("internal error while serving %s", peer)
             ws.close(messages.CLOSE_INTERNAL, messages.REASON_INTERNAL)
@@ -136,6 +147,8 @@ class PolicyServer:
 
     def _serve_connection(self, ws: ServerConnection) -> None:
         outstanding: set[int] = set()  # envs that received a chunk and owe us its feedback
+        seen: set[int] = set()  # envs that received a chunk on this connection: they have step state
+        warned_stateless = False
         held: dict[int, dict[str, Any]] = {}  # env -> its observation row from the last feedback (reuse)
         expect = messages.INFER
         while True:
@@ -155,17 +168,24 @@ class PolicyServer:
                 actions = self.policy.act(obs, len(request.env_indices))
                 ws.send(codec.packb(messages.action_message(request.env_indices, actions)))
                 outstanding.update(request.env_indices.tolist())
+                seen.update(request.env_indices.tolist())
                 expect = messages.FEEDBACK
             else:
                 feedback = _parse(messages.parse_feedback, msg)
-                if len(feedback.env_indices) > 1:  # one row needs no splitting (as the training server does it)
-                    _check_info(feedback.info, len(feedback.env_indices), "info")
-                unknown = set(feedback.env_indices.tolist()) - outstanding
-                if unknown:
-                    raise _Violation(f"feedback for envs {sorted(unknown)} that have no chunk on this connection")
-                outstanding.difference_update(feedback.env_indices.tolist())
-                _hold_rows(held, feedback)
-                if self._record(feedback.info.get("episode")):
+                _check_info(feedback.info, len(feedback.env_indices))
+                envs = feedback.env_indices.tolist()
+                stateless = [e for e in envs if e not in seen]
+                if stateless and not warned_stateless:  # PlugRL SPEC 7.6: say so (once per connection)
+                    warned_stateless = True
+                    logger.warning("feedback from %s for envs %s that have no step state on this connection (no "
+                                   "chunk was sent to them here): the connection was replaced mid-run; those rows "
+                                   "are ignored", ws.remote_address, stateless)
+                repeated = sorted(set(envs) - outstanding - set(stateless))
+                if repeated:
+                    raise _Violation(f"feedback for envs {repeated} whose chunk already got its feedback")
+                outstanding.difference_update(envs)
+                _hold_rows(held, feedback, skip=set(stateless))
+                if self._record(_episode_rows(feedback.info.get("episode"), envs, set(stateless))):
                     ws.close(messages.CLOSE_GOING_AWAY, messages.REASON_STOP)
                     return
                 expect = messages.INFER
@@ -193,8 +213,9 @@ class PolicyServer:
 
     def _record(self, episode: Any) -> bool:
         """Count reported episodes; True when the run is over."""
+        added = self.log.add(episode)
         with self._lock:
-            if self.log.add(episode) and time.monotonic() - self._last_log >= LOG_PERIOD_S:
+            if added and time.monotonic() - self._last_log >= LOG_PERIOD_S:
                 self._last_log = time.monotonic()
                 logger.info("%s", self.log.line())
             if self.max_episodes is not None and self.log.episodes >= self.max_episodes and not self.stopping.is_set():
@@ -204,16 +225,56 @@ class PolicyServer:
             return self.stopping.is_set()
 
 
-def _check_info(info: dict[str, Any], m: int, path: str) -> None:
-    """Info must split per env: str keys, and every leaf an array whose leading dim is the feedback's m."""
+EPISODE_FIELDS = ("r", "l", "s", "mask")
+
+
+def _check_info(info: dict[str, Any], m: int) -> None:
+    """What a server needs to split a feedback's info per env, as PlugRL's server splits it.
+
+    Arrays with leading dim ``m`` are sliced per env; any other value is passed through to every env unchanged
+    (PlugRL SPEC 5.4), e.g. the plain float ``mean_success_rate`` PlugRL's client puts in ``info["episode"]``.
+    What breaks the exchange is refused: a non-str key, an ``info["episode"]`` field (r, l, s, mask) that is an
+    array of another length than ``m``, and, for ``m > 1``, a non-empty info with no array of leading dim ``m``
+    anywhere (nothing says how to split it; PlugRL's server refuses it too).
+    """
+    _check_keys(info, "info")
+    episode = info.get("episode")
+    if isinstance(episode, dict):
+        for key in EPISODE_FIELDS:
+            value = episode.get(key)
+            if isinstance(value, np.ndarray) and (value.ndim == 0 or value.shape[0] != m):
+                raise _Violation(f"feedback info['episode'][{key!r}] has shape {list(value.shape)}; it needs one "
+                                 f"row per env of the feedback ({m})")
+    if m > 1 and info and not _has_rows(info, m):
+        raise _Violation(f"feedback info {_short(info)} cannot be split per env: for {m} envs it needs arrays with "
+                         f"leading dim {m}")
+
+
+def _check_keys(info: dict[str, Any], path: str) -> None:
     for key, value in info.items():
         if not isinstance(key, str):
             raise _Violation(f"feedback {path} has a non-str key {key!r}; use str keys only")
         if isinstance(value, dict):
-            _check_info(value, m, f"{path}[{key!r}]")
-        elif not (isinstance(value, np.ndarray) and value.ndim >= 1 and value.shape[0] == m):
-            got = f"shape {list(value.shape)}" if isinstance(value, np.ndarray) else type(value).__name__
-            raise _Violation(f"feedback {path}[{key!r}] must be an array with leading dim {m} (one row per env), got {got}")
+            _check_keys(value, f"{path}[{key!r}]")
+
+
+def _has_rows(info: dict[str, Any], m: int) -> bool:
+    return any(_has_rows(v, m) if isinstance(v, dict) else isinstance(v, np.ndarray) and v.ndim >= 1 and v.shape[0] == m
+               for v in info.values())
+
+
+def _short(value: Any, limit: int = 200) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def _episode_rows(episode: Any, envs: list[int], skip: set[int]) -> Any:
+    """``info["episode"]`` without the rows of ``skip`` envs (their transitions are ignored)."""
+    if not skip or not isinstance(episode, dict):
+        return episode
+    keep = np.array([e not in skip for e in envs])
+    return {k: (v[keep] if isinstance(v, np.ndarray) and v.ndim >= 1 and v.shape[0] == len(envs) else v)
+            for k, v in episode.items()}
 
 
 def _row(obs: dict[str, Any], i: int) -> dict[str, Any]:
@@ -237,9 +298,11 @@ def _stack_rows(rows: list[dict[str, Any]]) -> dict[str, Any]:
         raise _Violation(f"reused and sent observation rows do not fit together: {exc}") from None
 
 
-def _hold_rows(held: dict[int, dict[str, Any]], feedback: messages.FeedbackMessage) -> None:
+def _hold_rows(held: dict[int, dict[str, Any]], feedback: messages.FeedbackMessage, skip: set[int]) -> None:
     done = feedback.terminated | feedback.truncated
     for i, env in enumerate(feedback.env_indices.tolist()):
+        if env in skip:
+            continue
         if done[i]:
             held.pop(env, None)
         else:

@@ -1,0 +1,173 @@
+"""The local launcher: the rollout in this process, or one spawned process per ``--num-procs``.
+
+Spawned processes do not write the run folder's results themselves: they send finished episodes, timing snapshots
+and their final :class:`ProcessResult` home over a queue, and a thread here hands them to the run's
+:class:`RunWriter`. The queue is a ``SimpleQueue`` (a ``put`` is in the pipe when it returns, with no feeder thread
+that a killed process could take down with unsent items). A process that dies without a result is reported from
+its exit code; what it sent before stays counted.
+
+With several processes, a process that fails sets the shared stop flag: the others finish their current step,
+report, and exit.
+"""
+
+from __future__ import annotations
+
+import logging
+import pickle
+import signal
+import threading
+import time
+from collections.abc import Iterable
+from typing import Any
+
+from plugrl_env_client.envs.discovery import EnvSources
+from plugrl_env_client.launch.process import ProcessJob, run_process
+from plugrl_env_client.outputs.logs import forward_logging, handle_forwarded
+from plugrl_env_client.outputs.results import EpisodeRecord, ProcessResult, ProcessStatus
+from plugrl_env_client.outputs.run_writer import RunWriter
+from plugrl_env_client.rollout.budget import EpisodeBudget
+from plugrl_env_client.rollout.signals import Interrupted, deferred_interrupts, interrupt_handlers
+from plugrl_env_client.timing import Timing
+
+logger = logging.getLogger(__name__)
+
+HELD_SIGNALS = {signal.SIGINT, signal.SIGTERM}
+DRAIN_TIMEOUT_S = 30.0
+
+
+class QueueSink:
+    """A spawned process's way home: each report is one message on the launcher's queue."""
+
+    def __init__(self, queue: Any) -> None:
+        self._queue = queue
+
+    def episode(self, record: EpisodeRecord) -> None:
+        self._queue.put(("episode", record))
+
+    def progress(self, process_id: int, status: ProcessStatus, timing: Timing) -> None:
+        self._queue.put(("progress", process_id, status, timing))
+
+    def result(self, result: ProcessResult) -> None:
+        self._queue.put(("result", result))
+
+    def log(self, record: logging.LogRecord) -> None:
+        self._queue.put(("log", record))
+
+
+def deliver(message: tuple[Any, ...], writer: RunWriter) -> None:
+    """Hand one queued report to the writer."""
+    kind = message[0]
+    if kind == "episode":
+        writer.episode(message[1])
+    elif kind == "progress":
+        writer.progress(message[1], message[2], message[3])
+    elif kind == "result":
+        writer.result(message[1])
+    elif kind == "log":
+        handle_forwarded(message[1])
+
+
+def _child_main(job_bytes: bytes, budget: EpisodeBudget, env_lock: Any, queue: Any, sources: EnvSources) -> None:
+    """Entry point of a spawned process: it rebuilds logging and the env registry first.
+
+    The job arrives pickled, and is unpickled only once the env files are imported: its env config may be a class
+    from a user's env file, which exists in this process only after discovery.
+    """
+    with interrupt_handlers():
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, HELD_SIGNALS)  # held since the parent started us
+        sink = QueueSink(queue)
+        forward_logging(sink.log)
+        sources.load()
+        job: ProcessJob = pickle.loads(job_bytes)
+        result = run_process(job, budget, sink, env_lock)
+        sink.result(result)
+    if result.error is not None:
+        budget.stop.set()
+        raise SystemExit(1)
+    if result.signum is not None:
+        raise SystemExit(128 + result.signum)
+
+
+def launch(jobs: list[ProcessJob], budget: EpisodeBudget, ctx: Any, writer: RunWriter,
+           sources: EnvSources = EnvSources(), env: Any = None) -> None:
+    """Run ``jobs`` (in this process when there is one, with ``env`` if the caller built it); every report and
+    result lands in ``writer``. Raises :class:`Interrupted` when this process was interrupted."""
+    if len(jobs) == 1:
+        result = run_process(jobs[0], budget, writer, env=env)
+        writer.result(result)
+        if result.signum is not None:
+            raise Interrupted(result.signum)
+        return
+    queue = ctx.SimpleQueue()
+    drainer = threading.Thread(target=_drain, args=(queue, writer), name="plugrl-results", daemon=True)
+    drainer.start()
+    env_lock = ctx.Lock()
+    procs = {job.process_id: ctx.Process(target=_child_main, name=f"proc_{job.process_id:03d}",
+                                         args=(pickle.dumps(job), budget, env_lock, queue, sources))
+             for job in jobs}
+    interrupted: KeyboardInterrupt | None = None
+    try:
+        _start_with_signals_held(procs.values())
+        while any(p.is_alive() for p in procs.values()):
+            if any(p.exitcode not in (None, 0) for p in procs.values()):
+                budget.stop.set()
+            time.sleep(0.1)
+    except KeyboardInterrupt as exc:
+        interrupted = exc
+        budget.stop.set()  # children stop after their current step and report
+        for proc in procs.values():
+            proc.join(timeout=30)
+    finally:
+        queue.put(None)  # after every child's last message: the drainer stops here
+        drainer.join(timeout=DRAIN_TIMEOUT_S)
+    if interrupted is not None:
+        for pid in writer.unfinished():  # stopped before it could say so (e.g. while it was starting)
+            writer.result(ProcessResult(pid, ProcessStatus.INTERRUPTED))
+        raise interrupted
+    # Here this process was not interrupted: a child that ended by a signal was stopped from outside.
+    for pid, proc in procs.items():
+        if proc.exitcode not in (0, None):
+            writer.result(ProcessResult(pid, ProcessStatus.FAILED, _failure(proc.exitcode)))
+    for pid in writer.unfinished():
+        writer.result(ProcessResult(pid, ProcessStatus.FAILED, "ended without reporting how (see the log)"))
+
+
+def _drain(queue: Any, writer: RunWriter) -> None:
+    while True:
+        message = queue.get()
+        if message is None:
+            return
+        try:
+            deliver(message, writer)
+        except Exception:  # a report that cannot be written must not stop the others from being written
+            logger.exception("could not record a report from a rollout process")
+
+
+def _start_with_signals_held(procs: Iterable[Any]) -> None:
+    """Start children with SIGINT/SIGTERM blocked; each unblocks them once its handlers are installed.
+
+    A child inherits the signal mask, so a Ctrl-C while it is still starting waits for it instead of killing it with
+    a traceback before it can write any output. The parent unblocks right after the starts, and a signal that came
+    meanwhile is delivered to it then.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        for proc in procs:
+            proc.start()
+        return
+    # Deferred too: a signal that arrived just before the block is still run by Python's handler a little later,
+    # and must not interrupt a start() halfway (the child would read a truncated pipe).
+    with deferred_interrupts():
+        previous = signal.pthread_sigmask(signal.SIG_BLOCK, HELD_SIGNALS)
+        try:
+            for proc in procs:
+                proc.start()
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
+def _failure(exitcode: int | None) -> str:
+    if exitcode is not None and exitcode < 0:
+        return f"killed by signal {-exitcode}"
+    if exitcode is not None and exitcode > 128 and exitcode - 128 in (signal.SIGINT, signal.SIGTERM):
+        return f"stopped by {signal.Signals(exitcode - 128).name}"
+    return f"exited with code {exitcode}"

@@ -1,0 +1,115 @@
+"""One rollout process from its job: build the env and the session, run the rollout, report how it ended.
+
+Process p uses env indices 0..N-1 on its own connection and seeds its first reset with ``seed + p * num_envs``,
+so processes never share a seed when envs derive per-env seeds from it. Whatever happens, the process reports its
+final timing and a :class:`ProcessResult` (user errors become its message; bugs are logged with their traceback),
+and closes its env once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import os
+import signal
+from typing import Any
+
+from plugrl_env_client.config import ClientConfig
+from plugrl_env_client.envs.base_env import BaseEnv
+from plugrl_env_client.envs.registry import get_spec, make_env
+from plugrl_env_client.errors import EnvCrashedError, PlugRLError
+from plugrl_env_client.outputs.results import ProcessResult, ProcessStatus
+from plugrl_env_client.protocol.session import Session, SessionConfig
+from plugrl_env_client.rollout.budget import EpisodeBudget
+from plugrl_env_client.rollout.loop import LoopSettings, ResultSink, Rollout
+from plugrl_env_client.rollout.signals import shielded
+from plugrl_env_client.timing import Timing
+
+logger = logging.getLogger(__name__)
+
+PROGRESS_PERIOD_S = 2.0
+
+
+@dataclasses.dataclass
+class ProcessJob:
+    """Everything a rollout process needs to know (picklable: it crosses to spawned processes)."""
+
+    env_id: str
+    config: ClientConfig
+    process_id: int
+    url: str
+
+
+def process_seed(seed: int | None, process_id: int, num_envs: int) -> int | None:
+    return None if seed is None else seed + process_id * num_envs
+
+
+def build_env(job: ProcessJob, env_lock: Any = None) -> BaseEnv:
+    """The process's env batch; an exception in the env's constructor names the env and the call."""
+    cfg, spec = job.config, get_spec(job.env_id)
+    ids = {"process_id": job.process_id, "total_processes": cfg.num_procs} if cfg.runner.pass_proc_id else {}
+    with env_lock if (env_lock is not None and cfg.runner.use_env_lock) else contextlib.nullcontext():
+        try:
+            return make_env(spec.uid, num_envs=cfg.num_envs, config=cfg.env, **ids)
+        except PlugRLError:
+            raise
+        except Exception as exc:
+            raise EnvCrashedError(f"env {spec.uid} raised in __init__(): {type(exc).__name__}: {exc}") from exc
+
+
+def run_process(job: ProcessJob, budget: EpisodeBudget, sink: ResultSink, env_lock: Any = None,
+                env: BaseEnv | None = None) -> ProcessResult:
+    """Run one process's rollout to its end (with ``env`` when the caller built it already); never raises for
+    user errors or interrupts: they become the result."""
+    cfg, spec = job.config, get_spec(job.env_id)
+    timing = Timing()
+    status, error, signum = ProcessStatus.STARTING, None, None
+    try:
+        if env is None:
+            env = build_env(job, env_lock)
+        settings = LoopSettings(
+            env_id=spec.uid,
+            process_id=job.process_id,
+            seed=process_seed(cfg.runner.seed, job.process_id, cfg.num_envs),
+            max_episode_steps=spec.max_episode_steps if cfg.runner.max_episode_steps is None else cfg.runner.max_episode_steps,
+            replan_steps=cfg.runner.replan_steps,
+            success_threshold=spec.best_reward_threshold_for_success,
+            non_finite_actions=cfg.runner.non_finite_actions,
+            non_finite_rewards=cfg.runner.non_finite_rewards,
+            non_finite_observations=cfg.runner.non_finite_observations,
+            progress_period_s=PROGRESS_PERIOD_S,
+            reuse_feedback_obs=cfg.reuse_feedback_obs,
+        )
+        session = Session(SessionConfig(
+            url=job.url,
+            api_key=cfg.api_key or os.environ.get("PLUGRL_API_KEY") or None,
+            reconnect_on_stop=cfg.reconnect_on_server_stop,
+            max_reconnects=cfg.max_reconnects,
+            connect_timeout_s=cfg.connect_timeout,
+            reconnect_timeout_s=cfg.reconnect_timeout,
+        ), should_stop=budget.finished, timing=timing)
+        status = Rollout(env, session, settings, budget, sink, timing).run()
+    except PlugRLError as exc:
+        # The user sees the message (printed by the CLI); the traceback is for the log file only.
+        logger.debug("process %d failed: %s", job.process_id, exc, exc_info=True)
+        status, error = ProcessStatus.FAILED, str(exc)
+    except KeyboardInterrupt as exc:
+        logger.warning("process %d interrupted", job.process_id)
+        status, signum = ProcessStatus.INTERRUPTED, getattr(exc, "signum", signal.SIGINT)
+    except Exception as exc:  # a bug: keep the traceback in the log, the message for the user
+        logger.exception("process %d crashed", job.process_id)
+        status, error = ProcessStatus.FAILED, f"internal error {type(exc).__name__}: {exc}"
+    finally:
+        with shielded():  # a second Ctrl-C must not lose the final report
+            sink.progress(job.process_id, status, timing)
+            if env is not None:
+                _close(env, spec.uid)
+    return ProcessResult(job.process_id, status, error, signum)
+
+
+def _close(env: BaseEnv, uid: str) -> None:
+    try:
+        env.close()
+    except Exception:  # the run's results are already safe; a failing close is worth a log line only
+        logger.exception("env %s raised in close()", uid)

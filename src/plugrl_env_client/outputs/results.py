@@ -1,0 +1,190 @@
+"""The results model: a finished episode, running statistics over episodes, and how a process ended.
+
+One type each, shared by every producer and reader: the rollout makes :class:`EpisodeRecord` values, the recorder
+writes them to ``episodes.jsonl`` and reads them back for a process that died, and both the client's summaries and
+the reference server's episode log accumulate them in an :class:`EpisodeStats`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import json
+import math
+from collections import deque
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+DEFAULT_METRIC_WINDOW = 100
+
+
+@dataclasses.dataclass(frozen=True)
+class EpisodeRecord:
+    """One finished episode, as one line of ``episodes.jsonl``.
+
+    ``success`` is None when the env has no success rule (no ``best_reward_threshold_for_success`` and no
+    ``info["success"]``): such episodes are left out of success rates instead of counting as failures.
+    """
+
+    env_index: int
+    episode_return: float
+    length: int
+    success: bool | None
+    terminated: bool
+    truncated: bool
+    process_id: int = 0
+    seed: int | None = None
+    """The seed the episode started from, when known (an env's first episode, or a group's seeded episode)."""
+    wall_time_s: float | None = None
+    """Seconds since the process started collecting, when the episode ended."""
+    env_steps: int | None = None
+    """The process's env-step count when the episode ended (the x axis of a learning curve)."""
+    metrics: Mapping[str, float] = dataclasses.field(default_factory=dict)
+    """Per-episode aggregates of the env's ``info["metrics"]``."""
+    instruction: str | None = None
+    """The env's ``env_instruction`` for this episode, when it gave one."""
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "env_index": self.env_index,
+            "return": _finite(self.episode_return),
+            "length": self.length,
+            "success": self.success,
+            "terminated": self.terminated,
+            "truncated": self.truncated,
+            "process_id": self.process_id,
+            "seed": self.seed,
+            "wall_time_s": None if self.wall_time_s is None else round(self.wall_time_s, 6),
+            "env_steps": self.env_steps,
+        }
+        if self.metrics:
+            out["metrics"] = {k: _finite(v) for k, v in self.metrics.items()}
+        if self.instruction is not None:
+            out["instruction"] = self.instruction
+        return out
+
+    @classmethod
+    def from_json(cls, row: Mapping[str, Any]) -> EpisodeRecord:
+        """Read back a line of ``episodes.jsonl`` (older lines lack the later fields; they come back as None)."""
+        success = row.get("success")
+        return cls(
+            env_index=int(row["env_index"]),
+            episode_return=float(row["return"]) if row["return"] is not None else math.nan,
+            length=int(row["length"]),
+            success=None if success is None else bool(success),
+            terminated=bool(row.get("terminated", False)),
+            truncated=bool(row.get("truncated", False)),
+            process_id=int(row.get("process_id") or 0),
+            seed=row.get("seed"),
+            wall_time_s=row.get("wall_time_s"),
+            env_steps=row.get("env_steps"),
+            metrics={str(k): float(v) for k, v in (row.get("metrics") or {}).items() if v is not None},
+            instruction=row.get("instruction"),
+        )
+
+
+def read_episodes(path: Path) -> Iterator[EpisodeRecord]:
+    """The records of an ``episodes.jsonl``; a line a crash cut short (or any unreadable line) is skipped."""
+    if not path.exists():
+        return
+    with open(path) as f:
+        for line in f:
+            try:
+                yield EpisodeRecord.from_json(json.loads(line))
+            except (ValueError, KeyError, TypeError, AttributeError):
+                continue
+
+
+class EpisodeStats:
+    """Exact running totals over finished episodes, plus a window of the latest ``window`` of them.
+
+    Means are exact (sums, not running averages), so processes combine without rounding; a mean of nothing, or a
+    success rate over episodes that have no success rule, is None (written as JSON null).
+    """
+
+    def __init__(self, window: int = DEFAULT_METRIC_WINDOW) -> None:
+        self.window = max(int(window), 1)
+        self.count = 0
+        self.return_sum = 0.0
+        self.length_sum = 0
+        self.success_count = 0
+        self.success_judged = 0
+        self.metric_sums: dict[str, float] = {}
+        self.metric_counts: dict[str, int] = {}
+        self.recent: deque[tuple[float, int, bool | None]] = deque(maxlen=self.window)
+
+    def add(self, episode_return: float, length: int, success: bool | None,
+            metrics: Mapping[str, float] | None = None) -> None:
+        """Account one finished episode. Non-finite returns or metrics are left out of the sums (and counted as
+        such nowhere: the env checks stop them before they get here)."""
+        self.count += 1
+        if math.isfinite(episode_return):
+            self.return_sum += episode_return
+        self.length_sum += int(length)
+        if success is not None:
+            self.success_judged += 1
+            self.success_count += int(success)
+        for name, value in (metrics or {}).items():
+            if math.isfinite(value):
+                self.metric_sums[name] = self.metric_sums.get(name, 0.0) + value
+                self.metric_counts[name] = self.metric_counts.get(name, 0) + 1
+        self.recent.append((episode_return, int(length), success))
+
+    def add_record(self, record: EpisodeRecord) -> None:
+        self.add(record.episode_return, record.length, record.success, record.metrics)
+
+    def all_episodes(self) -> dict[str, Any]:
+        """Exact means over every episode, and the sums they come from."""
+        return {
+            "mean_return": _ratio(self.return_sum, self.count),
+            "mean_length": _ratio(self.length_sum, self.count),
+            "mean_success_rate": _ratio(self.success_count, self.success_judged),
+            "return_sum": _finite(self.return_sum),
+            "length_sum": self.length_sum,
+            "success_count": self.success_count,
+            "success_judged": self.success_judged,
+        }
+
+    def metric_means(self) -> dict[str, float | None]:
+        return {name: _ratio(self.metric_sums[name], self.metric_counts[name]) for name in sorted(self.metric_sums)}
+
+
+class ProcessStatus(str, enum.Enum):
+    """Where a rollout process is, or how it ended."""
+
+    STARTING = "starting"
+    RUNNING = "running"
+    FINISHED = "finished"  # the episode target was reached
+    STOPPED_BY_SERVER = "stopped by server"  # the server ended the run
+    INTERRUPTED = "interrupted"  # Ctrl-C / SIGTERM, or stopped because another process failed
+    FAILED = "failed"
+
+    @property
+    def ended(self) -> bool:
+        return self not in (ProcessStatus.STARTING, ProcessStatus.RUNNING)
+
+
+@dataclasses.dataclass(frozen=True)
+class ProcessResult:
+    """What a rollout process reports to the launcher when it ends."""
+
+    process_id: int
+    status: ProcessStatus
+    error: str | None = None
+    """The user-facing message of a failure (the traceback is in the log file)."""
+    signum: int | None = None
+    """The signal that interrupted the process, if one did."""
+
+
+def _ratio(total: float, count: int) -> float | None:
+    if count <= 0:
+        return None
+    value = total / count
+    return value if math.isfinite(value) else None
+
+
+def _finite(value: float) -> float | None:
+    """A float for JSON: never NaN or Infinity (None instead)."""
+    value = float(value)
+    return value if math.isfinite(value) else None

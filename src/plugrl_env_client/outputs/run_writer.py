@@ -1,0 +1,209 @@
+"""The one writer of a run folder's results: episodes, per-process summaries and the aggregate.
+
+Rollout processes do not write summaries themselves: they hand finished episodes and periodic timing snapshots to
+the process that started them (directly when it is the same process, over a queue otherwise, over Ray from other
+machines), and this writer turns them into files. So the per-process ``summary.json`` files and the aggregate
+``summary.json`` are always written together, from the same numbers; and a process that crashes loses nothing it
+already reported: its episodes are on disk and its statistics live here.
+
+Per-process summaries are a superset of PlugRL's client's (``exp_name``, ``process_id``, ``total_processes``,
+``completed_episodes``, ``total_episode_count``, ``metric_window`` as an int, and ``mean_return`` /
+``mean_success_rate`` over the latest ``metric_window`` episodes), plus exact means over every episode under
+``all_episodes`` and the run's timing.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import threading
+from collections.abc import Iterable
+from typing import IO, Any
+
+from plugrl_env_client.outputs.results import (
+    DEFAULT_METRIC_WINDOW,
+    EpisodeRecord,
+    EpisodeStats,
+    ProcessResult,
+    ProcessStatus,
+)
+from plugrl_env_client.outputs.run_dir import RunDir, write_json_atomic
+from plugrl_env_client.timing import Timing
+
+logger = logging.getLogger(__name__)
+
+
+class _ProcessState:
+    """What the writer knows about one rollout process."""
+
+    def __init__(self, run_dir: RunDir, process_id: int, window: int) -> None:
+        self.process_id = process_id
+        self.dir = run_dir.proc_dir(process_id)
+        self.stats = EpisodeStats(window)
+        self.timing = Timing()
+        self.status = ProcessStatus.STARTING
+        self.error: str | None = None
+        self._episodes: IO[str] | None = None
+
+    def append(self, line: str) -> None:
+        if self._episodes is None:
+            self.dir.mkdir(parents=True, exist_ok=True)
+            self._episodes = open(self.dir / "episodes.jsonl", "a", buffering=1)
+        self._episodes.write(line + "\n")
+        self._episodes.flush()
+
+    def close(self) -> None:
+        if self._episodes is not None:
+            self._episodes.close()
+            self._episodes = None
+
+
+class RunWriter:
+    """Collects what every process of a run reports and writes ``runs/<exp>/`` from it. Thread-safe."""
+
+    def __init__(self, run_dir: RunDir, exp_name: str, num_procs: int,
+                 metric_window: int = DEFAULT_METRIC_WINDOW) -> None:
+        self.run_dir = run_dir
+        self.exp_name = exp_name
+        self.num_procs = num_procs
+        self.metric_window = metric_window
+        self._lock = threading.Lock()
+        self._procs = {pid: _ProcessState(run_dir, pid, metric_window) for pid in range(num_procs)}
+        for state in self._procs.values():  # every process has its files from the start, episodes or not
+            state.dir.mkdir(parents=True, exist_ok=True)
+            (state.dir / "episodes.jsonl").touch()
+
+    # ------------------------------------------------------------------------------ what processes report
+
+    def episode(self, record: EpisodeRecord) -> None:
+        """One finished episode: a flushed line of its process's ``episodes.jsonl``, and into the statistics."""
+        line = json.dumps(record.to_json(), allow_nan=False)
+        with self._lock:
+            state = self._procs[record.process_id]
+            state.append(line)
+            state.stats.add_record(record)
+
+    def progress(self, process_id: int, status: ProcessStatus, timing: Timing) -> None:
+        """A process's latest timing, and its status while it runs (how it ended comes with :meth:`result`)."""
+        with self._lock:
+            state = self._procs[process_id]
+            state.timing = timing
+            if not status.ended and not state.status.ended:
+                state.status = status
+
+    def result(self, result: ProcessResult) -> None:
+        """How a process ended: its own report, or the launcher's reading of its exit. A failure already reported
+        with its reason stays (the launcher's "exited with code 1" says less than the process's own message)."""
+        with self._lock:
+            state = self._procs[result.process_id]
+            if state.status is ProcessStatus.FAILED and state.error:
+                return
+            state.status, state.error = result.status, result.error
+
+    # ------------------------------------------------------------------------------ files
+
+    @property
+    def completed_episodes(self) -> int:
+        with self._lock:
+            return sum(s.stats.count for s in self._procs.values())
+
+    def write_summaries(self) -> dict[str, Any]:
+        """Write every process's ``summary.json`` and the aggregate, from the same numbers; returns the aggregate."""
+        with self._lock:
+            per_process = [self._process_summary(s) for s in self._procs.values()]
+            for state, summary in zip(self._procs.values(), per_process):
+                write_json_atomic(state.dir / "summary.json", summary)
+            aggregate = self._aggregate(list(self._procs.values()))
+            write_json_atomic(self.run_dir.summary, aggregate)
+        return aggregate
+
+    def close(self) -> dict[str, Any]:
+        """Write the final summaries and close the episode files; returns the aggregate."""
+        summary = self.write_summaries()
+        with self._lock:
+            for state in self._procs.values():
+                state.close()
+        return summary
+
+    def unfinished(self) -> list[int]:
+        """Processes that have not reported how they ended."""
+        with self._lock:
+            return [pid for pid, s in self._procs.items() if not s.status.ended]
+
+    def failures(self) -> dict[int, str]:
+        with self._lock:
+            return {pid: s.error or "failed" for pid, s in self._procs.items() if s.status is ProcessStatus.FAILED}
+
+    # ------------------------------------------------------------------------------ summaries
+
+    def _process_summary(self, state: _ProcessState) -> dict[str, Any]:
+        return {
+            "exp_name": self.exp_name,
+            "process_id": state.process_id,
+            "total_processes": self.num_procs,
+            "status": state.status.value,
+            "error": state.error,
+            **_statistics(self.metric_window, [state.stats]),
+            "timing": state.timing.to_json(),
+        }
+
+    def _aggregate(self, states: list[_ProcessState]) -> dict[str, Any]:
+        statuses = {s.process_id: s.status for s in states}
+        failed = sorted(pid for pid, status in statuses.items() if status is ProcessStatus.FAILED)
+        return {
+            "exp_name": self.exp_name,
+            "total_processes": self.num_procs,
+            "status": ProcessStatus.FAILED.value if failed else _overall(statuses.values()),
+            "failed_processes": failed,
+            "process_status": {str(pid): status.value for pid, status in sorted(statuses.items())},
+            "errors": {str(s.process_id): s.error for s in states if s.error},
+            **_statistics(self.metric_window, [s.stats for s in states]),
+            "timing": Timing.total(s.timing for s in states).to_json(),
+        }
+
+
+def _statistics(window: int, parts: list[EpisodeStats]) -> dict[str, Any]:
+    """Episode statistics of one process (one part) or pooled over processes: exact sums, then means.
+
+    ``mean_return`` / ``mean_length`` / ``mean_success_rate`` are over the latest ``metric_window`` episodes of each
+    process (pooled for the aggregate), as PlugRL's client reports them; ``all_episodes`` holds the exact means over
+    every episode and the sums they come from; ``metrics`` the mean of each per-episode metric.
+    """
+    pooled = EpisodeStats(window)
+    recent: list[tuple[float, int, bool | None]] = []
+    for part in parts:
+        pooled.count += part.count
+        pooled.return_sum += part.return_sum
+        pooled.length_sum += part.length_sum
+        pooled.success_count += part.success_count
+        pooled.success_judged += part.success_judged
+        for name, value in part.metric_sums.items():
+            pooled.metric_sums[name] = pooled.metric_sums.get(name, 0.0) + value
+            pooled.metric_counts[name] = pooled.metric_counts.get(name, 0) + part.metric_counts[name]
+        recent.extend(part.recent)
+    judged = [s for _, _, s in recent if s is not None]
+    return {
+        "completed_episodes": pooled.count,
+        "total_episode_count": pooled.count,
+        "metric_window": window,
+        "window_episodes": len(recent),
+        "mean_return": _ratio(sum(r for r, _, _ in recent if math.isfinite(r)), len(recent)),
+        "mean_length": _ratio(sum(length for _, length, _ in recent), len(recent)),
+        "mean_success_rate": _ratio(sum(bool(s) for s in judged), len(judged)),
+        "all_episodes": pooled.all_episodes(),
+        "metrics": pooled.metric_means(),
+    }
+
+
+def _ratio(total: float, count: int) -> float | None:
+    return total / count if count > 0 else None
+
+
+def _overall(statuses: Iterable[ProcessStatus]) -> str:
+    values = set(statuses)
+    if len(values) == 1:
+        return values.pop().value
+    if values & {ProcessStatus.RUNNING, ProcessStatus.STARTING}:
+        return ProcessStatus.RUNNING.value
+    return "mixed"

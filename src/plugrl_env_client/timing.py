@@ -1,0 +1,87 @@
+"""Where a process's time and bytes went: one model for a process's summary and for the run's aggregate.
+
+The rollout counts env steps and times the env; the connection counts messages and bytes and times packing and
+waiting. Both write into the same :class:`Timing`, so a summary is one object serialised, and the aggregate over
+processes is :meth:`Timing.total` of theirs. The names follow PlugRL's client where we measure the same thing
+(``infer_wait_s``, ``infer_obs_pack_s``, ``env_step_s``, ``feedback_s``, their ``*_frac`` and ``effective_fps``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Iterable, Mapping
+from typing import Any, ClassVar
+
+
+@dataclasses.dataclass
+class Timing:
+    """Counters and seconds of one process (or, summed, of a run)."""
+
+    env_steps: int = 0
+    """Env steps taken (batch steps x envs in the batch)."""
+    batch_steps: int = 0
+    """Calls to ``env.step``."""
+    infer_calls: int = 0
+    actions_received: int = 0
+    feedback_calls: int = 0
+    reconnects: int = 0
+    bytes_sent: int = 0
+    bytes_received: int = 0
+    env_step_s: float = 0.0
+    """Inside ``env.step``."""
+    reset_s: float = 0.0
+    """Inside ``env.reset`` (the first reset and the resets of finished envs)."""
+    infer_obs_pack_s: float = 0.0
+    """Building and packing infer messages (the observation rows that need actions)."""
+    infer_wait_s: float = 0.0
+    """From sending an infer to holding its decoded action chunk: the round trip and the server's inference."""
+    feedback_s: float = 0.0
+    """Building, packing and sending feedback messages."""
+    pack_s: float = 0.0
+    """msgpack encoding alone, infers and feedbacks together (part of infer_obs_pack_s and feedback_s)."""
+    collect_time_s: float = 0.0
+    """Wall time of the collection, from the first connection attempt to the end."""
+
+    STAGES: ClassVar[tuple[str, ...]] = ("env_step", "reset", "infer_obs_pack", "infer_wait", "feedback")
+    """The parts of a collection cycle; their ``*_frac`` are shares of ``collect_time_s`` (the rest is bookkeeping)."""
+
+    @property
+    def effective_fps(self) -> float:
+        return self.env_steps / self.collect_time_s if self.collect_time_s > 0 else 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        """The counters, the seconds (rounded to microseconds), ``effective_fps`` and each stage's ``*_frac``."""
+        out: dict[str, Any] = {}
+        for field in dataclasses.fields(self):
+            value = getattr(self, field.name)
+            out[field.name] = round(value, 6) if isinstance(value, float) else value
+        out["effective_fps"] = round(self.effective_fps, 3)
+        for stage in self.STAGES:
+            share = getattr(self, f"{stage}_s") / self.collect_time_s if self.collect_time_s > 0 else 0.0
+            out[f"{stage}_frac"] = round(share, 6)
+        return out
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any] | None) -> Timing:
+        """Read back what :meth:`to_json` wrote (derived and unknown keys are ignored; missing ones are 0)."""
+        data = data or {}
+        values: dict[str, Any] = {}
+        for field in dataclasses.fields(cls):
+            raw = data.get(field.name)
+            if isinstance(raw, (int, float)) and not isinstance(raw, bool) and math.isfinite(raw):
+                values[field.name] = float(raw) if field.name.endswith("_s") else int(raw)
+        return cls(**values)
+
+    @classmethod
+    def total(cls, parts: Iterable[Timing]) -> Timing:
+        """A run's timing: counters and seconds summed over its processes; ``collect_time_s`` is the longest one
+        (processes run side by side), so ``effective_fps`` is the run's throughput."""
+        out = cls()
+        for part in parts:
+            for field in dataclasses.fields(cls):
+                if field.name == "collect_time_s":
+                    out.collect_time_s = max(out.collect_time_s, part.collect_time_s)
+                else:
+                    setattr(out, field.name, getattr(out, field.name) + getattr(part, field.name))
+        return out

@@ -1,0 +1,244 @@
+"""Finding envs: built-ins, --env-path files and folders, $PLUGRL_ENV_PATH, the one-off file:Id form, plugins
+installed into the venv, and env modules that fail to import."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from plugrl_env_client import cli
+from plugrl_env_client.envs import discovery
+from plugrl_env_client.envs.discovery import (
+    discover_envs,
+    env_files,
+    failed_sources_mentioning,
+    unknown_id_help,
+    user_module_name,
+)
+from plugrl_env_client.envs.registry import UnknownEnvError, get_spec, registered_ids
+from plugrl_env_client.errors import ConfigError
+
+ENV_TEMPLATE = '''
+import dataclasses
+import gymnasium as gym
+import numpy as np
+from plugrl_env_client.envs.base_env import BaseEnv, BaseEnvConfig, Observation
+from plugrl_env_client.utils.registration import register_env, register_env_config
+
+
+@register_env_config("{uid}")
+@dataclasses.dataclass
+class {name}Config(BaseEnvConfig):
+    speed: float = 0.5
+
+
+@register_env("{uid}", max_episode_steps=5)
+class {name}Env(BaseEnv[{name}Config]):
+    def __init__(self, config, num_envs=1, **kwargs):
+        super().__init__(config, num_envs=num_envs, **kwargs)
+        self.single_action_space = gym.spaces.Box(-1.0, 1.0, (1,), np.float32)
+        self.x = np.zeros((num_envs, 1))
+
+    def reset(self, *, seed=None, options=None):
+        self.seed_rngs(seed)
+        self.x[self.reset_mask(options)] = 0.0
+        return Observation(states={{"x": self.x.copy()}}), {{}}
+
+    def step(self, actions):
+        self.x += self.config.speed * np.asarray(actions)
+        n = self.num_envs
+        return Observation(states={{"x": self.x.copy()}}), np.ones(n, np.float32), np.zeros(n, bool), np.zeros(n, bool), {{}}
+'''
+
+
+def write_env(folder: Path, filename: str, uid: str, name: str, extra: str = "") -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / filename
+    path.write_text(ENV_TEMPLATE.format(uid=uid, name=name) + extra)
+    return path
+
+
+def run_cli(*args: str, cwd: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "plugrl_env_client", *args], cwd=cwd, capture_output=True,
+                          text=True, timeout=120, env={**os.environ, **(env or {})})
+
+
+def test_builtins_are_found(registry: None) -> None:
+    loaded = discover_envs()
+    assert {"plugrl_env_client.envs.point.point_env", "plugrl_env_client.envs.probe.probe_env"} <= set(loaded)
+    assert {"Point-v1", "Dummy-v1", "Probe-v1"} <= set(registered_ids())
+
+
+def test_env_path_file_and_folder_searched_recursively(registry: None, tmp_path: Path) -> None:
+    one = write_env(tmp_path / "a", "one_env.py", "OneDisc-v1", "One")
+    write_env(tmp_path / "b" / "deep", "two_env.py", "TwoDisc-v1", "Two")
+    (tmp_path / "b" / "helpers.py").write_text("raise RuntimeError('not an env module: never imported')\n")
+    assert env_files(tmp_path / "b") == [(tmp_path / "b" / "deep" / "two_env.py").resolve()]
+    loaded = discover_envs([str(one), str(tmp_path / "b")])
+    assert user_module_name(one.resolve()) in loaded
+    assert get_spec("OneDisc-v1").config_cls.__name__ == "OneConfig"
+    assert get_spec("twodisc-v1").uid == "TwoDisc-v1"
+
+
+def test_env_path_variable(registry: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    a = write_env(tmp_path, "var_a_env.py", "VarA-v1", "VarA")
+    b = write_env(tmp_path / "more", "var_b_env.py", "VarB-v1", "VarB")
+    monkeypatch.setenv("PLUGRL_ENV_PATH", os.pathsep.join([str(a), str(b.parent)]))
+    discover_envs()
+    assert {"VarA-v1", "VarB-v1"} <= set(registered_ids())
+
+
+def test_missing_env_path_is_a_clear_error(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"--env-path .*nowhere: no such file or folder"):
+        discover_envs([str(tmp_path / "nowhere")])
+    (tmp_path / "notes.txt").write_text("")
+    with pytest.raises(ConfigError, match="not a Python file"):
+        discover_envs([str(tmp_path / "notes.txt")])
+
+
+def test_a_broken_module_is_skipped_with_one_line_and_named_for_its_id(
+        registry: None, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    broken = write_env(tmp_path, "broken_env.py", "Broken-v1", "Broken", extra="\n1 / 0\n")
+    good = write_env(tmp_path, "fine_env.py", "Fine-v1", "Fine")
+    discover_envs([str(tmp_path)])
+    discover_envs([str(tmp_path)])  # a second discovery says nothing new
+    err = capsys.readouterr().err
+    assert err.count("Skip loading env module") == 1
+    assert f"Skip loading env module {broken.resolve()}: ZeroDivisionError: division by zero" in err
+    assert "Fine-v1" in registered_ids() and good.exists()
+    assert [why for _, why in failed_sources_mentioning("Broken-v1")] == ["ZeroDivisionError: division by zero"]
+    assert "Broken-v1" not in registered_ids(), "nothing half-registered by a module that failed"
+    message = unknown_id_help("Broken-v1")
+    assert "broken_env.py" in message and "ZeroDivisionError" in message and "--env-path" in message
+
+
+def test_unknown_id_lists_the_ways_to_add_envs() -> None:
+    with pytest.raises(UnknownEnvError) as info:
+        get_spec("NoSuchEnvAnywhere-v9")
+    assert info.value.uid == "NoSuchEnvAnywhere-v9"
+    with pytest.raises(ConfigError) as info:
+        cli.parse(["nosuchenvanywhere-v9"])
+    message = str(info.value)
+    for way in ("Unknown env id", "--env-path", "PLUGRL_ENV_PATH", "plugrl_env_client.envs", "my_env.py:"):
+        assert way in message, message
+
+
+def test_cli_runs_a_user_file_with_env_path_and_in_one_off_form(tmp_path: Path) -> None:
+    write_env(tmp_path / "envs", "walk_env.py", "Walk-v1", "Walk")
+    common = ["--num-episodes", "2", "--local-policy", "random", "--no-progress", "--output-dir", str(tmp_path)]
+    res = run_cli("walk-v1", "--env-path", "envs", "--exp-name", "a", "--env.speed", "0.1", *common, cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    config = json.loads((tmp_path / "a" / "client_config.json").read_text())
+    assert config["env"]["speed"] == 0.1 and config["env_path"] == ["envs"]
+    res = run_cli("envs/walk_env.py:Walk-v1", "--exp-name", "b", "--num-procs", "2", *common, cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    assert json.loads((tmp_path / "b" / "summary.json").read_text())["completed_episodes"] == 2
+
+
+def test_env_path_with_several_processes(tmp_path: Path) -> None:
+    """Spawned processes import the same files before they unpickle their job (its config class lives there)."""
+    write_env(tmp_path / "envs", "stroll_env.py", "Stroll-v1", "Stroll")
+    res = run_cli("stroll-v1", "--env-path", str(tmp_path / "envs"), "--num-procs", "2", "--num-episodes", "4",
+                  "--local-policy", "zero", "--no-progress", "--output-dir", str(tmp_path), "--exp-name", "x",
+                  cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    summary = json.loads((tmp_path / "x" / "summary.json").read_text())
+    assert summary["completed_episodes"] == 4 and summary["failed_processes"] == []
+
+
+def test_one_off_module_form(tmp_path: Path) -> None:
+    write_env(tmp_path / "mypkg", "hop_env.py", "Hop-v1", "Hop")
+    (tmp_path / "mypkg" / "__init__.py").write_text("")
+    res = run_cli("mypkg.hop_env:Hop-v1", "--num-episodes", "1", "--local-policy", "random", "--no-progress",
+                  "--output-dir", str(tmp_path), "--exp-name", "m", cwd=tmp_path,
+                  env={"PYTHONPATH": str(tmp_path)})
+    assert res.returncode == 0, res.stderr
+
+
+def test_the_cli_survives_a_broken_env_module(tmp_path: Path) -> None:
+    write_env(tmp_path, "bad_env.py", "Bad-v1", "Bad", extra="\n1 / 0\n")
+    res = run_cli("point-v1", "--env-path", str(tmp_path), "--num-episodes", "1", "--local-policy", "random",
+                  "--no-progress", "--output-dir", str(tmp_path), "--exp-name", "p", cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    assert "Skip loading env module" in res.stderr and "ZeroDivisionError: division by zero" in res.stderr
+    assert "Traceback" not in res.stderr
+
+
+def test_unknown_id_names_the_file_that_failed(tmp_path: Path) -> None:
+    write_env(tmp_path, "crashy_env.py", "Crashy-v1", "Crashy", extra="\nraise RuntimeError('no simulator')\n")
+    res = run_cli("crashy-v1", "--env-path", str(tmp_path), "--local-policy", "random", cwd=tmp_path)
+    assert res.returncode == 1
+    assert "crashy_env.py" in res.stderr and "RuntimeError: no simulator" in res.stderr, res.stderr
+    assert "Traceback" not in res.stderr
+
+
+def test_a_file_run_directly_names_itself_in_help(tmp_path: Path) -> None:
+    path = write_env(tmp_path, "jog_env.py", "Jog-v1", "Jog",
+                     extra='\nif __name__ == "__main__":\n    from plugrl_env_client.cli import main\n    main()\n')
+    res = subprocess.run([sys.executable, str(path), "jog-v1", "--help"], cwd=tmp_path, capture_output=True,
+                         text=True, timeout=60)
+    assert res.returncode == 0, res.stderr
+    assert "python jog_env.py jog-v1" in " ".join(res.stdout.split())
+
+
+# --------------------------------------------------------------------------------------------------- plugins
+
+PLUGIN_PYPROJECT = """
+[build-system]
+requires = ["setuptools>=61"]
+build-backend = "setuptools.build_meta"
+
+[project]
+name = "plugrl-lineplug-test"
+version = "0.1.0"
+
+[project.entry-points."plugrl_env_client.envs"]
+line = "lineplug.line_env"
+
+[tool.setuptools]
+packages = ["lineplug"]
+"""
+
+
+@pytest.fixture
+def installed_plugin(tmp_path_factory: pytest.TempPathFactory):
+    """A small plugin package, pip-installed into this venv for the test and uninstalled after."""
+    root = tmp_path_factory.mktemp("plugin")
+    (root / "pyproject.toml").write_text(textwrap.dedent(PLUGIN_PYPROJECT))
+    write_env(root / "lineplug", "line_env.py", "Line-v1", "Line")
+    (root / "lineplug" / "__init__.py").write_text("")
+    pip = [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--disable-pip-version-check"]
+    subprocess.run([*pip, str(root)], check=True, capture_output=True, timeout=300)
+    try:
+        yield root
+    finally:
+        subprocess.run([sys.executable, "-m", "pip", "uninstall", "--yes", "--quiet", "plugrl-lineplug-test"],
+                       capture_output=True, timeout=300)
+
+
+def test_an_installed_plugin_registers_its_envs(installed_plugin: Path, tmp_path: Path) -> None:
+    res = run_cli("line-v1", "--num-episodes", "2", "--local-policy", "random", "--no-progress",
+                  "--output-dir", str(tmp_path), "--exp-name", "plug", cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    config = json.loads((tmp_path / "plug" / "client_config.json").read_text())
+    assert config["env_id"] == "Line-v1"
+    listing = run_cli("--help", cwd=tmp_path)
+    assert "line-v1" in listing.stdout
+
+
+def test_plugin_entry_points_are_read_from_the_group(monkeypatch: pytest.MonkeyPatch,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    class EntryPoint:
+        def __init__(self, name: str, value: str) -> None:
+            self.name, self.value = name, value
+
+    monkeypatch.setattr(discovery, "_plugin_entry_points",
+                        lambda: [EntryPoint("missing", "plugrl_no_such_plugin_module_xyz")])
+    discover_envs()
+    assert "Skip loading env module plugrl_no_such_plugin_module_xyz (plugin 'missing')" in capsys.readouterr().err

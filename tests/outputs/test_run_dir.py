@@ -1,0 +1,75 @@
+"""Run folder layout, default names, and the atomic, strict JSON writes every output goes through."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from plugrl_env_client.outputs.run_dir import RunDir, default_exp_name, write_json_atomic
+
+
+def test_write_json_atomic_replaces_content_and_leaves_no_temp_files(tmp_path: Path) -> None:
+    target = tmp_path / "sub" / "summary.json"
+    write_json_atomic(target, {"a": 1, "b": [1, 2]})
+    assert json.loads(target.read_text()) == {"a": 1, "b": [1, 2]}
+    write_json_atomic(target, {"c": np.float32(0.5), "d": np.int64(3), "e": np.bool_(True)})
+    assert json.loads(target.read_text()) == {"c": 0.5, "d": 3, "e": True}
+    assert sorted(p.name for p in target.parent.iterdir()) == ["summary.json"]
+
+
+def test_write_json_atomic_keeps_the_old_file_when_encoding_fails(tmp_path: Path) -> None:
+    target = tmp_path / "summary.json"
+    write_json_atomic(target, {"ok": True})
+
+    class Boom:
+        def __repr__(self) -> str:
+            raise RuntimeError("cannot encode")
+
+    with pytest.raises(RuntimeError, match="cannot encode"):
+        write_json_atomic(target, {"bad": Boom()})
+    assert json.loads(target.read_text()) == {"ok": True}
+    assert [p.name for p in tmp_path.iterdir()] == ["summary.json"]
+
+
+def test_write_json_atomic_encodes_arrays_as_lists(tmp_path: Path) -> None:
+    target = tmp_path / "config.json"
+    write_json_atomic(target, {"one": np.array([5]), "grid": np.arange(4).reshape(2, 2), "s": {3}})
+    assert json.loads(target.read_text()) == {"one": [5], "grid": [[0, 1], [2, 3]], "s": [3]}
+
+
+def test_write_json_atomic_files_follow_the_umask(tmp_path: Path) -> None:
+    old = os.umask(0o022)
+    try:
+        write_json_atomic(tmp_path / "summary.json", {})
+    finally:
+        os.umask(old)
+    assert (tmp_path / "summary.json").stat().st_mode & 0o777 == 0o644
+
+
+def test_default_exp_name_format() -> None:
+    name = default_exp_name("Point-V1", 8)
+    assert re.fullmatch(r"point-v1-nenv8-\d{8}-\d{6}-[0-9a-f]{8}", name), name
+    assert default_exp_name("Point-V1", 8) != name  # random suffix
+
+
+def test_run_dir_layout(tmp_path: Path) -> None:
+    run = RunDir(tmp_path / "exp").create()
+    assert (tmp_path / "exp" / "logs").is_dir() and (tmp_path / "exp" / "rollout").is_dir()
+    assert run.proc_dir(7) == tmp_path / "exp" / "rollout" / "proc_007"
+    assert run.summary == tmp_path / "exp" / "summary.json"
+    assert run.client_config == tmp_path / "exp" / "client_config.json"
+    assert run.log_file == tmp_path / "exp" / "logs" / "client.log"
+
+
+def test_write_json_atomic_never_writes_nan_or_infinity(tmp_path: Path) -> None:
+    target = tmp_path / "summary.json"
+    write_json_atomic(target, {"a": math.nan, "b": [1.0, math.inf, -math.inf], "c": {"d": np.float32("nan")}, "e": 2.5})
+    text = target.read_text()
+    assert "NaN" not in text and "Infinity" not in text
+    assert json.loads(text) == {"a": None, "b": [1.0, None, None], "c": {"d": None}, "e": 2.5}

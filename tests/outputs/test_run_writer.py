@@ -1,0 +1,149 @@
+"""RunWriter: the one writer of a run's episodes and summaries, fed by what processes report."""
+
+from __future__ import annotations
+
+import json
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from plugrl_env_client.outputs.results import EpisodeRecord, ProcessResult, ProcessStatus
+from plugrl_env_client.outputs.run_dir import RunDir
+from plugrl_env_client.outputs.run_writer import RunWriter
+from plugrl_env_client.timing import Timing
+
+
+def _rec(pid: int, ret: float, length: int, success: bool | None) -> EpisodeRecord:
+    return EpisodeRecord(0, ret, length, success, terminated=True, truncated=False, process_id=pid)
+
+
+def _writer(tmp_path: Path, procs: int = 1, window: int = 100) -> RunWriter:
+    return RunWriter(RunDir(tmp_path / "run").create(), "run", procs, metric_window=window)
+
+
+def _read(tmp_path: Path, pid: int | None = None) -> dict:
+    rel = "summary.json" if pid is None else f"rollout/proc_{pid:03d}/summary.json"
+    return json.loads((tmp_path / "run" / rel).read_text())
+
+
+def test_each_episode_is_one_flushed_line_before_any_summary(tmp_path: Path) -> None:
+    writer = _writer(tmp_path)
+    writer.episode(_rec(0, 2.5, 7, True))
+    lines = (tmp_path / "run/rollout/proc_000/episodes.jsonl").read_text().splitlines()
+    assert len(lines) == 1 and json.loads(lines[0])["return"] == 2.5
+    writer.episode(_rec(0, -1.0, 3, False))
+    assert len((tmp_path / "run/rollout/proc_000/episodes.jsonl").read_text().splitlines()) == 2
+    writer.close()
+
+
+def test_process_summary_is_a_superset_of_plugrls(tmp_path: Path) -> None:
+    writer = _writer(tmp_path, procs=2)
+    for r in [_rec(1, 1.0, 2, True), _rec(1, 2.0, 4, False), _rec(1, 6.0, 9, True)]:
+        writer.episode(r)
+    writer.progress(1, ProcessStatus.RUNNING, Timing(env_steps=15, collect_time_s=1.5))
+    writer.result(ProcessResult(1, ProcessStatus.FINISHED))
+    writer.close()
+    s = _read(tmp_path, 1)
+    assert (s["exp_name"], s["process_id"], s["total_processes"]) == ("run", 1, 2)
+    assert s["completed_episodes"] == s["total_episode_count"] == 3
+    assert s["metric_window"] == 100 and isinstance(s["metric_window"], int)
+    assert s["mean_return"] == pytest.approx(3.0) and s["mean_success_rate"] == pytest.approx(2 / 3)
+    assert s["all_episodes"]["mean_length"] == pytest.approx(5.0)
+    assert s["status"] == "finished" and s["error"] is None
+    assert s["timing"]["env_steps"] == 15 and s["timing"]["effective_fps"] == pytest.approx(10.0)
+    assert _read(tmp_path, 0)["completed_episodes"] == 0 and _read(tmp_path, 0)["mean_return"] is None
+
+
+def test_window_means_are_over_the_latest_episodes_and_all_episodes_are_exact(tmp_path: Path) -> None:
+    writer = _writer(tmp_path, window=10)
+    for i in range(30):
+        writer.episode(_rec(0, float(i), i + 1, i % 2 == 0))
+    writer.close()
+    s = _read(tmp_path, 0)
+    assert s["window_episodes"] == 10
+    assert s["mean_return"] == pytest.approx(np.mean(range(20, 30)))
+    assert s["all_episodes"]["mean_return"] == pytest.approx(np.mean(range(30)))
+
+
+def test_aggregate_is_exact_across_processes_and_written_with_them(tmp_path: Path) -> None:
+    rng = np.random.default_rng(1)
+    writer = _writer(tmp_path, procs=3)
+    records = []
+    for pid, count in enumerate([1, 7, 30]):
+        for _ in range(count):
+            r = _rec(pid, float(rng.normal(0, 10)), int(rng.integers(1, 100)), bool(rng.random() < 0.3))
+            writer.episode(r)
+            records.append(r)
+        writer.progress(pid, ProcessStatus.RUNNING, Timing(env_steps=100 * (pid + 1), collect_time_s=1.0 + pid))
+    total = writer.write_summaries()
+    assert total == _read(tmp_path)
+    assert total["completed_episodes"] == 38 == sum(_read(tmp_path, p)["completed_episodes"] for p in range(3))
+    every = total["all_episodes"]
+    assert every["mean_return"] == pytest.approx(np.mean([r.episode_return for r in records]), rel=1e-12)
+    assert every["mean_success_rate"] == pytest.approx(np.mean([r.success for r in records]), rel=1e-12)
+    assert total["timing"]["env_steps"] == 600 and total["timing"]["collect_time_s"] == pytest.approx(3.0)
+    assert total["status"] == "running" and total["total_processes"] == 3
+    writer.close()
+
+
+def test_failures_keep_the_first_reason_and_episodes_before_them(tmp_path: Path) -> None:
+    writer = _writer(tmp_path, procs=3)
+    writer.episode(_rec(2, 6.0, 2, True))
+    writer.result(ProcessResult(0, ProcessStatus.FINISHED))
+    writer.result(ProcessResult(2, ProcessStatus.FAILED, "EnvCrashedError: boom"))
+    writer.result(ProcessResult(2, ProcessStatus.FAILED, "exited with code 1"))  # the launcher's later reading
+    writer.result(ProcessResult(1, ProcessStatus.FAILED, "killed by signal 9"))
+    total = writer.close()
+    assert total["status"] == "failed" and total["failed_processes"] == [1, 2]
+    assert total["process_status"] == {"0": "finished", "1": "failed", "2": "failed"}
+    assert total["errors"] == {"1": "killed by signal 9", "2": "EnvCrashedError: boom"}
+    assert total["completed_episodes"] == 1
+    assert writer.failures() == {1: "killed by signal 9", 2: "EnvCrashedError: boom"}
+
+
+def test_a_process_stopped_from_outside_becomes_a_failure(tmp_path: Path) -> None:
+    writer = _writer(tmp_path)
+    writer.result(ProcessResult(0, ProcessStatus.INTERRUPTED, signum=15))
+    writer.result(ProcessResult(0, ProcessStatus.FAILED, "stopped by SIGTERM"))
+    assert writer.close()["errors"] == {"0": "stopped by SIGTERM"}
+
+
+def test_mixed_and_uniform_end_statuses(tmp_path: Path) -> None:
+    writer = _writer(tmp_path, procs=2)
+    writer.result(ProcessResult(0, ProcessStatus.FINISHED))
+    writer.result(ProcessResult(1, ProcessStatus.STOPPED_BY_SERVER))
+    assert writer.close()["status"] == "mixed"
+    other = RunWriter(RunDir(tmp_path / "b").create(), "b", 2)
+    for pid in (0, 1):
+        other.result(ProcessResult(pid, ProcessStatus.INTERRUPTED))
+    assert other.close()["status"] == "interrupted"
+
+
+def test_progress_after_the_end_does_not_reopen_a_process(tmp_path: Path) -> None:
+    writer = _writer(tmp_path)
+    writer.result(ProcessResult(0, ProcessStatus.FINISHED))
+    writer.progress(0, ProcessStatus.RUNNING, Timing(env_steps=5))
+    s = writer.close()
+    assert s["status"] == "finished" and s["timing"]["env_steps"] == 5
+
+
+def test_concurrent_reports_and_refreshes_lose_nothing(tmp_path: Path) -> None:
+    writer = _writer(tmp_path, procs=4)
+
+    def report(pid: int) -> None:
+        for i in range(200):
+            writer.episode(_rec(pid, float(i), 1, None))
+
+    threads = [threading.Thread(target=report, args=(p,)) for p in range(4)]
+    for t in threads:
+        t.start()
+    for _ in range(20):
+        writer.write_summaries()
+    for t in threads:
+        t.join()
+    total = writer.close()
+    assert total["completed_episodes"] == 800 and total["mean_success_rate"] is None
+    assert sum(len((tmp_path / f"run/rollout/proc_{p:03d}/episodes.jsonl").read_text().splitlines())
+               for p in range(4)) == 800
