@@ -1,0 +1,364 @@
+"""Gym-v1: any environment registered with Gymnasium, run as ``num_envs`` copies.
+
+``plugrl-run-env-client gym-v1 --env.id CartPole-v1 --num-envs 8 --num-episodes 10 --local-policy random``
+
+The batching is Gymnasium's own. ``gymnasium.make_vec`` with ``AutoresetMode.DISABLED`` builds a sync vector env
+(every copy in this process) or an async one (one subprocess per copy). Both already seed copy ``i`` with
+``seed + i`` and reset only the copies a ``reset_mask`` selects, keeping the other rows as they were, which is
+the reset contract of :class:`~plugrl_env_client.envs.base_env.BaseEnv`. This module adds only what Gymnasium
+does not do: it turns Gymnasium observations into an :class:`Observation`, and turns a wrong env id or bad
+constructor arguments into an error that says what to change.
+
+How an observation maps (``name`` is ``obs`` for a space that is not a Dict, else the Dict key, ``outer.inner``
+for nested Dicts, ``name.0``, ``name.1``, ... for Tuples):
+
+* a uint8 Box of shape (h, w, c) with c in 1, 3, 4 goes to ``images[name]``;
+* any other Box goes to ``states[name]``: float32 for a float Box, the Box's own dtype for integer and bool Boxes;
+* Discrete, MultiDiscrete and MultiBinary go to ``states[name]`` as integers. Scalar ones (Discrete, a 0-d Box)
+  get shape (n, 1), so every state is at least (n, d);
+* Text goes to ``text``.
+
+The inner env's own time limit (the TimeLimit of its registration) shows up as ``truncated``. Gym-v1 registers no
+time limit of its own. ``--env.render`` adds each copy's ``render()`` frame as ``images["render"]``. The step
+info is Gymnasium's vector info (an array per key, with a ``_key`` mask of the copies that reported it); an
+``is_success`` key, the Gymnasium convention, is also given as ``success``, which the client counts.
+"""
+
+from __future__ import annotations
+
+import ctypes.util
+import dataclasses
+import difflib
+import importlib
+import json
+import logging
+import os
+from collections.abc import Sequence
+from typing import Any, Literal
+
+import gymnasium as gym
+import numpy as np
+from gymnasium.envs.registration import EnvSpec
+from gymnasium.vector import AutoresetMode
+
+from plugrl_env_client.envs.base_env import Action, BaseEnv, BaseEnvConfig, BoolArray, Observation, RewardArray
+from plugrl_env_client.envs.registry import register_env, register_env_config
+from plugrl_env_client.errors import ConfigError
+
+logger = logging.getLogger(__name__)
+
+Vectorization = Literal["sync", "async"]
+
+IMAGE_CHANNELS = (1, 3, 4)
+"""Channel counts that make a uint8 (h, w, c) Box an image rather than a state."""
+
+RENDER_KEY = "render"
+"""``images`` key of the frames ``--env.render`` adds."""
+
+
+@register_env_config("Gym-v1")
+@dataclasses.dataclass
+class GymEnvConfig(BaseEnvConfig):
+    id: str = "Pendulum-v1"
+    """Gymnasium env id. ``package:Env-v0`` imports ``package`` first (e.g. ``gym_pusht:gym_pusht/PushT-v0``)."""
+    vectorization: Literal["sync", "async"] = "sync"
+    """sync: all copies in this process, stepped one after another; async: one subprocess per copy (for envs
+    whose step is slow enough to pay for the inter-process traffic)."""
+    kwargs: str = "{}"
+    """JSON object of keyword arguments for the env's constructor, e.g. '{"g": 9.81}'."""
+    render: bool = False
+    """Make the envs with render_mode="rgb_array" and send each copy's frame as images["render"]."""
+
+
+@register_env("Gym-v1")
+class GymEnv(BaseEnv[GymEnvConfig]):
+    """Any registered Gymnasium env (--env.id Pendulum-v1, CartPole-v1, ...) as a batch of copies."""
+
+    def __init__(self, config: GymEnvConfig, num_envs: int = 1, **kwargs: Any) -> None:
+        super().__init__(config, num_envs=num_envs, **kwargs)
+        spec = resolve_gym_spec(config.id)
+        env_kwargs = parse_kwargs(config.kwargs)
+        if config.render:
+            env_kwargs["render_mode"] = "rgb_array"
+            headless_rendering()
+        self.gym_id = spec.id
+        self.vector_env = make_vector_env(spec, self.num_envs, config.vectorization, env_kwargs, config.kwargs)
+        try:
+            self.single_action_space = check_action_space(spec.id, self.vector_env.single_action_space)
+            self.layout = observation_layout(spec.id, self.vector_env.single_observation_space)
+        except BaseException:
+            self.vector_env.close()
+            raise
+        self._last: Observation | None = None
+        self._frames: np.ndarray | None = None  # replaced, never written into once handed out
+        self._done = np.zeros(self.num_envs, dtype=bool)
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[Observation, dict[str, Any]]:
+        mask = self.reset_mask(options)
+        # Other options (e.g. an env's own "reset_to_state") go on to the inner envs' reset.
+        inner = {k: v for k, v in (options or {}).items() if k not in ("reset_mask", "reset_indices")}
+        if self._last is not None and not mask.any():
+            return self._last.select(np.arange(self.num_envs)), {}
+        if self._last is None or mask.all():
+            mask[:] = True
+            obs, info = self.vector_env.reset(seed=seed, options=inner or None)
+        else:
+            # Gymnasium keeps the rows of copies outside the mask, in both the sync and the async vector env.
+            obs, info = self.vector_env.reset(seed=seed, options={**inner, "reset_mask": mask})
+        self._done[mask] = False
+        if self.config.render:
+            self._frames = self._rendered(mask)
+        self._last = self._observe(obs)
+        return self._last, info
+
+    def step(self, actions: Action) -> tuple[Observation, RewardArray, BoolArray, BoolArray, dict[str, Any]]:
+        if self._done.any():
+            raise RuntimeError(
+                f"{self.gym_id}: envs {np.flatnonzero(self._done).tolist()} finished on the previous step and were "
+                "not reset; reset them with reset(options={'reset_mask': mask}) before stepping again (this env "
+                "never resets inside step)"
+            )
+        obs, rewards, terminated, truncated, info = self.vector_env.step(actions)
+        terminated = np.asarray(terminated, dtype=bool)
+        truncated = np.asarray(truncated, dtype=bool)
+        self._done = terminated | truncated
+        if self.config.render:
+            self._frames = self._rendered(None)
+        if "is_success" in info and "success" not in info:  # the Gymnasium convention, under the client's name
+            info["success"] = np.asarray(info["is_success"], dtype=bool)
+        self._last = self._observe(obs)
+        return self._last, np.asarray(rewards, dtype=np.float32), terminated, truncated, info
+
+    def close_extras(self, **kwargs: Any) -> None:
+        """Close the inner vector env (``close()`` runs this once; a second ``close()`` does nothing)."""
+        vector_env = getattr(self, "vector_env", None)
+        if vector_env is not None:
+            vector_env.close()
+
+    def _observe(self, obs: Any) -> Observation:
+        observation = translate_observation(self.layout, obs, self.num_envs)
+        if self._frames is not None:
+            observation.images[RENDER_KEY] = self._frames
+        return observation
+
+    def _rendered(self, rows: np.ndarray | None) -> np.ndarray:
+        """A new frame batch: fresh frames for the copies in ``rows`` (a bool mask; all when None), the previous
+        frames for the others, so the rows of copies that were not reset stay unchanged."""
+        if rows is None or self._frames is None or rows.all():
+            return _stack_frames(self.gym_id, self.vector_env.render(), range(self.num_envs))
+        idx = np.flatnonzero(rows)
+        if isinstance(self.vector_env, gym.vector.SyncVectorEnv):
+            fresh = [self.vector_env.envs[i].render() for i in idx]
+        else:  # AsyncVectorEnv renders every copy (one call per worker)
+            every = self.vector_env.render() or ()
+            fresh = [every[i] for i in idx]
+        frames = self._frames.copy()
+        frames[idx] = _stack_frames(self.gym_id, fresh, idx)
+        return frames
+
+
+# ------------------------------------------------------------------------------------------------ building
+
+
+def resolve_gym_spec(env_id: str) -> EnvSpec:
+    """The Gymnasium spec of ``env_id``; a ConfigError naming close matches when Gymnasium has no such env.
+
+    ``package:Env-v0`` imports ``package`` first, as ``gymnasium.make`` does. For ``namespace/Env-v0`` whose
+    namespace is not registered yet, a module named like the namespace is imported when one exists (packages such as
+    ``gym_pusht`` register their envs on import under their own name).
+    """
+    module, _, name = env_id.rpartition(":")
+    if module:
+        try:
+            importlib.import_module(module)
+        except ImportError as exc:
+            raise ConfigError(
+                f"--env.id {env_id!r} names the module {module!r}, which cannot be imported ({exc}); install the "
+                "package that provides it"
+            ) from None
+    namespace = name.split("/", 1)[0] if "/" in name else None
+    if namespace and not any(s.namespace == namespace for s in gym.registry.values()):
+        try:
+            importlib.import_module(namespace)
+        except ImportError:
+            pass  # the lookup below reports the id
+    try:
+        spec = gym.spec(name)
+    except gym.error.Error as exc:
+        close = close_gym_ids(name)
+        hint = f" Did you mean {', '.join(repr(c) for c in close)}?" if close else ""
+        raise ConfigError(
+            f"Gymnasium has no env {name!r} ({exc}).{hint} `python -c \"import gymnasium; "
+            "gymnasium.pprint_registry()\"` lists the registered ids; an env from another package needs "
+            "--env.id package:Env-v0 so that the package is imported first"
+        ) from None
+    if spec.entry_point is None:
+        raise ConfigError(
+            f"Gymnasium env {spec.id!r} has no single-env entry point (only a vector one), so gymnasium.make cannot "
+            f"build its copies; if it is a PlugRL env, run it directly: plugrl-run-env-client {spec.id.lower()}"
+        )
+    return spec
+
+
+def close_gym_ids(name: str, n: int = 5) -> list[str]:
+    """Registered Gymnasium ids that ``gymnasium.make`` can build and that look like ``name`` (any case)."""
+    by_lower = {k.lower(): k for k, s in gym.registry.items() if s.entry_point is not None}
+    return [by_lower[m] for m in difflib.get_close_matches(name.lower(), list(by_lower), n=n, cutoff=0.6)]
+
+
+def parse_kwargs(text: str, flag: str = "--env.kwargs") -> dict[str, Any]:
+    """The JSON object of constructor arguments given as ``flag``."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(
+            f"{flag} is not valid JSON ({exc.msg} at position {exc.pos}): {text!r}; pass a JSON object such as "
+            "'{\"g\": 9.81}' (single quotes around it in the shell)"
+        ) from None
+    if not isinstance(value, dict):
+        raise ConfigError(f"{flag} must be a JSON object (keyword arguments by name), got {text!r}")
+    return value
+
+
+def make_vector_env(
+    spec: EnvSpec, num_envs: int, vectorization: str, env_kwargs: dict[str, Any], kwargs_text: str = "{}"
+) -> gym.vector.VectorEnv:
+    """Gymnasium's sync or async vector env of ``num_envs`` copies; the caller resets (``AutoresetMode.DISABLED``).
+
+    ``copy=False``: the observations this module hands out are its own copies (see :func:`translate_observation`),
+    so letting Gymnasium copy them first as well would copy every observation twice. The async workers start
+    with ``forkserver``: the client runs threads (the embedded policy server, the progress display) and forking
+    a process that has threads can deadlock the child.
+    """
+    if vectorization not in ("sync", "async"):
+        raise ConfigError(f"--env.vectorization must be 'sync' or 'async', got {vectorization!r}")
+    vector_kwargs: dict[str, Any] = {"autoreset_mode": AutoresetMode.DISABLED, "copy": False}
+    if vectorization == "async":
+        vector_kwargs["context"] = "forkserver"
+    try:
+        return gym.make_vec(spec, num_envs=num_envs, vectorization_mode=vectorization, vector_kwargs=vector_kwargs,
+                            **env_kwargs)
+    except TypeError as exc:
+        raise ConfigError(f"{spec.id} cannot be built with --env.kwargs {kwargs_text}: {exc}") from exc
+    except gym.error.Error as exc:
+        raise ConfigError(f"{spec.id} cannot be built: {exc}") from exc
+
+
+def headless_rendering() -> dict[str, str]:
+    """Environment defaults that let ``render_mode="rgb_array"`` work without a display; returns what was set.
+
+    Only when there is no display, and never over a value the user set: ``SDL_VIDEODRIVER=dummy`` for envs that
+    draw with pygame (classic control, PushT), and ``MUJOCO_GL=egl`` for MuJoCo envs (``osmesa`` when there is
+    no EGL library; MuJoCo's default, GLFW, needs a display). Set before the envs are made, so async workers
+    inherit them.
+    """
+    if os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY"):
+        return {}
+    chosen: dict[str, str] = {}
+    if "SDL_VIDEODRIVER" not in os.environ:
+        chosen["SDL_VIDEODRIVER"] = "dummy"
+    if "MUJOCO_GL" not in os.environ:
+        backend = next((name for name, lib in (("egl", "EGL"), ("osmesa", "OSMesa")) if ctypes.util.find_library(lib)),
+                       None)
+        if backend is not None:
+            chosen["MUJOCO_GL"] = backend
+    os.environ.update(chosen)
+    if chosen:
+        logger.info("no display: rendering with %s", ", ".join(f"{k}={v}" for k, v in chosen.items()))
+    return chosen
+
+
+def check_action_space(env_id: str, space: gym.Space) -> gym.Space:
+    """The inner env's action space, if the wire protocol can carry it (one array per env and step)."""
+    if isinstance(space, (gym.spaces.Box, gym.spaces.Discrete, gym.spaces.MultiDiscrete, gym.spaces.MultiBinary)):
+        return space
+    raise ConfigError(
+        f"{env_id} has the action space {space}, which cannot be sent as one array per env; wrap the env so that "
+        "its action is one Box, Discrete, MultiDiscrete or MultiBinary space, and register the wrapped env"
+    )
+
+
+# ------------------------------------------------------------------------------------------------ observations
+
+
+@dataclasses.dataclass(frozen=True)
+class Leaf:
+    """Where one leaf of the observation space lives in a batched observation, and where it goes."""
+
+    path: tuple[str | int, ...]
+    """Dict keys and Tuple indices from the batched observation down to this leaf's array."""
+    kind: Literal["image", "state", "text"]
+    name: str
+    dtype: np.dtype | None = None
+    """dtype of a state as sent (float32 for float Boxes)."""
+
+
+def observation_layout(env_id: str, space: gym.Space) -> list[Leaf]:
+    """The leaves of ``space`` and where each goes in an :class:`Observation` (see the module docstring)."""
+    leaves: list[Leaf] = []
+    _walk(env_id, space, (), "obs" if not isinstance(space, gym.spaces.Dict) else "", leaves)
+    texts = [leaf.name for leaf in leaves if leaf.kind == "text"]
+    if len(texts) > 1:
+        raise ConfigError(f"{env_id} observes several Text spaces ({', '.join(texts)}); an Observation carries one "
+                          "text per env: wrap the env to join them")
+    return leaves
+
+
+def _walk(env_id: str, space: gym.Space, path: tuple[str | int, ...], name: str, out: list[Leaf]) -> None:
+    if isinstance(space, gym.spaces.Dict):
+        for key, sub in space.spaces.items():
+            _walk(env_id, sub, (*path, key), f"{name}.{key}" if name else str(key), out)
+    elif isinstance(space, gym.spaces.Tuple):
+        for i, sub in enumerate(space.spaces):
+            _walk(env_id, sub, (*path, i), f"{name}.{i}", out)
+    elif isinstance(space, gym.spaces.Text):
+        out.append(Leaf(path, "text", name))
+    elif isinstance(space, gym.spaces.Box) and _is_image(space):
+        out.append(Leaf(path, "image", name, np.dtype(np.uint8)))
+    elif isinstance(space, gym.spaces.Box):
+        dtype = np.dtype(space.dtype)
+        out.append(Leaf(path, "state", name, np.dtype(np.float32) if dtype.kind == "f" else dtype))
+    elif isinstance(space, (gym.spaces.Discrete, gym.spaces.MultiDiscrete, gym.spaces.MultiBinary)):
+        out.append(Leaf(path, "state", name, np.dtype(space.dtype)))
+    else:
+        raise ConfigError(f"{env_id}: the observation space {space} (at {name!r}) cannot be sent as arrays or text; "
+                          "wrap the env so that it observes Box, Discrete, MultiDiscrete, MultiBinary, Text, Dict or "
+                          "Tuple spaces")
+
+
+def _is_image(space: gym.spaces.Box) -> bool:
+    return space.dtype == np.uint8 and len(space.shape) == 3 and space.shape[-1] in IMAGE_CHANNELS
+
+
+def translate_observation(layout: Sequence[Leaf], obs: Any, num_envs: int) -> Observation:
+    """A batched Gymnasium observation as an :class:`Observation` of fresh arrays (never views of ``obs``,
+    whose buffers the vector env overwrites on its next call)."""
+    images: dict[str, np.ndarray] = {}
+    states: dict[str, np.ndarray] = {}
+    text: np.ndarray | None = None
+    for leaf in layout:
+        value = obs
+        for key in leaf.path:
+            value = value[key]
+        if leaf.kind == "text":
+            text = np.array([str(s) for s in value])
+        elif leaf.kind == "image":
+            images[leaf.name] = np.array(value, dtype=np.uint8)
+        else:
+            arr = np.array(value, dtype=leaf.dtype)
+            states[leaf.name] = arr.reshape(num_envs, 1) if arr.ndim == 1 else arr
+    return Observation(images=images, states=states, text=text)
+
+
+def _stack_frames(env_id: str, frames: Any, rows: Any) -> np.ndarray:
+    """``render()`` results as one uint8 (k, h, w, 3) array; a copy that returns no frame is a ConfigError."""
+    checked = []
+    for i, frame in zip(rows, frames or ()):
+        if not (isinstance(frame, np.ndarray) and frame.ndim == 3):
+            raise ConfigError(f"{env_id} copy {i} returned {type(frame).__name__} from render() with "
+                              "render_mode='rgb_array' instead of an (h, w, 3) image; this env cannot be rendered, "
+                              "drop --env.render")
+        checked.append(frame)
+    if not checked:
+        raise ConfigError(f"{env_id} returned no frames from render(); this env cannot be rendered, drop --env.render")
+    return np.stack(checked).astype(np.uint8, copy=False)
