@@ -2,20 +2,50 @@
 
 ``--local-policy random`` needs no second terminal and no flags to match: the action shape, dtype and bounds come
 from the env's ``single_action_space``, and the server binds a free port on 127.0.0.1.
+
+Text action spaces (``gymnasium.spaces.Text``, language-agent envs) take ``--local-policy text``: the policy picks
+one of a few strings per env and step. Given no choices it makes up :data:`DEFAULT_TEXT_CHOICES` strings from the
+space's own character set (seeded, at most :data:`DEFAULT_TEXT_LENGTH` characters each), so any text env runs with
+no flags; such gibberish exercises the text path (and an env's handling of malformed answers) but plays no game.
+Pass ``choices`` to answer in the env's format (e.g. ``"<answer>3</answer>"``).
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import gymnasium as gym
 import numpy as np
 
 from plugrl_env_client.errors import ConfigError
-from plugrl_env_client.server.policies import PolicyConfig, make_policy
+from plugrl_env_client.server.policies import Policy, PolicyConfig, make_policy
 from plugrl_env_client.server.server import PolicyServer
 
+DEFAULT_TEXT_CHOICES = 8
+"""How many strings ``--local-policy text`` makes up when it is given none."""
+DEFAULT_TEXT_LENGTH = 16
+"""Longest made-up string (a Text space's max_length can be huge; a smoke-test answer need not be)."""
 
-def policy_for_space(name: str, space: gym.Space, horizon: int, seed: int | None = None):
-    """A reference policy whose actions fit ``space`` (Box, Discrete or MultiDiscrete)."""
+
+def policy_for_space(name: str, space: gym.Space, horizon: int, seed: int | None = None,
+                     choices: Sequence[str] = ()) -> Policy:
+    """A reference policy whose actions fit ``space`` (Box, Discrete, MultiDiscrete, or Text with ``"text"``).
+
+    ``choices`` are the strings the text policy answers with (default: made up from the space's charset).
+    """
+    if isinstance(space, gym.spaces.Text):
+        if name != "text":
+            raise ConfigError(
+                f"--local-policy {name} cannot produce text actions for the env's action space {_describe(space)}; "
+                "use --local-policy text (it answers with one of a few strings per env and step)"
+            )
+        picked = tuple(choices) or default_text_choices(space, seed)
+        return make_policy(PolicyConfig(name="text", action_horizon=horizon, seed=seed, choices=picked))
+    if name == "text":
+        raise ConfigError(
+            f"--local-policy text answers with strings, but the env's action space is {space}; use "
+            "--local-policy random or --local-policy zero"
+        )
     if isinstance(space, gym.spaces.Box):
         shape, dtype, low, high = space.shape, space.dtype, space.low, space.high
     elif isinstance(space, gym.spaces.Discrete):
@@ -27,10 +57,31 @@ def policy_for_space(name: str, space: gym.Space, horizon: int, seed: int | None
             f"--local-policy cannot produce actions for {space}; run a policy server that can "
             "(plugrl-run-policy-server) and connect with --server-host/--server-port"
         )
-    config = PolicyConfig(name=name, action_horizon=horizon, dtype=np.dtype(dtype).name, seed=seed)
+    config = PolicyConfig(name=name, action_horizon=horizon, dtype=np.dtype(dtype).name, seed=seed)  # type: ignore[arg-type]
     return make_policy(config, action_shape=tuple(shape), low=low, high=high)
 
 
-def start_local_server(name: str, space: gym.Space, horizon: int, seed: int | None = None) -> PolicyServer:
+def _describe(space: gym.spaces.Text) -> str:
+    """A Text space in one short line (its repr lists the whole charset, control characters included)."""
+    return f"Text(min_length={space.min_length}, max_length={space.max_length}, {len(space.character_set)} characters)"
+
+
+def default_text_choices(space: gym.spaces.Text, seed: int | None = None) -> tuple[str, ...]:
+    """:data:`DEFAULT_TEXT_CHOICES` strings drawn from ``space``'s charset, lengths within its bounds (capped at
+    :data:`DEFAULT_TEXT_LENGTH` unless its min_length is longer).
+
+    The charset is sorted first: a frozenset's iteration order changes with Python's hash seed, and the same seed
+    must give the same strings in every run.
+    """
+    charset = sorted(space.character_set)
+    low = int(space.min_length)
+    high = max(low, min(int(space.max_length), DEFAULT_TEXT_LENGTH))
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(low, high + 1, size=DEFAULT_TEXT_CHOICES)
+    return tuple("".join(charset[i] for i in rng.integers(len(charset), size=int(k))) for k in lengths)
+
+
+def start_local_server(name: str, space: gym.Space, horizon: int, seed: int | None = None,
+                       choices: Sequence[str] = ()) -> PolicyServer:
     """Start the reference server on a free loopback port, serving in a daemon thread."""
-    return PolicyServer(policy_for_space(name, space, horizon, seed), host="127.0.0.1", port=0).start()
+    return PolicyServer(policy_for_space(name, space, horizon, seed, choices), host="127.0.0.1", port=0).start()

@@ -1,4 +1,9 @@
-"""Policies of the reference server. They see the decoded observation and answer a time-major action chunk."""
+"""Policies of the reference server. They see the decoded observation and answer a time-major action chunk.
+
+Numeric policies (``random``, ``zero``) answer ``[horizon, n, *action_shape]`` arrays of a numeric dtype; the
+``text`` policy answers ``[horizon, n]`` '<U' arrays for language-agent envs (a ``gymnasium.spaces.Text`` action
+space), picking one of a fixed set of strings per env and step.
+"""
 
 from __future__ import annotations
 
@@ -13,8 +18,8 @@ import numpy as np
 class PolicyConfig:
     """What the reference server answers infers with."""
 
-    name: Literal["random", "zero"] = "random"
-    """random: uniform in [low, high]; zero: all zeros."""
+    name: Literal["random", "zero", "text"] = "random"
+    """random: uniform in [low, high]; zero: all zeros; text: one of --policy.choices per env and step."""
     action_dim: int = 7
     """Length of each action vector; 0 means scalar actions (discrete policies), sent as [horizon, n]."""
     action_horizon: int = 4
@@ -24,7 +29,9 @@ class PolicyConfig:
     low: float = -1.0
     high: float = 1.0
     seed: int | None = None
-    """Seed of the random policy's generator (default: fresh entropy)."""
+    """Seed of the random and text policies' generator (default: fresh entropy)."""
+    choices: tuple[str, ...] = ()
+    """Strings the text policy picks from (e.g. --policy.choices "<answer>3</answer>" "hello"); text policy only."""
 
 
 class Policy(abc.ABC):
@@ -73,13 +80,47 @@ class ZeroPolicy(Policy):
         return np.zeros((self.horizon, n, *self.action_shape), dtype=self.dtype)
 
 
-POLICIES: dict[str, type[Policy]] = {"random": RandomPolicy, "zero": ZeroPolicy}
+class TextPolicy(Policy):
+    """Answers ``[horizon, n]`` '<U' chunks: each env and step gets one of ``choices``, drawn uniformly (seeded).
+
+    The '<U' width is that of the longest choice, so no choice is ever cut short; non-ASCII text travels as is
+    (a '<U' array is UCS-4 on the wire). A test double for language-agent envs: it exercises the text path end to
+    end without a language model.
+    """
+
+    def __init__(self, choices: tuple[str, ...] | list[str], horizon: int, seed: int | None = None) -> None:
+        choices = tuple(choices)
+        if not choices:
+            raise ValueError('the text policy needs at least one string to answer with: pass e.g. '
+                             '--policy.choices "<answer>3</answer>" "hello"')
+        bad = [c for c in choices if not isinstance(c, str)]
+        if bad:
+            raise ValueError(f"text policy choices must be strings, got {bad[:3]!r}")
+        width = max(1, *(len(c) for c in choices))  # '<U0' has no item size: an all-empty set still needs '<U1'
+        super().__init__((), np.dtype(f"<U{width}"), horizon, 0.0, 0.0)
+        self.choices = np.array(choices, dtype=self.dtype)
+        self.rng = np.random.default_rng(seed)
+
+    def metadata(self) -> dict[str, Any]:
+        """Text actions have no action_dim; the dtype says they are '<U' strings of at most this width."""
+        return {"policy": type(self).__name__, "action_horizon": self.horizon, "action_dtype": self.dtype.str}
+
+    def act(self, obs: dict[str, Any], n: int) -> np.ndarray:
+        return self.choices[self.rng.integers(len(self.choices), size=(self.horizon, n))]
+
+
+POLICIES: dict[str, type[Policy]] = {"random": RandomPolicy, "zero": ZeroPolicy, "text": TextPolicy}
 
 
 def make_policy(config: PolicyConfig, action_shape: tuple[int, ...] | None = None, low: Any = None, high: Any = None) -> Policy:
     """Build the policy named in ``config``; ``action_shape``/``low``/``high`` override the config (embedded use)."""
     if config.name not in POLICIES:
         raise ValueError(f"unknown policy {config.name!r}; choose one of {', '.join(POLICIES)}")
+    if config.name == "text":  # action_dim, dtype, low and high describe numbers; a text policy has none of them
+        return TextPolicy(config.choices, config.action_horizon, seed=config.seed)
+    if config.choices:
+        raise ValueError(f"--policy.choices is for the text policy; --policy.name {config.name} ignores it "
+                         "(pass --policy.name text to answer with those strings)")
     if config.action_dim < 0:
         raise ValueError(f"--policy.action-dim must be >= 0 (0: scalar actions), got {config.action_dim}")
     try:
