@@ -1,0 +1,70 @@
+"""``plugrl-report runs/<exp> [--window K] [--open]``: write a run's report.html and figures, say where they went.
+
+Exit codes: 0 when the report was written, 1 on a user error (a folder that is not a run, a bad flag, matplotlib
+not installed, a folder the report cannot be written into), with a one-line message on stderr and no traceback.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+import webbrowser
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Annotated
+
+import tyro
+
+from plugrl_env_client.errors import PlugRLError
+
+
+@dataclasses.dataclass
+class ReportArgs:
+    """Plots and a self-contained HTML page (report.html) from a run folder, finished, still going or crashed."""
+
+    run: Annotated[Path, tyro.conf.Positional, tyro.conf.arg(metavar="RUN_DIR")]
+    """The run folder plugrl-run-env-client wrote: runs/<exp-name>."""
+    window: Annotated[int | None, tyro.conf.arg(metavar="K")] = None
+    """Episodes in each moving average (default: about 5% of the episodes, at least 5, at most 200)."""
+    open: bool = False
+    """Open the report in a web browser when it is written."""
+
+
+def parse(args: Sequence[str] | None = None) -> ReportArgs:
+    return tyro.cli(ReportArgs, args=args, prog="plugrl-report")
+
+
+def main(args: Sequence[str] | None = None) -> int:
+    """Run the command; returns the exit code (the console script exits with it)."""
+    try:
+        parsed = parse(args)
+    except SystemExit as exc:  # --help exits 0; a malformed command line is a user error like any other
+        return 0 if exc.code in (0, None) else 1
+    from plugrl_env_client.report.build import build_report
+
+    try:
+        report = build_report(parsed.run, parsed.window)
+    except PlugRLError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    except OSError as exc:  # a read-only run folder, a full disk
+        print(f"error: could not write the report into {parsed.run}: {exc}", file=sys.stderr)
+        return 1
+    print(f"report: {report.page} ({len(report.figures)} figures in {report.page.parent / 'report'})")
+    if parsed.open:
+        _open(report.page)
+    return 0
+
+
+def _open(page: Path) -> None:
+    """Open the page in a browser; without one (a server, CI) say so and carry on."""
+    try:
+        opened = webbrowser.open(page.resolve().as_uri())
+    except webbrowser.Error:
+        opened = False
+    if not opened:
+        print(f"no web browser could be started; open {page} yourself", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

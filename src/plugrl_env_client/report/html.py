@@ -1,0 +1,272 @@
+"""``report.html``: one self-contained page (inline CSS, no scripts) that links to the figures and recordings.
+
+Every path on the page is relative to the run folder, so the folder can be copied or served as a whole and the
+page keeps working. All text from the run (names, instructions, statuses) is escaped, and numbers go through one
+formatter that writes ``n/a`` for anything missing or non-finite: the page never shows NaN.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import html
+import json
+import math
+from pathlib import Path
+from urllib.parse import quote
+
+from plugrl_env_client.report.data import RunData, SummaryRow, instruction_rows
+from plugrl_env_client.report.media import RunMedia, Sample, describe_state, text_preview
+from plugrl_env_client.report.plots import PlotFile
+
+MAX_IMAGES_PER_PROCESS = 48
+MAX_OTHER_SAMPLES_PER_PROCESS = 24
+MAX_VIDEOS_PER_PROCESS = 12
+MAX_INSTRUCTIONS = 15
+CONFIG_KEYS = ("env_id", "num_envs", "num_procs", "num_episodes", "local_policy", "server_url", "server_host",
+               "server_port")
+SECTIONS = (("returns", "Returns"), ("success", "Success"), ("lengths", "Episode lengths"),
+            ("throughput", "Throughput and time"), ("metrics", "Episode metrics"))
+
+STYLE = """
+body { font-family: system-ui, -apple-system, "Segoe UI", sans-serif; margin: 1.5rem auto; max-width: 1400px;
+       padding: 0 1rem; color: #222; background: #fafafa; }
+h1 { margin-bottom: 0.2rem; } h2 { border-bottom: 1px solid #ddd; padding-bottom: 0.2rem; margin-top: 2rem; }
+.sub { color: #666; margin-top: 0; }
+.notes { background: #fff8e1; border: 1px solid #f0d98c; padding: 0.5rem 1rem; border-radius: 6px; }
+.notes li { margin: 0.2rem 0; }
+table { border-collapse: collapse; background: white; margin: 0.5rem 0; }
+th, td { border: 1px solid #ddd; padding: 0.3rem 0.7rem; text-align: right; }
+th:first-child, td:first-child, td.text { text-align: left; }
+th { background: #f0f0f0; }
+.grid { display: flex; flex-wrap: wrap; gap: 1rem; }
+figure { margin: 0; background: white; border: 1px solid #e3e3e3; border-radius: 6px; padding: 0.5rem; }
+figure.plot { flex: 1 1 600px; max-width: 680px; }
+figure.plot img { width: 100%; height: auto; }
+figcaption { font-size: 0.85rem; color: #555; margin-top: 0.3rem; }
+figure.frame img { max-width: 160px; max-height: 160px; image-rendering: pixelated; }
+figure.frame figcaption { max-width: 160px; }
+figure.video video { width: 320px; max-width: 100%; }
+pre { background: white; border: 1px solid #e3e3e3; padding: 0.5rem; white-space: pre-wrap; font-size: 0.8rem; }
+details { margin: 0.5rem 0; }
+nav { margin: 0.5rem 0 1rem; } nav a { color: #1f4e9c; }
+"""
+
+
+@dataclasses.dataclass(frozen=True)
+class Page:
+    """What the page shows; paths are absolute and made relative to the run folder when written."""
+
+    run: RunData
+    rows: list[SummaryRow]
+    plots: list[PlotFile]
+    plot_dir: Path
+    media: RunMedia
+    thumbnails: dict[Path, Path]
+    """Sampled image -> the smaller copy shown for it (images that are small already are shown as they are)."""
+    window: int
+    window_given: bool
+
+
+def fmt(value: float | int | None, spec: str = ".4g") -> str:
+    """A number for the page, or ``n/a`` when there is none (None, NaN or infinite)."""
+    if value is None or (isinstance(value, float) and not math.isfinite(value)):
+        return "n/a"
+    return format(value, spec)
+
+
+def render(page: Page) -> str:
+    run = page.run
+    title = f"{run.name}" + (f" ({run.env_id})" if run.env_id else "")
+    parts = [
+        "<!DOCTYPE html>",
+        '<html lang="en"><head><meta charset="utf-8">',
+        '<meta name="viewport" content="width=device-width, initial-scale=1">',
+        f"<title>plugrl report: {_e(title)}</title>",
+        f"<style>{STYLE}</style></head><body>",
+        f"<h1>{_e(title)}</h1>",
+        f'<p class="sub">{_e(_subtitle(page))}</p>',
+        _nav(page),
+        _notes(run.notes),
+        "<h2 id=\"summary\">Summary</h2>",
+        _summary_table(page.rows),
+        _config(run),
+        *_plot_sections(page),
+        _instructions(run),
+        _samples(page),
+        _videos(page),
+        "</body></html>",
+    ]
+    return "\n".join(p for p in parts if p) + "\n"
+
+
+def _e(text: object) -> str:
+    return html.escape(str(text), quote=True)
+
+
+def _href(path: Path, root: Path) -> str:
+    """A link from the page (in ``root``) to ``path``, URL-quoted."""
+    return quote(path.relative_to(root).as_posix())
+
+
+def _subtitle(page: Page) -> str:
+    run = page.run
+    stamp = dt.datetime.now().strftime("%Y-%m-%d %H:%M:%S")
+    procs = len(run.processes)
+    how = "--window" if page.window_given else "default: about 5% of the episodes"
+    return (f"{len(run.pooled)} episodes from {procs} process{'es' if procs != 1 else ''}; moving averages over "
+            f"{page.window} episodes ({how}); report written {stamp} from {run.root}")
+
+
+def _nav(page: Page) -> str:
+    """Links to the sections the page has."""
+    have = [("summary", "Summary")]
+    have += [(key, heading) for key, heading in SECTIONS if any(p.section == key for p in page.plots)]
+    if any(i is not None for i in page.run.pooled.instructions):
+        have.append(("instructions", "Instructions"))
+    if page.media.samples:
+        have.append(("samples", "Sampled observations"))
+    if page.media.videos:
+        have.append(("videos", "Videos"))
+    return "<nav>" + " | ".join(f'<a href="#{key}">{heading}</a>' for key, heading in have) + "</nav>"
+
+
+def _notes(notes: list[str]) -> str:
+    if not notes:
+        return ""
+    items = "".join(f"<li>{_e(n)}</li>" for n in notes)
+    return f'<div class="notes"><strong>Notes</strong><ul>{items}</ul></div>'
+
+
+def _summary_table(rows: list[SummaryRow]) -> str:
+    head = ("<tr><th></th><th>status</th><th>episodes</th><th>mean return</th><th>success rate</th>"
+            "<th>env-steps/s</th></tr>")
+    body = "".join(
+        f"<tr><td>{_e(r.label)}</td><td class=\"text\">{_e(r.status)}</td><td>{r.episodes}</td>"
+        f"<td>{fmt(r.mean_return, '.4f')}</td><td>{fmt(r.success_rate, '.3f')}</td>"
+        f"<td>{fmt(r.env_steps_per_s, ',.0f')}</td></tr>"
+        for r in rows
+    )
+    return (f"<table>{head}{body}</table><p class=\"sub\">Means over every episode; env-steps/s over each process's "
+            "collection time (for all: the total over the longest).</p>")
+
+
+def _config(run: RunData) -> str:
+    if run.config is None:
+        return "<p>No client_config.json in the run folder.</p>"
+    shown = [(k, run.config[k]) for k in CONFIG_KEYS if run.config.get(k) is not None]
+    cells = "".join(f"<tr><td>{_e(k)}</td><td class=\"text\">{_e(_finite_only(v))}</td></tr>" for k, v in shown)
+    full = json.dumps(_finite_only(run.config), indent=2, sort_keys=True, default=str)
+    return (f"<table>{cells}</table><details><summary>every flag of the run (client_config.json)</summary>"
+            f"<pre>{_e(full)}</pre></details>")
+
+
+def _finite_only(value: object) -> object:
+    """``value`` with every non-finite float replaced by None (JSON from disk may hold NaN; the page may not)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite_only(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_finite_only(v) for v in value]
+    return value
+
+
+def _plot_sections(page: Page) -> list[str]:
+    out: list[str] = []
+    root = page.run.root
+    if not len(page.run.pooled):
+        out.append('<h2 id="episodes">Episodes</h2><p>No episode has finished in this run yet, so there is nothing '
+                   "to plot. Run the report again once episodes are written to rollout/proc_NNN/episodes.jsonl.</p>")
+    for key, heading in SECTIONS:
+        plots = [p for p in page.plots if p.section == key]
+        if not plots:
+            continue
+        figures = "".join(
+            f'<figure class="plot"><a href="{_href(page.plot_dir / p.name, root)}">'
+            f'<img src="{_href(page.plot_dir / p.name, root)}" alt="{_e(p.title)}"></a>'
+            f"<figcaption><strong>{_e(p.title)}</strong>. {_e(p.caption)}</figcaption></figure>"
+            for p in plots
+        )
+        out.append(f'<h2 id="{key}">{heading}</h2><div class="grid">{figures}</div>')
+    run = page.run
+    if len(run.pooled) and not run.success_defined:
+        out.append("<p>Success rate: n/a (the env reports no success).</p>")
+    return out
+
+
+def _instructions(run: RunData) -> str:
+    rows, distinct = instruction_rows(run.pooled, run.success_defined, MAX_INSTRUCTIONS)
+    if not rows:
+        return ""
+    body = "".join(
+        f'<tr><td class="text">{_e(_clip(r.instruction, 160))}</td><td>{r.episodes}</td>'
+        f"<td>{fmt(r.mean_return, '.4f')}</td><td>{fmt(r.success_rate, '.3f')}</td></tr>"
+        for r in rows
+    )
+    more = f" (the {len(rows)} most frequent of {distinct})" if distinct > len(rows) else ""
+    return (f"<h2 id=\"instructions\">Instructions</h2><p>Episodes per instruction{more}.</p><table><tr>"
+            f"<th>instruction</th><th>episodes</th><th>mean return</th><th>success rate</th></tr>{body}</table>")
+
+
+def _clip(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[:limit] + " ..."
+
+
+def _samples(page: Page) -> str:
+    samples = page.media.samples
+    if not samples:
+        return ""
+    root = page.run.root
+    out = ['<h2 id="samples">Sampled observations</h2>']
+    for pid in sorted({s.process_id for s in samples}):
+        mine = [s for s in samples if s.process_id == pid]
+        images = [s for s in mine if s.kind == "png"]
+        others = [s for s in mine if s.kind != "png"]
+        out.append(f"<h3>process {pid}</h3>")
+        if images:
+            figures = "".join(_frame(s, page.thumbnails.get(s.path, s.path), root)
+                              for s in images[:MAX_IMAGES_PER_PROCESS])
+            out.append(f'<div class="grid">{figures}</div>')
+            out.append(_more(len(images), MAX_IMAGES_PER_PROCESS, "images", images[0].path.parent, root))
+        if others:
+            items = "".join(f"<tr><td class=\"text\"><a href=\"{_href(s.path, root)}\">{_e(s.label)}</a></td>"
+                            f"<td class=\"text\"><pre>{_e(_sample_text(s))}</pre></td></tr>"
+                            for s in others[:MAX_OTHER_SAMPLES_PER_PROCESS])
+            out.append(f"<table><tr><th>sample</th><th>content</th></tr>{items}</table>")
+            out.append(_more(len(others), MAX_OTHER_SAMPLES_PER_PROCESS, "states and texts", others[0].path.parent, root))
+    return "\n".join(o for o in out if o)
+
+
+def _frame(sample: Sample, shown: Path, root: Path) -> str:
+    return (f'<figure class="frame"><a href="{_href(sample.path, root)}"><img src="{_href(shown, root)}" '
+            f'alt="{_e(sample.label)}" loading="lazy"></a><figcaption>{_e(sample.label)}</figcaption></figure>')
+
+
+def _sample_text(sample: Sample) -> str:
+    return describe_state(sample.path) if sample.kind == "npy" else text_preview(sample.path)
+
+
+def _more(count: int, limit: int, what: str, folder: Path, root: Path) -> str:
+    if count <= limit:
+        return ""
+    return (f'<p>{count - limit} more {what} not shown: see <a href="{_href(folder, root)}/">'
+            f"{_e(folder.relative_to(root).as_posix())}/</a>.</p>")
+
+
+def _videos(page: Page) -> str:
+    videos = page.media.videos
+    if not videos:
+        return ""
+    root = page.run.root
+    out = ['<h2 id="videos">Videos</h2>']
+    for pid in sorted({v.process_id for v in videos}):
+        mine = [v for v in videos if v.process_id == pid]
+        figures = "".join(
+            f'<figure class="video"><video controls preload="metadata" src="{_href(v.path, root)}"></video>'
+            f'<figcaption><a href="{_href(v.path, root)}">{_e(v.path.name)}</a></figcaption></figure>'
+            for v in mine[:MAX_VIDEOS_PER_PROCESS]
+        )
+        out.append(f'<h3>process {pid}</h3><div class="grid">{figures}</div>')
+        out.append(_more(len(mine), MAX_VIDEOS_PER_PROCESS, "videos", mine[0].path.parent, root))
+    return "\n".join(o for o in out if o)
