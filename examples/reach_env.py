@@ -1,4 +1,5 @@
 import dataclasses
+
 import gymnasium as gym
 import numpy as np
 
