@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 import re
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -166,7 +168,8 @@ def test_no_server_within_connect_timeout(tmp_path, capsys):
     cfg = config(tmp_path, env=PointEnvConfig(), server_port=port, connect_timeout=0.5)
     assert run_client(cfg, "Point-v1") == 1
     err = capsys.readouterr().err
-    assert f"ws://127.0.0.1:{port}" in err and "plugrl-run-policy-server" in err
+    assert f"ws://127.0.0.1:{port}" in err
+    assert f"plugrl-run-policy-server --port {port} --policy.action-dim 2 --policy.dtype float32" in err, err
 
 
 def test_api_key_is_not_written_to_disk(policy_server, tmp_path):
@@ -277,3 +280,78 @@ def test_process_seeds_do_not_overlap():
     starts = [make_env("Point-v1", num_envs=4).reset(seed=s)[0].states["pos"] for s in seeds]
     assert not np.array_equal(starts[0], starts[1]) and not np.array_equal(starts[1], starts[2])
     assert process_seed(None, 2, 4) is None
+
+
+@pytest.mark.parametrize("local", [True, False])
+def test_env_that_cannot_be_built_is_named_and_the_run_says_why(policy_server, tmp_path, capsys, local):
+    server = policy_server(action_dim=2)
+    extra = {"local_policy": "random"} if local else {"server_port": server.port}
+    cfg = config(tmp_path, env=FaultyConfig(fail_in_init=True), num_episodes=2, **extra)
+    assert run_client(cfg, "Faulty-v1") == 1
+    err = capsys.readouterr().err
+    assert "env Faulty-v1 raised in __init__(): OSError: simulator license not found" in err, err
+    total = summary(tmp_path)
+    assert total["status"] == "failed" and "simulator license not found" in total["errors"]["0"]
+
+
+def test_local_policy_builds_the_env_once(tmp_path):
+    log = tmp_path / "inits.txt"
+    cfg = config(tmp_path, env=FaultyConfig(fail_process=-1, init_log=str(log)), num_episodes=2,
+                 local_policy="random")
+    assert run_client(cfg, "Faulty-v1") == 0
+    assert len(log.read_text().splitlines()) == 1, "the embedded server reads the action space of the real env"
+
+
+def test_old_constructor_signature_says_which_parameters_init_needs(tmp_path, registry):
+    import gymnasium as gym
+
+    from plugrl_env_client.envs.base_env import BaseEnv, BaseEnvConfig
+    from plugrl_env_client.errors import ConfigError
+    from plugrl_env_client.utils.registration import make_env, register_env
+
+    @register_env("OldSig-v1")
+    class OldSig(BaseEnv[BaseEnvConfig]):
+        def __init__(self, config, worker_id, total_workers):
+            super().__init__(config, num_envs=1)
+            self.single_action_space = gym.spaces.Discrete(2)
+
+    with pytest.raises(ConfigError) as info:
+        make_env("OldSig-v1", num_envs=2)
+    message = str(info.value)
+    assert "OldSig.__init__" in message and "def __init__(self, config: MyConfig, num_envs: int = 1, **kwargs)" in message
+    assert "worker_id / total_workers" in message and "process_id / total_processes" in message
+
+
+def test_one_episode_is_said_in_the_singular(tmp_path, capsys):
+    cfg = config(tmp_path, env=PointEnvConfig(), num_episodes=1, local_policy="random")
+    assert run_client(cfg, "Point-v1") == 0
+    out = capsys.readouterr().out
+    assert "Point-v1: 1 episode\n" in out
+
+
+def test_local_policy_without_a_target_says_it_runs_until_interrupted(tmp_path):
+    cmd = [sys.executable, "-m", "plugrl_env_client", "point-v1", "--local-policy", "random", "--no-progress",
+           "--output-dir", str(tmp_path), "--exp-name", "run"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    episodes = tmp_path / "run" / "rollout" / "proc_000" / "episodes.jsonl"
+    try:
+        deadline = time.monotonic() + 60
+        while not (episodes.exists() and episodes.stat().st_size):  # collecting
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130
+    assert "collecting until Ctrl-C" in err
+
+
+def test_version_flag_and_help_into_a_closed_pipe():
+    res = subprocess.run([sys.executable, "-m", "plugrl_env_client", "--version"], capture_output=True, text=True,
+                         timeout=60)
+    assert res.returncode == 0 and res.stdout.strip().startswith("plugrl-env-client ")
+    pipe = subprocess.run(f"{sys.executable} -m plugrl_env_client point-v1 --help | head -n 2", shell=True,
+                          capture_output=True, text=True, timeout=60)
+    assert len(pipe.stdout.splitlines()) == 2
+    assert "BrokenPipe" not in pipe.stderr and "Traceback" not in pipe.stderr, pipe.stderr

@@ -290,3 +290,27 @@ def test_builtin_env_file_runs_directly_without_a_shadowing_warning(tmp_path: Pa
     assert res.returncode == 0, res.stderr
     assert "shadows" not in res.stderr
     assert json.loads((tmp_path / "p" / "summary.json").read_text())["completed_episodes"] == 1
+
+
+@pytest.mark.parametrize("value, expected", [("False", False), ("false", False), ("True", True), ("1", True)])
+def test_bool_flags_take_a_value_as_well(value: str, expected: bool) -> None:
+    _, config, _line = cli.parse(["point-v1", "--progress", value, "--reuse-feedback-obs", value])
+    assert config.progress is expected and config.reuse_feedback_obs is expected
+    _, config, _line = cli.parse(["point-v1", "--no-progress"])
+    assert config.progress is False
+
+
+def test_bool_env_fields_take_a_value(registry: None) -> None:
+    @registration.register_env_config("Flags-v1")
+    @dataclasses.dataclass
+    class FlagsConfig(BaseEnvConfig):
+        shaped: bool = True
+
+    @registration.register_env("Flags-v1")
+    class FlagsEnv(BaseEnv[FlagsConfig]):
+        pass
+
+    for args, expected in ((["--env.shaped", "False"], False), (["--env.no-shaped"], False),
+                           (["--env.shaped", "true"], True), ([], True)):
+        _, config, _line = cli.parse(["flags-v1", *args])
+        assert config.env.shaped is expected, args

@@ -157,7 +157,8 @@ def _start_local_policy(config: ClientConfig, env_id: str, env: BaseEnv | None) 
         if probe is not env:
             probe.close()
     assert config.local_policy is not None
-    server = start_local_server(config.local_policy, space, config.local_policy_horizon, seed=config.runner.seed)
+    server = start_local_server(config.local_policy, space, config.local_policy_horizon, seed=config.runner.seed,
+                                choices=config.local_policy_choices)
     logger.info("embedded %s policy serving on %s", config.local_policy, server.url)
     return server
 

@@ -51,8 +51,12 @@ class ClientConfig:
     """ws://host:port or wss://host:port; overrides --server-host/--server-port."""
     api_key: str | None = None
     """Sent as 'Authorization: Api-Key <key>'. Default: $PLUGRL_API_KEY if set."""
-    local_policy: Literal["random", "zero"] | None = None
-    """Start the reference policy server in this process (matched to the env's action space) and use it."""
+    local_policy: Literal["random", "zero", "text"] | None = None
+    """Start the reference policy server in this process (matched to the env's action space) and use it; text is
+    for envs whose single_action_space is a gymnasium Text space."""
+    local_policy_choices: tuple[str, ...] = ()
+    """Strings --local-policy text answers with, one picked per env and step (default: short strings made up from
+    the Text space's characters), e.g. --local-policy-choices "<answer>3</answer>" "hello"."""
     local_policy_horizon: int = 4
     """Action horizon of the embedded policy (with --local-policy)."""
     reconnect_on_server_stop: bool = False

@@ -31,15 +31,19 @@ class FaultyConfig(BaseEnvConfig):
     """If set, append '<start> <end>' wall times of each constructor to this file (it sleeps init_sleep_s)."""
     init_sleep_s: float = 0.0
     hard_kill: bool = False
+    """Die by SIGKILL instead of raising (no Python cleanup at all)."""
     sigterm_self: bool = False
     """Send SIGTERM to its own process (as if something outside stopped just this process)."""
-    """Die by SIGKILL instead of raising (no Python cleanup at all)."""
+    fail_in_init: bool = False
+    """Raise in the constructor (a simulator that cannot start)."""
 
 
 @register_env("Faulty-v1")
 class FaultyEnv(BaseEnv[FaultyConfig]):
     def __init__(self, config: FaultyConfig, num_envs: int = 1, **kwargs: Any) -> None:
         super().__init__(config, num_envs=num_envs, **kwargs)
+        if config.fail_in_init:
+            raise OSError("simulator license not found")
         if config.init_log:
             start = time.time()
             time.sleep(config.init_sleep_s)

@@ -238,3 +238,90 @@ def test_reset_mask_gymnasium_name() -> None:
 def test_reset_mask_out_of_range() -> None:
     with pytest.raises(IndexError):
         _envs(2).reset_mask({"reset_indices": [2]})
+
+
+# ------------------------------------------------------------------------------------------------ spaces
+
+
+def test_observation_space_of_an_observation() -> None:
+    from plugrl_env_client.envs.base_env import observation_space_of
+
+    obs = Observation(images={"cam": np.zeros((3, 8, 6, 3), np.uint8)},
+                      states={"pos": np.zeros((3, 2), np.float32), "count": np.zeros((3, 1), np.int64)}, text="hi")
+    space = observation_space_of(obs)
+    assert space["images"]["cam"].shape == (8, 6, 3) and space["images"]["cam"].dtype == np.uint8
+    assert space["states"]["pos"].shape == (2,) and space["states"]["pos"].dtype == np.float32
+    assert space["states"]["count"].dtype == np.int64
+    row = {"images": {"cam": obs.images["cam"][0]}, "states": {"pos": obs.states["pos"][0],
+                                                             "count": obs.states["count"][0]}, "text": "hi"}
+    assert space.contains(row)
+
+
+def test_missing_observation_space_says_how_to_declare_it() -> None:
+    with pytest.raises(AttributeError, match="declare it in __init__"):
+        _ = _BoxEnv(num_envs=1).single_observation_space
+
+
+def test_declared_observation_space_is_batched() -> None:
+    from plugrl_env_client.envs.base_env import observation_space
+
+    env = _BoxEnv(num_envs=4)
+    env.single_observation_space = observation_space(states={"x": (3,)})
+    assert env.observation_space["states"]["x"].shape == (4, 3)
+
+
+def test_builtin_envs_declare_spaces_that_hold_their_observations(registry: None) -> None:
+    from plugrl_env_client.utils.registration import make_env
+
+    for uid in ("Point-v1", "Probe-v1", "Dummy-v1"):
+        env = make_env(uid, num_envs=2)
+        obs, _ = env.reset(seed=0)
+        row = {"images": {k: v[1] for k, v in obs.images.items()}, "states": {k: v[1] for k, v in obs.states.items()},
+               "text": str(obs.text[1])}
+        assert env.single_observation_space.contains(row), uid
+        env.close()
+
+
+def test_gymnasium_record_episode_statistics_driven_like_the_runner(registry: None) -> None:
+    """Gymnasium's RecordEpisodeStatistics over a built-in env, reset with a mask as the runner does (DISABLED
+    autoreset): its episode lengths and returns match an independent count."""
+    from plugrl_env_client.utils.registration import make_env
+
+    env = gym.wrappers.vector.RecordEpisodeStatistics(make_env("Probe-v1", num_envs=3))
+    env.reset(seed=0)
+    lengths = np.zeros(3, int)
+    seen: list[tuple[int, int, float]] = []
+    for _ in range(40):
+        _, rewards, terminated, truncated, info = env.step(np.zeros((3, 3)))
+        lengths += 1
+        done = terminated | truncated
+        if done.any():
+            ep = info["episode"]
+            for i in np.flatnonzero(done):
+                seen.append((int(i), int(ep["l"][i]), float(ep["r"][i])))
+                assert ep["l"][i] == lengths[i] == 3 + 2 * (i % 3)
+                assert ep["r"][i] == pytest.approx(lengths[i])  # reward 1 per step
+            lengths[done] = 0
+            env.reset(options={"reset_mask": done.copy(), "reset_indices": np.flatnonzero(done)})
+    assert {i for i, _, _ in seen} == {0, 1, 2} and len(seen) >= 10
+
+
+def test_observation_wrappers_construct_from_the_declared_space(registry: None) -> None:
+    """A NormalizeObservation-style vector wrapper reads the space when it is built, and runs."""
+    from plugrl_env_client.utils.registration import make_env
+
+    class ScaleStates(gym.vector.VectorObservationWrapper):
+        def __init__(self, env: gym.vector.VectorEnv, scale: float) -> None:
+            super().__init__(env)
+            self.scale = scale
+            self.keys = list(env.single_observation_space["states"].keys())
+
+        def observations(self, observations: Observation) -> Observation:
+            return Observation(images=observations.images, text=observations.text,
+                               states={k: v * self.scale for k, v in observations.states.items()})
+
+    env = ScaleStates(make_env("Point-v1", num_envs=2), 10.0)
+    assert sorted(env.keys) == ["goal", "pos"]
+    obs, _ = env.reset(seed=0)
+    raw, _ = env.env.reset(seed=0)
+    np.testing.assert_allclose(obs.states["pos"], 10.0 * raw.states["pos"])

@@ -13,12 +13,15 @@ vector API already fixes the batch-as-leading-axis convention. The differences f
 from __future__ import annotations
 
 import dataclasses
+import string
 from collections.abc import Mapping, Sequence
 from typing import Any, Generic, TypeVar
 
 import gymnasium as gym
 import numpy as np
 from gymnasium.vector import AutoresetMode
+
+_PRINTABLE = frozenset(string.printable)
 
 Action = np.ndarray
 """A batch of actions, shape ``(num_envs, *single_action_space.shape)``."""
@@ -112,6 +115,44 @@ def _leading(arr: np.ndarray, name: str) -> int:
     return int(arr.shape[0])
 
 
+TEXT_SPACE_LENGTH = 1 << 20
+"""The longest text an observation space built here admits (observations are free text; the space describes)."""
+
+
+def observation_space(
+    images: Mapping[str, tuple[int, int, int]] | None = None,
+    states: Mapping[str, tuple[int, ...] | gym.spaces.Box] | None = None,
+    text: gym.spaces.Text | None = None,
+) -> gym.spaces.Dict:
+    """The single-env observation space of an :class:`Observation`: ``images`` name -> (h, w, c) (uint8),
+    ``states`` name -> shape (float64, unbounded) or a Box, and a Text space for ``text``."""
+    image_spaces: dict[str, gym.Space] = {k: gym.spaces.Box(0, 255, tuple(shape), np.uint8)
+                                          for k, shape in (images or {}).items()}
+    state_spaces: dict[str, gym.Space] = {
+        k: v if isinstance(v, gym.spaces.Box) else gym.spaces.Box(-np.inf, np.inf, tuple(v), np.float64)
+        for k, v in (states or {}).items()}
+    return gym.spaces.Dict({
+        "images": gym.spaces.Dict(image_spaces),
+        "states": gym.spaces.Dict(state_spaces),
+        "text": text if text is not None else gym.spaces.Text(TEXT_SPACE_LENGTH, min_length=0,
+                                                              charset=_PRINTABLE),
+    })
+
+
+def observation_space_of(obs: Observation) -> gym.spaces.Dict:
+    """The single-env observation space an observation batch implies (shapes and dtypes of its rows)."""
+    states: dict[str, gym.spaces.Box] = {}
+    for k, v in obs.states.items():
+        if v.dtype.kind == "f":
+            states[k] = gym.spaces.Box(-np.inf, np.inf, v.shape[1:], v.dtype)
+        else:
+            info = np.iinfo(v.dtype) if v.dtype.kind in "iu" else None
+            low, high = (info.min, info.max) if info is not None else (0, 1)
+            states[k] = gym.spaces.Box(low, high, v.shape[1:], v.dtype)
+    images = {k: tuple(v.shape[1:]) for k, v in obs.images.items()}
+    return observation_space(images=images, states=dict(states))
+
+
 @dataclasses.dataclass
 class BaseEnvConfig:
     """Base of env config dataclasses. Every field needs a default: the CLI builds one with no arguments and
@@ -185,6 +226,38 @@ class BaseEnv(gym.vector.VectorEnv[Observation, np.ndarray, np.ndarray], Generic
         """
         raise NotImplementedError
 
+
+    @property
+    def single_observation_space(self) -> gym.Space:
+        """The unbatched observation space: a Dict with ``images``, ``states`` and ``text`` (see
+        :func:`observation_space`). Declare it in ``__init__``, or let the runner derive it from the first reset
+        (:func:`observation_space_of`); setting it also defines the batched ``observation_space``."""
+        space = self.__dict__.get("_single_observation_space")
+        if space is None:
+            raise AttributeError(
+                f"{type(self).__name__} has no single_observation_space yet: declare it in __init__ "
+                "(self.single_observation_space = observation_space(states={...})) or set it from an observation "
+                "with observation_space_of(obs)"
+            )
+        return space
+
+    @single_observation_space.setter
+    def single_observation_space(self, space: gym.Space) -> None:
+        self.__dict__["_single_observation_space"] = space
+        self.__dict__.pop("_observation_space", None)
+
+    @property
+    def observation_space(self) -> gym.Space:
+        """``single_observation_space`` batched over ``num_envs`` (built once, on first use)."""
+        space = self.__dict__.get("_observation_space")
+        if space is None:
+            space = gym.vector.utils.batch_space(self.single_observation_space, self.num_envs)
+            self.__dict__["_observation_space"] = space
+        return space
+
+    @observation_space.setter
+    def observation_space(self, space: gym.Space) -> None:
+        self.__dict__["_observation_space"] = space
 
     @property
     def single_action_space(self) -> gym.Space:

@@ -14,6 +14,7 @@ import logging
 import os
 import signal
 from typing import Any
+from urllib.parse import urlsplit
 
 from plugrl_env_client.config import ClientConfig
 from plugrl_env_client.envs.base_env import BaseEnv
@@ -21,9 +22,11 @@ from plugrl_env_client.envs.registry import get_spec, make_env
 from plugrl_env_client.errors import EnvCrashedError, PlugRLError
 from plugrl_env_client.outputs.results import ProcessResult, ProcessStatus
 from plugrl_env_client.protocol.session import Session, SessionConfig
+from plugrl_env_client.rollout import checks
 from plugrl_env_client.rollout.budget import EpisodeBudget
 from plugrl_env_client.rollout.loop import LoopSettings, ResultSink, Rollout
 from plugrl_env_client.rollout.signals import shielded
+from plugrl_env_client.server.embedded import local_policy_flag, server_command
 from plugrl_env_client.timing import Timing
 
 logger = logging.getLogger(__name__)
@@ -81,8 +84,11 @@ def run_process(job: ProcessJob, budget: EpisodeBudget, sink: ResultSink, env_lo
             progress_period_s=PROGRESS_PERIOD_S,
             reuse_feedback_obs=cfg.reuse_feedback_obs,
         )
+        space = checks.action_space_of(env)
         session = Session(SessionConfig(
             url=job.url,
+            server_command=server_command(space, _port_of(job.url)),
+            local_flag=local_policy_flag(space),
             api_key=cfg.api_key or os.environ.get("PLUGRL_API_KEY") or None,
             reconnect_on_stop=cfg.reconnect_on_server_stop,
             max_reconnects=cfg.max_reconnects,
@@ -106,6 +112,13 @@ def run_process(job: ProcessJob, budget: EpisodeBudget, sink: ResultSink, env_lo
             if env is not None:
                 _close(env, spec.uid)
     return ProcessResult(job.process_id, status, error, signum)
+
+
+def _port_of(url: str) -> int | str:
+    try:
+        return urlsplit(url).port or "<port>"
+    except ValueError:  # a malformed URL: the session says so when it connects
+        return "<port>"
 
 
 def _close(env: BaseEnv, uid: str) -> None:

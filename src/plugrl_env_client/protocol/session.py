@@ -46,6 +46,10 @@ class SessionConfig:
     reconnect_timeout_s: float | None = None
     backoff_initial_s: float = 0.1
     backoff_max_s: float = 5.0
+    server_command: str = "plugrl-run-policy-server --port <port>"
+    """How to start a server that fits the env (said when none answers)."""
+    local_flag: str = "--local-policy random"
+    """The flag that uses the embedded server instead."""
 
 
 class Session:
@@ -101,7 +105,7 @@ class Session:
                 logger.info("connected to %s; server metadata: %s", self.config.url, _short(meta.raw))
                 return meta
             if deadline is not None and time.monotonic() > deadline:
-                hint = ("start one with `plugrl-run-policy-server` or use `--local-policy random`"
+                hint = (f"start one with `{self.config.server_command}` or use `{self.config.local_flag}`"
                         if flag == "--connect-timeout" else "it went away and did not come back")
                 raise ConfigError(f"no policy server answered at {self.config.url} within {timeout_s:g} s ({flag}); {hint}")
             attempt += 1
@@ -171,10 +175,12 @@ class Session:
     def _say_waiting(self, attempt: int, exc: BaseException) -> None:
         if attempt == 0:
             logger.warning(
-                "waiting for a policy server at %s (%s). Start one with `plugrl-run-policy-server --port <port>`, "
-                "or run with `--local-policy random` to use the embedded one.",
+                "waiting for a policy server at %s (%s). Start one with `%s`, or run with `%s` to use the "
+                "embedded one.",
                 self.config.url,
                 exc,
+                self.config.server_command,
+                self.config.local_flag,
             )
 
 

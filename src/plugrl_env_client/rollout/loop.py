@@ -24,7 +24,7 @@ from typing import Any, Protocol
 import gymnasium as gym
 import numpy as np
 
-from plugrl_env_client.envs.base_env import BaseEnv, Observation
+from plugrl_env_client.envs.base_env import BaseEnv, Observation, observation_space_of
 from plugrl_env_client.errors import EnvContractError, EnvCrashedError
 from plugrl_env_client.outputs.results import EpisodeRecord, ProcessStatus
 from plugrl_env_client.protocol.connection import CloseAction, Closed, ConnectionLost
@@ -147,6 +147,8 @@ class Rollout:
         """The first reset of every env, seeded with the process's seed."""
         obs = self._reset(self.settings.seed, None)
         self.tracker.start(self._all, [self.settings.seed] * self.n)
+        if "_single_observation_space" not in vars(self.env):  # not declared: derived, for wrappers and recorders
+            self.env.single_observation_space = observation_space_of(obs)
         return obs
 
     def request_actions(self, obs: Observation) -> None:

@@ -37,7 +37,9 @@ def main(args: Sequence[str] | None = None) -> None:
     except (TypeError, ValueError, OSError) as exc:  # a bad --policy.* value, or the port is taken
         print(f"error: {exc}", file=sys.stderr)
         sys.exit(2)
-    print(f"Policy server ({cfg.policy.name}, action_dim={cfg.policy.action_dim}, horizon={cfg.policy.action_horizon}) "
+    shape = (f"{len(cfg.policy.choices)} choices" if cfg.policy.name == "text"
+             else f"action_dim={cfg.policy.action_dim}")
+    print(f"Policy server ({cfg.policy.name}, {shape}, horizon={cfg.policy.action_horizon}) "
           f"listening on ws://{cfg.host}:{server.port}", flush=True)
     try:
         server.serve_forever()

@@ -61,6 +61,23 @@ def policy_for_space(name: str, space: gym.Space, horizon: int, seed: int | None
     return make_policy(config, action_shape=tuple(shape), low=low, high=high)
 
 
+def server_command(space: gym.Space, port: int | str = "<port>") -> str:
+    """The ``plugrl-run-policy-server`` command whose policy fits ``space`` (said when no server answers)."""
+    base = f"plugrl-run-policy-server --port {port}"
+    if isinstance(space, gym.spaces.Text):
+        return f'{base} --policy.name text --policy.choices "<an answer>" "<another>"'
+    if isinstance(space, gym.spaces.Discrete):
+        return f"{base} --policy.action-dim 0 --policy.dtype int64 --policy.low {space.start} " \
+               f"--policy.high {space.start + space.n - 1}"
+    if isinstance(space, gym.spaces.Box) and len(space.shape) == 1:
+        return f"{base} --policy.action-dim {space.shape[0]} --policy.dtype {np.dtype(space.dtype).name}"
+    return base
+
+
+def local_policy_flag(space: gym.Space) -> str:
+    return "--local-policy text" if isinstance(space, gym.spaces.Text) else "--local-policy random"
+
+
 def _describe(space: gym.spaces.Text) -> str:
     """A Text space in one short line (its repr lists the whole charset, control characters included)."""
     return f"Text(min_length={space.min_length}, max_length={space.max_length}, {len(space.character_set)} characters)"

@@ -12,7 +12,15 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from plugrl_env_client.envs.base_env import Action, BaseEnv, BaseEnvConfig, BoolArray, Observation, RewardArray
+from plugrl_env_client.envs.base_env import (
+    Action,
+    BaseEnv,
+    BaseEnvConfig,
+    BoolArray,
+    Observation,
+    RewardArray,
+    observation_space,
+)
 from plugrl_env_client.envs.registry import register_env, register_env_config
 
 
@@ -38,6 +46,10 @@ class DummyEnv(BaseEnv[DummyEnvConfig]):
         super().__init__(config, num_envs=num_envs, **kwargs)
         c = config
         self.single_action_space = gym.spaces.Box(-1.0, 1.0, (c.action_dim,), np.float32)
+        self.single_observation_space = observation_space(
+            images={"base": (c.base_image_size, c.base_image_size, 3), "wrist": (c.wrist_image_size, c.wrist_image_size, 3)},
+            states={"robot_state": (c.robot_state_dim,), "joint_angles": (c.joint_angles_dim,)},
+        )
         self.base = np.zeros((num_envs, c.base_image_size, c.base_image_size, 3), np.uint8)
         self.wrist = np.zeros((num_envs, c.wrist_image_size, c.wrist_image_size, 3), np.uint8)
         self.robot_state = np.zeros((num_envs, c.robot_state_dim))

@@ -11,7 +11,15 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from plugrl_env_client.envs.base_env import Action, BaseEnv, BaseEnvConfig, BoolArray, Observation, RewardArray
+from plugrl_env_client.envs.base_env import (
+    Action,
+    BaseEnv,
+    BaseEnvConfig,
+    BoolArray,
+    Observation,
+    RewardArray,
+    observation_space,
+)
 from plugrl_env_client.envs.registry import register_env, register_env_config
 
 
@@ -29,6 +37,7 @@ class PointEnv(BaseEnv[PointEnvConfig]):
     def __init__(self, config: PointEnvConfig, num_envs: int = 1, **kwargs: Any) -> None:
         super().__init__(config, num_envs=num_envs, **kwargs)
         self.single_action_space = gym.spaces.Box(-1.0, 1.0, (2,), np.float32)
+        self.single_observation_space = observation_space(states={"pos": (2,), "goal": (2,)})
         self.pos = np.zeros((num_envs, 2))
         self.goal = np.zeros((num_envs, 2))
 

@@ -13,7 +13,15 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from plugrl_env_client.envs.base_env import Action, BaseEnv, BaseEnvConfig, BoolArray, Observation, RewardArray
+from plugrl_env_client.envs.base_env import (
+    Action,
+    BaseEnv,
+    BaseEnvConfig,
+    BoolArray,
+    Observation,
+    RewardArray,
+    observation_space,
+)
 from plugrl_env_client.envs.registry import register_env, register_env_config
 
 
@@ -29,6 +37,7 @@ class ProbeEnv(BaseEnv[ProbeEnvConfig]):
     def __init__(self, config: ProbeEnvConfig, num_envs: int = 1, **kwargs: Any) -> None:
         super().__init__(config, num_envs=num_envs, **kwargs)
         self.single_action_space = gym.spaces.Box(-np.inf, np.inf, (config.action_dim,), np.float64)
+        self.single_observation_space = observation_space(states={"t": (1,), "a": (config.action_dim,)})
         self.t = np.zeros((num_envs, 1))
         self.a = np.zeros((num_envs, config.action_dim))
         self.episode_length = 3 + 2 * (np.arange(num_envs) % 3)

@@ -1,0 +1,43 @@
+"""Log routing: the console handler never writes onto the progress bar's line; forwarded records keep their
+process name and traceback."""
+
+from __future__ import annotations
+
+import io
+import logging
+import pickle
+
+from plugrl_env_client.outputs.logs import ConsoleHandler, _Forward
+from plugrl_env_client.outputs.progress import BAR_LINE
+
+
+def test_a_warning_clears_the_bar_line_first() -> None:
+    stream = io.StringIO()
+    BAR_LINE.draw(stream, "[#####---] 5/8 episodes")
+    handler = ConsoleHandler(stream)
+    handler.setFormatter(logging.Formatter("%(levelname)s: %(message)s"))
+    handler.emit(logging.LogRecord("x", logging.WARNING, __file__, 1, "reconnecting", None, None))
+    text = stream.getvalue()
+    bar_end = text.index("episodes") + len("episodes")
+    # after the bar: a carriage return and blanks over it, then the message on a clean line
+    assert text[bar_end:].startswith("\r" + " " * len("[#####---] 5/8 episodes") + "\rWARNING: reconnecting\n")
+    assert BAR_LINE.width == 0, "the bar is redrawn on its next tick, not under the message"
+
+
+def test_forwarded_records_pickle_with_their_message_and_traceback() -> None:
+    sent: list[logging.LogRecord] = []
+    forward = _Forward(sent.append)
+    try:
+        raise ValueError("boom")
+    except ValueError:
+        import sys
+
+        record = logging.LogRecord("plugrl_env_client.x", logging.ERROR, __file__, 1, "env %s crashed", ("P-v1",),
+                                   sys.exc_info())
+    record.processName = "proc_001"
+    forward.emit(record)
+    back = pickle.loads(pickle.dumps(sent[0]))
+    assert back.getMessage() == "env P-v1 crashed" and back.processName == "proc_001"
+    assert "ValueError: boom" in back.exc_text and back.exc_info is None
+    formatted = logging.Formatter("[%(processName)s] %(message)s").format(back)
+    assert formatted.startswith("[proc_001] env P-v1 crashed") and "ValueError: boom" in formatted
