@@ -355,3 +355,18 @@ def test_version_flag_and_help_into_a_closed_pipe():
                           capture_output=True, text=True, timeout=60)
     assert len(pipe.stdout.splitlines()) == 2
     assert "BrokenPipe" not in pipe.stderr and "Traceback" not in pipe.stderr, pipe.stderr
+
+
+def test_two_processes_with_static_split_and_random_policy_are_reproducible(tmp_path):
+    """Static shares and per-process policy streams: the same flags give the same episodes, run after run."""
+    def run(sub: str, seed: int) -> list[list[dict]]:
+        cfg = ClientConfig(output_dir=tmp_path / sub, exp_name="run", progress=False, env=PointEnvConfig(), num_envs=2,
+                           num_procs=2, num_episodes=9, local_policy="random",
+                           runner=RunnerConfig(seed=seed, max_episode_steps=15, episode_split="static"))
+        assert run_client(cfg, "Point-v1") == 0
+        return [_episodes_of(tmp_path / sub, p) for p in (0, 1)]
+
+    a, b, c = run("a", 5), run("b", 5), run("c", 6)
+    assert [len(p) for p in a] == [5, 4], "shares of 9 over 2 processes"
+    assert a == b, "same seed, same episodes in every process"
+    assert a != c

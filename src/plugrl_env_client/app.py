@@ -88,7 +88,7 @@ def _run(config: ClientConfig, uid: str, run_dir: RunDir, writer: RunWriter, job
         logger.warning("--local-policy without --num-episodes: collecting until Ctrl-C (the embedded server never "
                        "ends a run)")
     ctx = mp.get_context(config.runner.start_method)
-    budget = EpisodeBudget(config.num_episodes, ctx)
+    budget = EpisodeBudget(config.num_episodes, ctx, config.num_procs, config.runner.episode_split)
     progress = Progress(budget).start() if config.progress else None
     refresher = Periodic(SUMMARY_PERIOD_S, writer.write_summaries).start()
     try:

@@ -31,6 +31,54 @@ class RunnerConfig:
     """Build envs one process at a time (for simulators whose setup is not safe to run concurrently)."""
     start_method: Literal["spawn", "forkserver", "fork"] = "spawn"
     """How --num-procs processes are started."""
+    pipeline: int = 1
+    """Split each process's envs into this many groups, each with its own env object and connection, and step one
+    group while the others wait for their actions (1: every env in lockstep)."""
+    episode_split: Literal["static", "shared"] = "static"
+    """With --num-episodes and several processes: static gives each process a fixed share (shares differ by at most
+    one), so the episodes depend only on the seed; shared lets whichever process finishes first take the next one."""
+    instruction: Literal["prepend", "off"] = "prepend"
+    """Put the env's info['env_instruction'] in front of the first observation text of each episode, or not."""
+    group_size: int = 1
+    """Consecutive envs form groups of this size that start every episode from the same seed and are reset together
+    once all of them are done (GRPO-style); num_envs must be a multiple of it."""
+
+
+@dataclasses.dataclass
+class RecorderConfig:
+    """What is recorded of the episodes, besides episodes.jsonl (names as PlugRL's client has them)."""
+
+    episode_freq: int = 0
+    """Record every K-th finished episode of each process (0: record nothing)."""
+    thread0_only: bool = False
+    """Record in process 0 only."""
+    record_video: bool = False
+    """An MP4 of each recorded episode's images (extra video)."""
+    video_fps: int = 30
+    record_full_rollout: bool = False
+    """Every step's observation, action and reward of each recorded episode, as NPZ."""
+    record_obs_stats: bool = False
+    """Per-key statistics (min, max, mean, std) of each recorded episode's observations, as JSON lines."""
+    record_episode_metrics: bool = False
+    """Each recorded episode's return, length, success and metrics, as JSON lines."""
+    metric_window: int = 100
+    """Episodes the summaries' windowed means (mean_return, mean_success_rate) are taken over."""
+
+
+@dataclasses.dataclass
+class RayConfig:
+    """Where and how --launcher ray places the processes (extra ray)."""
+
+    address: str = "auto"
+    """auto (a running cluster), ray://host:port, or local (start a private instance on this machine)."""
+    num_cpus_per_proc: float = 1.0
+    num_gpus_per_proc: float = 0.0
+    resources: str = "{}"
+    """Custom resources each process needs, as a JSON object, e.g. '{"sim": 1}'."""
+    placement: Literal["spread", "pack"] = "spread"
+    """spread: processes on as many nodes as possible; pack: on as few as possible."""
+    max_restarts: int = 3
+    """How often Ray restarts a process whose actor died (killed, node lost) before the run goes on without it."""
 
 
 @dataclasses.dataclass
@@ -74,7 +122,13 @@ class ClientConfig:
     env_path: Annotated[tuple[str, ...], tyro.conf.UseAppendAction] = ()
     """An env file (*_env.py) or a folder searched for them, imported before the env id is looked up (repeatable;
     also $PLUGRL_ENV_PATH, os.pathsep-separated)."""
+    launcher: Literal["local", "ray"] = "local"
+    """Where the processes run: local processes, or Ray actors on a cluster (extra ray)."""
+    transport: Literal["websockets", "picows"] = "websockets"
+    """The WebSocket implementation: websockets, or picows (extra fast; the same bytes, faster for large frames)."""
     runner: RunnerConfig = dataclasses.field(default_factory=RunnerConfig)
+    recorder: RecorderConfig = dataclasses.field(default_factory=RecorderConfig)
+    ray: RayConfig = dataclasses.field(default_factory=RayConfig)
     env: BaseEnvConfig = dataclasses.field(default_factory=BaseEnvConfig)
 
     def resolved_url(self) -> str:

@@ -126,3 +126,27 @@ def test_target_in_process() -> None:
     budget.add_env_steps(4)
     budget.add_env_steps(5)
     assert budget.env_steps == 9
+
+
+def test_static_shares_differ_by_at_most_one() -> None:
+    from plugrl_env_client.rollout.budget import shares
+
+    for target in (0, 1, 7, 10, 101):
+        for procs in (1, 2, 3, 8):
+            s = shares(target, procs)
+            assert sum(s) == target and max(s) - min(s) <= 1 and len(s) == procs
+
+
+def test_static_split_caps_each_process_at_its_share() -> None:
+    budget = EpisodeBudget(5, num_procs=2, split="static")  # shares 3 and 2
+    assert [budget.claim(1) for _ in range(4)] == [True, True, False, False]
+    assert budget.exhausted(1) and not budget.exhausted(0) and not budget.finished(0)
+    assert [budget.claim(0) for _ in range(4)] == [True, True, True, False]
+    assert budget.claimed == 5 and (budget.claimed_by(0), budget.claimed_by(1)) == (3, 2)
+    assert budget.finished(0) and budget.finished(1)
+
+
+def test_shared_split_lets_one_process_take_everything() -> None:
+    budget = EpisodeBudget(3, num_procs=2, split="shared")
+    assert [budget.claim(0) for _ in range(4)] == [True, True, True, False]
+    assert budget.exhausted(1) and budget.claimed_by(1) == 0

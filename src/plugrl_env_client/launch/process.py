@@ -94,7 +94,8 @@ def run_process(job: ProcessJob, budget: EpisodeBudget, sink: ResultSink, env_lo
             max_reconnects=cfg.max_reconnects,
             connect_timeout_s=cfg.connect_timeout,
             reconnect_timeout_s=cfg.reconnect_timeout,
-        ), should_stop=budget.finished, timing=timing)
+            stream=(job.process_id, 0),
+        ), should_stop=lambda: budget.finished(job.process_id), timing=timing)
         status = Rollout(env, session, settings, budget, sink, timing).run()
     except PlugRLError as exc:
         # The user sees the message (printed by the CLI); the traceback is for the log file only.

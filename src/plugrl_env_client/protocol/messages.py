@@ -26,6 +26,9 @@ REASON_SHUTDOWN = "Server shutdown"
 REASON_INTERNAL = "Internal server error."  # code 1011
 CLOSE_GOING_AWAY, CLOSE_NORMAL, CLOSE_INTERNAL = 1001, 1000, 1011
 
+# Handshake header naming a client's (process, env group) stream, "<process>.<group>"; optional, ignorable.
+STREAM_HEADER = "X-PlugRL-Stream"
+
 OBS_KEYS = ("images", "states", "text")
 FEEDBACK_KEYS = ("obs", "rewards", "terminated", "truncated", "info")
 

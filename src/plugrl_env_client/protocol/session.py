@@ -25,6 +25,7 @@ from websockets.exceptions import InvalidHandshake, InvalidStatus, InvalidURI
 from websockets.sync.client import ClientConnection, connect
 
 from plugrl_env_client.errors import ConfigError
+from plugrl_env_client.protocol import messages
 from plugrl_env_client.protocol.connection import CloseAction, Closed, Connection, ConnectionLost
 from plugrl_env_client.protocol.messages import ActionReply, ObservationLike, ServerMetadata
 from plugrl_env_client.timing import Timing
@@ -50,6 +51,9 @@ class SessionConfig:
     """How to start a server that fits the env (said when none answers)."""
     local_flag: str = "--local-policy random"
     """The flag that uses the embedded server instead."""
+    stream: tuple[int, int] | None = None
+    """(process id, env group) of this connection, sent as the STREAM_HEADER handshake header: servers that know it
+    (the reference server) give each stream its own reproducible random policy; others ignore it."""
 
 
 class Session:
@@ -137,7 +141,9 @@ class Session:
         return base * (0.5 + self._rng.random() / 2)
 
     def _try_connect(self, attempt: int) -> ClientConnection | None:
-        headers = {"Authorization": f"Api-Key {self.config.api_key}"} if self.config.api_key else None
+        headers = {"Authorization": f"Api-Key {self.config.api_key}"} if self.config.api_key else {}
+        if self.config.stream is not None:
+            headers[messages.STREAM_HEADER] = "{}.{}".format(*self.config.stream)
         try:
             ws = connect(
                 self.config.url,

@@ -1,40 +1,71 @@
-"""How many episodes the whole run still needs, shared by every rollout process.
+"""How many episodes the run still needs, shared by every rollout process.
 
 ``--num-episodes N`` is a total: each finished episode claims one slot, and the run stops when N were claimed.
 Claiming is atomic, so exactly N episodes are recorded even when several processes finish at once.
+
+Two ways to split N over processes (``--runner.episode-split``):
+
+* ``static``: process p may claim a fixed share, ``N // P`` plus one for the first ``N % P`` processes. Which
+  episodes are recorded then depends only on the seeds (with a deterministic policy), not on which process runs
+  faster: two runs with the same flags give the same episodes.
+* ``shared``: first come, first served; a faster process takes more. The run ends as soon as N episodes exist.
 """
 
 from __future__ import annotations
 
 import multiprocessing as mp
-from typing import Any
+from typing import Any, Literal
+
+Split = Literal["static", "shared"]
+
+
+def shares(target: int, num_procs: int) -> list[int]:
+    """Per-process shares of ``target`` episodes; they differ by at most one."""
+    return [target // num_procs + (1 if p < target % num_procs else 0) for p in range(num_procs)]
 
 
 class EpisodeBudget:
-    """A shared counter of recorded episodes with an optional target; also counts env steps for progress."""
+    """Shared counters of claimed episodes (with an optional target) and env steps, and the run's stop flag."""
 
-    def __init__(self, target: int | None, ctx: Any = None) -> None:
+    def __init__(self, target: int | None, ctx: Any = None, num_procs: int = 1, split: Split = "shared") -> None:
         ctx = ctx or mp.get_context("spawn")
+        if split not in ("static", "shared"):
+            raise ValueError(f"split must be 'static' or 'shared', got {split!r}")
         self.target = target
-        self._claimed = ctx.Value("q", 0)
+        self.split = split
+        self.num_procs = num_procs
+        self._claimed = ctx.Value("q", 0)  # its lock guards every counter below
+        self._per_process = ctx.Array("q", num_procs, lock=False)
+        self._shares = shares(target, num_procs) if (target is not None and split == "static") else None
         self._env_steps = ctx.Value("q", 0, lock=False)
         self.stop = ctx.Event()
         """Set when the run must end early (a process failed, the user interrupted)."""
 
-    def claim(self) -> bool:
-        """Reserve a slot for one finished episode; False once the target is reached."""
+    def claim(self, process_id: int = 0) -> bool:
+        """Reserve a slot for one finished episode of ``process_id``; False once no slot is left for it."""
         with self._claimed.get_lock():
+            if self._shares is not None and self._per_process[process_id] >= self._shares[process_id]:
+                return False
             if self.target is not None and self._claimed.value >= self.target:
                 return False
             self._claimed.value += 1
+            self._per_process[process_id] += 1
             return True
 
     @property
     def claimed(self) -> int:
         return int(self._claimed.value)
 
-    def exhausted(self) -> bool:
-        return self.target is not None and self.claimed >= self.target
+    def claimed_by(self, process_id: int) -> int:
+        return int(self._per_process[process_id])
+
+    def exhausted(self, process_id: int = 0) -> bool:
+        """True when ``process_id`` can claim no more (its share is used, or the target is reached)."""
+        if self.target is None:
+            return False
+        if self._shares is not None and self._per_process[process_id] >= self._shares[process_id]:
+            return True
+        return self.claimed >= self.target
 
     def add_env_steps(self, count: int) -> None:
         with self._claimed.get_lock():
@@ -44,6 +75,6 @@ class EpisodeBudget:
     def env_steps(self) -> int:
         return int(self._env_steps.value)
 
-    def finished(self) -> bool:
-        """True when collection should end: the target is reached or a stop was requested."""
-        return self.exhausted() or self.stop.is_set()
+    def finished(self, process_id: int = 0) -> bool:
+        """True when ``process_id`` should stop collecting: it needs no more episodes, or a stop was requested."""
+        return self.exhausted(process_id) or self.stop.is_set()

@@ -124,7 +124,7 @@ class Rollout:
         try:
             self._connect()
             obs = self.reset_all()
-            while not self.budget.finished():
+            while not self.budget.finished(self.settings.process_id):
                 try:
                     self.request_actions(obs)
                 except ConnectionLost as lost:
@@ -216,9 +216,9 @@ class Rollout:
                                       self._elapsed(), self.timing.env_steps)
         with deferred_interrupts():  # an episode is claimed and reported as one, never half
             for record in records:
-                if self.budget.claim():
+                if self.budget.claim(self.settings.process_id):
                     self.sink.episode(record)
-        if self.budget.finished():
+        if self.budget.finished(self.settings.process_id):
             return step.obs
         obs = self._reset(None, {"reset_mask": step.done.copy(), "reset_indices": done})
         self.tracker.start(done)
@@ -241,7 +241,7 @@ class Rollout:
     def _reconnect(self, lost: ConnectionLost) -> None:
         """The one place a close is handled: end the run, or drop every chunk in flight and reconnect."""
         while True:
-            if lost.close.action is CloseAction.END or self.budget.finished():
+            if lost.close.action is CloseAction.END or self.budget.finished(self.settings.process_id):
                 logger.info("the run ended (%s)", lost.close.describe())
                 raise _RunEnded
             self.plans.drop_all()
@@ -255,7 +255,7 @@ class Rollout:
             return
 
     def _end_status(self) -> ProcessStatus:
-        if self.budget.exhausted():
+        if self.budget.exhausted(self.settings.process_id):
             return ProcessStatus.FINISHED
         return ProcessStatus.INTERRUPTED if self.budget.stop.is_set() else ProcessStatus.STOPPED_BY_SERVER
 

@@ -33,7 +33,7 @@ def main(args: Sequence[str] | None = None) -> None:
     try:
         policy = make_policy(cfg.policy)
         server = PolicyServer(policy, host=cfg.host, port=cfg.port, max_episodes=cfg.max_episodes,
-                              reuse_feedback_obs=cfg.reuse_feedback_obs)
+                              reuse_feedback_obs=cfg.reuse_feedback_obs, seed=cfg.policy.seed)
     except (TypeError, ValueError, OSError) as exc:  # a bad --policy.* value, or the port is taken
         print(f"error: {exc}", file=sys.stderr)
         sys.exit(2)

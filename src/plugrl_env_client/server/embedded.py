@@ -101,4 +101,5 @@ def default_text_choices(space: gym.spaces.Text, seed: int | None = None) -> tup
 def start_local_server(name: str, space: gym.Space, horizon: int, seed: int | None = None,
                        choices: Sequence[str] = ()) -> PolicyServer:
     """Start the reference server on a free loopback port, serving in a daemon thread."""
-    return PolicyServer(policy_for_space(name, space, horizon, seed, choices), host="127.0.0.1", port=0).start()
+    return PolicyServer(policy_for_space(name, space, horizon, seed, choices), host="127.0.0.1", port=0,
+                        seed=seed).start()

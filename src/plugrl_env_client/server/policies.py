@@ -8,6 +8,7 @@ space), picking one of a fixed set of strings per env and step.
 from __future__ import annotations
 
 import abc
+import copy
 import dataclasses
 from typing import Any, Literal
 
@@ -53,6 +54,12 @@ class Policy(abc.ABC):
             meta["action_dim"] = dim
         return meta
 
+    def for_stream(self, key: np.random.SeedSequence) -> Policy:
+        """This policy for one client stream (a process's connection): policies that draw random numbers return
+        a copy with its own generator seeded from ``key``, so each stream's actions are reproducible whatever the
+        other streams do; the others return themselves."""
+        return self
+
     @abc.abstractmethod
     def act(self, obs: dict[str, Any], n: int) -> np.ndarray:
         """Action chunk for ``n`` envs."""
@@ -61,6 +68,7 @@ class Policy(abc.ABC):
 class RandomPolicy(Policy):
     def __init__(self, *args: Any, seed: int | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        self.seed = seed
         self.rng = np.random.default_rng(seed)
         # Infinite bounds (e.g. an unbounded Box) fall back to [-1, 1] so draws stay finite.
         self.low = np.where(np.isfinite(self.low), self.low, -1.0)
@@ -73,6 +81,11 @@ class RandomPolicy(Policy):
         if self.dtype.kind == "b":
             return self.rng.random(size=shape) < 0.5
         return self.rng.uniform(self.low, self.high, size=shape).astype(self.dtype)
+
+    def for_stream(self, key: np.random.SeedSequence) -> Policy:
+        stream = copy.copy(self)
+        stream.rng = np.random.default_rng(key)
+        return stream
 
 
 class ZeroPolicy(Policy):
@@ -107,6 +120,11 @@ class TextPolicy(Policy):
 
     def act(self, obs: dict[str, Any], n: int) -> np.ndarray:
         return self.choices[self.rng.integers(len(self.choices), size=(self.horizon, n))]
+
+    def for_stream(self, key: np.random.SeedSequence) -> Policy:
+        stream = copy.copy(self)
+        stream.rng = np.random.default_rng(key)
+        return stream
 
 
 POLICIES: dict[str, type[Policy]] = {"random": RandomPolicy, "zero": ZeroPolicy, "text": TextPolicy}

@@ -76,8 +76,10 @@ class PolicyServer:
     """Serve ``policy`` on ``ws://host:port`` until :meth:`shutdown` (or ``max_episodes`` were reported)."""
 
     def __init__(self, policy: Policy, host: str = "127.0.0.1", port: int = 8000, max_episodes: int | None = None,
-                 reuse_feedback_obs: bool = True) -> None:
+                 reuse_feedback_obs: bool = True, seed: int | None = None) -> None:
         self.policy = policy
+        self.seed = seed if seed is not None else int(np.random.SeedSequence().entropy % (1 << 63))  # type: ignore[operator]
+        self._streams: dict[tuple[int, int], int] = {}  # connections seen per client stream
         self.reuse_feedback_obs = reuse_feedback_obs
         self.max_episodes = max_episodes
         self.log = EpisodeLog()
@@ -130,7 +132,7 @@ class PolicyServer:
             self._clients.add(ws)
         try:
             ws.send(codec.packb(messages.metadata_message(self.metadata())))
-            self._serve_connection(ws)
+            self._serve_connection(ws, self._policy_for(ws))
         except _Violation as exc:
             logger.warning("protocol violation by %s, closing with %s: %s", peer, messages.REASON_RESYNC, exc)
             ws.close(messages.CLOSE_GOING_AWAY, messages.REASON_RESYNC)
@@ -145,7 +147,21 @@ class PolicyServer:
             with self._lock:
                 self._clients.discard(ws)
 
-    def _serve_connection(self, ws: ServerConnection) -> None:
+    def _policy_for(self, ws: ServerConnection) -> Policy:
+        """The policy of one connection: a client that names its stream (process, env group) in the handshake
+        gets a generator of its own, seeded from the server's seed, the stream and how often it connected, so the
+        same client run gets the same actions whatever other streams do."""
+        raw = ws.request.headers.get(messages.STREAM_HEADER) if ws.request is not None else None
+        try:
+            process, group = (int(part) for part in str(raw).split("."))
+        except ValueError:
+            return self.policy  # no header (or another client's idea of one): the shared generator
+        with self._lock:
+            nth = self._streams.get((process, group), 0)
+            self._streams[(process, group)] = nth + 1
+        return self.policy.for_stream(np.random.SeedSequence([self.seed, process, group, nth]))
+
+    def _serve_connection(self, ws: ServerConnection, policy: Policy) -> None:
         outstanding: set[int] = set()  # envs that received a chunk and owe us its feedback
         seen: set[int] = set()  # envs that received a chunk on this connection: they have step state
         warned_stateless = False
@@ -165,7 +181,7 @@ class PolicyServer:
                 if stale:
                     raise _Violation(f"infer for envs {sorted(stale)} whose previous chunk got no feedback yet")
                 obs = self._with_reused_rows(request, held)
-                actions = self.policy.act(obs, len(request.env_indices))
+                actions = policy.act(obs, len(request.env_indices))
                 ws.send(codec.packb(messages.action_message(request.env_indices, actions)))
                 outstanding.update(request.env_indices.tolist())
                 seen.update(request.env_indices.tolist())
