@@ -92,7 +92,12 @@ def _run(config: ClientConfig, uid: str, run_dir: RunDir, writer: RunWriter, job
     progress = Progress(budget).start() if config.progress else None
     refresher = Periodic(SUMMARY_PERIOD_S, writer.write_summaries).start()
     try:
-        launch(jobs, budget, ctx, writer, sources, env)
+        if config.launcher == "ray":
+            from plugrl_env_client.launch.ray import launch_ray
+
+            launch_ray(jobs, budget, writer, sources, config.ray)
+        else:
+            launch(jobs, budget, ctx, writer, sources, env)
     finally:
         with shielded():
             refresher.stop()

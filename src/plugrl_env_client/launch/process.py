@@ -23,7 +23,7 @@ from plugrl_env_client.errors import EnvCrashedError, PlugRLError
 from plugrl_env_client.outputs.results import ProcessResult, ProcessStatus
 from plugrl_env_client.protocol.session import Session, SessionConfig
 from plugrl_env_client.rollout import checks
-from plugrl_env_client.rollout.budget import EpisodeBudget
+from plugrl_env_client.rollout.budget import Budget
 from plugrl_env_client.rollout.loop import LoopSettings, ResultSink, Rollout
 from plugrl_env_client.rollout.signals import shielded
 from plugrl_env_client.server.embedded import local_policy_flag, server_command
@@ -61,7 +61,7 @@ def build_env(job: ProcessJob, env_lock: Any = None) -> BaseEnv:
             raise EnvCrashedError(f"env {spec.uid} raised in __init__(): {type(exc).__name__}: {exc}") from exc
 
 
-def run_process(job: ProcessJob, budget: EpisodeBudget, sink: ResultSink, env_lock: Any = None,
+def run_process(job: ProcessJob, budget: Budget, sink: ResultSink, env_lock: Any = None,
                 env: BaseEnv | None = None) -> ProcessResult:
     """Run one process's rollout to its end (with ``env`` when the caller built it already); never raises for
     user errors or interrupts: they become the result."""

@@ -14,9 +14,31 @@ Two ways to split N over processes (``--runner.episode-split``):
 from __future__ import annotations
 
 import multiprocessing as mp
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 Split = Literal["static", "shared"]
+
+
+class StopFlag(Protocol):
+    def set(self) -> None: ...
+
+    def is_set(self) -> bool: ...
+
+
+class Budget(Protocol):
+    """What a rollout needs of the run's episode budget (local processes share an :class:`EpisodeBudget`; other
+    launchers bring their own). ``finished`` is asked on every loop iteration, so it must be cheap."""
+
+    target: int | None
+    stop: StopFlag
+
+    def claim(self, process_id: int = 0) -> bool: ...
+
+    def exhausted(self, process_id: int = 0) -> bool: ...
+
+    def finished(self, process_id: int = 0) -> bool: ...
+
+    def add_env_steps(self, count: int) -> None: ...
 
 
 def shares(target: int, num_procs: int) -> list[int]:

@@ -30,7 +30,7 @@ from plugrl_env_client.outputs.results import EpisodeRecord, ProcessStatus
 from plugrl_env_client.protocol.connection import CloseAction, Closed, ConnectionLost
 from plugrl_env_client.protocol.messages import FEATURE_REUSE_FEEDBACK_OBS, ActionReply, ServerMetadata
 from plugrl_env_client.rollout import checks
-from plugrl_env_client.rollout.budget import EpisodeBudget
+from plugrl_env_client.rollout.budget import Budget
 from plugrl_env_client.rollout.chunks import ActionPlans
 from plugrl_env_client.rollout.episodes import EpisodeTracker
 from plugrl_env_client.rollout.signals import deferred_interrupts
@@ -101,7 +101,7 @@ class _RunEnded(Exception):
 class Rollout:
     """Runs one env batch against one session until the budget is spent or the server ends the run."""
 
-    def __init__(self, env: BaseEnv, session: ServerSession, settings: LoopSettings, budget: EpisodeBudget,
+    def __init__(self, env: BaseEnv, session: ServerSession, settings: LoopSettings, budget: Budget,
                  sink: ResultSink, timing: Timing | None = None) -> None:
         self.env, self.session, self.settings = env, session, settings
         self.budget, self.sink = budget, sink
