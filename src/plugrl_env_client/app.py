@@ -20,7 +20,7 @@ from plugrl_env_client.envs.discovery import EnvSources
 from plugrl_env_client.envs.registry import get_spec
 from plugrl_env_client.errors import ConfigError, PlugRLError
 from plugrl_env_client.launch.local import launch
-from plugrl_env_client.launch.process import ProcessJob, build_env
+from plugrl_env_client.launch.process import ProcessJob, build_env, group_sizes
 from plugrl_env_client.outputs.logs import setup_logging
 from plugrl_env_client.outputs.progress import Periodic, Progress, summary_table
 from plugrl_env_client.outputs.results import ProcessResult, ProcessStatus
@@ -53,9 +53,10 @@ def run_client(config: ClientConfig, env_id: str, sources: EnvSources | None = N
     signum = None
     with interrupt_handlers():
         try:
-            # One process: its env is built here, once, and also tells the embedded server the action space.
+            # One process in lockstep: its env is built here, once, and also tells the embedded server the action
+            # space (pipeline groups build their own envs, of num_envs / pipeline copies each).
             jobs = [ProcessJob(spec.uid, config, p, "") for p in range(config.num_procs)]
-            if config.num_procs == 1:
+            if config.num_procs == 1 and config.runner.pipeline == 1:
                 env = build_env(jobs[0])
             server = _start_local_policy(config, spec.uid, env) if config.local_policy else None
             url = server.url if server is not None else config.resolved_url()
@@ -148,6 +149,7 @@ def _validate(config: ClientConfig) -> None:
                         ("--local-policy-horizon", config.local_policy_horizon)):
         if value is not None and value < 1:
             raise ConfigError(f"{flag} must be >= 1, got {value}")
+    group_sizes(config)  # pipeline and seed groups must split the envs evenly
 
 
 def _start_local_policy(config: ClientConfig, env_id: str, env: BaseEnv | None) -> PolicyServer:

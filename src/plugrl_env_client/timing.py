@@ -19,7 +19,9 @@ class Timing:
     """Counters and seconds of one process (or, summed, of a run)."""
 
     env_steps: int = 0
-    """Env steps taken (batch steps x envs in the batch)."""
+    """Env steps taken by envs in an episode (retired envs, and envs waiting for their seed group, not counted)."""
+    idle_env_steps: int = 0
+    """Steps of envs that took no part (retired, or waiting for their seed group): the batch steps them anyway."""
     batch_steps: int = 0
     """Calls to ``env.step``."""
     infer_calls: int = 0

@@ -19,12 +19,14 @@ from urllib.parse import urlsplit
 from plugrl_env_client.config import ClientConfig
 from plugrl_env_client.envs.base_env import BaseEnv
 from plugrl_env_client.envs.registry import get_spec, make_env
-from plugrl_env_client.errors import EnvCrashedError, PlugRLError
+from plugrl_env_client.errors import ConfigError, EnvCrashedError, PlugRLError
 from plugrl_env_client.outputs.results import ProcessResult, ProcessStatus
 from plugrl_env_client.protocol.session import Session, SessionConfig
 from plugrl_env_client.rollout import checks
 from plugrl_env_client.rollout.budget import Budget
-from plugrl_env_client.rollout.loop import LoopSettings, ResultSink, Rollout
+from plugrl_env_client.rollout.group import EnvGroup, LoopSettings
+from plugrl_env_client.rollout.interfaces import EpisodeHooks, ResultSink
+from plugrl_env_client.rollout.loop import Rollout
 from plugrl_env_client.rollout.signals import shielded
 from plugrl_env_client.server.embedded import local_policy_flag, server_command
 from plugrl_env_client.timing import Timing
@@ -48,29 +50,49 @@ def process_seed(seed: int | None, process_id: int, num_envs: int) -> int | None
     return None if seed is None else seed + process_id * num_envs
 
 
-def build_env(job: ProcessJob, env_lock: Any = None) -> BaseEnv:
-    """The process's env batch; an exception in the env's constructor names the env and the call."""
+def build_env(job: ProcessJob, env_lock: Any = None, num_envs: int | None = None) -> BaseEnv:
+    """The process's env batch (``num_envs`` of them: a pipelined process builds one batch per group); an
+    exception in the env's constructor names the env and the call."""
     cfg, spec = job.config, get_spec(job.env_id)
     ids = {"process_id": job.process_id, "total_processes": cfg.num_procs} if cfg.runner.pass_proc_id else {}
     with env_lock if (env_lock is not None and cfg.runner.use_env_lock) else contextlib.nullcontext():
         try:
-            return make_env(spec.uid, num_envs=cfg.num_envs, config=cfg.env, **ids)
+            return make_env(spec.uid, num_envs=num_envs or cfg.num_envs, config=cfg.env, **ids)
         except PlugRLError:
             raise
         except Exception as exc:
             raise EnvCrashedError(f"env {spec.uid} raised in __init__(): {type(exc).__name__}: {exc}") from exc
 
 
+def group_sizes(config: ClientConfig) -> list[int]:
+    """Envs per pipeline group: ``--num-envs`` split into ``--runner.pipeline`` equal groups, each a whole number
+    of ``--runner.group-size`` seed groups (otherwise a clear error)."""
+    n, k, g = config.num_envs, config.runner.pipeline, config.runner.group_size
+    if k < 1:
+        raise ConfigError(f"--runner.pipeline must be >= 1, got {k}")
+    if g < 1:
+        raise ConfigError(f"--runner.group-size must be >= 1, got {g}")
+    if n % k:
+        raise ConfigError(f"--num-envs {n} does not split into --runner.pipeline {k} equal groups; use a multiple of "
+                          f"{k} (e.g. --num-envs {n + k - n % k}) or another --runner.pipeline")
+    if (n // k) % g:
+        raise ConfigError(f"--runner.group-size {g} must divide the envs of each pipeline group ({n // k} = "
+                          f"--num-envs {n} / --runner.pipeline {k})")
+    return [n // k] * k
+
+
 def run_process(job: ProcessJob, budget: Budget, sink: ResultSink, env_lock: Any = None,
-                env: BaseEnv | None = None) -> ProcessResult:
-    """Run one process's rollout to its end (with ``env`` when the caller built it already); never raises for
-    user errors or interrupts: they become the result."""
+                env: BaseEnv | None = None, hooks: EpisodeHooks | None = None) -> ProcessResult:
+    """Run one process's rollout to its end (with ``env`` when the caller built it already, in lockstep); never
+    raises for user errors or interrupts: they become the result."""
     cfg, spec = job.config, get_spec(job.env_id)
-    timing = Timing()
+    timings: list[Timing] = []
+    envs: list[BaseEnv] = [] if env is None else [env]
     status, error, signum = ProcessStatus.STARTING, None, None
     try:
-        if env is None:
-            env = build_env(job, env_lock)
+        sizes = group_sizes(cfg)
+        while len(envs) < len(sizes):
+            envs.append(build_env(job, env_lock, sizes[len(envs)]))
         settings = LoopSettings(
             env_id=spec.uid,
             process_id=job.process_id,
@@ -83,20 +105,16 @@ def run_process(job: ProcessJob, budget: Budget, sink: ResultSink, env_lock: Any
             non_finite_observations=cfg.runner.non_finite_observations,
             progress_period_s=PROGRESS_PERIOD_S,
             reuse_feedback_obs=cfg.reuse_feedback_obs,
+            instruction=cfg.runner.instruction,
+            group_size=cfg.runner.group_size,
         )
-        space = checks.action_space_of(env)
-        session = Session(SessionConfig(
-            url=job.url,
-            server_command=server_command(space, _port_of(job.url)),
-            local_flag=local_policy_flag(space),
-            api_key=cfg.api_key or os.environ.get("PLUGRL_API_KEY") or None,
-            reconnect_on_stop=cfg.reconnect_on_server_stop,
-            max_reconnects=cfg.max_reconnects,
-            connect_timeout_s=cfg.connect_timeout,
-            reconnect_timeout_s=cfg.reconnect_timeout,
-            stream=(job.process_id, 0),
-        ), should_stop=lambda: budget.finished(job.process_id), timing=timing)
-        status = Rollout(env, session, settings, budget, sink, timing).run()
+        groups = []
+        for g, group_env in enumerate(envs):
+            timings.append(Timing())
+            session = Session(session_config(job, group_env, g), should_stop=lambda: budget.finished(job.process_id),
+                              timing=timings[g])
+            groups.append(EnvGroup(group_env, session, settings, budget, sink, timings[g], g * sizes[0], hooks))
+        status = Rollout(groups, settings, budget, sink, timings).run()
     except PlugRLError as exc:
         # The user sees the message (printed by the CLI); the traceback is for the log file only.
         logger.debug("process %d failed: %s", job.process_id, exc, exc_info=True)
@@ -109,10 +127,27 @@ def run_process(job: ProcessJob, budget: Budget, sink: ResultSink, env_lock: Any
         status, error = ProcessStatus.FAILED, f"internal error {type(exc).__name__}: {exc}"
     finally:
         with shielded():  # a second Ctrl-C must not lose the final report
-            sink.progress(job.process_id, status, timing)
-            if env is not None:
-                _close(env, spec.uid)
+            sink.progress(job.process_id, status, Timing.total(timings))
+            for built in envs:
+                _close(built, spec.uid)
     return ProcessResult(job.process_id, status, error, signum)
+
+
+def session_config(job: ProcessJob, env: BaseEnv, group: int) -> SessionConfig:
+    """How group ``group`` of the process connects: the run's server flags, and hints that fit the env."""
+    cfg = job.config
+    space = checks.action_space_of(env)
+    return SessionConfig(
+        url=job.url,
+        server_command=server_command(space, _port_of(job.url)),
+        local_flag=local_policy_flag(space),
+        api_key=cfg.api_key or os.environ.get("PLUGRL_API_KEY") or None,
+        reconnect_on_stop=cfg.reconnect_on_server_stop,
+        max_reconnects=cfg.max_reconnects,
+        connect_timeout_s=cfg.connect_timeout,
+        reconnect_timeout_s=cfg.reconnect_timeout,
+        stream=(job.process_id, group),
+    )
 
 
 def _port_of(url: str) -> int | str:

@@ -27,7 +27,11 @@ class ActionPlans:
 
     def needing_actions(self) -> np.ndarray:
         """Envs (ascending) whose chunk is used up or was dropped."""
-        return np.flatnonzero(self.cursor >= self.length)
+        return np.flatnonzero(self.needing_actions_mask())
+
+    def needing_actions_mask(self) -> np.ndarray:
+        """Per env: its chunk is used up or was dropped."""
+        return self.cursor >= self.length
 
     def load(self, env_ids: np.ndarray, actions: np.ndarray) -> None:
         """Queue a time-major chunk ``actions[t, j]`` for env ``env_ids[j]``, cut to ``replan_steps``."""
@@ -48,11 +52,17 @@ class ActionPlans:
         """The batch of actions for this env step (every env must hold a chunk)."""
         return self._queue[self._all, self.cursor]
 
-    def advance(self, rewards: np.ndarray, done: np.ndarray) -> np.ndarray:
-        """Account one env step; returns the envs whose chunk ended on it (used up or episode over)."""
-        self.cursor += 1
-        self.chunk_reward += rewards
-        ended = (self.cursor >= self.length) | done
+    def advance(self, rewards: np.ndarray, done: np.ndarray, active: np.ndarray | None = None) -> np.ndarray:
+        """Account one env step of the ``active`` envs (all when None); returns the envs whose chunk ended on it
+        (used up or episode over). Inactive envs (retired, or waiting) keep their plans as they are."""
+        if active is None:
+            self.cursor += 1
+            self.chunk_reward += rewards
+            ended = (self.cursor >= self.length) | done
+        else:
+            self.cursor += active
+            self.chunk_reward += np.where(active, rewards, 0.0)
+            ended = active & ((self.cursor >= self.length) | done)
         self.cursor[done] = self.length[done]
         return np.flatnonzero(ended)
 

@@ -1,6 +1,11 @@
-"""Per-env episode accounting: return, length and success of each running episode, until it becomes a record.
+"""Per-env episode accounting: return, length, success and metrics of each running episode, until it is a record.
 
 Kept per env (not per batch) so statistics stay right when envs finish on different steps.
+
+Metrics follow ROLL/GEM's convention: a step's ``info["metrics"]`` maps names to one value per env, and
+``info["metrics_agg_mode"]`` says how a name is aggregated over an episode: ``sum``, ``mean``, ``min``, ``max``,
+``first`` or ``last``; a name without a mode is averaged (``mean``). An unknown mode, or a mode that changes between
+steps, is an error the first time it is seen.
 """
 
 from __future__ import annotations
@@ -9,62 +14,142 @@ from typing import Any
 
 import numpy as np
 
+from plugrl_env_client.errors import EnvContractError
 from plugrl_env_client.outputs.results import EpisodeRecord
+
+AGG_MODES = ("sum", "mean", "min", "max", "first", "last")
+DEFAULT_AGG_MODE = "mean"
+
+
+class _Metric:
+    """One metric's running aggregates for every env."""
+
+    def __init__(self, n: int, mode: str) -> None:
+        self.mode = mode
+        self.total = np.zeros(n)
+        self.count = np.zeros(n, np.int64)
+        self.low = np.full(n, np.inf)
+        self.high = np.full(n, -np.inf)
+        self.first = np.full(n, np.nan)
+        self.last = np.full(n, np.nan)
+
+    def add(self, values: np.ndarray, rows: np.ndarray) -> None:
+        v = values[rows]
+        self.total[rows] += v
+        fresh = rows[self.count[rows] == 0]
+        self.first[fresh] = values[fresh]
+        self.count[rows] += 1
+        self.low[rows] = np.minimum(self.low[rows], v)
+        self.high[rows] = np.maximum(self.high[rows], v)
+        self.last[rows] = v
+
+    def value(self, i: int) -> float | None:
+        if self.count[i] == 0:
+            return None
+        if self.mode == "sum":
+            return float(self.total[i])
+        if self.mode == "mean":
+            return float(self.total[i] / self.count[i])
+        return float({"min": self.low, "max": self.high, "first": self.first, "last": self.last}[self.mode][i])
+
+    def clear(self, rows: np.ndarray) -> None:
+        self.total[rows] = 0.0
+        self.count[rows] = 0
+        self.low[rows], self.high[rows] = np.inf, -np.inf
+        self.first[rows] = self.last[rows] = np.nan
 
 
 class EpisodeTracker:
     """Running totals of the current episode of each env."""
 
     def __init__(self, num_envs: int, success_threshold: float | None) -> None:
+        self.n = num_envs
         self.success_threshold = success_threshold
         self.returns = np.zeros(num_envs, np.float64)
         self.lengths = np.zeros(num_envs, np.int64)
         self.success = np.zeros(num_envs, bool)
         self.seeds: list[int | None] = [None] * num_envs
+        self.instructions: list[str | None] = [None] * num_envs
+        self.metrics: dict[str, _Metric] = {}
         # Success is judged when the env has a rule: a registered threshold, or info["success"] seen on some step.
         self.judges_success = success_threshold is not None
 
-    def start(self, env_ids: np.ndarray, seeds: list[int | None] | None = None) -> None:
-        """New episodes begin at ``env_ids`` (with the seeds they were reset with, when known)."""
+    def start(self, env_ids: np.ndarray, seeds: list[int | None] | None = None,
+              instructions: list[str] | None = None) -> None:
+        """New episodes begin at ``env_ids``, with the seeds and instructions they were reset with, when known."""
+        env_ids = np.asarray(env_ids, dtype=np.intp)
         self.returns[env_ids] = 0.0
         self.lengths[env_ids] = 0
         self.success[env_ids] = False
-        for k, env in enumerate(np.asarray(env_ids).tolist()):
+        for metric in self.metrics.values():
+            metric.clear(env_ids)
+        for k, env in enumerate(env_ids.tolist()):
             self.seeds[env] = None if seeds is None else seeds[k]
+            self.instructions[env] = None if instructions is None else instructions[k]
 
-    def add_step(self, rewards: np.ndarray, info: dict[str, Any]) -> None:
-        """Account one env step of every env.
+    def add_step(self, rewards: np.ndarray, info: dict[str, Any], active: np.ndarray | None = None) -> None:
+        """Account one env step of the ``active`` envs (all when None).
 
         An episode succeeds when any step's reward reaches the registered threshold, or when the env reports
         ``info["success"]`` (a bool array) true on any step.
         """
-        self.returns += rewards
-        self.lengths += 1
+        if active is None:
+            active = np.ones(self.n, bool)
+        self.returns += np.where(active, rewards, 0.0)
+        self.lengths += active
         if self.success_threshold is not None:
-            self.success |= rewards >= self.success_threshold
+            self.success |= active & (rewards >= self.success_threshold)
         reported = info.get("success")
         if isinstance(reported, np.ndarray) and reported.shape == self.success.shape:
             self.judges_success = True
-            self.success |= reported.astype(bool)
+            self.success |= active & reported.astype(bool)
+        metrics = info.get("metrics")
+        if isinstance(metrics, dict) and metrics:
+            self._add_metrics(metrics, info.get("metrics_agg_mode") or {}, np.flatnonzero(active))
+
+    def _add_metrics(self, metrics: dict[str, Any], modes: Any, rows: np.ndarray) -> None:
+        if not isinstance(modes, dict):
+            raise EnvContractError(f"info['metrics_agg_mode'] must map metric names to one of {', '.join(AGG_MODES)}; "
+                                   f"got {type(modes).__name__}")
+        for name, values in metrics.items():
+            mode = modes.get(name, DEFAULT_AGG_MODE)
+            if mode not in AGG_MODES:
+                raise EnvContractError(f"info['metrics_agg_mode'][{name!r}] is {mode!r}; use one of "
+                                       f"{', '.join(AGG_MODES)} (a metric without a mode is averaged)")
+            metric = self.metrics.get(name)
+            if metric is None:
+                metric = self.metrics[name] = _Metric(self.n, mode)
+            elif metric.mode != mode:
+                raise EnvContractError(f"info['metrics_agg_mode'][{name!r}] changed from {metric.mode!r} to {mode!r}; "
+                                       "a metric keeps one aggregation mode for the whole run")
+            arr = np.asarray(values)
+            if arr.shape != (self.n,) or arr.dtype.kind not in "biuf":
+                raise EnvContractError(f"info['metrics'][{name!r}] must be a numeric or bool array of shape ({self.n},) "
+                                       f"(one value per env); got {arr.dtype} {arr.shape}")
+            metric.add(arr.astype(np.float64), rows)
 
     def finish(self, env_ids: np.ndarray, terminated: np.ndarray, truncated: np.ndarray, process_id: int,
-               wall_time_s: float, env_steps: int) -> list[EpisodeRecord]:
-        """Records of the episodes that ended at ``env_ids`` (the caller resets the envs and :meth:`start` s them)."""
-        return [
-            EpisodeRecord(
-                env_index=int(i),
+               wall_time_s: float, env_steps: int, offset: int = 0) -> list[EpisodeRecord]:
+        """Records of the episodes that ended at ``env_ids`` (batch rows; the record names the process's env id
+        ``offset + row``). The caller resets the envs and :meth:`start` s them."""
+        records = []
+        for i in np.asarray(env_ids).tolist():
+            metrics = {name: value for name, m in self.metrics.items() if (value := m.value(i)) is not None}
+            records.append(EpisodeRecord(
+                env_index=offset + i,
                 episode_return=float(self.returns[i]),
                 length=int(self.lengths[i]),
                 success=bool(self.success[i]) if self.judges_success else None,
                 terminated=bool(terminated[i]),
                 truncated=bool(truncated[i]),
                 process_id=process_id,
-                seed=self.seeds[int(i)],
+                seed=self.seeds[i],
                 wall_time_s=wall_time_s,
                 env_steps=env_steps,
-            )
-            for i in env_ids
-        ]
+                metrics=metrics,
+                instruction=self.instructions[i],
+            ))
+        return records
 
     def episode_info(self, rows: np.ndarray, done: np.ndarray) -> dict[str, np.ndarray]:
         """``info["episode"]`` for a feedback on ``rows``: r, l, s of every row and the mask of finished ones."""

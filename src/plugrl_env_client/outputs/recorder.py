@@ -1,0 +1,683 @@
+"""The episode recorder: what a run keeps of some episodes besides ``episodes.jsonl``.
+
+For every K-th episode of a process (``--recorder.episode-freq K``) the recorder keeps copies of the episode's
+observations while it runs and, once it ends, writes under the process folder (``rollout/proc_NNN/``)::
+
+    sampled/ep{NNNNNN}_env{EEE}_{first|last}_{key}.png   each image key (uint8 images with 1 to 4 channels)
+    sampled/ep{NNNNNN}_env{EEE}_{first|last}_{key}.npy   each state key (and any image PNG cannot hold)
+    sampled/ep{NNNNNN}_env{EEE}_{first|last}_text.txt    the text, when the first or last observation has any
+    videos/ep{NNNNNN}_env{EEE}_{key}.mp4                 --recorder.record-video: each image key, H.264
+    rollouts/ep{NNNNNN}_env{EEE}.npz                     --recorder.record-full-rollout
+    metrics/obs_stats.jsonl                              --recorder.record-obs-stats: one line per episode
+    metrics/episode_metrics.jsonl                        --recorder.record-episode-metrics: one line per episode
+
+``NNNNNN`` is the episode's start index in its process, ``EEE`` the env's index in the process. Keys are used in
+file names with every character outside ``[A-Za-z0-9._-]`` replaced by ``_``.
+
+Which episodes: the decision is taken when an episode *starts*, so that its frames can be kept from its first
+observation on. The recorder numbers episode starts per process in the order :meth:`EpisodeRecorder.on_reset`
+reports them (within one call, in the order of its ``env_ids``) and records starts 0, K, 2K, ... . With several
+env groups (``--runner.pipeline``) the numbering interleaves the groups in the order they reset. An episode is
+written only once it ends: episodes still running at :meth:`EpisodeRecorder.close`, and episodes whose env is reset
+again without having ended, are counted in the report but not written.
+
+Why a writer thread and a bounded hand-off: the rollout must never wait for PNG, MP4 or NPZ encoding, nor for the
+disk. The rollout thread only copies the rows of the envs being recorded (a one-array mask test decides that, so
+steps of other envs, and every step of a disabled recorder, copy nothing); a finished episode is handed to one
+writer thread. When the writer is behind and the hand-off is full, the episode is dropped and counted instead of
+blocking the rollout; the report and a log warning say how many.
+
+Memory: an episode's frames stay in memory until it ends. At most ``max_frames`` (10 000 by default) steps of
+observations, actions and rewards are kept per episode; later steps only update the last observation (so the
+``last`` samples stay right), and the video, the NPZ and the statistics cover the steps kept. Only the outputs that
+need every step (video, full rollout, observation statistics) make the recorder keep them; otherwise it holds two
+observations per recorded episode.
+
+JSON lines are strict JSON (NaN and infinities become null); ``.npy`` and ``.npz`` files hold the arrays as the
+env produced them.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import io
+import json
+import logging
+import os
+import re
+import secrets
+import struct
+import tempfile
+import threading
+import zlib
+from pathlib import Path, PurePosixPath
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+
+from plugrl_env_client.config import RecorderConfig
+from plugrl_env_client.envs.base_env import Observation
+from plugrl_env_client.errors import ConfigError
+from plugrl_env_client.outputs.results import EpisodeRecord
+from plugrl_env_client.outputs.run_dir import finite_json
+
+logger = logging.getLogger(__name__)
+
+MAX_FRAMES_PER_EPISODE = 10_000
+"""Steps of one episode kept in memory at most (observations, actions, rewards); see the module docstring."""
+QUEUE_EPISODES = 32
+"""Finished episodes waiting for the writer at most; one more is dropped."""
+QUEUE_BYTES = 1 << 30
+"""Bytes of frames waiting for the writer at most (an episode is always accepted when nothing waits)."""
+VIDEO_INSTALL = 'pip install "plugrl-env-client[video]"'
+VIDEO_QUALITY = 6
+"""imageio-ffmpeg's 0-10 quality scale; 6 is H.264 CRF 20, visually close to the frames at a modest size."""
+
+OBS_STATS_FILE = "metrics/obs_stats.jsonl"
+EPISODE_METRICS_FILE = "metrics/episode_metrics.jsonl"
+
+_UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
+_PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+_PNG_COLOR_TYPE = {1: 0, 2: 4, 3: 2, 4: 6}  # channels -> gray, gray+alpha, RGB, RGBA
+
+
+# ---------------------------------------------------------------------------------------------------- sinks
+
+
+class ArtifactSink(Protocol):
+    """Where the recorder's files go: a process folder on disk, or anything that can take named bytes."""
+
+    def write_bytes(self, relpath: str, data: bytes) -> None:
+        """Create or replace the file ``relpath`` (``/``-separated, under the process's folder) with ``data``."""
+        ...
+
+
+@runtime_checkable
+class AppendableSink(Protocol):
+    """A sink that can also append to a file. The recorder uses it for its JSON-lines files when the sink has it
+    (otherwise it rewrites the whole file for each new line)."""
+
+    def write_bytes(self, relpath: str, data: bytes) -> None: ...
+
+    def append_bytes(self, relpath: str, data: bytes) -> None: ...
+
+
+class DirectorySink:
+    """Writes under one folder (a process's ``rollout/proc_NNN/``).
+
+    Whole files are written atomically (temp file in the same folder, then a rename), so a reader never sees half
+    an image; appended lines are flushed one write at a time, so a crash can cut only the last line short.
+    """
+
+    def __init__(self, root: Path) -> None:
+        self.root = Path(root)
+
+    def path(self, relpath: str) -> Path:
+        """The file ``relpath`` names, refusing paths that would leave the folder."""
+        rel = PurePosixPath(relpath)
+        if rel.is_absolute() or not rel.parts or ".." in rel.parts:
+            raise ValueError(f"artifact path {relpath!r} must be relative and stay inside {self.root}")
+        return self.root.joinpath(*rel.parts)
+
+    def write_bytes(self, relpath: str, data: bytes) -> None:
+        path = self.path(relpath)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+            os.replace(tmp, path)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+
+    def append_bytes(self, relpath: str, data: bytes) -> None:
+        path = self.path(relpath)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "ab") as f:
+            f.write(data)
+
+
+# ---------------------------------------------------------------------------------------------------- report
+
+
+@dataclasses.dataclass(frozen=True)
+class RecorderReport:
+    """What the recorder did over a run (returned by :meth:`EpisodeRecorder.close`)."""
+
+    files: tuple[str, ...] = ()
+    """Every file written, as relpaths under the process folder, in the order first written."""
+    episodes_recorded: int = 0
+    """Episodes whose files were all written."""
+    episodes_dropped: int = 0
+    """Recorded episodes not written because the writer was behind (the hand-off was full)."""
+    frames_dropped: int = 0
+    """Observations of the dropped episodes."""
+    frames_truncated: int = 0
+    """Steps not kept because an episode ran past ``max_frames``."""
+    episodes_unfinished: int = 0
+    """Recorded episodes that never ended: running at close, or reset again without an end."""
+    errors: tuple[str, ...] = ()
+    """Files that could not be written, with the reason (also in the log)."""
+
+    def to_json(self) -> dict[str, Any]:
+        return {**dataclasses.asdict(self), "files": list(self.files), "errors": list(self.errors)}
+
+
+# ---------------------------------------------------------------------------------------------------- the recorder
+
+
+@dataclasses.dataclass
+class _Frame:
+    """One observation row of one env, copied out of the batch."""
+
+    images: dict[str, np.ndarray]
+    states: dict[str, np.ndarray]
+    text: str
+
+    @property
+    def nbytes(self) -> int:
+        return sum(a.nbytes for a in self.images.values()) + sum(a.nbytes for a in self.states.values())
+
+
+def _copy_row(obs: Observation, row: int) -> _Frame:
+    """Copies (never views) of row ``row`` of every array, so later changes to the batch do not reach them."""
+    return _Frame(
+        images={k: np.array(v[row]) for k, v in obs.images.items()},
+        states={k: np.array(v[row]) for k, v in obs.states.items()},
+        text=str(obs.text[row]),
+    )
+
+
+@dataclasses.dataclass
+class _Episode:
+    """A recorded episode in progress: its first and latest observation, and the steps kept."""
+
+    index: int
+    env_id: int
+    first: _Frame
+    last: _Frame
+    steps: list[_Frame] = dataclasses.field(default_factory=list)
+    actions: list[np.ndarray] = dataclasses.field(default_factory=list)
+    rewards: list[float] = dataclasses.field(default_factory=list)
+    num_steps: int = 0
+    nbytes: int = 0
+
+    @property
+    def stem(self) -> str:
+        return f"ep{self.index:06d}_env{self.env_id:03d}"
+
+    @property
+    def frames(self) -> list[_Frame]:
+        """The observations kept, first one included."""
+        return [self.first, *self.steps]
+
+
+@dataclasses.dataclass
+class _Job:
+    episode: _Episode
+    record: EpisodeRecord
+
+
+class _HandOff:
+    """A bounded FIFO between the rollout and the writer thread that never blocks the side that offers."""
+
+    def __init__(self, max_items: int, max_bytes: int) -> None:
+        self.max_items, self.max_bytes = max(int(max_items), 1), int(max_bytes)
+        self._items: collections.deque[tuple[_Job, int]] = collections.deque()
+        self._bytes = 0
+        self._closed = False
+        self._cond = threading.Condition()
+
+    def offer(self, job: _Job, nbytes: int) -> bool:
+        """Queue ``job`` unless the queue is full; an empty queue takes any size (the frames are in memory
+        already, so refusing them would lose the episode without saving memory)."""
+        with self._cond:
+            if self._items and (len(self._items) >= self.max_items or self._bytes + nbytes > self.max_bytes):
+                return False
+            self._items.append((job, nbytes))
+            self._bytes += nbytes
+            self._cond.notify()
+            return True
+
+    def take(self) -> _Job | None:
+        """The next job; None once closed and drained."""
+        with self._cond:
+            while not self._items and not self._closed:
+                self._cond.wait()
+            if not self._items:
+                return None
+            job, nbytes = self._items.popleft()
+            self._bytes -= nbytes
+            return job
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+
+    def pending(self) -> tuple[int, int]:
+        with self._cond:
+            return len(self._items), self._bytes
+
+
+class EpisodeRecorder:
+    """Keeps copies of every K-th episode of a process and writes them through a sink on a writer thread.
+
+    The hooks are called by the rollout (one env group per call, rows in the order of the call's ``env_ids``);
+    they are thread-safe, so groups stepped from different threads may share one recorder. With ``enabled``
+    False every hook returns at once.
+    """
+
+    def __init__(self, config: RecorderConfig, process_id: int, num_envs: int, sink: ArtifactSink | None,
+                 *, max_frames: int = MAX_FRAMES_PER_EPISODE, queue_episodes: int = QUEUE_EPISODES,
+                 queue_bytes: int = QUEUE_BYTES) -> None:
+        if config.episode_freq < 0:
+            raise ConfigError(f"--recorder.episode-freq must be >= 0 (0 records nothing), got {config.episode_freq}")
+        if config.episode_freq > 0 and config.record_video:
+            if config.video_fps <= 0:
+                raise ConfigError(f"--recorder.video-fps must be a positive number of frames per second, "
+                                  f"got {config.video_fps}")
+            _require_video()  # checked in every process, so a run fails at start, not at its first video
+        if max_frames < 1:
+            raise ValueError(f"max_frames must be >= 1, got {max_frames}")
+        self.config = config
+        self.process_id = int(process_id)
+        self.num_envs = int(num_envs)
+        self.max_frames = int(max_frames)
+        self.enabled: bool = config.episode_freq > 0 and not (config.thread0_only and self.process_id != 0)
+        if self.enabled and sink is None:
+            raise ValueError("EpisodeRecorder records in this process but was given no sink to write to")
+        self._sink = sink
+        self._keep_steps = config.record_video or config.record_full_rollout or config.record_obs_stats
+        self._recording = np.zeros(self.num_envs, dtype=bool)  # the fast-path mask: envs with a recorded episode
+        self._running: dict[int, _Episode] = {}
+        self._starts = 0
+        self._lock = threading.Lock()
+        self._close_lock = threading.Lock()
+        self._closed = False
+        self._report: RecorderReport | None = None
+        # Counters of the rollout side (under _lock) and of the writer side (writer thread only until joined).
+        self._dropped = self._frames_dropped = self._truncated = self._unfinished = 0
+        self._warned_cap = False
+        self._written = 0
+        self._files: dict[str, None] = {}  # insertion-ordered set
+        self._errors: list[str] = []
+        self._lines: dict[str, list[bytes]] = {}  # JSON lines so far, for sinks that cannot append
+        self._handoff = _HandOff(queue_episodes, queue_bytes)
+        self._thread: threading.Thread | None = None
+        if self.enabled:
+            self._thread = threading.Thread(target=self._serve, name=f"recorder-proc{self.process_id}", daemon=True)
+            self._thread.start()
+
+    # ------------------------------------------------------------------------------------------- rollout hooks
+
+    def on_reset(self, obs: Observation, env_ids: np.ndarray, rows: np.ndarray) -> None:
+        """Episodes start at ``env_ids``; their first observations are rows ``rows`` of ``obs``."""
+        if not self.enabled:
+            return
+        ids = np.asarray(env_ids, dtype=np.intp).reshape(-1)
+        rows_ = np.asarray(rows, dtype=np.intp).reshape(-1)
+        if ids.shape != rows_.shape:
+            raise ValueError(f"on_reset got {ids.size} env ids but {rows_.size} rows")
+        if ids.size and (ids.min() < 0 or ids.max() >= self.num_envs):
+            raise ValueError(f"env ids must be the process's env indices 0..{self.num_envs - 1}; got {ids.tolist()}")
+        with self._lock:
+            if self._closed:
+                return
+            first = self._starts
+            self._starts += int(ids.size)
+            for env in ids.tolist():  # a reset ends whatever was recorded there without an end
+                if self._running.pop(env, None) is not None:
+                    self._unfinished += 1
+            self._recording[ids] = False
+            chosen = np.flatnonzero((first + np.arange(ids.size)) % self.config.episode_freq == 0)
+            for k in chosen.tolist():
+                env, frame = int(ids[k]), _copy_row(obs, int(rows_[k]))
+                self._running[env] = _Episode(first + k, env, frame, frame, nbytes=frame.nbytes)
+                self._recording[env] = True
+
+    def on_step(self, obs: Observation, actions: np.ndarray, rewards: np.ndarray, env_ids: np.ndarray) -> None:
+        """One batch step of the envs ``env_ids`` (rows of ``obs``, ``actions``, ``rewards`` in that order)."""
+        if not self.enabled:
+            return
+        ids = np.asarray(env_ids, dtype=np.intp)
+        hit = self._recording[ids]
+        if not hit.any():  # the common case: nothing of this step is recorded, nothing is copied
+            return
+        with self._lock:
+            for j in np.flatnonzero(hit).tolist():
+                episode = self._running.get(int(ids[j]))
+                if episode is None:  # ended or closed since the mask was read
+                    continue
+                frame = _copy_row(obs, j)
+                episode.last = frame
+                episode.num_steps += 1
+                if not self._keep_steps:
+                    continue
+                if len(episode.steps) >= self.max_frames:
+                    self._truncated += 1
+                    if not self._warned_cap:
+                        self._warned_cap = True
+                        logger.warning("recorder: episode %d of env %d ran past %d steps; later steps are not kept "
+                                       "(only its last observation is)", episode.index, episode.env_id,
+                                       self.max_frames)
+                    continue
+                episode.steps.append(frame)
+                episode.nbytes += frame.nbytes
+                if self.config.record_full_rollout:
+                    episode.actions.append(np.array(actions[j]))
+                    episode.rewards.append(float(rewards[j]))
+
+    def on_episode_end(self, record: EpisodeRecord) -> None:
+        """The episode of ``record.env_index`` ended; a recorded one goes to the writer (or is dropped if it is
+        behind)."""
+        if not self.enabled:
+            return
+        with self._lock:
+            episode = self._running.pop(record.env_index, None)
+            if episode is None:
+                return
+            self._recording[record.env_index] = False
+            if self._handoff.offer(_Job(episode, record), episode.nbytes):
+                return
+            self._dropped += 1
+            self._frames_dropped += 1 + episode.num_steps
+            first_drop = self._dropped == 1
+        if first_drop:
+            waiting, nbytes = self._handoff.pending()
+            logger.warning("recorder: the writer is behind (%d episodes, %.1f MB waiting); episode %d of env %d is not "
+                           "recorded. Record fewer episodes with a larger --recorder.episode-freq.",
+                           waiting, nbytes / 1e6, episode.index, episode.env_id)
+
+    def close(self) -> RecorderReport:
+        """Stop recording, write every episode already handed over, stop the writer, and report. Idempotent."""
+        with self._close_lock:
+            if self._report is not None:
+                return self._report
+            with self._lock:
+                self._closed = True
+                self.enabled = False
+                self._recording[:] = False
+                self._unfinished += len(self._running)
+                self._running.clear()
+            self._handoff.close()
+            if self._thread is not None:
+                self._thread.join()
+            report = RecorderReport(
+                files=tuple(self._files), episodes_recorded=self._written, episodes_dropped=self._dropped,
+                frames_dropped=self._frames_dropped, frames_truncated=self._truncated,
+                episodes_unfinished=self._unfinished, errors=tuple(self._errors))
+            if report.episodes_dropped:
+                logger.warning("recorder: %d recorded episodes (%d observations) were dropped because the writer was "
+                               "behind", report.episodes_dropped, report.frames_dropped)
+            if report.errors:
+                logger.warning("recorder: %d files could not be written (first: %s)", len(report.errors),
+                               report.errors[0])
+            self._report = report
+            return report
+
+    # ------------------------------------------------------------------------------------------- writer thread
+
+    def _serve(self) -> None:
+        while (job := self._handoff.take()) is not None:
+            ok = self._write_episode(job.episode, job.record)
+            self._written += int(ok)
+
+    def _write_episode(self, episode: _Episode, record: EpisodeRecord) -> bool:
+        """Every output of one episode; a failing output is logged and the others still written."""
+        ok = True
+        outputs: list[tuple[str, Any]] = [("samples", self._write_samples)]
+        if self.config.record_video:
+            outputs.append(("video", self._write_videos))
+        if self.config.record_full_rollout:
+            outputs.append(("rollout", self._write_rollout))
+        if self.config.record_obs_stats:
+            outputs.append(("obs stats", self._write_obs_stats))
+        if self.config.record_episode_metrics:
+            outputs.append(("episode metrics", lambda ep: self._write_metrics(ep, record)))
+        for what, write in outputs:
+            try:
+                write(episode)
+            except Exception as exc:  # a broken file must not end the run; it is reported instead
+                ok = False
+                message = f"{episode.stem} {what}: {type(exc).__name__}: {exc}"
+                self._errors.append(message)
+                logger.warning("recorder: could not write %s", message, exc_info=True)
+        return ok
+
+    def _emit(self, relpath: str, data: bytes) -> None:
+        assert self._sink is not None
+        self._sink.write_bytes(relpath, data)
+        self._files[relpath] = None
+
+    def _append_line(self, relpath: str, row: dict[str, Any]) -> None:
+        line = (json.dumps(finite_json(row), allow_nan=False) + "\n").encode()
+        sink = self._sink
+        assert sink is not None
+        if isinstance(sink, AppendableSink):
+            sink.append_bytes(relpath, line)
+        else:
+            lines = self._lines.setdefault(relpath, [])
+            lines.append(line)
+            sink.write_bytes(relpath, b"".join(lines))
+        self._files[relpath] = None
+
+    def _write_samples(self, episode: _Episode) -> None:
+        for moment, frame in (("first", episode.first), ("last", episode.last)):
+            stem = f"sampled/{episode.stem}_{moment}"
+            for key, image in frame.images.items():
+                if _png_compatible(image):
+                    self._emit(f"{stem}_{_safe(key)}.png", encode_png(image))
+                else:
+                    self._emit(f"{stem}_{_safe(key)}.npy", _npy(image))
+            for key, state in frame.states.items():
+                self._emit(f"{stem}_{_safe(key)}.npy", _npy(state))
+        if episode.first.text or episode.last.text:
+            for moment, frame in (("first", episode.first), ("last", episode.last)):
+                self._emit(f"sampled/{episode.stem}_{moment}_text.txt", frame.text.encode("utf-8"))
+
+    def _write_videos(self, episode: _Episode) -> None:
+        frames = episode.frames
+        for key in episode.first.images:
+            images = [f.images[key] for f in frames if key in f.images]
+            if not _video_compatible(images):
+                logger.info("recorder: no video of image %r (needs uint8 frames of one size, 1, 3 or 4 channels)",
+                            key)
+                continue
+            self._emit(f"videos/{episode.stem}_{_safe(key)}.mp4", encode_mp4(images, self.config.video_fps))
+
+    def _write_rollout(self, episode: _Episode) -> None:
+        frames = episode.frames
+        arrays: dict[str, np.ndarray] = {}
+        for key in episode.first.images:
+            arrays[f"images/{key}"] = np.stack([f.images[key] for f in frames])
+        for key in episode.first.states:
+            arrays[f"states/{key}"] = np.stack([f.states[key] for f in frames])
+        arrays["text"] = np.array([f.text for f in frames], dtype=str)
+        arrays["actions"] = _stack_actions(episode.actions)
+        arrays["rewards"] = np.asarray(episode.rewards, dtype=np.float64)
+        arrays["episode"] = np.asarray(episode.index)
+        arrays["env_index"] = np.asarray(episode.env_id)
+        arrays["process_id"] = np.asarray(self.process_id)
+        arrays["num_steps"] = np.asarray(episode.num_steps)
+        buf = io.BytesIO()
+        np.savez_compressed(buf, **arrays)  # type: ignore[arg-type]  # numpy's stub types the first positional
+        self._emit(f"rollouts/{episode.stem}.npz", buf.getvalue())
+
+    def _write_obs_stats(self, episode: _Episode) -> None:
+        frames = episode.frames
+        row: dict[str, Any] = {
+            "episode": episode.index, "env_index": episode.env_id, "process_id": self.process_id,
+            "observations": len(frames), "num_steps": episode.num_steps,
+        }
+        for group in ("images", "states"):
+            stats: dict[str, Any] = {}
+            for key in getattr(episode.first, group):
+                moments = _Moments()
+                for f in frames:
+                    moments.add(getattr(f, group)[key])
+                stats[key] = moments.to_json()
+            row[group] = stats
+        self._append_line(OBS_STATS_FILE, row)
+
+    def _write_metrics(self, episode: _Episode, record: EpisodeRecord) -> None:
+        self._append_line(EPISODE_METRICS_FILE, {"episode": episode.index, **record.to_json()})
+
+
+# ---------------------------------------------------------------------------------------------------- encoders
+
+
+def encode_png(image: np.ndarray) -> bytes:
+    """A PNG of a uint8 image, ``(h, w)`` or ``(h, w, c)`` with c in 1..4 (gray, gray+alpha, RGB, RGBA).
+
+    Written here (zlib and struct) so that sampling images needs no imaging library. Every row uses PNG's "Up"
+    filter, computed for the whole image at once with numpy: cheap, and it compresses smooth images well.
+    """
+    if not _png_compatible(image):
+        raise ValueError(f"encode_png needs a non-empty uint8 (h, w) or (h, w, 1..4) array, got {image.dtype} "
+                         f"{image.shape}")
+    img = image if image.ndim == 3 else image[:, :, None]
+    h, w, c = img.shape
+    rows = np.ascontiguousarray(img).reshape(h, w * c)
+    filtered = np.empty((h, w * c + 1), np.uint8)
+    filtered[:, 0] = 2  # filter type Up: each byte minus the byte above it, modulo 256
+    filtered[0, 1:] = rows[0]
+    np.subtract(rows[1:], rows[:-1], out=filtered[1:, 1:])
+
+    def chunk(tag: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + tag + data + struct.pack(">I", zlib.crc32(tag + data))
+
+    header = struct.pack(">IIBBBBB", w, h, 8, _PNG_COLOR_TYPE[c], 0, 0, 0)
+    return (_PNG_SIGNATURE + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(filtered.tobytes(), 6))
+            + chunk(b"IEND", b""))
+
+
+def encode_mp4(images: list[np.ndarray], fps: int) -> bytes:
+    """An H.264 MP4 of uint8 frames (gray, RGB or RGBA; one size), padded to even width and height.
+
+    H.264 with 4:2:0 chroma (what players accept) needs even sizes; frames are padded by repeating their last row
+    and column rather than resized, so the picture is unchanged. Needs the extra ``video`` (imageio-ffmpeg).
+    """
+    import imageio_ffmpeg
+
+    frames = [_even(_rgb(image)) for image in images]
+    h, w = frames[0].shape[:2]
+    with tempfile.TemporaryDirectory(prefix="plugrl-video-") as folder:
+        path = os.path.join(folder, "video.mp4")
+        writer = imageio_ffmpeg.write_frames(
+            path, (w, h), pix_fmt_in="rgb24", pix_fmt_out="yuv420p", fps=fps, codec="libx264",
+            quality=VIDEO_QUALITY, macro_block_size=1, ffmpeg_log_level="error",
+            output_params=["-movflags", "+faststart"])
+        writer.send(None)
+        try:
+            for frame in frames:
+                writer.send(np.ascontiguousarray(frame))
+        finally:
+            writer.close()
+        with open(path, "rb") as f:
+            return f.read()
+
+
+def _require_video() -> None:
+    try:
+        import imageio_ffmpeg
+
+        imageio_ffmpeg.get_ffmpeg_exe()
+    except (ImportError, RuntimeError) as exc:
+        raise ConfigError(f"--recorder.record-video needs imageio with its ffmpeg binary ({exc}). Install the "
+                          f"video extra: {VIDEO_INSTALL}") from exc
+
+
+def _rgb(image: np.ndarray) -> np.ndarray:
+    if image.ndim == 2:
+        image = image[:, :, None]
+    if image.shape[2] == 1:
+        return np.repeat(image, 3, axis=2)
+    return image[:, :, :3]
+
+
+def _even(frame: np.ndarray) -> np.ndarray:
+    h, w = frame.shape[:2]
+    if h % 2 == 0 and w % 2 == 0:
+        return frame
+    return np.pad(frame, ((0, h % 2), (0, w % 2), (0, 0)), mode="edge")
+
+
+def _png_compatible(image: np.ndarray) -> bool:
+    if image.dtype != np.uint8 or image.ndim not in (2, 3) or image.shape[0] == 0 or image.shape[1] == 0:
+        return False
+    return image.ndim == 2 or image.shape[2] in _PNG_COLOR_TYPE
+
+
+def _video_compatible(images: list[np.ndarray]) -> bool:
+    if not images or any(im.shape != images[0].shape for im in images):
+        return False
+    first = images[0]
+    return _png_compatible(first) and (first.ndim == 2 or first.shape[2] in (1, 3, 4))
+
+
+def _npy(array: np.ndarray) -> bytes:
+    buf = io.BytesIO()
+    np.save(buf, array, allow_pickle=False)
+    return buf.getvalue()
+
+
+def _stack_actions(actions: list[np.ndarray]) -> np.ndarray:
+    """The actions as one array; text actions become a unicode array, so the NPZ loads without pickle."""
+    if not actions:
+        return np.zeros((0,))
+    stacked = np.stack(actions)
+    if stacked.dtype == object and all(isinstance(a, str) for a in stacked.reshape(-1)):
+        stacked = stacked.astype(str)
+    return stacked
+
+
+def _safe(key: str) -> str:
+    return _UNSAFE.sub("_", key) or "_"
+
+
+class _Moments:
+    """Min, max, mean and (population) std of the finite values of many arrays, combined one array at a time, so
+    the statistics of a long episode never need its frames stacked or converted to float at once."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.mean = 0.0
+        self.m2 = 0.0
+        self.min = np.inf
+        self.max = -np.inf
+        self.non_finite = 0
+
+    def add(self, array: np.ndarray) -> None:
+        values = np.asarray(array)
+        if values.dtype.kind == "b":
+            values = values.astype(np.uint8)
+        if values.dtype.kind not in "iuf":
+            return
+        if values.dtype.kind == "f":
+            finite = np.isfinite(values)
+            if not finite.all():
+                self.non_finite += int(values.size - np.count_nonzero(finite))
+                values = values[finite]
+        n = int(values.size)
+        if n == 0:
+            return
+        x = values.astype(np.float64, copy=False)
+        mean = float(x.mean())
+        m2 = float(np.square(x - mean).sum())
+        total = self.count + n
+        delta = mean - self.mean
+        self.mean += delta * n / total
+        self.m2 += m2 + delta * delta * self.count * n / total
+        self.count = total
+        self.min = min(self.min, float(x.min()))
+        self.max = max(self.max, float(x.max()))
+
+    def to_json(self) -> dict[str, Any]:
+        if self.count == 0:
+            return {"min": None, "max": None, "mean": None, "std": None, "count": 0, "non_finite": self.non_finite}
+        return {"min": self.min, "max": self.max, "mean": self.mean, "std": float(np.sqrt(self.m2 / self.count)),
+                "count": self.count, "non_finite": self.non_finite}

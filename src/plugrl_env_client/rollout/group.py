@@ -1,0 +1,387 @@
+"""One env batch and its server connection: the named steps of a rollout.
+
+An :class:`EnvGroup` owns one env object (``num_envs`` copies), one session, the envs' action plans and episode
+totals. Its steps, in the order a rollout calls them::
+
+    request_actions(obs) -> step_envs() -> send_feedback(step) -> finish_episodes(step) -> obs
+
+``send_feedback`` runs before ``finish_episodes`` resets anything, so a finished episode's feedback carries its
+terminal observation. A lockstep rollout drives one group; a pipelined one drives several, each with its own env
+object and connection, so one group's stepping overlaps the others' inference.
+
+Env ids: a group's envs are the process's envs ``offset .. offset + num_envs - 1`` (the ids in episodes.jsonl and
+the recorder); on the wire each connection numbers its own envs from 0. The first reset is seeded with the process
+seed plus the offset, so a group's env i starts as env ``offset + i`` of a lockstep batch would (for envs that seed
+env i with seed + i, as Gymnasium's vector envs do).
+
+Some envs take no part in a step: an env retired because its reset had no episode for it (``info["no_episode"]``),
+and, with ``--runner.group-size``, an env waiting for the rest of its group to finish. The batched ``env.step`` still
+steps their rows (with a placeholder action); their results are not counted, fed back or recorded.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+
+from plugrl_env_client.envs.base_env import BaseEnv, Observation, observation_space_of
+from plugrl_env_client.errors import ConfigError, EnvContractError, EnvCrashedError
+from plugrl_env_client.outputs.results import ProcessStatus
+from plugrl_env_client.protocol.connection import CloseAction, ConnectionLost
+from plugrl_env_client.protocol.messages import FEATURE_REUSE_FEEDBACK_OBS, ServerMetadata
+from plugrl_env_client.rollout import checks
+from plugrl_env_client.rollout.budget import Budget
+from plugrl_env_client.rollout.chunks import ActionPlans
+from plugrl_env_client.rollout.episodes import EpisodeTracker
+from plugrl_env_client.rollout.interfaces import EpisodeHooks, ResultSink, ServerSession
+from plugrl_env_client.rollout.seeds import GroupSeeds
+from plugrl_env_client.rollout.signals import deferred_interrupts
+from plugrl_env_client.timing import Timing
+
+logger = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True)
+class LoopSettings:
+    """What a rollout needs to know besides its env and session (one value per process)."""
+
+    env_id: str
+    process_id: int
+    seed: int | None
+    max_episode_steps: int | None
+    replan_steps: int | None
+    success_threshold: float | None
+    non_finite_actions: str = "error"
+    non_finite_rewards: str = "error"
+    non_finite_observations: str = "error"
+    progress_period_s: float = 2.0
+    """How often the rollout reports its timing to the run's writer."""
+    reuse_feedback_obs: bool = True
+    """Leave out of infers the rows the server already holds from feedback (when the server offers it)."""
+    instruction: str = "prepend"
+    """prepend: put ``info["env_instruction"]`` in front of each episode's first observation text; off: don't."""
+    group_size: int = 1
+    """Envs per seed-sharing group (GRPO-style); 1: every env on its own."""
+
+
+@dataclasses.dataclass(frozen=True)
+class StepResult:
+    """One batched env step, checked, with the time limit applied and the chunks that ended on it.
+
+    Flags and rewards of envs that took no part in the step (retired or waiting) are False and 0.
+    """
+
+    obs: Observation
+    rewards: np.ndarray
+    terminated: np.ndarray
+    truncated: np.ndarray
+    done: np.ndarray  # terminated | truncated, active envs only
+    info: dict[str, Any]
+    chunk_ended: np.ndarray  # envs whose chunk ended on this step (they get feedback)
+
+
+class RunEnded(Exception):
+    """The server ended the run, or the run stopped while (re)connecting."""
+
+
+class EnvGroup:
+    """One env object, its session, and the state of its envs between steps."""
+
+    def __init__(self, env: BaseEnv, session: ServerSession, settings: LoopSettings, budget: Budget,
+                 sink: ResultSink, timing: Timing, offset: int = 0, hooks: EpisodeHooks | None = None) -> None:
+        self.env, self.session, self.settings = env, session, settings
+        self.budget, self.sink, self.timing, self.hooks = budget, sink, timing, hooks
+        self.n = env.num_envs
+        self.offset = offset
+        self.ids = np.arange(offset, offset + self.n)  # the process's env ids of this group's envs
+        self.space = checks.action_space_of(env)
+        self.plans = ActionPlans(self.n, tuple(self.space.shape or ()), _plan_dtype(self.space), settings.replan_steps)
+        self.tracker = EpisodeTracker(self.n, settings.success_threshold)
+        self.reuse = False  # the current connection supports reuse-feedback-obs and we use it
+        self.held = np.zeros(self.n, bool)  # env's current obs row is the one its last feedback carried
+        self.retired = np.zeros(self.n, bool)  # no episode left for the env
+        self.waiting = np.zeros(self.n, bool)  # done, waiting for the rest of its seed group
+        self.seeds = GroupSeeds(settings.seed, settings.process_id, offset, self.n, settings.group_size)
+        if settings.group_size > 1 and not env.metadata.get("per_env_seeds", False):
+            raise ConfigError(
+                f"--runner.group-size {settings.group_size} starts the envs of a group from one seed, but env "
+                f"{settings.env_id} does not take per-env seeds (reset(seed=[...]) with metadata['per_env_seeds'] = "
+                "True); use an env that does (Gym-v1, GEM-v1, GuessNumber-v1) or --runner.group-size 1"
+            )
+        self._all = np.arange(self.n)
+        self.started = time.perf_counter()
+
+    # ------------------------------------------------------------------------------------------ connection
+
+    @property
+    def active(self) -> np.ndarray:
+        """Envs that take part in steps: not retired, not waiting for their group."""
+        return ~(self.retired | self.waiting)
+
+    def connect(self) -> None:
+        """The first connection (reconnecting, or ending the run, as the server's closes say)."""
+        try:
+            meta = self.session.open()
+        except ConnectionLost as lost:
+            self.reconnect(lost)
+            return
+        self._check_metadata(meta)
+
+    def reconnect(self, lost: ConnectionLost) -> None:
+        """The one place a close is handled: end the run, or drop every chunk in flight and reconnect."""
+        while True:
+            if lost.close.action is CloseAction.END or self.budget.finished(self.settings.process_id):
+                logger.info("the run ended (%s)", lost.close.describe())
+                raise RunEnded
+            self.plans.drop_all()
+            self.held[:] = False  # a new connection holds nothing
+            try:
+                meta = self.session.reconnect(lost.close)
+            except ConnectionLost as again:
+                lost = again
+                continue
+            self._check_metadata(meta)
+            return
+
+    def close(self) -> None:
+        self.session.close()
+
+    # ------------------------------------------------------------------------------------------ the steps
+
+    def reset_all(self) -> Observation:
+        """The first reset of every env: seeded with the process seed plus this group's offset (or, with seed
+        groups, each group's first seed)."""
+        seed = self.seeds.initial()
+        obs, info = self._reset(seed, None)
+        if "_single_observation_space" not in vars(self.env):  # not declared: derived, for wrappers and recorders
+            self.env.single_observation_space = observation_space_of(obs)
+        return self._started_episodes(obs, info, self._all, self.seeds.recorded(seed, self._all))
+
+    def needs_actions(self) -> bool:
+        """Whether some active env has no action for the next step (its chunk is used up or was dropped)."""
+        return bool((self.plans.needing_actions_mask() & self.active).any())
+
+    def can_step(self) -> bool:
+        """Every active env has an action, and some env is active."""
+        return bool(self.active.any()) and not self.needs_actions()
+
+    def request_actions(self, obs: Observation) -> None:
+        """Infer for the active envs whose chunk ran out (ascending env index) and queue their chunks."""
+        need = np.flatnonzero(self.plans.needing_actions_mask() & self.active)
+        if need.size == 0:
+            return
+        reuse = self.held[need] if self.reuse else None
+        sent = need if reuse is None else need[~reuse]
+        reply = self.session.infer(self._rows(obs, sent), need, self.plans.chunk_index[need], reuse)
+        actions = checks.check_actions(reply.actions, self.space, self.settings.replan_steps,
+                                       self.settings.non_finite_actions)
+        self.plans.load(need, actions)
+
+    def step_envs(self) -> StepResult:
+        """One batched env step with the planned actions; applies the time limit and chunk accounting."""
+        actions = self.plans.next_actions()
+        active = self.active
+        start = time.perf_counter()
+        result = self._call_env("step", self.env.step, actions)
+        self.timing.env_step_s += time.perf_counter() - start
+        self.timing.batch_steps += 1
+        steps = int(active.sum())
+        self.timing.env_steps += steps
+        self.timing.idle_env_steps += self.n - steps
+        self.budget.add_env_steps(steps)
+        out = self._checked(checks.check_step, result, self.settings.non_finite_rewards,
+                            self.settings.non_finite_observations)
+        if out.zeroed_rewards.size:
+            logger.warning("env %s returned NaN/inf rewards for envs %s; replaced by 0 (--runner.non-finite-rewards "
+                           "zero)", self.settings.env_id, (self.offset + out.zeroed_rewards).tolist())
+        rewards = np.where(active, out.rewards, np.float32(0.0))
+        self.tracker.add_step(rewards, out.info, active)
+        terminated = out.terminated & active
+        truncated = out.truncated & active
+        if self.settings.max_episode_steps is not None:
+            truncated |= (self.tracker.lengths >= self.settings.max_episode_steps) & ~terminated & active
+        done = terminated | truncated
+        chunk_ended = self.plans.advance(rewards, done, active)
+        if self.hooks is not None:
+            self.hooks.on_step(out.obs, actions, rewards, self.ids, active)
+        return StepResult(out.obs, rewards, terminated, truncated, done, out.info, chunk_ended)
+
+    def send_feedback(self, step: StepResult) -> None:
+        """Feedback for the envs whose chunk ended: chunk-summed rewards, post-step (terminal) observations.
+
+        A connection that is gone already is not an error here: it surfaces at the next infer.
+        """
+        rows = step.chunk_ended
+        if rows.size == 0:
+            return
+        info = checks.slice_info(step.info, rows, self.n)
+        if step.done[rows].any():
+            info["episode"] = self.tracker.episode_info(rows, step.done)
+        # Known structurally: an env whose chunk ended without ending its episode asks for its next chunk with
+        # exactly the observation this feedback carries, so the server can reuse the row.
+        self.held[rows] = ~step.done[rows]
+        self.session.feedback(
+            env_indices=rows,
+            step_ids=self.plans.finish_chunks(rows, step.done),
+            obs=self._rows(step.obs, rows),
+            rewards=self.plans.chunk_reward[rows].astype(np.float32),
+            terminated=step.terminated[rows],
+            truncated=step.truncated[rows],
+            info=info,
+        )
+
+    def finish_episodes(self, step: StepResult) -> Observation:
+        """Record finished episodes and start the next ones (unless the run needs no more episodes); returns the
+        observation the next infer starts from."""
+        done = np.flatnonzero(step.done)
+        if done.size == 0:
+            return step.obs
+        records = self.tracker.finish(done, step.terminated, step.truncated, self.settings.process_id,
+                                      time.perf_counter() - self.started, self.timing.env_steps, self.offset)
+        with deferred_interrupts():  # an episode is claimed and reported as one, never half
+            for record in records:
+                if self.budget.claim(self.settings.process_id):
+                    self.sink.episode(record)
+                    if self.hooks is not None:
+                        self.hooks.on_episode_end(record)
+        if self.budget.finished(self.settings.process_id):
+            return step.obs
+        return self._restart(done)
+
+    # ------------------------------------------------------------------------------------------ helpers
+
+    def status(self) -> ProcessStatus:
+        if self.budget.exhausted(self.settings.process_id) or self.retired.all():
+            return ProcessStatus.FINISHED
+        if self.budget.stop.is_set():
+            return ProcessStatus.INTERRUPTED
+        return ProcessStatus.STOPPED_BY_SERVER
+
+    def _restart(self, done: np.ndarray) -> Observation:
+        """Reset the envs whose episode ended. With seed groups, a group starts its next episode once every member
+        is done, all from the group's next seed; a member done early is reset to that start at once (so its
+        simulator is in a valid state) and waits, its row idling, until the group starts together."""
+        if self.settings.group_size == 1:
+            return self._reset_and_start(done, None, done)
+        self.waiting[done] = True
+        complete = self.seeds.complete(self.waiting | self.retired)
+        starting = np.flatnonzero(complete & self.waiting)
+        rows = np.union1d(starting, done)
+        seed = self.seeds.upcoming(rows)
+        self.seeds.advance(starting)
+        self.waiting[starting] = False
+        return self._reset_and_start(rows, seed, starting)
+
+    def _reset_and_start(self, rows: np.ndarray, seed: list[int | None] | None, starting: np.ndarray) -> Observation:
+        mask = np.zeros(self.n, bool)
+        mask[rows] = True
+        obs, info = self._reset(seed, {"reset_mask": mask, "reset_indices": rows})
+        return self._started_episodes(obs, info, starting, self.seeds.recorded(seed, starting))
+
+    def _started_episodes(self, obs: Observation, info: dict[str, Any], started: np.ndarray,
+                          seeds: list[int | None]) -> Observation:
+        """Bookkeeping for episodes that start at ``started``: retire envs that got none, note instructions, and
+        put each instruction in front of its episode's first observation text."""
+        no_episode = info.get("no_episode")
+        if isinstance(no_episode, np.ndarray) and no_episode.shape == (self.n,) and no_episode[started].any():
+            retiring = started[no_episode[started].astype(bool)]
+            self.retired[retiring] = True
+            logger.info("env %s: no episode left for envs %s; they are retired", self.settings.env_id,
+                        (self.offset + retiring).tolist())
+            started = started[~np.isin(started, retiring)]
+        instructions = _instructions(info.get("env_instruction"), self.n)
+        self.tracker.start(started, seeds, None if instructions is None else [instructions[i] for i in started])
+        if instructions is not None and self.settings.instruction == "prepend" and started.size:
+            obs = _prepend(obs, started, instructions)
+        if self.hooks is not None and started.size:
+            self.hooks.on_reset(obs, self.ids[started], started)
+        return obs
+
+    def _rows(self, obs: Observation, rows: np.ndarray) -> Observation:
+        """The observation's ``rows`` (no copy when that is the whole batch, in order)."""
+        return obs if rows.size == self.n else obs.select(rows)  # rows are ascending and unique
+
+    def _check_metadata(self, meta: ServerMetadata) -> None:
+        """What the server says about itself, checked before any env step on this connection."""
+        self.reuse = bool(self.settings.reuse_feedback_obs and meta.supports(FEATURE_REUSE_FEEDBACK_OBS))
+        _check_action_dim(meta.action_dim, self.space)
+        horizon, replan = meta.action_horizon, self.settings.replan_steps
+        if horizon is not None and replan is not None and replan > horizon:
+            logger.warning(
+                "--runner.replan-steps=%d exceeds the server's action_horizon=%d; a chunk shorter than the replan "
+                "steps is refused, so lower --runner.replan-steps",
+                replan, horizon,
+            )
+
+    def _reset(self, seed: int | list[int | None] | None, options: dict[str, Any] | None
+               ) -> tuple[Observation, dict[str, Any]]:
+        start = time.perf_counter()
+        result = self._call_env("reset", lambda: self.env.reset(seed=seed, options=options))  # type: ignore[arg-type]
+        self.timing.reset_s += time.perf_counter() - start
+        obs, info = self._checked(checks.check_reset, result, self.settings.non_finite_observations)
+        return obs, info
+
+    def _checked(self, check: Any, result: Any, *modes: str) -> Any:
+        """An env's return value through its contract check; a violation names the env."""
+        try:
+            return check(self.n, result, *modes)
+        except EnvContractError as exc:
+            raise EnvContractError(f"env {self.settings.env_id}: {exc}") from None
+
+    def _call_env(self, name: str, fn: Any, *args: Any) -> Any:
+        try:
+            return fn(*args)
+        except Exception as exc:
+            raise EnvCrashedError(f"env {self.settings.env_id} raised in {name}(): {type(exc).__name__}: {exc}") from exc
+
+
+def _instructions(value: Any, n: int) -> list[str] | None:
+    """``info["env_instruction"]``: one str for all envs, or one per env; None when the env gave none."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        return [value] * n
+    items = np.asarray(value, dtype=object).reshape(-1)
+    if items.shape != (n,):
+        raise EnvContractError(f"reset() info['env_instruction'] must be a str or one str per env ({n}); got "
+                               f"{items.shape[0]} values")
+    return ["" if v is None else str(v) for v in items]
+
+
+def _prepend(obs: Observation, rows: np.ndarray, instructions: list[str]) -> Observation:
+    """A copy of ``obs`` whose text rows ``rows`` start with their instruction (other arrays are shared)."""
+    texts = obs.text.astype(object)
+    for i in rows:
+        head, body = instructions[i], str(texts[i])
+        if head:
+            texts[i] = f"{head}\n\n{body}" if body else head
+    out = Observation.__new__(Observation)
+    out.images, out.states = obs.images, obs.states
+    out.text = np.asarray(texts.tolist(), dtype=str) if len(texts) else obs.text
+    return out
+
+
+def _check_action_dim(action_dim: int | None, space: Any) -> None:
+    """A server that declares ``action_dim`` must match a vector action space before any env step.
+
+    Only 1-d Box spaces are compared: for discrete policies servers use ``action_dim`` for the number of choices.
+    """
+    shape = getattr(space, "shape", None)
+    if action_dim is None or not isinstance(space, gym.spaces.Box) or shape is None or len(shape) != 1:
+        return
+    if shape[0] != action_dim:
+        raise EnvContractError(
+            f"Expected action shape tail {tuple(shape)}, got ({action_dim},) (the server's metadata says "
+            f"action_dim={action_dim}). The server's action dim (e.g. its --policy.action-dim {shape[0]}) must match "
+            f"the env's single_action_space {space}."
+        )
+
+
+def _plan_dtype(space: Any) -> np.dtype:
+    dtype = getattr(space, "dtype", None)
+    return np.dtype(dtype) if dtype is not None else np.dtype(np.float32)

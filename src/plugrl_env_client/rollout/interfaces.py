@@ -1,0 +1,51 @@
+"""What a rollout needs from the world around it, as interfaces: its server session, where its results go, and
+who watches its episodes (the recorder). Tests put in-memory fakes behind them; the client puts a WebSocket
+session, the run's writer (directly or over a queue) and the episode recorder."""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+import numpy as np
+
+from plugrl_env_client.envs.base_env import Observation
+from plugrl_env_client.outputs.results import EpisodeRecord, ProcessStatus
+from plugrl_env_client.protocol.connection import Closed
+from plugrl_env_client.protocol.messages import ActionReply, ServerMetadata
+from plugrl_env_client.timing import Timing
+
+
+class ServerSession(Protocol):
+    """The rollout's server connection (a :class:`~plugrl_env_client.protocol.session.Session` over a WebSocket,
+    or an in-memory fake). Every call may raise :class:`~plugrl_env_client.protocol.connection.ConnectionLost`."""
+
+    def open(self) -> ServerMetadata: ...
+
+    def reconnect(self, closed: Closed) -> ServerMetadata: ...
+
+    def infer(self, obs: Observation, env_indices: np.ndarray, step_ids: np.ndarray,
+              reuse: np.ndarray | None = None) -> ActionReply: ...
+
+    def feedback(self, env_indices: np.ndarray, step_ids: np.ndarray, obs: Observation, rewards: np.ndarray,
+                 terminated: np.ndarray, truncated: np.ndarray, info: dict[str, Any]) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class ResultSink(Protocol):
+    """Where a rollout reports finished episodes and its progress (the run's writer, directly or over a queue)."""
+
+    def episode(self, record: EpisodeRecord) -> None: ...
+
+    def progress(self, process_id: int, status: ProcessStatus, timing: Timing) -> None: ...
+
+
+class EpisodeHooks(Protocol):
+    """Who watches the episodes as they happen (the recorder). Env ids are the process's; rows index the batch."""
+
+    def on_reset(self, obs: Observation, env_ids: np.ndarray, rows: np.ndarray) -> None: ...
+
+    def on_step(self, obs: Observation, actions: np.ndarray, rewards: np.ndarray, env_ids: np.ndarray,
+                active: np.ndarray) -> None: ...
+
+    def on_episode_end(self, record: EpisodeRecord) -> None: ...

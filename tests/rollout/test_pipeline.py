@@ -1,0 +1,210 @@
+"""Pipelined rollouts (--runner.pipeline K): the same episodes as lockstep, every protocol rule per connection, no
+stall against a server that batches by waiting for every connected client, a reconnect in one group, Ctrl-C."""
+
+from __future__ import annotations
+
+import collections
+import json
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from websockets.exceptions import ConnectionClosed
+from websockets.sync.server import ServerConnection, serve
+
+from plugrl_env_client.app import run_client
+from plugrl_env_client.config import ClientConfig, RunnerConfig
+from plugrl_env_client.envs import discover_envs
+from plugrl_env_client.errors import ConfigError
+from plugrl_env_client.protocol import codec, messages
+
+discover_envs()
+from probe_protocol import D, check_probe_transcript, probe_script  # noqa: E402
+
+from plugrl_env_client.envs.probe.probe_env import ProbeEnvConfig  # noqa: E402
+
+
+def episodes_by_env(root: Path) -> dict[int, list[tuple[Any, ...]]]:
+    per: dict[int, list[tuple[Any, ...]]] = collections.defaultdict(list)
+    for path in sorted(root.glob("rollout/proc_*/episodes.jsonl")):
+        for line in path.read_text().splitlines():
+            e = json.loads(line)
+            per[e["env_index"]].append((e["seed"], e["length"], e["return"], e["terminated"]))
+    return per
+
+
+def test_every_k_gives_the_same_episodes_per_env(tmp_path: Path) -> None:
+    """Zero policy: for K = 1, 2, 4 each env's sequence of (seed, length, return) is the same (a run stops at the
+    episode target, so an env may have one episode more or less: one list is a prefix of the other)."""
+    runs = {}
+    for k in (1, 2, 4):
+        cfg = ClientConfig(num_envs=12, num_episodes=48, local_policy="zero", output_dir=tmp_path, exp_name=f"k{k}",
+                           progress=False, env=ProbeEnvConfig(action_dim=D), runner=RunnerConfig(seed=7, pipeline=k))
+        assert run_client(cfg, "Probe-v1") == 0
+        runs[k] = episodes_by_env(tmp_path / f"k{k}")
+        assert sum(len(v) for v in runs[k].values()) == 48
+        summary = json.loads((tmp_path / f"k{k}" / "summary.json").read_text())
+        assert summary["completed_episodes"] == 48 and summary["status"] == "finished"
+    for k in (2, 4):
+        assert set(runs[k]) == set(runs[1]) == set(range(12))
+        for env, one in runs[1].items():
+            other = runs[k][env]
+            m = min(len(one), len(other))
+            assert m >= 1 and one[:m] == other[:m], (k, env)
+            assert one[0][0] == 7 + env, "the first episode's seed is the process seed plus the env id"
+
+
+def test_each_connection_keeps_every_protocol_rule(harness, tmp_path: Path) -> None:
+    """Two groups, two connections: each transcript passes the probe's checks on its own."""
+    h = harness(probe_script(4, stop_after_feedbacks=30))
+    cfg = ClientConfig(num_envs=6, server_port=h.port, output_dir=tmp_path, exp_name="run", progress=False,
+                       env=ProbeEnvConfig(action_dim=D), runner=RunnerConfig(pipeline=2))
+    assert run_client(cfg, "Probe-v1") == 0 and not h.errors
+    assert len(h.connections) == 2
+    finished = sum(check_probe_transcript(c.received, 4, None, 3) for c in h.connections)
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["completed_episodes"] == finished > 0
+
+
+class BatchingServer:
+    """Answers infers only once every connected client has one waiting, as PlugRL's default scheduler does.
+
+    A client that blocks on one connection's reply while another of its connections could still step (and so
+    send the infer the server waits for) stalls this server for good.
+    """
+
+    def __init__(self, horizon: int, action_dim: int) -> None:
+        self.horizon, self.action_dim = horizon, action_dim
+        self.cond = threading.Condition()
+        self.connected = 0
+        self.waiting = 0
+        self.generation = 0
+        self.batches = 0
+        self._server = serve(self._handle, "127.0.0.1", 0, compression=None, max_size=None)
+        threading.Thread(target=self._server.serve_forever, daemon=True).start()
+
+    @property
+    def port(self) -> int:
+        return self._server.socket.getsockname()[1]
+
+    def _handle(self, ws: ServerConnection) -> None:
+        with self.cond:
+            self.connected += 1
+        try:
+            ws.send(codec.packb(messages.metadata_message({"action_horizon": self.horizon,
+                                                           "action_dim": self.action_dim})))
+            while True:
+                msg = codec.unpackb(ws.recv())
+                if msg["message_type"] != "infer":
+                    continue
+                with self.cond:
+                    self.waiting += 1
+                    generation = self.generation
+                    if self.waiting >= self.connected:  # a full batch: release everyone waiting
+                        self.waiting = 0
+                        self.generation += 1
+                        self.batches += 1
+                        self.cond.notify_all()
+                    else:
+                        while self.generation == generation:
+                            self.cond.wait()
+                ids = msg["env_indices"]
+                ws.send(codec.packb(messages.action_message(ids, np.zeros((self.horizon, len(ids), self.action_dim)))))
+        except ConnectionClosed:
+            pass
+        finally:
+            with self.cond:
+                self.connected -= 1
+                if self.waiting and self.waiting >= self.connected:
+                    self.waiting = 0
+                    self.generation += 1
+                    self.cond.notify_all()
+
+    def shutdown(self) -> None:
+        self._server.shutdown()
+
+
+@pytest.mark.parametrize("pipeline", [2, 3])
+def test_a_batching_server_never_stalls(tmp_path: Path, pipeline: int) -> None:
+    server = BatchingServer(horizon=4, action_dim=D)
+    try:
+        cmd = [sys.executable, "-m", "plugrl_env_client", "probe-v1", "--num-envs", str(3 * pipeline),
+               "--runner.pipeline", str(pipeline), "--num-episodes", "60", "--server-port", str(server.port),
+               "--env.action-dim", str(D), "--output-dir", str(tmp_path), "--exp-name", "b", "--no-progress"]
+        res = subprocess.run(cmd, capture_output=True, text=True, timeout=90)
+        assert res.returncode == 0, res.stderr
+        assert json.loads((tmp_path / "b" / "summary.json").read_text())["completed_episodes"] == 60
+        assert server.batches > 10
+    finally:
+        server.shutdown()
+
+
+def test_a_close_on_one_connection_drops_only_that_groups_chunks(harness, tmp_path: Path) -> None:
+    """The second connection is resynced once mid-run; the first never notices; every episode counts once."""
+    calls = [0]
+
+    def script(conn: Any) -> None:
+        conn.send_metadata(action_horizon=4, action_dim=D)
+        infers = 0
+        while True:
+            msg = conn.recv()
+            if msg["message_type"] == "infer":
+                infers += 1
+                if conn.index == 1 and infers == 6:  # the second connection to arrive: resync it once
+                    conn.close(1001, messages.REASON_RESYNC)
+                    return
+                conn.send_zero_action(msg, 4, D)
+                calls[0] += 1
+
+    h = harness(script)
+    cfg = ClientConfig(num_envs=6, num_episodes=40, server_port=h.port, output_dir=tmp_path, exp_name="run",
+                       progress=False, env=ProbeEnvConfig(action_dim=D), runner=RunnerConfig(pipeline=2))
+    assert run_client(cfg, "Probe-v1") == 0 and not h.errors
+    assert len(h.connections) == 3, "one reconnect, for the group that was closed"
+    kinds = [[m["message_type"] for m in c.received] for c in h.connections]
+    for k in kinds:
+        assert k[0] == "infer" and all(a != b for a, b in zip(k, k[1:]))
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["completed_episodes"] == 40 and summary["timing"]["reconnects"] == 1
+    lengths = {e: [x[1] for x in eps] for e, eps in episodes_by_env(tmp_path / "run").items()}
+    assert all(length == 3 + 2 * (e % 3) for e, ls in lengths.items() for length in ls)
+
+
+def test_ctrl_c_in_a_pipelined_run_writes_outputs(tmp_path: Path) -> None:
+    cmd = [sys.executable, "-m", "plugrl_env_client", "probe-v1", "--num-envs", "6", "--runner.pipeline", "3",
+           "--local-policy", "random", "--output-dir", str(tmp_path), "--exp-name", "run", "--no-progress"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    episodes = tmp_path / "run" / "rollout" / "proc_000" / "episodes.jsonl"
+    try:
+        deadline = time.monotonic() + 60
+        while not (episodes.exists() and episodes.stat().st_size):
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, err
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["completed_episodes"] == len(episodes.read_text().splitlines()) > 0
+    assert summary["status"] == "interrupted"
+
+
+@pytest.mark.parametrize("num_envs, pipeline, group_size, message", [
+    (5, 2, 1, "--num-envs 5 does not split into --runner.pipeline 2 equal groups"),
+    (8, 2, 3, "--runner.group-size 3 must divide the envs of each pipeline group (4"),
+    (4, 0, 1, "--runner.pipeline must be >= 1"),
+])
+def test_a_split_that_does_not_fit_is_a_clear_error(tmp_path: Path, num_envs: int, pipeline: int, group_size: int,
+                                                    message: str) -> None:
+    cfg = ClientConfig(num_envs=num_envs, local_policy="zero", num_episodes=1, output_dir=tmp_path, exp_name="x",
+                       progress=False, env=ProbeEnvConfig(), runner=RunnerConfig(pipeline=pipeline,
+                                                                                 group_size=group_size))
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(".", r"\.")):
+        run_client(cfg, "Probe-v1")
