@@ -370,3 +370,28 @@ def test_two_processes_with_static_split_and_random_policy_are_reproducible(tmp_
     assert [len(p) for p in a] == [5, 4], "shares of 9 over 2 processes"
     assert a == b, "same seed, same episodes in every process"
     assert a != c
+
+
+def test_recorder_files_come_home_and_are_listed_in_the_manifest(tmp_path):
+    """Two processes record every second episode; their files land in their folders, the manifest lists them,
+    and the report shows the sampled frames."""
+    from plugrl_env_client.config import RecorderConfig
+    from plugrl_env_client.envs.dummy.dummy_env import DummyEnvConfig
+    from plugrl_env_client.report.cli import main as report_main
+
+    cfg = config(tmp_path, env=DummyEnvConfig(base_image_size=32, wrist_image_size=16, terminated_prob=0.2),
+                 num_envs=2, num_procs=2, num_episodes=8, local_policy="random",
+                 recorder=RecorderConfig(episode_freq=2, record_video=True, record_episode_metrics=True))
+    assert run_client(cfg, "Dummy-v1") == 0
+    for p in (0, 1):
+        folder = tmp_path / "run" / "rollout" / f"proc_{p:03d}"
+        manifest = json.loads((folder / "manifest.json").read_text())
+        listed = set(manifest["files"])
+        on_disk = {str(f.relative_to(folder)) for f in folder.rglob("*") if f.is_file()}
+        assert listed == on_disk
+        assert any(f.startswith("videos/") and f.endswith(".mp4") for f in listed)
+        assert any(f.startswith("sampled/") and f.endswith("_first_base.png") for f in listed)
+        assert manifest["recorder"]["episodes_recorded"] >= 1
+    assert report_main([str(tmp_path / "run")]) == 0
+    html = (tmp_path / "run" / "report.html").read_text()
+    assert "_first_base.png" in html and ".mp4" in html

@@ -96,6 +96,8 @@ def _run(config: ClientConfig, uid: str, run_dir: RunDir, writer: RunWriter, job
         if config.launcher == "ray":
             from plugrl_env_client.launch.ray import launch_ray
 
+            if env is not None:  # built here for the embedded server's action space; each actor builds its own
+                env.close()
             launch_ray(jobs, budget, writer, sources, config.ray)
         else:
             launch(jobs, budget, ctx, writer, sources, env)

@@ -49,7 +49,7 @@ class RecorderConfig:
     """What is recorded of the episodes, besides episodes.jsonl (names as PlugRL's client has them)."""
 
     episode_freq: int = 0
-    """Record every K-th finished episode of each process (0: record nothing)."""
+    """Record every K-th episode of each process, counted as episodes start (0: record nothing)."""
     thread0_only: bool = False
     """Record in process 0 only."""
     record_video: bool = False

@@ -402,3 +402,10 @@ def test_wire_observation_text_only_carries_the_batch_size() -> None:
     wire = messages.wire_observation(Observation(text=["a", "b", "c"]))
     assert wire["images"] == {}
     assert wire["states"]["_batch"].shape == (3, 0)
+
+
+def test_text_chunk_as_lists_of_str_becomes_a_wide_enough_array() -> None:
+    reply = parse_action(action({"env_ids": SENT, "action": [["a", "bb" * 600, "ü"], ["c", "d", "e"]]}), SENT)
+    assert reply.actions.shape == (2, 3) and reply.actions.dtype.kind == "U"
+    assert reply.actions[0, 1] == "bb" * 600 and reply.actions[0, 2] == "ü"
+    refused(parse_action, action({"env_ids": SENT, "action": [["a", "b", "c"], ["d"]]}), "different lengths", SENT)

@@ -187,10 +187,26 @@ class BaseEnv(gym.vector.VectorEnv[Observation, np.ndarray, np.ndarray], Generic
         self.process_id = process_id
         self.total_processes = total_processes
 
-    def seed_rngs(self, seed: int | None) -> None:
-        """Seed ``self.np_random``; call first in ``reset``. ``None`` keeps the current generator (or makes one)."""
-        if seed is not None or self._np_random is None:
-            self._np_random, self._np_random_seed = gym.utils.seeding.np_random(seed)
+    def seed_rngs(self, seed: int | Sequence[int | None] | None) -> None:
+        """Seed ``self.np_random``; call first in ``reset``. ``None`` keeps the current generator (or makes one).
+
+        A list (one seed per env, as ``--runner.group-size`` passes) leaves the batch generator as it is: envs that
+        declare ``metadata["per_env_seeds"] = True`` start each reset env from its own seed (see
+        :meth:`per_env_seeds`)."""
+        batch_seed = seed if isinstance(seed, int) else None
+        if batch_seed is not None or self._np_random is None:
+            self._np_random, self._np_random_seed = gym.utils.seeding.np_random(batch_seed)
+
+    def per_env_seeds(self, seed: int | Sequence[int | None] | None) -> list[int | None]:
+        """The ``seed`` argument of :meth:`reset` as one seed per env: an int ``s`` gives env i ``s + i``
+        (Gymnasium's convention for vector envs), a list gives each env its own, None gives none."""
+        if seed is None:
+            return [None] * self.num_envs
+        if isinstance(seed, int):
+            return [seed + i for i in range(self.num_envs)]
+        if len(seed) != self.num_envs:
+            raise ValueError(f"reset(seed=[...]) needs one seed per env ({self.num_envs}), got {len(seed)}")
+        return [None if s is None else int(s) for s in seed]
 
     def reset_mask(self, options: dict[str, Any] | None) -> np.ndarray:
         """Bool mask of the envs a ``reset`` call must reset.
@@ -212,6 +228,10 @@ class BaseEnv(gym.vector.VectorEnv[Observation, np.ndarray, np.ndarray], Generic
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[Observation, dict[str, Any]]:
         """Reset the envs :meth:`reset_mask` selects (all when ``options`` names none) and return the whole batch.
+
+        ``seed`` is an int for the first reset of a run, None later, and a list of one seed per env (None for
+        envs not reset) when the runner starts groups of envs from shared seeds; an env that can start env i from
+        ``seed[i]`` says so with ``metadata["per_env_seeds"] = True``.
 
         Rows of envs that were not reset must come back unchanged: the client (and, with reuse-feedback-obs, the
         server) keeps using the observation those envs last produced.

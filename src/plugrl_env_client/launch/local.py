@@ -53,6 +53,9 @@ class QueueSink:
     def log(self, record: logging.LogRecord) -> None:
         self._queue.put(("log", record))
 
+    def artifact(self, process_id: int, relpath: str, data: bytes, append: bool = False) -> None:
+        self._queue.put(("artifact", process_id, relpath, data, append))
+
 
 def deliver(message: tuple[Any, ...], writer: RunWriter) -> None:
     """Hand one queued report to the writer."""
@@ -65,6 +68,8 @@ def deliver(message: tuple[Any, ...], writer: RunWriter) -> None:
         writer.result(message[1])
     elif kind == "log":
         handle_forwarded(message[1])
+    elif kind == "artifact":
+        writer.artifact(*message[1:])
 
 
 def _child_main(job_bytes: bytes, budget: EpisodeBudget, env_lock: Any, queue: Any, sources: EnvSources) -> None:

@@ -20,12 +20,13 @@ from plugrl_env_client.config import ClientConfig
 from plugrl_env_client.envs.base_env import BaseEnv
 from plugrl_env_client.envs.registry import get_spec, make_env
 from plugrl_env_client.errors import ConfigError, EnvCrashedError, PlugRLError
+from plugrl_env_client.outputs.recorder import EpisodeRecorder
 from plugrl_env_client.outputs.results import ProcessResult, ProcessStatus
 from plugrl_env_client.protocol.session import Session, SessionConfig
 from plugrl_env_client.rollout import checks
 from plugrl_env_client.rollout.budget import Budget
 from plugrl_env_client.rollout.group import EnvGroup, LoopSettings
-from plugrl_env_client.rollout.interfaces import EpisodeHooks, ResultSink
+from plugrl_env_client.rollout.interfaces import ResultSink
 from plugrl_env_client.rollout.loop import Rollout
 from plugrl_env_client.rollout.signals import shielded
 from plugrl_env_client.server.embedded import local_policy_flag, server_command
@@ -81,16 +82,32 @@ def group_sizes(config: ClientConfig) -> list[int]:
     return [n // k] * k
 
 
+class _ArtifactsHome:
+    """The recorder's files go where the process's results go (the run's writer, here or across processes)."""
+
+    def __init__(self, sink: ResultSink, process_id: int) -> None:
+        self._sink, self._process_id = sink, process_id
+
+    def write_bytes(self, relpath: str, data: bytes) -> None:
+        self._sink.artifact(self._process_id, relpath, data)
+
+    def append_bytes(self, relpath: str, data: bytes) -> None:
+        self._sink.artifact(self._process_id, relpath, data, append=True)
+
+
 def run_process(job: ProcessJob, budget: Budget, sink: ResultSink, env_lock: Any = None,
-                env: BaseEnv | None = None, hooks: EpisodeHooks | None = None) -> ProcessResult:
+                env: BaseEnv | None = None) -> ProcessResult:
     """Run one process's rollout to its end (with ``env`` when the caller built it already, in lockstep); never
     raises for user errors or interrupts: they become the result."""
     cfg, spec = job.config, get_spec(job.env_id)
     timings: list[Timing] = []
     envs: list[BaseEnv] = [] if env is None else [env]
     status, error, signum = ProcessStatus.STARTING, None, None
+    recorder: EpisodeRecorder | None = None
     try:
         sizes = group_sizes(cfg)
+        recorder = EpisodeRecorder(cfg.recorder, job.process_id, cfg.num_envs, _ArtifactsHome(sink, job.process_id))
+        hooks = recorder if recorder.enabled else None
         while len(envs) < len(sizes):
             envs.append(build_env(job, env_lock, sizes[len(envs)]))
         settings = LoopSettings(
@@ -128,9 +145,10 @@ def run_process(job: ProcessJob, budget: Budget, sink: ResultSink, env_lock: Any
     finally:
         with shielded():  # a second Ctrl-C must not lose the final report
             sink.progress(job.process_id, status, Timing.total(timings))
+            report = recorder.close().to_json() if recorder is not None and recorder.enabled else None
             for built in envs:
                 _close(built, spec.uid)
-    return ProcessResult(job.process_id, status, error, signum)
+    return ProcessResult(job.process_id, status, error, signum, report)
 
 
 def session_config(job: ProcessJob, env: BaseEnv, group: int) -> SessionConfig:
@@ -147,6 +165,7 @@ def session_config(job: ProcessJob, env: BaseEnv, group: int) -> SessionConfig:
         connect_timeout_s=cfg.connect_timeout,
         reconnect_timeout_s=cfg.reconnect_timeout,
         stream=(job.process_id, group),
+        transport=cfg.transport,
     )
 
 

@@ -26,7 +26,7 @@ import math
 import threading
 from collections.abc import Callable
 
-from plugrl_env_client.rollout.budget import Split, shares
+from plugrl_env_client.rollout.budget import Split, StopFlag, shares
 
 CLAIM_WAIT_S = 30.0
 """How long an actor out of lease waits for the driver's answer before it drops the episode."""
@@ -52,8 +52,9 @@ class LeasedBudget:
 
     def __init__(self, target: int | None, grant: Grant, ask: Callable[[int], None] | None = None) -> None:
         self.target = target
-        self.stop = threading.Event()
+        self.stop: StopFlag = threading.Event()
         self.env_steps = 0
+        self._steps_lock = threading.Lock()
         self._ask = ask
         self._cond = threading.Condition()
         self._granted = grant.total
@@ -91,7 +92,8 @@ class LeasedBudget:
         return self.stop.is_set() or self.exhausted(process_id)
 
     def add_env_steps(self, count: int) -> None:
-        self.env_steps += count  # one writer (the rollout thread); the flusher only reads
+        with self._steps_lock:
+            self.env_steps += count
 
     # ---------------------------------------------------------------------------------------- from the driver
 
@@ -184,13 +186,16 @@ class LeaseBook:
         if self.split == "static":
             lease.granted = max(self._shares[pid] - self.recorded[pid], 0)
             return lease.grant(final=True)
-        lease.granted = self._chunk()
+        # Nothing up front: an epoch that takes long to start (a restart, a slow env) must not sit on episodes the
+        # running ones could collect; it asks with its first claim.
         return lease.grant(final=self.reached)
 
     def record(self, pid: int, epoch: int) -> bool:
         """A record of ``pid``'s ``epoch`` arrived: True when it counts (it was leased)."""
         lease = self._leases[pid]
-        if self.target is not None and (lease.epoch != epoch or lease.delivered >= lease.granted):
+        if not lease.active or lease.epoch != epoch:
+            return False
+        if self.target is not None and lease.delivered >= lease.granted:
             return False
         lease.delivered += 1
         self.recorded[pid] += 1

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import importlib.util
 import io
 import pickle
 import sys
@@ -26,6 +27,9 @@ from typing import Any
 
 from plugrl_env_client.envs.discovery import EnvSources, env_files, env_path_variable, failed_imports, user_module_name
 from plugrl_env_client.errors import ConfigError
+
+MAIN_ALIAS = "__mp_main__"
+"""The module name a worker gives the driver's script, as a spawned local process does."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,14 +88,20 @@ def load(shipped: ShippedSources, search: Iterable[str] | None = None) -> dict[s
     the module names to read the job with (driver's name -> this worker's). ``search``: where uploaded copies are
     looked for (default ``sys.path``)."""
     local = [(f, locate(f, search)) for f in shipped.files]
-    EnvSources(tuple(str(path) for _, path in local), shipped.modules).load()
     remap = {}
     for f, path in local:
+        if f.is_main:  # imported as a spawned process imports its parent's script: registered, not run
+            _import_main(path)
+            remap["__main__"] = MAIN_ALIAS
+    EnvSources(tuple(str(path) for f, path in local if not f.is_main), shipped.modules).load()
+    for f, path in local:
+        if f.is_main:
+            continue
         here = user_module_name(path)
         if here not in sys.modules:
-            raise ConfigError(f"env file {f.driver_path} failed to import on this node: {_failures()}")
-        if f.is_main:
-            remap["__main__"] = here
+            why = failed_imports().get(str(path), "see the log")
+            raise ConfigError(f"env file {f.driver_path} failed to import on this node ({why}); install what it "
+                              "needs on every Ray node")
         driver_name = user_module_name(Path(f.driver_path))
         if driver_name != here:
             remap[driver_name] = here
@@ -127,6 +137,27 @@ class _Unpickler(pickle.Unpickler):
         return super().find_class(self._remap.get(module, module), name)
 
 
+def _import_main(path: Path) -> None:
+    """The driver's script as ``__mp_main__`` (its ``if __name__ == "__main__"`` block does not run, and its envs
+    may shadow built-ins as they do in the driver)."""
+    if MAIN_ALIAS in sys.modules:
+        return
+    spec = importlib.util.spec_from_file_location(MAIN_ALIAS, path)
+    if spec is None or spec.loader is None:
+        raise ConfigError(f"{path} cannot be imported as a Python module")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[MAIN_ALIAS] = module
+    folder = str(path.parent)
+    if folder not in sys.path:
+        sys.path.append(folder)
+    try:
+        spec.loader.exec_module(module)
+    except Exception as exc:
+        del sys.modules[MAIN_ALIAS]
+        raise ConfigError(f"{path} (the script this run was started with) failed to import on this node: "
+                          f"{type(exc).__name__}: {exc}; install what it needs on every Ray node") from exc
+
+
 def _digest(path: Path) -> str:
     return hashlib.sha1(path.read_bytes()).hexdigest()
 
@@ -138,6 +169,3 @@ def _same(path: Path, digest: str) -> bool:
         return False
 
 
-def _failures() -> str:
-    failed = failed_imports()
-    return "; ".join(f"{where}: {why}" for where, why in failed.items()) or "no error was recorded"

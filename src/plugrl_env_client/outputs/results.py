@@ -175,6 +175,8 @@ class ProcessResult:
     """The user-facing message of a failure (the traceback is in the log file)."""
     signum: int | None = None
     """The signal that interrupted the process, if one did."""
+    recorder: dict[str, Any] | None = None
+    """What the episode recorder wrote and dropped (its report), when it recorded."""
 
 
 def _ratio(total: float, count: int) -> float | None:

@@ -21,6 +21,7 @@ import threading
 from collections.abc import Iterable
 from typing import IO, Any
 
+from plugrl_env_client.outputs.recorder import DirectorySink
 from plugrl_env_client.outputs.results import (
     DEFAULT_METRIC_WINDOW,
     EpisodeRecord,
@@ -44,6 +45,8 @@ class _ProcessState:
         self.timing = Timing()
         self.status = ProcessStatus.STARTING
         self.error: str | None = None
+        self.recorder: dict[str, Any] | None = None
+        self.artifacts = DirectorySink(self.dir)
         self._episodes: IO[str] | None = None
 
     def append(self, line: str) -> None:
@@ -92,11 +95,18 @@ class RunWriter:
             if not status.ended and not state.status.ended:
                 state.status = status
 
+    def artifact(self, process_id: int, relpath: str, data: bytes, append: bool = False) -> None:
+        """A recorder file of the process, written into its folder (whole and atomically, or appended)."""
+        sink = self._procs[process_id].artifacts
+        (sink.append_bytes if append else sink.write_bytes)(relpath, data)
+
     def result(self, result: ProcessResult) -> None:
         """How a process ended: its own report, or the launcher's reading of its exit. A failure already reported
         with its reason stays (the launcher's "exited with code 1" says less than the process's own message)."""
         with self._lock:
             state = self._procs[result.process_id]
+            if result.recorder is not None:
+                state.recorder = result.recorder
             if state.status is ProcessStatus.FAILED and state.error:
                 return
             state.status, state.error = result.status, result.error
@@ -119,12 +129,21 @@ class RunWriter:
         return aggregate
 
     def close(self) -> dict[str, Any]:
-        """Write the final summaries and close the episode files; returns the aggregate."""
+        """Write the final summaries and each process's ``manifest.json``, close the episode files; returns the
+        aggregate."""
         summary = self.write_summaries()
         with self._lock:
             for state in self._procs.values():
                 state.close()
+                write_json_atomic(state.dir / "manifest.json", self._manifest(state))
         return summary
+
+    def _manifest(self, state: _ProcessState) -> dict[str, Any]:
+        """The files the process wrote (relative to its folder), and the recorder's report."""
+        files = sorted(str(p.relative_to(state.dir)) for p in state.dir.rglob("*")
+                       if p.is_file() and not p.name.startswith(".") and p.name != "manifest.json")
+        return {"exp_name": self.exp_name, "process_id": state.process_id, "total_processes": self.num_procs,
+                "files": [*files, "manifest.json"], "recorder": state.recorder}
 
     def unfinished(self) -> list[int]:
         """Processes that have not reported how they ended."""

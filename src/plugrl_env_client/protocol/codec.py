@@ -6,6 +6,11 @@ complex dtypes are refused both ways: the convention cannot carry them without p
 
 Decoding validates every array (dtype, shape, data length) so a broken peer produces one ``ProtocolError`` with a
 message, never a numpy exception from deep inside a rollout.
+
+Copies: an array's bytes are copied once on the way out, into the frame (:func:`_encode` hands msgpack the array's
+own buffer). An :class:`Encoder` also keeps its frame buffer from message to message and lends it out as a
+memoryview, instead of copying each frame into a fresh ``bytes`` (and faulting fresh memory in) as :func:`packb`
+does. On the way in, msgpack copies each array's bytes out of the frame once and ``np.frombuffer`` wraps them.
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ import numpy as np
 
 from plugrl_env_client.errors import ProtocolError
 
-__all__ = ["ProtocolError", "packb", "unpackb"]
+__all__ = ["Encoder", "ProtocolError", "packb", "unpackb"]
 
 _REFUSED_KINDS = frozenset("OVc")
 # Kinds numpy exports through the buffer protocol (datetime/timedelta are not), so they can be sent without a copy.
@@ -120,8 +125,37 @@ def packb(obj: Any) -> bytes:
     except ProtocolError:
         raise
     except (OverflowError, UnicodeEncodeError, ValueError, TypeError) as exc:
-        # e.g. an int beyond 64 bits, a str with a lone surrogate, nesting deeper than msgpack allows
-        raise ProtocolError(f"cannot encode the message: {type(exc).__name__}: {exc}") from None
+        raise _unencodable(exc) from None
+
+
+def _unencodable(exc: Exception) -> ProtocolError:
+    # e.g. an int beyond 64 bits, a str with a lone surrogate, nesting deeper than msgpack allows
+    return ProtocolError(f"cannot encode the message: {type(exc).__name__}: {exc}")
+
+
+class Encoder:
+    """Encodes messages into one buffer it keeps: the same bytes as :func:`packb`, without a copy per frame.
+
+    :meth:`encode` returns a memoryview of the buffer, valid until it is released; release it (``with
+    encoder.encode(msg) as frame: ...``) before the next :meth:`encode`, which reuses the buffer. One encoder
+    per connection (it is not thread-safe).
+    """
+
+    def __init__(self) -> None:
+        self._packer = msgpack.Packer(default=_encode, use_bin_type=True, autoreset=False)
+
+    def encode(self, obj: Any) -> memoryview:
+        """The frame of ``obj``; raises :class:`ProtocolError` for what the convention cannot carry, and
+        BufferError while the previous frame's memoryview is still held."""
+        packer = self._packer
+        packer.reset()  # keeps the buffer's memory; also drops what a failed encode left behind
+        try:
+            packer.pack(obj)
+        except ProtocolError:
+            raise
+        except (OverflowError, UnicodeEncodeError, ValueError, TypeError) as exc:
+            raise _unencodable(exc) from None
+        return packer.getbuffer()
 
 
 def unpackb(data: bytes) -> Any:

@@ -1,6 +1,6 @@
 """One client connection to a policy server.
 
-A :class:`Connection` is one WebSocket: it reads the metadata first, then offers ``infer`` and ``feedback``. When
+A :class:`Connection` is one WebSocket (a :class:`~plugrl_env_client.protocol.transport.Transport`): it reads the metadata first, then offers ``infer`` and ``feedback``. When
 the server closes it, the call raises :class:`ConnectionLost` carrying the close and what the client should do
 about it: a closed connection is an ordinary event of a long run, handled in one place by the caller (reconnect, or
 end the run). What cannot be recovered by reconnecting (a text frame, a message that breaks the protocol) raises
@@ -21,12 +21,11 @@ import time
 from typing import Any
 
 import numpy as np
-from websockets.exceptions import ConnectionClosed
-from websockets.sync.client import ClientConnection
 
 from plugrl_env_client.errors import ProtocolError
 from plugrl_env_client.protocol import codec, messages
 from plugrl_env_client.protocol.messages import ActionReply, ObservationLike, ServerMetadata
+from plugrl_env_client.protocol.transport import Transport, TransportClosed
 from plugrl_env_client.timing import Timing
 
 logger = logging.getLogger(__name__)
@@ -76,8 +75,9 @@ class Connection:
     Counters and times go into ``timing`` (shared with the rollout that owns this connection).
     """
 
-    def __init__(self, ws: ClientConnection, timing: Timing, reconnect_on_stop: bool) -> None:
-        self._ws = ws
+    def __init__(self, transport: Transport, timing: Timing, reconnect_on_stop: bool) -> None:
+        self._transport = transport
+        self._encoder = codec.Encoder()  # one frame buffer for the connection's life: no fresh memory per message
         self._timing = timing
         self._reconnect_on_stop = reconnect_on_stop
         self._lost: Closed | None = None  # set when a feedback found the connection gone
@@ -99,10 +99,10 @@ class Connection:
         if self._lost is not None:
             raise ConnectionLost(self._lost)
         start = time.perf_counter()
-        frame = self._pack(messages.infer_message(messages.wire_observation(obs), env_indices, step_ids, reuse))
-        sent = time.perf_counter()
-        self._timing.infer_obs_pack_s += sent - start
-        self._send(frame)
+        with self._pack(messages.infer_message(messages.wire_observation(obs), env_indices, step_ids, reuse)) as frame:
+            sent = time.perf_counter()
+            self._timing.infer_obs_pack_s += sent - start
+            self._send(frame)
         self._timing.infer_calls += 1
         reply = self._recv()
         action = messages.parse_action(reply, np.asarray(env_indices, dtype=np.int64))
@@ -116,10 +116,10 @@ class Connection:
         if self._lost is not None:
             return
         start = time.perf_counter()
-        frame = self._pack(messages.feedback_message(
-            env_indices, step_ids, messages.wire_observation(obs), rewards, terminated, truncated, info))
         try:
-            self._send(frame)
+            with self._pack(messages.feedback_message(
+                    env_indices, step_ids, messages.wire_observation(obs), rewards, terminated, truncated, info)) as frame:
+                self._send(frame)
         except ConnectionLost as lost:
             self._lost = lost.close
             return
@@ -129,33 +129,33 @@ class Connection:
 
     def close(self) -> None:
         """Send a normal close (1000) and wait briefly for the server's answer."""
-        self._ws.close(code=messages.CLOSE_NORMAL)
+        self._transport.close(messages.CLOSE_NORMAL)
 
-    def _pack(self, msg: dict[str, Any]) -> bytes:
+    def _pack(self, msg: dict[str, Any]) -> memoryview:
+        """The message's frame, lent from the connection's encoder: release it (``with``) before the next one."""
         start = time.perf_counter()
-        frame = codec.packb(msg)
+        frame = self._encoder.encode(msg)
         self._timing.pack_s += time.perf_counter() - start
         return frame
 
-    def _send(self, frame: bytes) -> None:
+    def _send(self, frame: memoryview) -> None:
         try:
-            self._ws.send(frame)
-        except ConnectionClosed as exc:
+            self._transport.send(frame)
+        except TransportClosed as exc:
             raise ConnectionLost(self._closed(exc)) from None
-        self._timing.bytes_sent += len(frame)
+        self._timing.bytes_sent += frame.nbytes
 
     def _recv(self) -> Any:
         try:
-            frame = self._ws.recv()
-        except ConnectionClosed as exc:
+            frame = self._transport.recv()
+        except TransportClosed as exc:
             raise ConnectionLost(self._closed(exc)) from None
         if isinstance(frame, str):
             raise ProtocolError(f"the server sent a text frame instead of a binary msgpack frame: {frame[:2000]!r}")
         self._timing.bytes_received += len(frame)
         return codec.unpackb(frame)
 
-    def _closed(self, exc: ConnectionClosed) -> Closed:
-        frame = exc.rcvd
-        closed = classify_close(frame.code if frame else None, frame.reason if frame else "", self._reconnect_on_stop)
+    def _closed(self, exc: TransportClosed) -> Closed:
+        closed = classify_close(exc.code, exc.reason, self._reconnect_on_stop)
         logger.info("connection closed by the server (%s)", closed.describe())
         return closed

@@ -209,6 +209,8 @@ def parse_action(msg: Any, sent_indices: np.ndarray) -> ActionReply:
     if not np.array_equal(env_ids, sent_indices):
         raise ProtocolError(f"action env_ids {env_ids.tolist()} do not match the infer's env_indices {sent_indices.tolist()}")
     actions = data.get("action")
+    if isinstance(actions, list):
+        actions = _text_chunk(actions)
     if not isinstance(actions, np.ndarray):
         raise ProtocolError(f"action 'action' must be an array [horizon, n, *action_shape], got {type(actions).__name__}")
     if actions.ndim < 2 or actions.shape[1] != len(sent_indices):
@@ -219,6 +221,17 @@ def parse_action(msg: Any, sent_indices: np.ndarray) -> ActionReply:
     if actions.shape[0] == 0:
         raise ProtocolError("action array has horizon 0; a server must send at least one step per env")
     return ActionReply(env_ids=env_ids, actions=actions)
+
+
+def _text_chunk(rows: list[Any]) -> np.ndarray:
+    """A text chunk sent as msgpack lists of str (``[horizon][n]``) instead of a '<U' array: the same array, as wide
+    as its longest string (never cut short)."""
+    if not all(isinstance(row, list) and all(isinstance(t, str) for t in row) for row in rows):
+        raise ProtocolError("action 'action' must be an array [horizon, n, *action_shape], or for text a list "
+                            "(horizon) of lists (envs) of str; got list of other values")
+    if len({len(row) for row in rows}) > 1:
+        raise ProtocolError(f"action 'action' rows have different lengths: {[len(row) for row in rows]}")
+    return np.array(rows, dtype=str) if rows and rows[0] else np.zeros((len(rows), 0), dtype="<U1")
 
 
 def _observation(obs: Any, where: str) -> int:

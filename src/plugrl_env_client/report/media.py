@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-SAMPLE_NAME = re.compile(r"^ep(?P<episode>\d+)_(?P<moment>first|last)_(?P<key>.+)$")
+SAMPLE_NAME = re.compile(r"^ep(?P<episode>\d+)(?:_env(?P<env>\d+))?_(?P<moment>first|last)_(?P<key>.+)$")
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 TEXT_PREVIEW_CHARS = 400
 

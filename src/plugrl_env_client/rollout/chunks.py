@@ -49,8 +49,9 @@ class ActionPlans:
         self.chunk_reward[env_ids] = 0.0
 
     def next_actions(self) -> np.ndarray:
-        """The batch of actions for this env step (every env must hold a chunk)."""
-        return self._queue[self._all, self.cursor]
+        """The batch of actions for this env step. Every active env holds a chunk; an env that takes no part in
+        the step (retired, or waiting for its seed group) gets the last action it had, as a placeholder."""
+        return self._queue[self._all, np.minimum(self.cursor, self._queue.shape[1] - 1)]
 
     def advance(self, rewards: np.ndarray, done: np.ndarray, active: np.ndarray | None = None) -> np.ndarray:
         """Account one env step of the ``active`` envs (all when None); returns the envs whose chunk ended on it

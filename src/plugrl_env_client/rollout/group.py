@@ -208,7 +208,7 @@ class EnvGroup:
         done = terminated | truncated
         chunk_ended = self.plans.advance(rewards, done, active)
         if self.hooks is not None:
-            self.hooks.on_step(out.obs, actions, rewards, self.ids, active)
+            self.hooks.on_step(out.obs, actions, rewards, self.ids)
         return StepResult(out.obs, rewards, terminated, truncated, done, out.info, chunk_ended)
 
     def send_feedback(self, step: StepResult) -> None:

@@ -39,13 +39,15 @@ class ResultSink(Protocol):
 
     def progress(self, process_id: int, status: ProcessStatus, timing: Timing) -> None: ...
 
+    def artifact(self, process_id: int, relpath: str, data: bytes, append: bool = False) -> None:
+        """A file of the process's folder (recorder output), written whole or appended to."""
+
 
 class EpisodeHooks(Protocol):
     """Who watches the episodes as they happen (the recorder). Env ids are the process's; rows index the batch."""
 
     def on_reset(self, obs: Observation, env_ids: np.ndarray, rows: np.ndarray) -> None: ...
 
-    def on_step(self, obs: Observation, actions: np.ndarray, rewards: np.ndarray, env_ids: np.ndarray,
-                active: np.ndarray) -> None: ...
+    def on_step(self, obs: Observation, actions: np.ndarray, rewards: np.ndarray, env_ids: np.ndarray) -> None: ...
 
     def on_episode_end(self, record: EpisodeRecord) -> None: ...

@@ -171,6 +171,8 @@ def _note(exc: BaseException, text: str) -> None:
 class GemEnv(BaseEnv[GemEnvConfig]):
     """``num_envs`` GEM envs behind the batched env API; see the module docstring for the mapping and options."""
 
+    metadata = {**BaseEnv.metadata, "per_env_seeds": True}
+
     def __init__(self, config: GemEnvConfig, num_envs: int = 1, **kwargs: Any) -> None:
         _check_config(config)
         env_kwargs = parse_env_kwargs(config.env_kwargs)
@@ -259,13 +261,16 @@ class GemEnv(BaseEnv[GemEnvConfig]):
 
     # ------------------------------------------------------------------------------------------ env API
 
-    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[Observation, dict]:
+    def reset(self, *, seed: int | list[int | None] | None = None,
+              options: dict[str, Any] | None = None) -> tuple[Observation, dict]:
         self.seed_rngs(seed)
         indices = np.flatnonzero(self.reset_mask(options)).tolist()
 
+        seeds = self.per_env_seeds(seed)
+
         def reset_one(i: int) -> Any:
-            env = self._envs[i]
-            return env.reset() if seed is None else env.reset(seed=(int(seed) + i) % 2**32)
+            own = seeds[i]
+            return self._envs[i].reset() if own is None else self._envs[i].reset(seed=own % 2**32)
 
         results = self._map("reset", indices, reset_one, isolate=self.config.rng_isolation != "off")
         for i, result in zip(indices, results):

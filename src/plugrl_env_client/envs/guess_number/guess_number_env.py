@@ -91,6 +91,8 @@ def parse_guess(text: str) -> int | None:
 class GuessNumberEnv(BaseEnv[GuessNumberConfig]):
     """``num_envs`` independent guessing games; see the module docstring for rules, rewards and info."""
 
+    metadata = {**BaseEnv.metadata, "per_env_seeds": True}
+
     def __init__(self, config: GuessNumberConfig, num_envs: int = 1, **kwargs: Any) -> None:
         if config.low > config.high:
             raise ConfigError(f"GuessNumber-v1 needs --env.low <= --env.high, got low={config.low} high={config.high}")
@@ -120,10 +122,15 @@ class GuessNumberEnv(BaseEnv[GuessNumberConfig]):
         left = self.config.max_turns - int(self.turns[i])
         return f"You have {left} guess{'es' if left != 1 else ''} left."
 
-    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[Observation, dict]:
+    def reset(self, *, seed: int | list[int | None] | None = None,
+              options: dict[str, Any] | None = None) -> tuple[Observation, dict]:
         self.seed_rngs(seed)
         mask = self.reset_mask(options)
         self.target[mask] = self.np_random.integers(self.config.low, self.config.high + 1, size=int(mask.sum()))
+        if isinstance(seed, list):  # per-env seeds (seed groups): env i's target depends on seed[i] alone
+            for i, s in enumerate(self.per_env_seeds(seed)):
+                if mask[i] and s is not None:
+                    self.target[i] = np.random.default_rng(s).integers(self.config.low, self.config.high + 1)
         self.turns[mask] = 0
         for i in np.flatnonzero(mask).tolist():
             self.text[i] = f"Make your first guess. {self._left(i)}"

@@ -74,6 +74,8 @@ class GymEnvConfig(BaseEnvConfig):
 class GymEnv(BaseEnv[GymEnvConfig]):
     """Any registered Gymnasium env (--env.id Pendulum-v1, CartPole-v1, ...) as a batch of copies."""
 
+    metadata = {**BaseEnv.metadata, "per_env_seeds": True}  # Gymnasium's vector reset takes a list of seeds
+
     def __init__(self, config: GymEnvConfig, num_envs: int = 1, **kwargs: Any) -> None:
         super().__init__(config, num_envs=num_envs, **kwargs)
         spec = resolve_gym_spec(config.id)
@@ -93,7 +95,8 @@ class GymEnv(BaseEnv[GymEnvConfig]):
         self._frames: np.ndarray | None = None  # replaced, never written into once handed out
         self._done = np.zeros(self.num_envs, dtype=bool)
 
-    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[Observation, dict[str, Any]]:
+    def reset(self, *, seed: int | list[int | None] | None = None,
+              options: dict[str, Any] | None = None) -> tuple[Observation, dict[str, Any]]:
         mask = self.reset_mask(options)
         # Other options (e.g. an env's own "reset_to_state") go on to the inner envs' reset.
         inner = {k: v for k, v in (options or {}).items() if k not in ("reset_mask", "reset_indices")}
@@ -101,10 +104,10 @@ class GymEnv(BaseEnv[GymEnvConfig]):
             return self._last.select(np.arange(self.num_envs)), {}
         if self._last is None or mask.all():
             mask[:] = True
-            obs, info = self.vector_env.reset(seed=seed, options=inner or None)
+            obs, info = self.vector_env.reset(seed=seed, options=inner or None)  # type: ignore[arg-type]  # lists too
         else:
             # Gymnasium keeps the rows of copies outside the mask, in both the sync and the async vector env.
-            obs, info = self.vector_env.reset(seed=seed, options={**inner, "reset_mask": mask})
+            obs, info = self.vector_env.reset(seed=seed, options={**inner, "reset_mask": mask})  # type: ignore[arg-type]
         self._done[mask] = False
         if self.config.render:
             self._frames = self._rendered(mask)

@@ -1,0 +1,376 @@
+"""The Ray launcher: the same results as local processes, exact totals through actor deaths and lost nodes,
+placement over nodes, clean stops on signals; and its parts that need no Ray (leases, shipped env files).
+
+Every Ray test shares one test cluster (``ray.cluster_utils.Cluster``: a 2-CPU head node on this machine, plus
+nodes that single tests add and remove). Runs connect to it with ``--ray.address``, exactly as a user's run
+connects to a cluster, and disconnect at their end.
+"""
+
+from __future__ import annotations
+
+import json
+import pickle
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from plugrl_env_client.app import run_client
+from plugrl_env_client.config import ClientConfig, RayConfig, RunnerConfig
+from plugrl_env_client.envs import discover_envs
+from plugrl_env_client.envs import registry as env_registry
+from plugrl_env_client.envs.discovery import EnvSources, user_module_name
+from plugrl_env_client.errors import ConfigError
+from plugrl_env_client.launch import ray_sources
+from plugrl_env_client.launch.process import ProcessJob
+from plugrl_env_client.launch.ray_budget import Grant, LeaseBook, LeasedBudget
+
+ray = pytest.importorskip("ray")
+from ray.cluster_utils import Cluster  # noqa: E402
+
+from plugrl_env_client.launch.ray import Demand  # noqa: E402
+
+SUPPORT = Path(__file__).resolve().parents[1] / "_support"
+CRASH_ENV = str(SUPPORT / "crash_once_env.py")
+discover_envs([CRASH_ENV])
+NODE = {"object_store_memory": 80 * 1024**2}
+FAST_HEALTH_CHECKS = {"health_check_period_ms": 500, "health_check_failure_threshold": 3,
+                      "health_check_initial_delay_ms": 0}
+
+
+# ------------------------------------------------------------------------------------------------ fixtures
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[Cluster]:
+    """One Ray cluster for the module: a head node with 2 CPUs (nodes are declared dead within ~2 s)."""
+    made = Cluster(initialize_head=True, head_node_args={
+        "num_cpus": 2, "include_dashboard": False, "_system_config": FAST_HEALTH_CHECKS, **NODE})
+    try:
+        yield made
+    finally:
+        made.shutdown()
+
+
+@pytest.fixture
+def extra_node(cluster: Cluster) -> Iterator[Any]:
+    """Add a node to the cluster for one test (removed afterwards, if the test did not remove it)."""
+    added: list[Any] = []
+
+    def add(num_cpus: float) -> Any:
+        node = cluster.add_node(num_cpus=num_cpus, **NODE)
+        cluster.wait_for_nodes()
+        added.append(node)
+        return node
+
+    yield add
+    for node in added:
+        if node in cluster.worker_nodes:
+            cluster.remove_node(node)
+
+
+def ray_config(tmp_path: Path, cluster: Cluster, name: str, **kwargs: Any) -> ClientConfig:
+    placement = kwargs.pop("placement", "spread")
+    max_restarts = kwargs.pop("max_restarts", 3)
+    return ClientConfig(output_dir=tmp_path, exp_name=name, progress=False, launcher="ray",
+                        ray=RayConfig(address=cluster.address, placement=placement, max_restarts=max_restarts),
+                        **kwargs)
+
+
+def crash_env(**fields: Any) -> Any:
+    return env_registry.get_spec("CrashOnce-v1").config_cls(**fields)
+
+
+def read(run: Path, name: str) -> Any:
+    return json.loads((run / name).read_text())
+
+
+def episodes(run: Path, pid: int) -> list[dict[str, Any]]:
+    lines = (run / "rollout" / f"proc_{pid:03d}" / "episodes.jsonl").read_text().splitlines()
+    return [json.loads(line) for line in lines]
+
+
+def without_wall_time(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [{k: v for k, v in row.items() if k != "wall_time_s"} for row in rows]
+
+
+# ------------------------------------------------------------------------------------------------ leases
+
+
+def test_static_leases_are_the_rest_of_each_share_and_return_when_an_epoch_ends():
+    book = LeaseBook(target=5, num_procs=2, split="static")
+    assert book.start(0, 0) == Grant(3, final=True)
+    assert book.start(1, 0) == Grant(2, final=True)
+    assert book.record(0, 0) and book.record(0, 0)
+    book.end(0)  # the actor died with its third episode unreported
+    assert book.record(0, 0) is False, "a record of an epoch that ended does not count"
+    assert book.start(0, 1) == Grant(1, final=True)
+    assert book.record(0, 1)
+    assert book.record(0, 1) is False, "never more than the share"
+    assert book.recorded == [3, 0] and book.remaining_share(1) == 2
+
+
+def test_a_refused_actor_gets_the_lease_of_one_that_died():
+    book = LeaseBook(target=4, num_procs=2, split="shared")
+    assert book.start(0, 0).total == 0 and book.start(1, 0).total == 0, "leases come on request"
+    seq = 0
+    while book.pool():
+        seq += 1
+        book.request(0, 0, seq)
+    assert book.request(0, 0, seq + 1).total == 4
+    refused = book.request(1, 0, 1)
+    assert refused == Grant(0, final=False, answered=1)
+    budget = LeasedBudget(4, Grant())
+    budget._asked = 1  # as if it had asked: the answer refuses, so it waits for a push instead of asking again
+    budget.update(refused)
+    assert budget.claim() is False
+    assert book.record(0, 0)
+    pushes = book.end(0)  # process 0 died with three episodes leased and unreported
+    assert set(pushes) == {1} and pushes[1].total == 2, "half the pool for the one running epoch"
+    budget.update(pushes[1])
+    assert [budget.claim() for _ in range(3)] == [True, True, False]
+
+
+def test_shared_leases_deliver_exactly_the_target_through_random_deaths():
+    """Actors claim from leases, deliver records late, and die with undelivered ones (some for good): exactly the
+    target is recorded, and every episode claimed by a dead epoch is collected again by someone."""
+    rng = random.Random(7)
+    target, procs = 57, 4
+    book = LeaseBook(target, procs, "shared")
+    epochs = [0] * procs
+    budgets: list[LeasedBudget] = []
+    pending: list[list[int]] = [[] for _ in range(procs)]
+    lost: set[int] = set()
+
+    def asker(pid: int) -> Any:
+        def ask(seq: int) -> None:
+            grant = book.request(pid, epochs[pid], seq)
+            if grant is not None:
+                budgets[pid].update(grant)
+        return ask
+
+    for pid in range(procs):
+        budgets.append(LeasedBudget(target, Grant(), ask=asker(pid)))
+        budgets[pid].update(book.start(pid, 0))
+    rounds = 0
+    while not book.reached:
+        rounds += 1
+        assert rounds < 10_000
+        pid = rng.choice([p for p in range(procs) if p not in lost])
+        roll = rng.random()
+        if roll < 0.6:
+            if budgets[pid].claim(pid):
+                pending[pid].append(epochs[pid])
+        elif roll < 0.9:  # a batch reaches the driver
+            for epoch in pending[pid]:
+                assert book.record(pid, epoch)
+            pending[pid].clear()
+        elif roll < 0.95:  # the actor dies: what it did not deliver is lost
+            pending[pid].clear()
+            for other, grant in book.end(pid).items():
+                budgets[other].update(grant)
+            if len(lost) < procs - 1 and rng.random() < 0.3:
+                lost.add(pid)  # not restarted: its lease must reach the others
+                continue
+            epochs[pid] += 1
+            budgets[pid] = LeasedBudget(target, Grant(), ask=asker(pid))
+            budgets[pid].update(book.start(pid, epochs[pid]))
+        for other, grant in book.finals().items():
+            budgets[other].update(grant)
+        assert book.total_recorded <= target
+    assert book.total_recorded == target
+    assert lost, "the simulation lost some actors for good"
+    assert all(b.finished(pid) for pid, b in enumerate(budgets) if pid not in lost), \
+        "every running epoch learns the run is complete"
+
+
+def test_leased_budget_stops_on_the_flag_and_when_the_final_lease_is_used():
+    budget = LeasedBudget(3, Grant(2, final=True))
+    assert budget.claim() and not budget.finished()
+    assert budget.claim() and budget.finished() and budget.exhausted()
+    assert budget.claim() is False
+    unlimited = LeasedBudget(None, Grant())
+    assert all(unlimited.claim() for _ in range(100)) and not unlimited.finished()
+    unlimited.stop.set()
+    assert unlimited.finished() and not unlimited.exhausted()
+
+
+def test_resources_flag_is_checked():
+    assert Demand.from_config(RayConfig(resources='{"sim": 2}', num_gpus_per_proc=0.5)).bundle() == {
+        "CPU": 1.0, "GPU": 0.5, "sim": 2.0}
+    for bad in ("sim", '{"sim": "x"}', '{"CPU": 1}', "[1]", '{"sim": -1}'):
+        with pytest.raises(ConfigError, match="--ray.resources"):
+            Demand.from_config(RayConfig(resources=bad))
+
+
+# ------------------------------------------------------------------------------------------------ env files
+
+
+def test_worker_imports_the_uploaded_copy_and_reads_the_job_with_its_classes(tmp_path, registry):
+    """A node without the driver's file finds the copy Ray unpacked on its sys.path, and the job's env config
+    (a class of the user's file) comes back as that copy's class."""
+    driver_dir, unpacked = tmp_path / "driver" / "envs", tmp_path / "_ray_pkg_abc"
+    driver_dir.mkdir(parents=True)
+    source = driver_dir / "reach_env.py"
+    shutil.copy(CRASH_ENV, source)
+    source.write_text(source.read_text().replace("CrashOnce-v1", "Reach-v7"))
+    before = env_registry.snapshot()
+    EnvSources((str(driver_dir),)).load()  # the driver imports the folder
+    shipped = ray_sources.prepare(EnvSources((str(driver_dir),)))
+    assert shipped.uploads == (str(driver_dir.resolve()),)
+    config = env_registry.get_spec("Reach-v7").config_cls(episode_length=9)
+    data = pickle.dumps(ProcessJob("Reach-v7", ClientConfig(env=config), 0, "ws://x:1"))
+
+    env_registry.restore(before)  # now play the worker: the driver's folder is not there
+    shutil.copytree(driver_dir, unpacked / "envs")
+    shutil.rmtree(driver_dir)
+    remap = ray_sources.load(shipped, search=[str(unpacked)])
+    job = ray_sources.loads_job(data, remap)
+    copy = (unpacked / "envs" / "reach_env.py").resolve()
+    assert type(job.config.env).__module__ == user_module_name(copy) != user_module_name(source.resolve())
+    assert job.config.env.episode_length == 9
+    assert env_registry.get_spec("Reach-v7").config_cls is type(job.config.env)
+
+
+def test_worker_without_the_file_says_where_it_should_come_from(tmp_path):
+    source = tmp_path / "gone_env.py"
+    source.write_text("X = 1\n")
+    shipped = ray_sources.prepare(EnvSources((str(source),)))
+    source.unlink()
+    with pytest.raises(ConfigError, match="gone_env.py is not on this node"):
+        ray_sources.load(shipped, search=[str(tmp_path / "elsewhere")])
+
+
+# ------------------------------------------------------------------------------------------------ whole runs
+
+
+def test_ray_runs_give_the_local_launchers_episodes_and_aggregate(cluster, tmp_path):
+    from plugrl_env_client.envs.point.point_env import PointEnvConfig
+
+    flags = dict(env=PointEnvConfig(), num_envs=2, num_procs=2, num_episodes=6, local_policy="zero",
+                 runner=RunnerConfig(max_episode_steps=20))
+    assert run_client(ClientConfig(output_dir=tmp_path, exp_name="local", progress=False, **flags), "Point-v1") == 0
+    assert run_client(ray_config(tmp_path, cluster, "ray", **flags), "Point-v1") == 0
+    local, remote = read(tmp_path / "local", "summary.json"), read(tmp_path / "ray", "summary.json")
+    for key in ("completed_episodes", "all_episodes", "status", "process_status", "mean_return"):
+        assert remote[key] == local[key], key
+    assert remote["completed_episodes"] == 6
+    for pid in (0, 1):
+        assert without_wall_time(episodes(tmp_path / "ray", pid)) == without_wall_time(episodes(tmp_path / "local", pid))
+        assert read(tmp_path / "ray", f"rollout/proc_{pid:03d}/summary.json")["completed_episodes"] == 3
+    nodes = read(tmp_path / "ray", "ray_nodes.json")
+    assert set(nodes["processes"]) == {"0", "1"}
+    assert sum(n["completed_episodes"] for n in nodes["nodes"].values()) == 6
+    assert sum(n["env_steps"] for n in nodes["nodes"].values()) == remote["timing"]["env_steps"] > 0
+    log = (tmp_path / "ray" / "logs" / "client.log").read_text()
+    assert "[proc_000@" in log and "[proc_001@" in log, "worker log lines come home tagged with process and node"
+
+
+@pytest.mark.parametrize("split,max_restarts", [("static", 3), ("shared", 3), ("shared", 0)])
+def test_killed_actor_is_restarted_and_the_total_stays_exact(cluster, tmp_path, split, max_restarts):
+    marker = tmp_path / "killed"
+    cfg = ray_config(tmp_path, cluster, "run", max_restarts=max_restarts, num_envs=2, num_procs=2, num_episodes=40,
+                     local_policy="zero", env_path=(CRASH_ENV,),
+                     env=crash_env(kill_process=0, kill_after_steps=8, marker=str(marker), step_sleep_s=0.002),
+                     runner=RunnerConfig(pass_proc_id=True, episode_split=split))
+    code = run_client(cfg, "CrashOnce-v1")
+    run = tmp_path / "run"
+    assert marker.exists(), "process 0 killed itself"
+    summary = read(run, "summary.json")
+    rows = [episodes(run, pid) for pid in (0, 1)]
+    seeds = [r["seed"] for pid_rows in rows for r in pid_rows if r["seed"] is not None]
+    assert len(seeds) == len(set(seeds)), "a restarted process starts from fresh seeds"
+    nodes = read(run, "ray_nodes.json")
+    log = (run / "logs" / "client.log").read_text()
+    if max_restarts:
+        assert code == 0
+        assert summary["completed_episodes"] == 40 == sum(map(len, rows))
+        assert summary["process_status"] == {"0": "finished", "1": "finished"}
+        assert nodes["processes"]["0"]["restarts"] == 1 and nodes["processes"]["1"]["restarts"] == 0
+        assert "Ray restarts it (restart 1 of 3)" in log
+        if split == "static":
+            assert [len(r) for r in rows] == [20, 20]
+    else:  # lost for good: reported, and the other process collects the rest
+        assert code == 1
+        assert summary["process_status"] == {"0": "failed", "1": "finished"}
+        assert "more than --ray.max-restarts 0" in summary["errors"]["0"]
+        assert summary["completed_episodes"] == 40 == sum(map(len, rows))
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_signal_on_the_driver_stops_every_actor_and_writes_outputs(cluster, tmp_path, sig):
+    cmd = [sys.executable, "-m", "plugrl_env_client", "point-v1", "--num-envs", "2", "--num-procs", "2",
+           "--local-policy", "random", "--output-dir", str(tmp_path), "--exp-name", "run", "--no-progress",
+           "--launcher", "ray", "--ray.address", cluster.address]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    run = tmp_path / "run"
+    try:
+        deadline = time.monotonic() + 120
+        while not all((run / "rollout" / f"proc_{p:03d}" / "episodes.jsonl").exists()
+                      and (run / "rollout" / f"proc_{p:03d}" / "episodes.jsonl").read_text() for p in (0, 1)):
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            time.sleep(0.2)
+        proc.send_signal(sig)
+        out, err = proc.communicate(timeout=90)
+    finally:
+        proc.kill()
+    assert proc.returncode == 128 + sig, (out, err)
+    summary = read(run, "summary.json")
+    assert summary["completed_episodes"] == sum(len(episodes(run, p)) for p in (0, 1)) > 0
+    assert summary["process_status"] == {"0": "interrupted", "1": "interrupted"}
+    assert "Traceback" not in err
+
+
+def test_spread_uses_different_nodes_and_pack_one(cluster, extra_node, tmp_path):
+    from plugrl_env_client.envs.point.point_env import PointEnvConfig
+
+    extra_node(num_cpus=2)
+    flags = dict(env=PointEnvConfig(), num_envs=1, num_procs=2, num_episodes=2, local_policy="zero",
+                 runner=RunnerConfig(max_episode_steps=5))
+    placed = {}
+    for placement in ("spread", "pack"):
+        assert run_client(ray_config(tmp_path, cluster, placement, placement=placement, **flags), "Point-v1") == 0
+        processes = read(tmp_path / placement, "ray_nodes.json")["processes"]
+        placed[placement] = {processes[p]["node_id"] for p in ("0", "1")}
+    assert len(placed["spread"]) == 2
+    assert len(placed["pack"]) == 1
+
+
+def test_lost_node_restarts_its_actor_on_another_and_the_total_stays_exact(cluster, extra_node, tmp_path):
+    doomed = extra_node(num_cpus=1)
+    cfg = ray_config(tmp_path, cluster, "run", num_envs=2, num_procs=2, num_episodes=60, local_policy="zero",
+                     env_path=(CRASH_ENV,), env=crash_env(step_sleep_s=0.03),
+                     runner=RunnerConfig(episode_split="static"))
+    run = tmp_path / "run"
+    removed = threading.Event()
+
+    def remove_when_both_collect() -> None:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            files = [run / "rollout" / f"proc_{p:03d}" / "episodes.jsonl" for p in (0, 1)]
+            if all(f.exists() and f.read_text() for f in files):
+                cluster.remove_node(doomed, allow_graceful=False)
+                removed.set()
+                return
+            time.sleep(0.05)
+
+    remover = threading.Thread(target=remove_when_both_collect, daemon=True)
+    remover.start()
+    assert run_client(cfg, "CrashOnce-v1") == 0
+    remover.join(timeout=10)
+    assert removed.is_set(), "the run ended before the node could be removed"
+    summary = read(run, "summary.json")
+    assert summary["completed_episodes"] == 60 == sum(len(episodes(run, p)) for p in (0, 1))
+    assert [len(episodes(run, p)) for p in (0, 1)] == [30, 30]
+    processes = read(run, "ray_nodes.json")["processes"]
+    moved = [p for p in processes.values() if p["restarts"]]
+    assert len(moved) == 1, processes
+    assert moved[0]["nodes"][0] == doomed.node_id and moved[0]["nodes"][-1] == cluster.head_node.node_id

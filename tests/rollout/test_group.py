@@ -1,0 +1,124 @@
+"""The language-agent conventions the runner follows (ROLL/GEM): metrics aggregated per episode by mode,
+instructions, envs retired when their reset has no episode, env-owned timeouts, and seed groups (GRPO)."""
+
+from __future__ import annotations
+
+import collections
+import json
+from pathlib import Path
+
+import pytest
+from agent_envs import CountingConfig
+
+from plugrl_env_client.app import run_client
+from plugrl_env_client.config import ClientConfig, RunnerConfig
+from plugrl_env_client.envs import discover_envs
+
+discover_envs()
+from plugrl_env_client.envs.guess_number.guess_number_env import GuessNumberConfig  # noqa: E402
+
+
+def run(tmp_path: Path, env_id: str, env_config, name: str = "run", **kwargs) -> tuple[int, list[dict], dict]:
+    runner = kwargs.pop("runner", RunnerConfig())
+    cfg = ClientConfig(output_dir=tmp_path, exp_name=name, progress=False, env=env_config, runner=runner,
+                       local_policy=kwargs.pop("local_policy", "text"), **kwargs)
+    code = run_client(cfg, env_id)
+    episodes = [json.loads(line) for path in sorted((tmp_path / name / "rollout").glob("proc_*/episodes.jsonl"))
+                for line in path.read_text().splitlines()]
+    summary = json.loads((tmp_path / name / "summary.json").read_text())
+    return code, episodes, summary
+
+
+def test_metrics_are_aggregated_per_episode_by_their_mode(tmp_path: Path) -> None:
+    code, episodes, summary = run(tmp_path, "Counting-v1", CountingConfig(episode_length=3), num_envs=2,
+                                  num_episodes=6)
+    assert code == 0 and len(episodes) == 6
+    for e in episodes:
+        length = 3 + e["env_index"]
+        assert e["length"] == length and e["terminated"] and e["truncated"], "an env timeout: both flags"
+        assert e["metrics"] == {"step": sum(range(1, length + 1)), "step_max": length, "step_first": 10.0,
+                                "value": 2.0}
+    expected = sum(sum(range(1, 3 + e["env_index"] + 1)) for e in episodes) / 6
+    assert summary["metrics"]["step"] == pytest.approx(expected)
+    assert summary["metrics"]["value"] == 2.0
+
+
+@pytest.mark.parametrize("config, message", [
+    (CountingConfig(bad_mode="median"), "info['metrics_agg_mode']['step'] is 'median'; use one of sum, mean"),
+    (CountingConfig(switch_mode_at=2), "info['metrics_agg_mode']['step'] changed from 'sum' to 'last'"),
+])
+def test_a_bad_or_changing_mode_is_an_error_the_first_time(tmp_path: Path, capsys, config, message) -> None:
+    code, episodes, summary = run(tmp_path, "Counting-v1", config, num_envs=2, num_episodes=4)
+    assert code == 1 and message in capsys.readouterr().err
+    assert summary["status"] == "failed"
+
+
+def test_instructions_go_in_front_of_each_first_observation_and_into_the_record(tmp_path: Path) -> None:
+    code, episodes, _ = run(tmp_path, "Counting-v1", CountingConfig(), num_envs=2, num_episodes=4)
+    assert code == 0
+    assert {(e["env_index"], e["instruction"]) for e in episodes} == {(0, "count for env 0"), (1, "count for env 1")}
+
+
+def test_envs_without_episodes_are_retired_and_the_run_ends(tmp_path: Path) -> None:
+    """No --num-episodes: the run ends once every env is retired (2 episodes each), with status finished."""
+    code, episodes, summary = run(tmp_path, "Counting-v1", CountingConfig(episodes_per_env=2), num_envs=3)
+    assert code == 0
+    assert collections.Counter(e["env_index"] for e in episodes) == {0: 2, 1: 2, 2: 2}
+    assert summary["status"] == "finished"
+    # env i runs 2 episodes of 4 + i steps; the batch steps until env 2 is done, the others' extra steps idle
+    timing = summary["timing"]
+    assert timing["env_steps"] == sum(2 * (4 + i) for i in range(3))
+    assert timing["idle_env_steps"] == timing["batch_steps"] * 3 - timing["env_steps"] > 0
+
+
+def test_a_retired_env_is_no_longer_inferred(tmp_path: Path, harness) -> None:
+    from plugrl_env_client.protocol import messages
+
+    def script(conn):
+        conn.send_metadata(action_horizon=1)
+        while True:
+            msg = conn.recv()
+            if msg["message_type"] == "infer":
+                ids = msg["env_indices"]
+                conn.send(messages.action_message(ids, [["a"] * len(ids)]))
+
+    h = harness(script)
+    cfg = ClientConfig(output_dir=tmp_path, exp_name="run", progress=False, num_envs=2, server_port=h.port,
+                       env=CountingConfig(episode_length=2, episodes_per_env=1))
+    assert run_client(cfg, "Counting-v1") == 0
+    infers = [m["env_indices"].tolist() for m in h.connections[0].received if m["message_type"] == "infer"]
+    assert infers[:2] == [[0, 1], [0, 1]] and infers[2:] == [[1]], "env 0 is retired after its episode (2 steps)"
+
+
+def test_seed_groups_start_every_member_from_one_seed(tmp_path: Path) -> None:
+    """GuessNumber-v1, groups of 4: the members of a group start each episode from the same seed (the same secret
+    number), a new one per group episode, the same run to run."""
+    def go(name: str) -> list[dict]:
+        code, episodes, _ = run(tmp_path, "GuessNumber-v1", GuessNumberConfig(low=1, high=50, max_turns=3), name=name,
+                                num_envs=8, num_episodes=24, local_policy_choices=("<answer>7</answer>", "hmm"),
+                                runner=RunnerConfig(seed=11, group_size=4))
+        assert code == 0
+        return episodes
+
+    def timeless(episodes: list[dict]) -> list[dict]:
+        return [{k: v for k, v in e.items() if k != "wall_time_s"} for e in episodes]
+
+    a = go("a")
+    assert timeless(go("b")) == timeless(a), "the same run twice gives the same episodes"
+    by_group = collections.defaultdict(lambda: collections.defaultdict(list))
+    for e in a:
+        by_group[e["env_index"] // 4][e["env_index"]].append(e["seed"])
+    for group, members in by_group.items():
+        sequences = list(members.values())
+        m = min(len(s) for s in sequences)
+        assert m >= 1
+        for k in range(m):
+            assert len({s[k] for s in sequences}) == 1, f"group {group} episode {k}: members' seeds differ"
+        assert len(set(sequences[0][:m])) == m, "a new seed for each group episode"
+    assert len({members[4 * g][0] for g, members in by_group.items()}) == len(by_group), "groups differ"
+
+
+def test_seed_groups_need_an_env_that_takes_per_env_seeds(tmp_path: Path, capsys) -> None:
+    code, _, summary = run(tmp_path, "Counting-v1", CountingConfig(), num_envs=4, num_episodes=4,
+                           runner=RunnerConfig(group_size=2))
+    assert code == 1 and "does not take per-env seeds" in capsys.readouterr().err

@@ -1,0 +1,47 @@
+"""GroupSeeds: the first reset's seed, and shared per-group seeds derived with SeedSequence."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from plugrl_env_client.rollout.seeds import GroupSeeds
+
+
+def test_without_groups_only_the_first_reset_is_seeded() -> None:
+    seeds = GroupSeeds(10, process_id=1, offset=4, n=4, group_size=1)
+    assert seeds.initial() == 14
+    assert seeds.recorded(14, np.arange(4)) == [14, 15, 16, 17]
+    assert seeds.upcoming(np.arange(4)) is None and seeds.recorded(None, np.arange(2)) == [None, None]
+    assert GroupSeeds(None, 0, 0, 2, 1).initial() is None
+
+
+def test_members_share_a_seed_and_each_group_episode_gets_a_new_one() -> None:
+    seeds = GroupSeeds(3, process_id=0, offset=0, n=6, group_size=3)
+    first = seeds.initial()
+    assert isinstance(first, list) and first[0] == first[1] == first[2] and first[3] == first[4] == first[5]
+    assert first[0] != first[3]
+    upcoming = seeds.upcoming(np.array([0, 1]))
+    assert upcoming[0] == upcoming[1] != first[0] and upcoming[2:] == [None] * 4
+    seeds.advance(np.array([0, 1, 2]))
+    assert seeds.upcoming(np.array([2]))[2] != upcoming[0], "after the group started, the next seed is new again"
+    expected = int(np.random.SeedSequence(3, spawn_key=(0, 0, 1)).generate_state(1)[0])
+    assert upcoming[0] == expected, "the documented derivation"
+
+
+def test_seeds_are_identical_run_to_run_and_differ_by_process_and_group() -> None:
+    a = GroupSeeds(3, 0, 0, 4, 2).initial()
+    assert a == GroupSeeds(3, 0, 0, 4, 2).initial()
+    assert a != GroupSeeds(3, 1, 0, 4, 2).initial()
+    # a pipeline group holding envs 4..7 continues the process's group numbering (groups 2 and 3)
+    later = GroupSeeds(3, 0, 4, 4, 2).initial()
+    whole = GroupSeeds(3, 0, 0, 8, 2).initial()
+    assert later == whole[4:]
+
+
+def test_complete_groups_and_bad_splits() -> None:
+    seeds = GroupSeeds(0, 0, 0, 4, 2)
+    finished = np.array([True, False, True, True])
+    assert seeds.complete(finished).tolist() == [False, False, True, True]
+    with pytest.raises(ValueError):
+        GroupSeeds(0, 0, 0, 5, 2)
