@@ -314,3 +314,19 @@ def test_bool_env_fields_take_a_value(registry: None) -> None:
                            (["--env.shaped", "true"], True), ([], True)):
         _, config, _line = cli.parse(["flags-v1", *args])
         assert config.env.shaped is expected, args
+
+
+def test_plugrl_dummy_flag_names_and_the_time_limit_alias() -> None:
+    """The commands of PlugRL's README run unchanged: --env.img-width/--env.img-height/--env.state-dim, and
+    --env.max-episode-steps for an env whose config has no such field."""
+    from plugrl_env_client.utils.registration import make_env
+
+    _, config, _line = cli.parse(["dummy-v1", "--env.img-width", "64", "--env.img-height", "48", "--env.state-dim",
+                                  "6", "--env.max-episode-steps", "30"])
+    assert config.runner.max_episode_steps == 30
+    env = make_env("Dummy-v1", num_envs=2, config=config.env)
+    obs, _ = env.reset(seed=0)
+    assert obs.images["base"].shape == (2, 48, 64, 3) and obs.images["wrist"].shape == (2, 24, 32, 3)
+    assert obs.states["robot_state"].shape == (2, 6) and obs.states["joint_angles"].shape == (2, 3)
+    _, config, _line = cli.parse(["dummy-v1", "--env.max-episode-steps=12"])
+    assert config.runner.max_episode_steps == 12

@@ -103,6 +103,7 @@ def parse_with(base: type[C], args: list[str], prog: str, description: str) -> t
     position = _env_id_position(args)
     if position is not None:
         args = _normalize_bools(args, subcommands[args[position]])
+        args = _time_limit_alias(args, subcommands[args[position]])
     config = tyro.extras.subcommand_cli_from_dict(
         dict[str, Callable[..., C]](subcommands), prog=prog, description=description, args=args)
     # Hand on a plain instance: the per-env subclass exists only in this process and cannot be pickled for spawned
@@ -169,6 +170,29 @@ def _normalize_bools(args: list[str], config_cls: type) -> list[str]:
         out.append(arg)
         i += 1
     return out
+
+
+def _time_limit_alias(args: list[str], config_cls: type) -> list[str]:
+    """``--env.max-episode-steps N`` (PlugRL's spelling) means ``--runner.max-episode-steps N`` for an env whose
+    config has no field of that name."""
+    fields = {f.name for f in dataclasses.fields(config_cls)}
+    env_fields = {f.name for f in dataclasses.fields(_field_type(config_cls, "env"))} if "env" in fields else set()
+    if "runner" not in fields or "max_episode_steps" in env_fields:
+        return args
+    out = []
+    for arg in args:
+        if arg in ("--env.max-episode-steps", "--env.max_episode_steps"):
+            arg = "--runner.max-episode-steps"
+        elif arg.startswith(("--env.max-episode-steps=", "--env.max_episode_steps=")):
+            arg = "--runner.max-episode-steps=" + arg.split("=", 1)[1]
+        out.append(arg)
+    return out
+
+
+def _field_type(cls: type, name: str) -> type:
+    import typing
+
+    return typing.get_type_hints(cls)[name]
 
 
 def _bool_flags(cls: type, prefix: str) -> list[str]:

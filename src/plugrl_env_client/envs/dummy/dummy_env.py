@@ -38,6 +38,26 @@ class DummyEnvConfig(BaseEnvConfig):
     """Probability that an env terminates on a step."""
     text: str = "do something useful"
     """Instruction text sent with every observation."""
+    img_width: int | None = None
+    """PlugRL's name: images['base'] is img_height x img_width and images['wrist'] half of each (overrides the sizes
+    above when given)."""
+    img_height: int | None = None
+    """PlugRL's name; see img_width (default: img_width, or base_image_size)."""
+    state_dim: int | None = None
+    """PlugRL's name: robot_state_dim = state_dim and joint_angles_dim = state_dim // 2 (when given)."""
+
+    def shapes(self) -> tuple[tuple[int, int], tuple[int, int], int, int]:
+        """(base h, w), (wrist h, w), robot_state dim, joint_angles dim, with PlugRL's names taking precedence."""
+        if self.img_width is None and self.img_height is None:
+            base = (self.base_image_size, self.base_image_size)
+            wrist = (self.wrist_image_size, self.wrist_image_size)
+        else:
+            width = self.img_width or self.img_height or self.base_image_size
+            height = self.img_height or width
+            base, wrist = (height, width), (max(height // 2, 1), max(width // 2, 1))
+        if self.state_dim is None:
+            return base, wrist, self.robot_state_dim, self.joint_angles_dim
+        return base, wrist, self.state_dim, self.state_dim // 2
 
 
 @register_env("Dummy-v1")
@@ -45,15 +65,16 @@ class DummyEnv(BaseEnv[DummyEnvConfig]):
     def __init__(self, config: DummyEnvConfig, num_envs: int = 1, **kwargs: Any) -> None:
         super().__init__(config, num_envs=num_envs, **kwargs)
         c = config
+        base, wrist, robot_dim, joint_dim = c.shapes()
         self.single_action_space = gym.spaces.Box(-1.0, 1.0, (c.action_dim,), np.float32)
         self.single_observation_space = observation_space(
-            images={"base": (c.base_image_size, c.base_image_size, 3), "wrist": (c.wrist_image_size, c.wrist_image_size, 3)},
-            states={"robot_state": (c.robot_state_dim,), "joint_angles": (c.joint_angles_dim,)},
+            images={"base": (*base, 3), "wrist": (*wrist, 3)},
+            states={"robot_state": (robot_dim,), "joint_angles": (joint_dim,)},
         )
-        self.base = np.zeros((num_envs, c.base_image_size, c.base_image_size, 3), np.uint8)
-        self.wrist = np.zeros((num_envs, c.wrist_image_size, c.wrist_image_size, 3), np.uint8)
-        self.robot_state = np.zeros((num_envs, c.robot_state_dim))
-        self.joint_angles = np.zeros((num_envs, c.joint_angles_dim))
+        self.base = np.zeros((num_envs, *base, 3), np.uint8)
+        self.wrist = np.zeros((num_envs, *wrist, 3), np.uint8)
+        self.robot_state = np.zeros((num_envs, robot_dim))
+        self.joint_angles = np.zeros((num_envs, joint_dim))
         self.steps = np.zeros(num_envs, np.int64)
 
     def _observe(self) -> Observation:
