@@ -39,6 +39,9 @@ class RunnerConfig:
     one), so the episodes depend only on the seed; shared lets whichever process finishes first take the next one."""
     instruction: Literal["prepend", "off"] = "prepend"
     """Put the env's info['env_instruction'] in front of the first observation text of each episode, or not."""
+    align_chunks: int = 0
+    """When some envs' chunks end, also end the chunks with at most this many steps left, so envs ask for actions
+    together (fewer round trips when episodes end at different steps; 0: never)."""
     group_size: int = 1
     """Consecutive envs form groups of this size that start every episode from the same seed and are reset together
     once all of them are done (GRPO-style); num_envs must be a multiple of it."""

@@ -124,6 +124,7 @@ def run_process(job: ProcessJob, budget: Budget, sink: ResultSink, env_lock: Any
             reuse_feedback_obs=cfg.reuse_feedback_obs,
             instruction=cfg.runner.instruction,
             group_size=cfg.runner.group_size,
+            align_chunks=cfg.runner.align_chunks,
         )
         groups = []
         for g, group_env in enumerate(envs):

@@ -67,6 +67,15 @@ class ActionPlans:
         self.cursor[done] = self.length[done]
         return np.flatnonzero(ended)
 
+    def nearly_used(self, steps_left: int, candidates: np.ndarray) -> np.ndarray:
+        """Among ``candidates`` (a bool mask), the envs with at most ``steps_left`` steps left in their chunk."""
+        return np.flatnonzero(candidates & (self.length - self.cursor <= steps_left) & (self.cursor < self.length))
+
+    def cut(self, env_ids: np.ndarray) -> None:
+        """End the chunks of ``env_ids`` now (a prefix of a chunk is a whole chunk to the protocol): they ask for
+        a new one at the next infer."""
+        self.cursor[env_ids] = self.length[env_ids]
+
     def finish_chunks(self, env_ids: np.ndarray, done: np.ndarray) -> np.ndarray:
         """Step ids of the chunks that just ended at ``env_ids``; counts them and restarts done envs at 0."""
         step_ids = self.chunk_index[env_ids].copy()

@@ -67,6 +67,9 @@ class LoopSettings:
     """prepend: put ``info["env_instruction"]`` in front of each episode's first observation text; off: don't."""
     group_size: int = 1
     """Envs per seed-sharing group (GRPO-style); 1: every env on its own."""
+    align_chunks: int = 0
+    """When some chunks end on a step, also end those with at most this many steps left (0: never), so the envs
+    ask for actions together instead of one round trip each."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -214,11 +217,18 @@ class EnvGroup:
     def send_feedback(self, step: StepResult) -> None:
         """Feedback for the envs whose chunk ended: chunk-summed rewards, post-step (terminal) observations.
 
+        With ``align_chunks`` A, the chunks of active envs with at most A steps left end here too (the protocol
+        lets a client use any prefix of a chunk), so they join the next infer instead of needing one of their own.
         A connection that is gone already is not an error here: it surfaces at the next infer.
         """
         rows = step.chunk_ended
         if rows.size == 0:
             return
+        if self.settings.align_chunks:
+            early = self.plans.nearly_used(self.settings.align_chunks, self.active & ~step.done)
+            if early.size:
+                self.plans.cut(early)
+                rows = np.union1d(rows, early)
         info = checks.slice_info(step.info, rows, self.n)
         if step.done[rows].any():
             info["episode"] = self.tracker.episode_info(rows, step.done)
