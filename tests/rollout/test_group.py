@@ -7,6 +7,7 @@ import collections
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 from agent_envs import CountingConfig
 
@@ -122,3 +123,40 @@ def test_seed_groups_need_an_env_that_takes_per_env_seeds(tmp_path: Path, capsys
     code, _, summary = run(tmp_path, "Counting-v1", CountingConfig(), num_envs=4, num_episodes=4,
                            runner=RunnerConfig(group_size=2))
     assert code == 1 and "does not take per-env seeds" in capsys.readouterr().err
+
+
+def test_align_chunks_ends_nearly_used_chunks_with_the_others(harness, tmp_path: Path) -> None:
+    """--runner.align-chunks 2 with chunks of 4: an env with at most 2 steps left joins the feedback of envs whose
+    chunk ended, with exactly the steps it took (a prefix of its chunk), and the run needs fewer round trips."""
+    from probe_protocol import D, encode, probe_script
+
+    from plugrl_env_client.envs.probe.probe_env import ProbeEnvConfig
+
+    def run_probe(name: str, align: int):
+        h = harness(probe_script(4, stop_after_feedbacks=None))
+        cfg = ClientConfig(num_envs=6, num_episodes=30, server_port=h.port, output_dir=tmp_path, exp_name=name,
+                           progress=False, env=ProbeEnvConfig(action_dim=D), runner=RunnerConfig(align_chunks=align))
+        assert run_client(cfg, "Probe-v1") == 0 and not h.errors
+        return h.connections[0].received
+
+    plain, aligned = run_probe("plain", 0), run_probe("aligned", 2)
+    infers = {name: sum(m["message_type"] == "infer" for m in msgs) for name, msgs in (("plain", plain),
+                                                                                      ("aligned", aligned))}
+    assert infers["aligned"] < infers["plain"]
+    cut = 0
+    chunk = {}
+    for msg in aligned:
+        if msg["message_type"] == "infer":
+            for row, env in enumerate(msg["env_indices"].tolist()):
+                chunk[env] = (msg["_call"], float(msg["data"]["states"]["t"][row, 0]))
+            continue
+        data = msg["data"]
+        for row, env in enumerate(msg["env_indices"].tolist()):
+            call, t0 = chunk.pop(env)
+            k = int(data["rewards"][row])  # reward 1 per step
+            assert float(data["obs"]["states"]["t"][row, 0]) == t0 + k
+            np.testing.assert_array_equal(data["obs"]["states"]["a"][row], encode(call, k - 1, env, np.arange(D)))
+            if k < 4 and not data["terminated"][row]:
+                assert k >= 2, "only chunks with at most 2 steps left are ended early"
+                cut += 1
+    assert cut > 0
