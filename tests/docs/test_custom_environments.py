@@ -1,0 +1,496 @@
+"""docs/custom-environments.md stays true: its commands run, its error messages are real, its code is on disk.
+
+* Every command of the guide's ```bash blocks runs, in order and in one scratch folder, as a reader following the
+  guide would, and ends with the exit code the guide says; an output the guide shows is the real one.
+* Every message excerpt of the troubleshooting table comes out of a real run: one small broken env, or one
+  command, per problem. An excerpt no run produces fails, and so does a run whose message the table lost.
+* Code blocks the guide marks as a file (``<!-- file: path -->``) are that file, blocks marked as an excerpt
+  (``<!-- excerpt: path -->``) are consecutive lines of it, and every file of docs/examples is shown in full.
+"""
+
+from __future__ import annotations
+
+import ast
+import concurrent.futures as cf
+import dataclasses
+import importlib.util
+import re
+import shutil
+import sys
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
+
+import numpy as np
+import pytest
+from doc_commands import Command, DocShell, Result, bash_blocks, fenced_blocks
+
+import plugrl_env_client
+
+ROOT = Path(__file__).resolve().parents[2]
+GUIDE = ROOT / "docs" / "custom-environments.md"
+EXAMPLES = ROOT / "docs" / "examples"
+PACKAGE = Path(plugrl_env_client.__file__).resolve().parent
+TROUBLESHOOTING = "## 8. Troubleshooting"
+MIN_EXCERPT = 15
+"""Shorter excerpts would be found in almost any output."""
+
+SITECUSTOMIZE = '''\
+"""Make this folder a site folder: pip installs the plugin here (PIP_TARGET), and its .pth files must run."""
+import os
+import site
+
+site.addsitedir(os.path.dirname(os.path.abspath(__file__)))
+'''
+
+
+def pip_environment(site: Path) -> dict[str, str]:
+    """``pip install -e docs/examples`` into ``site`` instead of the shared environment, and ``site`` on the path
+    of the commands after it (a throwaway site folder: the plugin is gone with the test's scratch folder). The
+    plugin's dependencies are installed already."""
+    return {"PIP_TARGET": str(site), "PIP_NO_DEPS": "1", "PIP_DISABLE_PIP_VERSION_CHECK": "1", "PIP_NO_INPUT": "1",
+            "PYTHONPATH": str(site)}
+
+
+# ================================================================================================ the commands
+
+
+def test_every_command_of_the_guide_runs(tmp_path: Path) -> None:
+    examples = tmp_path / "examples"  # a copy: pip writes its build files next to the sources
+    shutil.copytree(EXAMPLES, examples, ignore=shutil.ignore_patterns("__pycache__", "build", "*.egg-info"))
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(SITECUSTOMIZE)
+    replace = {"docs/examples": str(examples), "src/plugrl_env_client/": f"{PACKAGE}/"}
+    blocks = bash_blocks(GUIDE)
+    results: list[Result] = []
+    with DocShell(tmp_path / "work", tmp_path / "runs", replace=replace) as shell:
+        for block in blocks:
+            installs = any("pip install" in c.text for c in block.commands)
+            results += shell.run_block(block, pip_environment(site) if installs else None)
+    failures = [r.describe() for r in results if not r.ok]
+    assert not failures, "\n\n".join(failures)
+    assert {r.command for r in results} == {c for b in blocks for c in b.commands}
+    # every client run that the guide says works wrote its run folder where the shell asked
+    clients = [r.command.text for r in results if r.prepared.kind == "client" and r.command.expected_exit == 0]
+    runs = list((tmp_path / "runs").glob("*/summary.json"))
+    assert len(runs) == len(clients) >= 8, (sorted(p.parent.name for p in runs), clients)
+
+
+def test_the_guide_shows_every_way_to_run_and_check_an_env() -> None:
+    ran = "\n".join(c.text for b in bash_blocks(GUIDE) for c in b.commands)
+    for needed in ("python my_env.py my-v1", "--env-path docs/examples/cart_env.py", "--env-path docs/examples ",
+                   "PLUGRL_ENV_PATH=", "docs/examples/cart_env.py:Cart-v1", "cart_env:Cart-v1",
+                   "pip install -e docs/examples", "plugrl-check-env my-v1", "--local-policy random",
+                   "--local-policy text", "plugrl-run-policy-server --port 8000 --policy.action-dim 2",
+                   "--server-port 8000", "--help"):
+        assert needed in ran, needed
+    outputs = [c for b in bash_blocks(GUIDE) for c in b.commands if c.output is not None]
+    assert [c.text for c in outputs] == ["plugrl-check-env my-v1 --env-path my_env.py"]
+    failing = [(c.text.split("#")[0].strip(), c.expected_exit) for b in bash_blocks(GUIDE) for c in b.commands
+               if c.expected_exit != 0]
+    assert failing == [("plugrl-run-env-client cart-v1 --num-episodes 3 --local-policy random", 1)]
+
+
+# ================================================================================================ the troubleshooting table
+
+BASE_ENV = '''\
+import dataclasses
+
+import gymnasium as gym
+import numpy as np
+
+from plugrl_env_client.envs.base_env import BaseEnv, BaseEnvConfig, Observation
+from plugrl_env_client.utils.registration import register_env, register_env_config
+
+
+@dataclasses.dataclass
+class MyConfig(BaseEnvConfig):
+    speed: float = 0.1
+
+
+class GoodEnv(BaseEnv[MyConfig]):
+    def __init__(self, config: MyConfig, num_envs: int = 1, **kwargs):
+        super().__init__(config, num_envs=num_envs, **kwargs)
+        self.single_action_space = gym.spaces.Box(-1.0, 1.0, (2,), np.float32)
+        self.pos = np.zeros((num_envs, 2))
+
+    def observe(self):
+        return Observation(states={"pos": self.pos.copy()}, text="go")
+
+    def reset(self, *, seed=None, options=None):
+        self.seed_rngs(seed)
+        mask = self.reset_mask(options)
+        self.pos[mask] = self.np_random.uniform(-1.0, 1.0, (int(mask.sum()), 2))
+        return self.observe(), {}
+
+    def step(self, actions):
+        self.pos += self.config.speed * actions
+        n = self.num_envs
+        return self.observe(), np.zeros(n, np.float32), np.zeros(n, bool), np.zeros(n, bool), {}
+
+'''
+"""A correct env with no success rule; each broken env below registers ``My-v1`` as a variation of it."""
+
+STEP_OVERRIDE = '''
+@register_env("My-v1")
+class MyEnv(GoodEnv):
+    def step(self, actions):
+        obs, reward, terminated, truncated, info = super().step(actions)
+        {body}
+'''
+OBSERVE_OVERRIDE = '''
+@register_env("My-v1")
+class MyEnv(GoodEnv):
+    def observe(self):
+        {body}
+'''
+GOOD = '''
+@register_env("My-v1")
+class MyEnv(GoodEnv):
+    pass
+'''
+
+RUN = "plugrl-run-env-client my-v1 --env-path my_env.py --num-envs 2 --num-episodes 1 --local-policy random " \
+      "--runner.max-episode-steps 5"
+
+
+@dataclasses.dataclass(frozen=True)
+class Trigger:
+    """A run that makes the client print one troubleshooting message: ``my_env.py`` holds ``env`` (when given)
+    and ``commands`` run in its folder; the last one ends with ``exit_code``."""
+
+    name: str
+    env: str | None
+    commands: tuple[str, ...] = (RUN,)
+    exit_code: int = 1
+
+
+def _step(body: str) -> str:
+    return BASE_ENV + STEP_OVERRIDE.format(body=body)
+
+
+def _observe(body: str) -> str:
+    return BASE_ENV + OBSERVE_OVERRIDE.format(body=body)
+
+
+TRIGGERS = (
+    Trigger("too few values", _step("return obs, reward, terminated")),
+    Trigger("old gym API", _step("return obs, reward, terminated | truncated, info")),
+    Trigger("bare observation from reset", BASE_ENV + '''
+@register_env("My-v1")
+class MyEnv(GoodEnv):
+    def reset(self, *, seed=None, options=None):
+        return super().reset(seed=seed, options=options)[0]
+'''),
+    Trigger("array instead of an Observation", _step('return obs.states["pos"], reward, terminated, truncated, info')),
+    Trigger("one reward for the batch", _step("return obs, float(reward.sum()), terminated, truncated, info")),
+    Trigger("integer flags", _step("return obs, reward, terminated.astype(int), truncated, info")),
+    Trigger("one env's rows", _observe('return Observation(states={"pos": self.pos[:1].copy()})')),
+    Trigger("mixed batch sizes", _observe('return Observation(states={"pos": self.pos.copy(), "time": np.zeros(1)})')),
+    Trigger("scalar state", _observe('return Observation(states={"pos": self.pos.copy(), "time": np.float64(0)})')),
+    Trigger("NaN reward", _step("reward[1] = np.nan\n        return obs, reward, terminated, truncated, info")),
+    Trigger("inf state",
+            _step('obs.states["pos"][0] = np.inf\n        return obs, reward, terminated, truncated, info')),
+    Trigger("float image", _observe('return Observation(images={"camera": np.zeros((self.num_envs, 8, 8, 3), '
+                                    'np.float32)}, states={"pos": self.pos.copy()})')),
+    Trigger("one metric value for the batch",
+            _step('info = {"metrics": {"distance": 1.0}}\n        return obs, reward, terminated, truncated, info')),
+    Trigger("no action space", BASE_ENV + '''
+@register_env("My-v1")
+class MyEnv(GoodEnv):
+    def __init__(self, config: MyConfig, num_envs: int = 1, **kwargs):
+        super().__init__(config, num_envs=num_envs, **kwargs)
+        del self.__dict__["_single_action_space"]  # as if __init__ never set it
+'''),
+    Trigger("server with another action dim", BASE_ENV + GOOD, (
+        "plugrl-run-policy-server --port 8000",
+        "plugrl-run-env-client my-v1 --env-path my_env.py --num-episodes 1 --server-port 8000",
+    )),
+    Trigger("seed groups for an env without per-env seeds", BASE_ENV + GOOD, (RUN + " --runner.group-size 2",)),
+    Trigger("random policy for a text env", None,
+            ("plugrl-run-env-client guessnumber-v1 --num-episodes 1 --local-policy random",)),
+    Trigger("env file not imported", BASE_ENV + GOOD,
+            ("plugrl-run-env-client my-v1 --num-episodes 1 --local-policy random",)),
+    Trigger("env file that fails to import", BASE_ENV + "import mysim\n" + GOOD),
+    Trigger("config registered under another id", BASE_ENV + '''
+@register_env_config("My-v0")
+@dataclasses.dataclass
+class MyOtherConfig(BaseEnvConfig):
+    speed: float = 0.1
+
+
+@register_env("My-v1")
+class MyEnv(GoodEnv):
+    def __init__(self, config: MyOtherConfig, num_envs: int = 1, **kwargs):
+        super().__init__(config, num_envs=num_envs, **kwargs)
+'''),
+    Trigger("config field without a default", BASE_ENV + '''
+@register_env_config("My-v1")
+@dataclasses.dataclass
+class SceneConfig(BaseEnvConfig):
+    scene: str
+''' + GOOD),
+    Trigger("id of a built-in", BASE_ENV + GOOD.replace("My-v1", "Point-v1")),
+    Trigger("kwargs JSON cannot write", BASE_ENV + GOOD.replace('"My-v1"', '"My-v1", scale=np.float32(2.0)')),
+    Trigger("old constructor", BASE_ENV + '''
+@register_env("My-v1")
+class MyEnv(GoodEnv):
+    def __init__(self, config, num_envs, worker_id, total_workers):
+        super().__init__(config, num_envs=num_envs)
+'''),
+    Trigger("raises in __init__", BASE_ENV + '''
+@register_env("My-v1")
+class MyEnv(GoodEnv):
+    def __init__(self, config: MyConfig, num_envs: int = 1, **kwargs):
+        raise OSError("simulator license not found")
+'''),
+    Trigger("raises in reset", BASE_ENV + '''
+@register_env("My-v1")
+class MyEnv(GoodEnv):
+    def reset(self, *, seed=None, options=None):
+        raise RuntimeError("scene file missing")
+'''),
+    Trigger("raises in step", _step('raise RuntimeError("solver diverged")')),
+    Trigger("no server", BASE_ENV + GOOD, (
+        "plugrl-run-env-client my-v1 --env-path my_env.py --num-episodes 1 --server-port 8000 --connect-timeout 1",
+    )),
+    Trigger("no success rule", BASE_ENV + GOOD, exit_code=0),
+)
+
+
+def run_trigger(trigger: Trigger, folder: Path) -> tuple[list[Result], str]:
+    """Run ``trigger`` in ``folder``; its results and everything it printed."""
+    if trigger.env is not None:
+        folder.mkdir(parents=True)
+        (folder / "my_env.py").write_text(trigger.env)
+    commands = [Command(Path(trigger.name), k + 1, text, trigger.exit_code if k == len(trigger.commands) - 1 else 0)
+                for k, text in enumerate(trigger.commands)]
+    with DocShell(folder, folder / "runs", timeout_s=120) as shell:
+        results = [shell.run(c) for c in commands] + shell.stop_background()
+    return results, "\n".join(r.stdout + r.stderr for r in results)
+
+
+def table_excerpts(guide: Path) -> list[tuple[int, str]]:
+    """(line, excerpt) of every code span in the first column of the troubleshooting table."""
+    lines = guide.read_text().splitlines()
+    start = lines.index(TROUBLESHOOTING)
+    rows = [(k + 1, line) for k, line in enumerate(lines) if k > start and line.startswith("|")]
+    out = []
+    for number, row in rows[2:]:  # after the header and its separator
+        first = _cells(row)[0]
+        out += [(number, span) for span in _code_spans(first)]
+    return out
+
+
+def _cells(row: str) -> list[str]:
+    """The cells of a table row, split at the pipes outside code spans."""
+    cells, current, i = [], "", 1 if row.startswith("|") else 0
+    while i < len(row):
+        ticks = re.match(r"`+", row[i:])
+        if ticks:
+            end = row.find(ticks.group(), i + len(ticks.group()))
+            end = len(row) if end < 0 else end + len(ticks.group())
+            current += row[i:end]
+            i = end
+            continue
+        if row[i] == "|":
+            cells.append(current.strip())
+            current = ""
+        else:
+            current += row[i]
+        i += 1
+    if current.strip():
+        cells.append(current.strip())
+    return cells
+
+
+def _code_spans(text: str) -> list[str]:
+    spans = []
+    for m in re.finditer(r"(`+)(.+?)\1", text):
+        content = m.group(2)
+        if content.startswith(" ") and content.endswith(" ") and content.strip():
+            content = content[1:-1]
+        spans.append(content)
+    return spans
+
+
+def test_every_troubleshooting_message_is_real(tmp_path: Path) -> None:
+    excerpts = table_excerpts(GUIDE)
+    assert len(excerpts) >= len(TRIGGERS)
+    short = [e for _, e in excerpts if len(e) < MIN_EXCERPT]
+    assert not short, f"excerpts too short to mean anything: {short}"
+    with cf.ThreadPoolExecutor(max_workers=4) as pool:
+        futures = {t.name: pool.submit(run_trigger, t, tmp_path / f"t{k:02d}") for k, t in enumerate(TRIGGERS)}
+        done = {name: f.result() for name, f in futures.items()}
+    failed = [r.describe() for results, _ in done.values() for r in results if not r.ok]
+    assert not failed, "\n\n".join(failed)
+    printed = {name: text for name, (_, text) in done.items()}
+    never = [f"line {line}: {excerpt!r}" for line, excerpt in excerpts
+             if not any(excerpt in text for text in printed.values())]
+    assert not never, "the troubleshooting table quotes messages no run printed:\n" + "\n".join(never)
+    unquoted = [name for name, text in printed.items() if not any(e in text for _, e in excerpts)]
+    assert not unquoted, f"the table quotes nothing these runs print: {unquoted}"
+
+
+def test_table_excerpts_are_read_from_the_first_column() -> None:
+    row = "| `a | b` and `c` | cause with `code` | fix |"
+    assert _cells(row) == ["`a | b` and `c`", "cause with `code`", "fix"]
+    assert _code_spans(_cells(row)[0]) == ["a | b", "c"]
+    assert _code_spans("`` a `tick` ``") == ["a `tick`"]
+
+
+# ================================================================================================ code on disk
+
+
+def _marker(comment: str | None) -> tuple[str, str]:
+    kind, _, path = (comment or "").partition(":")
+    return kind.strip(), path.strip()
+
+
+def test_code_blocks_are_the_files_on_disk() -> None:
+    shown: set[str] = set()
+    problems = []
+    for fence in fenced_blocks(GUIDE):
+        kind, rel = _marker(fence.comment)
+        where = f"{GUIDE.name}:{fence.line}"
+        if kind == "file":
+            shown.add(rel)
+            if fence.body != (ROOT / rel).read_text():
+                problems.append(f"{where}: the block differs from {rel}")
+        elif kind == "excerpt":
+            lines, block = (ROOT / rel).read_text().splitlines(), fence.body.splitlines()
+            if not any(lines[i:i + len(block)] == block for i in range(len(lines) - len(block) + 1)):
+                problems.append(f"{where}: the block is not consecutive lines of {rel}")
+        elif fence.language == "python":
+            try:
+                ast.parse(textwrap.dedent(fence.body))
+            except SyntaxError as exc:
+                problems.append(f"{where}: {exc}")
+            if "__main__" in fence.body:
+                problems.append(f"{where}: a complete env file must be one on disk (<!-- file: path -->)")
+    assert not problems, "\n".join(problems)
+    on_disk = {str(p.relative_to(ROOT)) for p in EXAMPLES.rglob("*")
+               if p.is_file() and "__pycache__" not in p.parts and ".egg-info" not in str(p)}
+    assert on_disk and on_disk <= shown, f"example files the guide does not show in full: {sorted(on_disk - shown)}"
+
+
+# ================================================================================================ the example env
+
+
+@pytest.fixture
+def cart(registry: None) -> Iterator[ModuleType]:
+    """docs/examples/cart_env.py imported as a module (its registration is undone by ``registry``)."""
+    name = "cart_env_under_test"
+    spec = importlib.util.spec_from_file_location(name, EXAMPLES / "cart_env.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+        yield module
+    finally:
+        sys.modules.pop(name, None)
+
+
+def test_cart_rests_on_its_mark_or_falls_off_the_rail(cart: ModuleType) -> None:
+    env = cart.CartEnv(cart.CartConfig(), num_envs=3)
+    obs, _ = env.reset(seed=0)
+    assert obs.images["camera"].shape == (3, 16, 64, 3) and obs.images["camera"].dtype == np.uint8
+    env.x[:] = env.mark[0] = 0.0
+    env.v[:] = [0.0, 0.0, 40.0]  # env 2 races off the right end
+    env.mark[1] = 0.5  # env 1 is far from its mark
+    obs, reward, terminated, truncated, info = env.step(np.zeros((3, 1), np.float32))
+    np.testing.assert_array_equal(info["success"], [True, False, False])
+    np.testing.assert_array_equal(terminated, [True, False, True])
+    assert not truncated.any() and reward.dtype == np.float32
+    np.testing.assert_allclose(reward, [1.0, -0.5, -1.0], atol=1e-6)
+    np.testing.assert_allclose(obs.states["cart"][1], [0.0, 0.0, 0.5])
+    env.close()
+
+
+def test_cart_partial_reset_keeps_other_rows_and_camera_can_be_left_out(cart: ModuleType) -> None:
+    env = cart.CartEnv(cart.CartConfig(), num_envs=3)
+    env.reset(seed=3)
+    before, *_ = env.step(np.ones((3, 1), np.float32))
+    after, _ = env.reset(options={"reset_mask": np.array([False, True, False]), "reset_indices": np.array([1])})
+    for i in (0, 2):
+        np.testing.assert_array_equal(after.states["cart"][i], before.states["cart"][i])
+        np.testing.assert_array_equal(after.images["camera"][i], before.images["camera"][i])
+    assert after.states["cart"][1, 1] == 0.0 and before.states["cart"][1, 1] != 0.0  # at rest again
+    blind = cart.CartEnv(cart.CartConfig(camera=False), num_envs=2)
+    assert blind.reset(seed=0)[0].images == {}
+    assert set(blind.single_observation_space["images"].spaces) == set()
+
+
+# ================================================================================================ the command helper
+
+SAMPLE = '''\
+# Sample
+
+```bash
+# a comment line
+plugrl-run-env-client point-v1 --num-episodes 1 \\
+    --local-policy random   # exits 2 when it fails
+cd sub && export GREETING="a # b"
+```
+
+```bash
+plugrl-run-policy-server --policy.action-dim 2
+python my_env.py my-v1 --server-url ws://127.0.0.1:8000 | tail -1; echo "done" 2>&1 >/dev/null
+python -c "print(1)"
+```
+
+```text output
+not attached: the block before has three commands
+```
+
+```bash
+plugrl-check-env point-v1 --no-rollout
+```
+
+```text output
+shown
+```
+'''
+
+
+def test_doc_commands_reads_commands_lines_exit_codes_and_outputs(tmp_path: Path) -> None:
+    md = tmp_path / "sample.md"
+    md.write_text(SAMPLE)
+    blocks = bash_blocks(md)
+    assert [b.line for b in blocks] == [3, 10, 20]
+    found = [(c.line, c.text, c.expected_exit, c.output) for b in blocks for c in b.commands]
+    assert found == [
+        (5, "plugrl-run-env-client point-v1 --num-episodes 1 --local-policy random   # exits 2 when it fails", 2, None),
+        (7, 'cd sub && export GREETING="a # b"', 0, None),
+        (11, "plugrl-run-policy-server --policy.action-dim 2", 0, None),
+        (12, 'python my_env.py my-v1 --server-url ws://127.0.0.1:8000 | tail -1; echo "done" 2>&1 >/dev/null', 0,
+         None),
+        (13, 'python -c "print(1)"', 0, None),
+        (21, "plugrl-check-env point-v1 --no-rollout", 0, "shown\n"),
+    ]
+    shell = DocShell(tmp_path / "work", tmp_path / "runs", port=4321, replace={"my_env.py": "envs/my_env.py"})
+    prepared = [shell.prepare(c) for b in blocks for c in b.commands]
+    assert [p.kind for p in prepared] == ["client", "state", "server", "other", "other", "other"]
+    runs = str(tmp_path / "runs")
+    assert prepared[0].script == ("plugrl-run-env-client point-v1 --num-episodes 1 --local-policy random "
+                                  f"--output-dir {runs} --no-progress   # exits 2 when it fails")
+    assert prepared[2].script == "plugrl-run-policy-server --policy.action-dim 2 --port 4321"
+    assert prepared[2].port == 4321
+    assert prepared[3].script == (f"python envs/my_env.py my-v1 --server-url ws://127.0.0.1:4321 --output-dir {runs} "
+                                  '--no-progress | tail -1; echo "done" 2>&1 >/dev/null')
+
+
+def test_doc_shell_carries_cd_and_export_and_ends_what_it_starts(tmp_path: Path) -> None:
+    md = tmp_path / "sample.md"
+    md.write_text("```bash\nmkdir sub\ncd sub && export GREETING=hello\npwd && echo $GREETING\n"
+                  "exit 3   # exits 3\nsleep 30\n```\n")
+    (block,) = bash_blocks(md)
+    with DocShell(tmp_path / "work", tmp_path / "runs", timeout_s=1.0) as shell:
+        results = shell.run_block(block)
+    assert [r.returncode for r in results] == [0, 0, 0, 3, None]
+    assert results[2].stdout.split() == [str(tmp_path / "work" / "sub"), "hello"]
+    assert [r.ok for r in results] == [True, True, True, True, False]
+    assert "killed after 1 s" in results[4].describe()
