@@ -160,3 +160,18 @@ def test_align_chunks_ends_nearly_used_chunks_with_the_others(harness, tmp_path:
                 assert k >= 2, "only chunks with at most 2 steps left are ended early"
                 cut += 1
     assert cut > 0
+
+
+@pytest.mark.parametrize("env_id, env_config, runner", [
+    ("GuessNumber-v1", GuessNumberConfig(high=4), RunnerConfig(group_size=4)),  # members wait for their group
+    ("Counting-v1", CountingConfig(episode_length=2, episodes_per_env=2), RunnerConfig()),  # envs retire
+])
+def test_idle_envs_never_break_the_infer_feedback_alternation(tmp_path: Path, env_id, env_config, runner) -> None:
+    """Chunks of 4 steps, envs going idle right after their feedback: the strict reference server never has to
+    resync the connection (every feedback is followed by an infer)."""
+    choices = ("<answer>1</answer>", "<answer>2</answer>", "<answer>3</answer>", "<answer>4</answer>", "no idea")
+    code, episodes, summary = run(tmp_path, env_id, env_config, num_envs=8, local_policy_choices=choices,
+                                  num_episodes=16 if env_id == "GuessNumber-v1" else None, runner=runner)
+    assert code == 0 and episodes
+    assert summary["timing"]["reconnects"] == 0
+    assert "protocol violation" not in (tmp_path / "run" / "logs" / "client.log").read_text()

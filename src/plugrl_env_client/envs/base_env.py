@@ -119,6 +119,14 @@ TEXT_SPACE_LENGTH = 1 << 20
 """The longest text an observation space built here admits (observations are free text; the space describes)."""
 
 
+def describe_space(space: gym.Space) -> str:
+    """A space in one short line (a Text space's repr lists its whole character set, control characters too)."""
+    if isinstance(space, gym.spaces.Text):
+        return (f"Text(min_length={space.min_length}, max_length={space.max_length}, "
+                f"{len(space.character_set)} characters)")
+    return str(space)
+
+
 def observation_space(
     images: Mapping[str, tuple[int, int, int]] | None = None,
     states: Mapping[str, tuple[int, ...] | gym.spaces.Box] | None = None,

@@ -15,7 +15,7 @@ from typing import Any, Literal
 import gymnasium as gym
 import numpy as np
 
-from plugrl_env_client.envs.base_env import BaseEnv, Observation
+from plugrl_env_client.envs.base_env import BaseEnv, Observation, describe_space
 from plugrl_env_client.errors import EnvContractError, ProtocolError
 
 NonFiniteRewards = Literal["error", "zero"]
@@ -78,6 +78,12 @@ def check_actions(actions: np.ndarray, space: gym.Space, replan_steps: int | Non
     expected = tuple(space.shape or ())
     tail = tuple(actions.shape[2:])
     if tail != expected:
+        if isinstance(space, gym.spaces.Text):
+            raise EnvContractError(
+                f"Expected one text action per env (action shape tail ()), got {tail} (server sent actions of shape "
+                f"{list(actions.shape)}). The env's single_action_space is {describe_space(space)}: the server needs "
+                "a text policy (e.g. plugrl-run-policy-server --policy.name text --policy.choices ...)."
+            )
         dim_hint = f" (e.g. its --policy.action-dim {expected[0]})" if len(expected) == 1 else ""
         raise EnvContractError(
             f"Expected action shape tail {expected}, got {tail} (server sent actions of shape {list(actions.shape)}). "
@@ -90,8 +96,9 @@ def check_actions(actions: np.ndarray, space: gym.Space, replan_steps: int | Non
         )
     dtype = getattr(space, "dtype", None)
     if dtype is not None and np.dtype(dtype).kind == "U" and actions.dtype.kind != "U":
-        raise ProtocolError(f"the server sent actions of dtype {actions.dtype.str}; the env's action space {space} "
-                            "needs text (a '<U' array)")
+        raise ProtocolError(f"the server sent actions of dtype {actions.dtype.str}; the env's action space "
+                            f"{describe_space(space)} needs text (a '<U' array, or lists of str): use a text policy "
+                            "(e.g. plugrl-run-policy-server --policy.name text --policy.choices ...)")
     if dtype is not None and np.dtype(dtype).kind in "biuf":
         if actions.dtype.kind not in "biuf":
             raise ProtocolError(f"the server sent actions of dtype {actions.dtype.str}; the env's action space {space} needs numbers")

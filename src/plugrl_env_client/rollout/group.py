@@ -108,6 +108,7 @@ class EnvGroup:
         self.reuse = False  # the current connection supports reuse-feedback-obs and we use it
         self.held = np.zeros(self.n, bool)  # env's current obs row is the one its last feedback carried
         self.retired = np.zeros(self.n, bool)  # no episode left for the env
+        self.may_retire = False  # the env reports info["no_episode"]: a reset may retire envs
         self.waiting = np.zeros(self.n, bool)  # done, waiting for the rest of its seed group
         self.seeds = GroupSeeds(settings.seed, settings.process_id, offset, self.n, settings.group_size)
         if settings.group_size > 1 and not env.metadata.get("per_env_seeds", False):
@@ -224,11 +225,14 @@ class EnvGroup:
         rows = step.chunk_ended
         if rows.size == 0:
             return
+        early = np.zeros(0, np.intp)
         if self.settings.align_chunks:
             early = self.plans.nearly_used(self.settings.align_chunks, self.active & ~step.done)
-            if early.size:
-                self.plans.cut(early)
-                rows = np.union1d(rows, early)
+        if not self._infer_follows(rows, step.done):
+            early = np.flatnonzero(self.active & ~step.done & ~self.plans.needing_actions_mask())
+        if early.size:
+            self.plans.cut(early)
+            rows = np.union1d(rows, early)
         info = checks.slice_info(step.info, rows, self.n)
         if step.done[rows].any():
             info["episode"] = self.tracker.episode_info(rows, step.done)
@@ -244,6 +248,24 @@ class EnvGroup:
             truncated=step.truncated[rows],
             info=info,
         )
+
+    def _infer_follows(self, rows: np.ndarray, done: np.ndarray) -> bool:
+        """Whether some env of this feedback surely asks for actions next, so an infer follows it.
+
+        Every feedback must be followed by an infer before the next feedback. An env whose chunk ended without
+        ending its episode asks again; so does a done env that is reset at once, unless it may go idle: waiting
+        for its seed group, or retired because its reset has no episode. When no env of the feedback surely asks
+        again, the chunks of the other active envs end here too (a prefix is a whole chunk to the protocol), so
+        they ask instead.
+        """
+        if (~done[rows]).any():
+            return True
+        if self.may_retire:
+            return False
+        if self.settings.group_size == 1:
+            return True
+        restarting = self.seeds.complete(self.waiting | self.retired | done) & done
+        return bool(restarting[rows].any())
 
     def finish_episodes(self, step: StepResult) -> Observation:
         """Record finished episodes and start the next ones (unless the run needs no more episodes); returns the
@@ -297,9 +319,11 @@ class EnvGroup:
                           seeds: list[int | None]) -> Observation:
         """Bookkeeping for episodes that start at ``started``: retire envs that got none, note instructions, and
         put each instruction in front of its episode's first observation text."""
-        no_episode = info.get("no_episode")
-        if isinstance(no_episode, np.ndarray) and no_episode.shape == (self.n,) and no_episode[started].any():
-            retiring = started[no_episode[started].astype(bool)]
+        no_episode = _no_episode(info, self.n)
+        if no_episode is not None:
+            self.may_retire = True
+        if no_episode is not None and no_episode[started].any():
+            retiring = started[no_episode[started]]
             self.retired[retiring] = True
             logger.info("env %s: no episode left for envs %s; they are retired", self.settings.env_id,
                         (self.offset + retiring).tolist())
@@ -348,6 +372,20 @@ class EnvGroup:
             return fn(*args)
         except Exception as exc:
             raise EnvCrashedError(f"env {self.settings.env_id} raised in {name}(): {type(exc).__name__}: {exc}") from exc
+
+
+def _no_episode(info: dict[str, Any], n: int) -> np.ndarray | None:
+    """``info["no_episode"]`` as a bool mask of the batch (one bool for all envs, or one per env); None when the
+    env does not report it."""
+    if "no_episode" not in info:
+        return None
+    mask = np.asarray(info["no_episode"])
+    if mask.ndim == 0:
+        mask = np.full(n, bool(mask))
+    if mask.shape != (n,) or mask.dtype.kind not in "biu":
+        raise EnvContractError(f"reset() info['no_episode'] must be a bool or one bool per env ({n}); got "
+                               f"{mask.dtype} {mask.shape}")
+    return mask.astype(bool)
 
 
 def _instructions(value: Any, n: int) -> list[str] | None:

@@ -8,9 +8,10 @@ resets continue each env's generator. The recorded seed of a first episode is th
 With seed groups of G envs (``--runner.group-size G``: envs ``0..G-1`` of the process form group 0, and so on),
 every episode of a group starts all its members from one seed, a new one per group episode::
 
-    seed(group g, episode k) = SeedSequence(--runner.seed, spawn_key=(process, g, k)).generate_state(1)[0]
+    seed(group g, episode k) = SeedSequence(process seed, spawn_key=(process, g, k)).generate_state(1)[0]
 
-which is identical run to run (a random root when ``--runner.seed None``). Envs get them as a per-env list,
+where the process seed is ``--runner.seed + process * num_envs``; identical run to run (a random root when
+``--runner.seed None``). Envs get them as a per-env list,
 ``reset(seed=[...])``, with None for envs not being reset.
 """
 

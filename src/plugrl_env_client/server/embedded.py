@@ -17,6 +17,7 @@ from collections.abc import Sequence
 import gymnasium as gym
 import numpy as np
 
+from plugrl_env_client.envs.base_env import describe_space
 from plugrl_env_client.errors import ConfigError
 from plugrl_env_client.server.policies import Policy, PolicyConfig, make_policy
 from plugrl_env_client.server.server import PolicyServer
@@ -36,7 +37,7 @@ def policy_for_space(name: str, space: gym.Space, horizon: int, seed: int | None
     if isinstance(space, gym.spaces.Text):
         if name != "text":
             raise ConfigError(
-                f"--local-policy {name} cannot produce text actions for the env's action space {_describe(space)}; "
+                f"--local-policy {name} cannot produce text actions for the env's action space {describe_space(space)}; "
                 "use --local-policy text (it answers with one of a few strings per env and step)"
             )
         picked = tuple(choices) or default_text_choices(space, seed)
@@ -76,11 +77,6 @@ def server_command(space: gym.Space, port: int | str = "<port>") -> str:
 
 def local_policy_flag(space: gym.Space) -> str:
     return "--local-policy text" if isinstance(space, gym.spaces.Text) else "--local-policy random"
-
-
-def _describe(space: gym.spaces.Text) -> str:
-    """A Text space in one short line (its repr lists the whole charset, control characters included)."""
-    return f"Text(min_length={space.min_length}, max_length={space.max_length}, {len(space.character_set)} characters)"
 
 
 def default_text_choices(space: gym.spaces.Text, seed: int | None = None) -> tuple[str, ...]:
