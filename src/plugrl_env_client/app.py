@@ -53,10 +53,11 @@ def run_client(config: ClientConfig, env_id: str, sources: EnvSources | None = N
     signum = None
     with interrupt_handlers():
         try:
-            # One process in lockstep: its env is built here, once, and also tells the embedded server the action
-            # space (pipeline groups build their own envs, of num_envs / pipeline copies each).
+            # One local process in lockstep: its env is built here, once, and also tells the embedded server the
+            # action space (pipeline groups build their own envs, of num_envs / pipeline copies each; Ray actors
+            # build theirs where they run).
             jobs = [ProcessJob(spec.uid, config, p, "") for p in range(config.num_procs)]
-            if config.num_procs == 1 and config.runner.pipeline == 1:
+            if config.num_procs == 1 and config.runner.pipeline == 1 and config.launcher == "local":
                 env = build_env(jobs[0])
             server = _start_local_policy(config, spec.uid, env) if config.local_policy else None
             url = server.url if server is not None else config.resolved_url()
@@ -96,8 +97,6 @@ def _run(config: ClientConfig, uid: str, run_dir: RunDir, writer: RunWriter, job
         if config.launcher == "ray":
             from plugrl_env_client.launch.ray import launch_ray
 
-            if env is not None:  # built here for the embedded server's action space; each actor builds its own
-                env.close()
             launch_ray(jobs, budget, writer, sources, config.ray)
         else:
             launch(jobs, budget, ctx, writer, sources, env)

@@ -13,6 +13,7 @@ import pickle
 import random
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -40,6 +41,7 @@ from plugrl_env_client.launch.ray import Demand  # noqa: E402
 
 SUPPORT = Path(__file__).resolve().parents[1] / "_support"
 CRASH_ENV = str(SUPPORT / "crash_once_env.py")
+DOC = Path(__file__).resolve().parents[2] / "docs" / "ray.md"
 discover_envs([CRASH_ENV])
 NODE = {"object_store_memory": 80 * 1024**2}
 FAST_HEALTH_CHECKS = {"health_check_period_ms": 500, "health_check_failure_threshold": 3,
@@ -51,9 +53,15 @@ FAST_HEALTH_CHECKS = {"health_check_period_ms": 500, "health_check_failure_thres
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[Cluster]:
-    """One Ray cluster for the module: a head node with 2 CPUs (nodes are declared dead within ~2 s)."""
+    """One Ray cluster for the module: a head node with 2 CPUs and a Ray Client server (``client_port``); nodes
+    are declared dead within ~2 s."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        client_port = s.getsockname()[1]
     made = Cluster(initialize_head=True, head_node_args={
-        "num_cpus": 2, "include_dashboard": False, "_system_config": FAST_HEALTH_CHECKS, **NODE})
+        "num_cpus": 2, "include_dashboard": False, "ray_client_server_port": client_port,
+        "_system_config": FAST_HEALTH_CHECKS, **NODE})
+    made.client_port = client_port  # type: ignore[attr-defined]
     try:
         yield made
     finally:
@@ -274,12 +282,37 @@ def test_ray_runs_give_the_local_launchers_episodes_and_aggregate(cluster, tmp_p
     assert "[proc_000@" in log and "[proc_001@" in log, "worker log lines come home tagged with process and node"
 
 
+def test_ray_client_address_runs_with_uploaded_env_files(cluster, tmp_path):
+    """``--ray.address ray://host:port`` (Ray Client): the same run, env file uploaded through the client."""
+    cfg = ray_config(tmp_path, cluster, "run", num_envs=2, num_procs=2, num_episodes=10, local_policy="zero",
+                     env_path=(CRASH_ENV,), env=crash_env(), runner=RunnerConfig(episode_split="shared"))
+    cfg.ray.address = f"ray://127.0.0.1:{cluster.client_port}"
+    assert run_client(cfg, "CrashOnce-v1") == 0
+    summary = read(tmp_path / "run", "summary.json")
+    assert summary["completed_episodes"] == 10 == sum(len(episodes(tmp_path / "run", p)) for p in (0, 1))
+    assert summary["process_status"] == {"0": "finished", "1": "finished"}
+
+
+def test_env_defined_in_the_script_that_was_run_reaches_the_workers(cluster, tmp_path):
+    """``python my_env.py <env-id> --launcher ray``: the workers import the script (not as ``__main__``)."""
+    script = Path(__file__).resolve().parents[2] / "examples" / "reach_env.py"
+    cmd = [sys.executable, str(script), "reach-v1", "--num-envs", "2", "--num-procs", "2", "--num-episodes", "4",
+           "--local-policy", "random", "--output-dir", str(tmp_path), "--exp-name", "run", "--no-progress",
+           "--launcher", "ray", "--ray.address", cluster.address]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, (done.stdout, done.stderr)
+    summary = read(tmp_path / "run", "summary.json")
+    assert summary["completed_episodes"] == 4 and summary["status"] == "finished"
+
+
 @pytest.mark.parametrize("split,max_restarts", [("static", 3), ("shared", 3), ("shared", 0)])
 def test_killed_actor_is_restarted_and_the_total_stays_exact(cluster, tmp_path, split, max_restarts):
     marker = tmp_path / "killed"
+    # Shared: process 1 alone needs longer than Ray takes to report the death (else no restart is needed).
+    sleep = 0.002 if split == "static" else 0.04
     cfg = ray_config(tmp_path, cluster, "run", max_restarts=max_restarts, num_envs=2, num_procs=2, num_episodes=40,
                      local_policy="zero", env_path=(CRASH_ENV,),
-                     env=crash_env(kill_process=0, kill_after_steps=8, marker=str(marker), step_sleep_s=0.002),
+                     env=crash_env(kill_process=0, kill_after_steps=4, marker=str(marker), step_sleep_s=sleep),
                      runner=RunnerConfig(pass_proc_id=True, episode_split=split))
     code = run_client(cfg, "CrashOnce-v1")
     run = tmp_path / "run"
@@ -374,3 +407,27 @@ def test_lost_node_restarts_its_actor_on_another_and_the_total_stays_exact(clust
     moved = [p for p in processes.values() if p["restarts"]]
     assert len(moved) == 1, processes
     assert moved[0]["nodes"][0] == doomed.node_id and moved[0]["nodes"][-1] == cluster.head_node.node_id
+
+
+# ------------------------------------------------------------------------------------------------ the doc
+
+
+def test_the_docs_one_machine_run_and_node_table_work(tmp_path):
+    """docs/ray.md: the one-machine command runs (a private Ray instance), and its per-node table reads the run."""
+    from doc_commands import DocShell, bash_blocks
+
+    blocks = bash_blocks(DOC)
+    (try_it,) = [b for b in blocks if len(b.commands) == 1 and "--ray.address local" in b.commands[0].text]
+    with DocShell(tmp_path / "work", tmp_path / "runs", timeout_s=180) as shell:
+        results = shell.run_block(try_it)
+    assert all(r.ok for r in results), "\n\n".join(r.describe() for r in results)
+    (run,) = [p.parent for p in (tmp_path / "runs").glob("*/ray_nodes.json")]
+    assert read(run, "summary.json")["completed_episodes"] == 20
+    (table,) = [c for b in blocks for c in b.commands if c.text.startswith("python -c") and "ray_nodes.json" in c.text]
+    shown = subprocess.run(["bash", "-c", table.text.replace("runs/<exp>/", f"{run}/")], capture_output=True,
+                           text=True, timeout=60)
+    assert shown.returncode == 0, shown.stderr
+    (line,) = shown.stdout.splitlines()  # one machine, both processes on it
+    ip, _hostname, processes, rate = line.split()
+    assert processes == "2" and float(rate) > 0
+    assert ip == read(run, "ray_nodes.json")["processes"]["0"]["ip"]

@@ -49,7 +49,7 @@ from plugrl_env_client.outputs.results import ProcessResult, ProcessStatus
 from plugrl_env_client.outputs.run_dir import write_json_atomic
 from plugrl_env_client.outputs.run_writer import RunWriter
 from plugrl_env_client.rollout.budget import EpisodeBudget
-from plugrl_env_client.rollout.signals import deferred_interrupts, shielded
+from plugrl_env_client.rollout.signals import Interrupted, deferred_interrupts, shielded
 from plugrl_env_client.timing import Timing
 from plugrl_env_client.version import __version__
 
@@ -74,13 +74,17 @@ def launch_ray(jobs: list[ProcessJob], budget: EpisodeBudget, writer: RunWriter,
     ray = _import_ray()
     demand = Demand.from_config(ray_config)
     shipped = ray_sources.prepare(sources, _main_script(jobs[0].env_id))
-    with _connected(ray, ray_config, demand, len(jobs), shipped):
-        placement = Placement.create(ray, demand, ray_config.placement, len(jobs))
+    with _signals_remembered() as signals:
         try:
-            Supervisor(ray, jobs, budget, writer, shipped, placement, ray_config).run()
-        finally:
-            with shielded():
-                placement.remove()
+            with _connected(ray, ray_config, demand, len(jobs), shipped):
+                placement = Placement.create(ray, demand, ray_config.placement, len(jobs))
+                try:
+                    Supervisor(ray, jobs, budget, writer, shipped, placement, demand, ray_config).run()
+                finally:
+                    with shielded():
+                        placement.remove()
+        except KeyboardInterrupt as exc:
+            raise signals.named(exc) from None
 
 
 # ------------------------------------------------------------------------------------------------ connecting
@@ -140,8 +144,11 @@ def _connected(ray: Any, config: RayConfig, demand: Demand, num_procs: int, ship
     kwargs: dict[str, Any] = {"logging_level": logging.WARNING, "log_to_driver": True}
     if config.address == "local":
         cpus = max(os.cpu_count() or 1, math.ceil(demand.cpus * num_procs))
+        # Ray runs its workers at nice 15 by default, below everything else on the machine; the processes are this
+        # run's main work (and local processes run at the default priority).
         kwargs.update(address="local", include_dashboard=False, num_cpus=cpus,
-                      resources={k: v * num_procs for k, v in demand.resources.items()} or None)
+                      resources={k: v * num_procs for k, v in demand.resources.items()} or None,
+                      _system_config={"worker_niceness": 0})
     else:
         kwargs["address"] = config.address
         if shipped.uploads:
@@ -150,13 +157,19 @@ def _connected(ray: Any, config: RayConfig, demand: Demand, num_procs: int, ship
         try:
             ray.init(**kwargs)
         except ConnectionError as exc:
+            _cleanup(ray)
+            found = "no running Ray cluster found" if config.address == "auto" else f"no Ray cluster there ({exc})"
             raise ConfigError(
-                f"--ray.address {config.address}: no Ray cluster to connect to ({exc}). Start one with `ray start "
-                "--head` (and `ray start --address HEAD:6379` on the other machines), or pass --ray.address local "
-                "for a private instance on this machine"
+                f"--ray.address {config.address}: {found}. Start one with `ray start --head` (and `ray start "
+                "--address HEAD:6379` on the other machines), or pass --ray.address local for a private instance on "
+                "this machine"
             ) from None
         except (ValueError, RuntimeError) as exc:
+            _cleanup(ray)
             raise ConfigError(f"--ray.address {config.address}: Ray could not start or connect: {exc}") from None
+        except BaseException:  # interrupted while starting
+            _cleanup(ray)
+            raise
     try:
         if config.address == "local" and demand.gpus > 0:
             have = ray.cluster_resources().get("GPU", 0)
@@ -165,8 +178,13 @@ def _connected(ray: Any, config: RayConfig, demand: Demand, num_procs: int, ship
                                   f"{demand.gpus * num_procs:g} GPUs; this machine has {have:g}")
         yield
     finally:
-        with shielded():
-            ray.shutdown()
+        _cleanup(ray)
+
+
+def _cleanup(ray: Any) -> None:
+    """Disconnect (and stop a private instance), whatever a failed or interrupted start left behind."""
+    with shielded(), contextlib.suppress(Exception):
+        ray.shutdown()
 
 
 @contextlib.contextmanager
@@ -182,6 +200,40 @@ def _signal_handlers_kept() -> Iterator[None]:
         for sig, handler in kept.items():
             if handler is not None:
                 signal.signal(sig, handler)
+
+
+class _Signals:
+    last: int | None = None
+
+    def named(self, exc: KeyboardInterrupt) -> KeyboardInterrupt:
+        """The interrupt with the signal that caused it (Ray turns one that arrives inside its calls into a plain
+        KeyboardInterrupt, which would make a SIGTERM exit as a SIGINT)."""
+        if getattr(exc, "signum", None) is not None or self.last is None:
+            return exc
+        return Interrupted(self.last)
+
+
+@contextlib.contextmanager
+def _signals_remembered() -> Iterator[_Signals]:
+    """Note which of SIGINT / SIGTERM arrived, then let the run's own handler act on it."""
+    signals = _Signals()
+    if threading.current_thread() is not threading.main_thread():
+        yield signals
+        return
+    previous = {sig: handler for sig in (signal.SIGINT, signal.SIGTERM)
+                if callable(handler := signal.getsignal(sig))}  # a default or ignored signal stays as it is
+
+    def note(signum: int, frame: Any) -> None:
+        signals.last = signum
+        previous[signal.Signals(signum)](signum, frame)
+
+    for sig in previous:
+        signal.signal(sig, note)
+    try:
+        yield signals
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def _main_script(env_id: str) -> str | None:
@@ -265,7 +317,11 @@ class _Proc:
     actor: Any
     epoch: int = 0
     deaths: int = 0
-    generator: Any = None
+    call: Any = None
+    """The actor call in flight: ``start`` of the current epoch, then one ``poll`` after another."""
+    calling: str = ""
+    started_at: float = 0.0
+    start_warned: bool = False
     result: ProcessResult | None = None
     done: bool = False
     history: list[_Epoch] = dataclasses.field(default_factory=list)
@@ -295,9 +351,9 @@ class Supervisor:
     """Starts the actors, streams their reports into the writer, restarts epochs of dead actors, stops them."""
 
     def __init__(self, ray: Any, jobs: list[ProcessJob], budget: EpisodeBudget, writer: RunWriter,
-                 shipped: ShippedSources, placement: Placement, config: RayConfig) -> None:
+                 shipped: ShippedSources, placement: Placement, demand: Demand, config: RayConfig) -> None:
         self.ray, self.budget, self.writer, self.config = ray, budget, writer, config
-        self.shipped, self.placement = shipped, placement
+        self.shipped, self.placement, self.demand = shipped, placement, demand
         cfg = jobs[0].config
         self.book = LeaseBook(cfg.num_episodes, cfg.num_procs, cfg.runner.episode_split)
         self.jobs = jobs
@@ -337,12 +393,12 @@ class Supervisor:
         lock = self._lock_name if self.jobs[0].config.runner.use_env_lock else None
         for job in self.jobs:
             actor = remote.options(
-                num_cpus=self.config.num_cpus_per_proc,
-                num_gpus=self.config.num_gpus_per_proc,
-                resources=Demand.from_config(self.config).resources or None,
+                num_cpus=self.demand.cpus,
+                num_gpus=self.demand.gpus,
+                resources=self.demand.resources or None,
                 max_restarts=self.config.max_restarts,
                 max_task_retries=0,
-                max_concurrency=4,  # run, control, and an older epoch's run winding down
+                max_concurrency=4,  # start or poll, control, and a superseded epoch's poll winding down
                 scheduling_strategy=self.placement.strategy(job.process_id),
             ).remote(job.process_id, self.shipped, lock)
             self.procs.append(_Proc(job, actor))
@@ -358,36 +414,42 @@ class Supervisor:
                 cfg, runner=dataclasses.replace(cfg.runner, seed=seed)))
         grant = self.book.start(proc.pid, proc.epoch)
         proc.history.append(_Epoch())
-        proc.generator = proc.actor.run.remote(pickle.dumps(job), proc.epoch, cfg.num_episodes, grant)
+        proc.call, proc.calling = proc.actor.start.remote(pickle.dumps(job), proc.epoch, cfg.num_episodes, grant), "start"
+        proc.started_at, proc.start_warned = time.monotonic(), False
 
     def _loop(self, deadline: float | None) -> None:
-        while any(p.generator is not None for p in self.procs):
+        while any(p.call is not None for p in self.procs):
             if deadline is not None and time.monotonic() > deadline:
                 return
-            streams = {p.generator: p for p in self.procs if p.generator is not None}
-            ready, _ = self.ray.wait(list(streams), num_returns=1, timeout=POLL_S)
+            calls = {p.call: p for p in self.procs if p.call is not None}
+            ready, _ = self.ray.wait(list(calls), num_returns=1, timeout=POLL_S)
             if ready:
-                ready, _ = self.ray.wait(list(streams), num_returns=len(streams), timeout=0)
-            for stream in ready:
-                self._advance(streams[stream])
+                ready, _ = self.ray.wait(list(calls), num_returns=len(calls), timeout=0)
+            for ref in ready:
+                self._advance(calls[ref])
             self._housekeeping()
 
     def _advance(self, proc: _Proc) -> None:
-        """Take the next batch of ``proc``'s stream (it is ready), or see how the stream ended."""
+        """Take the answer of ``proc``'s call (it is ready) and make the next one; or see how the epoch ended."""
         exceptions = self.ray.exceptions
         try:
-            batch = self.ray.get(next(proc.generator))
-        except StopIteration:
-            self._epoch_ended(proc)
-            return
+            answer = self.ray.get(proc.call)
         except exceptions.RayTaskError as exc:  # our code raised in the actor: a bug, not a lost actor
             self._epoch_failed(proc, f"internal error in the Ray actor: {exc}")
             return
         except exceptions.RayError as exc:  # the actor died, or its node was lost
             self._actor_died(proc, exc)
             return
-        for message in batch:
-            self._deliver(proc, message)
+        if proc.calling == "start":
+            self._placed(proc, answer)
+        else:
+            batch, closed = answer
+            for message in batch:
+                self._deliver(proc, message)
+            if closed:
+                self._epoch_ended(proc)
+                return
+        proc.call, proc.calling = proc.actor.poll.remote(proc.epoch), "poll"
 
     def _deliver(self, proc: _Proc, message: tuple[Any, ...]) -> None:
         kind = message[0]
@@ -416,8 +478,6 @@ class Supervisor:
                 self._control(proc, grant=grant)
         elif kind == "result":
             proc.result = message[1]
-        elif kind == "node":
-            self._placed(proc, message[1])
 
     def _housekeeping(self) -> None:
         if self.budget.stop.is_set() and not self._stop_sent:
@@ -432,14 +492,20 @@ class Supervisor:
             for ref in done:
                 with contextlib.suppress(self.ray.exceptions.RayError):
                     self.ray.get(ref)
+        for proc in self.procs:
+            if proc.calling == "start" and proc.call is not None and not proc.start_warned \
+                    and time.monotonic() - proc.started_at >= PLACEMENT_WARNING_S:
+                proc.start_warned = True
+                logger.warning("process %d: Ray has not (re)started its actor for %.0fs; no node may have room for it "
+                               "(%s): add nodes, or Ctrl-C to stop", proc.pid, PLACEMENT_WARNING_S, self.demand.bundle())
         if time.monotonic() - self._nodes_written >= NODES_PERIOD_S:
             self._write_nodes()
 
     # ------------------------------------------------------------------------------------------ how epochs end
 
     def _epoch_ended(self, proc: _Proc) -> None:
-        """The actor's ``run`` returned: its result is in (or it ended without one, which is a bug)."""
-        proc.generator = None
+        """The epoch's last batch is in, with its result (or without one, which is a bug)."""
+        proc.call = None
         self._push_pool(self.book.end(proc.pid))
         result = proc.result or ProcessResult(proc.pid, ProcessStatus.FAILED, "ended without reporting how")
         if result.status is ProcessStatus.FAILED:
@@ -450,7 +516,7 @@ class Supervisor:
         self._finish(proc, result)
 
     def _epoch_failed(self, proc: _Proc, error: str) -> None:
-        proc.generator = None
+        proc.call = None
         self._push_pool(self.book.end(proc.pid))
         logger.error("process %d: %s", proc.pid, error)
         self.budget.stop.set()
@@ -458,7 +524,7 @@ class Supervisor:
 
     def _actor_died(self, proc: _Proc, exc: BaseException) -> None:
         """The actor's process is gone (killed, out of memory, node lost): restart the epoch, or give up on it."""
-        proc.generator = None
+        proc.call = None
         proc.deaths += 1
         self._push_pool(self.book.end(proc.pid))
         node = proc.current.node
@@ -524,7 +590,7 @@ class Supervisor:
         self.budget.stop.set()
         self._stop_sent = True
         for proc in self.procs:
-            if proc.generator is not None:
+            if proc.call is not None:
                 self._control(proc, stop=True)
 
     def _kill_all(self) -> None:
@@ -537,7 +603,7 @@ class Supervisor:
         for proc in self.procs:
             if proc.done:
                 continue
-            proc.generator = None
+            proc.call = None
             status = ProcessStatus.INTERRUPTED if interrupted else ProcessStatus.FAILED
             self._finish(proc, ProcessResult(proc.pid, status, None if interrupted else "ended without reporting"))
 

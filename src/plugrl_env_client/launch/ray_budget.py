@@ -117,10 +117,6 @@ class LeasedBudget:
         with self._cond:
             self._cond.notify_all()
 
-    @property
-    def used(self) -> int:
-        return self._used
-
     # ---------------------------------------------------------------------------------------- helpers
 
     def _maybe_prefetch(self) -> None:
@@ -235,9 +231,6 @@ class LeaseBook:
         if not self.reached:
             return {}
         return {pid: lease.grant(final=True) for pid, lease in enumerate(self._leases) if lease.active}
-
-    def epoch_of(self, pid: int) -> int:
-        return self._leases[pid].epoch
 
     def remaining_share(self, pid: int) -> int:
         """Static split: episodes of ``pid``'s share not recorded yet."""

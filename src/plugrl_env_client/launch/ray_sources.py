@@ -125,7 +125,13 @@ def locate(f: ShippedFile, search: Iterable[str] | None = None) -> Path:
 
 def loads_job(data: bytes, remap: dict[str, str]) -> Any:
     """Unpickle a job pickled on the driver, with module names mapped as :func:`load` found them."""
-    return _Unpickler(io.BytesIO(data), remap).load()
+    try:
+        return _Unpickler(io.BytesIO(data), remap).load()
+    except (AttributeError, ImportError) as exc:  # a class of the job (the env's config) does not exist here
+        raise ConfigError(
+            f"the run's settings cannot be read on this node ({type(exc).__name__}: {exc}): the env's config class "
+            "must be importable on every Ray node (install its package there, or pass its file with --env-path)"
+        ) from None
 
 
 class _Unpickler(pickle.Unpickler):
@@ -139,9 +145,11 @@ class _Unpickler(pickle.Unpickler):
 
 def _import_main(path: Path) -> None:
     """The driver's script as ``__mp_main__`` (its ``if __name__ == "__main__"`` block does not run, and its envs
-    may shadow built-ins as they do in the driver)."""
-    if MAIN_ALIAS in sys.modules:
-        return
+    may shadow built-ins as they do in the driver). A worker may hold ``__mp_main__`` as an alias of its own
+    ``__main__`` (multiprocessing does that); the script takes the name."""
+    previous = sys.modules.get(MAIN_ALIAS)
+    if previous is not None and getattr(previous, "__file__", None) == str(path):
+        return  # imported by an earlier epoch of this actor
     spec = importlib.util.spec_from_file_location(MAIN_ALIAS, path)
     if spec is None or spec.loader is None:
         raise ConfigError(f"{path} cannot be imported as a Python module")
@@ -153,7 +161,10 @@ def _import_main(path: Path) -> None:
     try:
         spec.loader.exec_module(module)
     except Exception as exc:
-        del sys.modules[MAIN_ALIAS]
+        if previous is None:
+            del sys.modules[MAIN_ALIAS]
+        else:
+            sys.modules[MAIN_ALIAS] = previous
         raise ConfigError(f"{path} (the script this run was started with) failed to import on this node: "
                           f"{type(exc).__name__}: {exc}; install what it needs on every Ray node") from exc
 

@@ -1,20 +1,22 @@
 """One rollout process as a Ray actor: the same :func:`run_process` as a local process, reporting home in batches.
 
-The actor's ``run`` is a generator that Ray streams to the driver: the rollout runs in a thread of the actor and
-hands every report (finished episodes, timing snapshots, log records, lease requests, its result) to an
-:class:`Outbox`; the generator sends what piled up every ``FLUSH_PERIOD_S`` (at once for a lease request or the
-result). The driver writes the run folder; nothing here touches it, so the actor may be on any machine.
+``start`` runs the rollout in a thread of the actor, which hands every report (finished episodes, timing
+snapshots, log records, lease requests, its result) to an :class:`Outbox`. The driver keeps one ``poll`` call in
+flight per actor; it returns what piled up after ``FLUSH_PERIOD_S`` (at once for a lease request or the result).
+The driver writes the run folder; nothing here touches it, so the actor may be on any machine. (Polling rather
+than a streaming generator: Ray Client, ``--ray.address ray://...``, has no streaming generators.)
 
-``control`` is the driver's way in (stop, and lease grants, see :mod:`.ray_budget`). Both stay local to the
-rollout loop: ``Budget.finished`` reads flags that ``control`` sets, so no remote call happens per loop iteration.
+``control`` is the driver's way in (stop, and lease grants, see :mod:`.ray_budget`). The rollout loop never waits
+on it: ``Budget.finished`` reads flags that ``control`` sets, so no remote call happens per loop iteration.
 
-Each ``run`` call is an epoch. Ray restarts an actor whose process died (the driver then calls ``run`` again, with
-a fresh seed): the new epoch builds its env and connects with a fresh infer, exactly as a new process would.
+Each ``start`` call is an epoch. Ray restarts an actor whose process died (the driver then starts a new epoch on
+it, with fresh seeds): the new epoch builds its env and connects with a fresh infer, exactly as a new process would.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import fcntl
 import logging
 import os
@@ -22,7 +24,6 @@ import platform
 import socket
 import tempfile
 import threading
-from collections.abc import Iterator
 from typing import Any
 
 from plugrl_env_client.envs.registry import UnknownEnvError, get_spec
@@ -38,8 +39,9 @@ from plugrl_env_client.version import __version__
 
 logger = logging.getLogger(__name__)
 
-FLUSH_PERIOD_S = 0.25
-"""How often reports go home (a lease request and the result go at once)."""
+FLUSH_PERIOD_S = 0.5
+"""How often reports go home (a lease request and the result go at once): often enough for the progress bar,
+rarely enough that an idle actor costs next to nothing."""
 
 Message = tuple[Any, ...]
 
@@ -108,6 +110,14 @@ def node_info() -> dict[str, Any]:
     }
 
 
+@dataclasses.dataclass
+class _Epoch:
+    number: int
+    budget: LeasedBudget
+    outbox: Outbox
+    sent_steps: int = 0
+
+
 class RolloutActor:
     """A rollout process on a Ray worker (the class the driver wraps with ``ray.remote``)."""
 
@@ -117,58 +127,63 @@ class RolloutActor:
         self._shipped = shipped
         self._lock_name = lock_name
         self._remap: dict[str, str] | None = None
-        self._state = threading.Lock()
-        self._epoch = -1
-        self._budget: LeasedBudget | None = None
-        self._early: dict[int, Grant] = {}  # grants that arrived before their epoch's run call
+        self._state = threading.Condition()
+        self._current: _Epoch | None = None
+        self._early: dict[int, Grant] = {}  # grants that arrived before their epoch's start call
         self._stopping = False
 
-    def run(self, job_bytes: bytes, epoch: int, target: int | None, grant: Grant) -> Iterator[list[Message]]:
-        """One epoch: the rollout of the pickled job, streamed home as batches of reports."""
+    def start(self, job_bytes: bytes, epoch: int, target: int | None, grant: Grant) -> dict[str, Any]:
+        """Begin ``epoch``: the rollout of the pickled job, in a thread; returns where this actor runs."""
         outbox = Outbox()
         forward_logging(outbox.log)  # this worker's log lines go home with its reports
         info = node_info()
-        budget = self._begin(epoch, target, grant, outbox)
-        yield [("node", info)]
-        thread = threading.Thread(target=self._rollout, args=(job_bytes, budget, outbox, info),
-                                  name=f"plugrl-rollout-{self.process_id}", daemon=True)
-        thread.start()
-        sent_steps = 0
-        closed = False
-        while not closed:
-            items, closed = outbox.take(FLUSH_PERIOD_S)
-            steps = budget.env_steps
-            if steps != sent_steps:
-                items.insert(0, ("steps", steps - sent_steps))
-                sent_steps = steps
-            if items:
-                yield items
-        thread.join()
+        current = self._begin(epoch, target, grant, outbox)
+        threading.Thread(target=self._rollout, args=(job_bytes, current.budget, outbox, info),
+                         name=f"plugrl-rollout-{self.process_id}", daemon=True).start()
+        return info
+
+    def poll(self, epoch: int) -> tuple[list[Message], bool]:
+        """The reports of ``epoch`` that piled up (waiting up to ``FLUSH_PERIOD_S`` for one to be urgent), and
+        whether the epoch is over (then this was its last batch). The driver has one poll in flight at a time."""
+        with self._state:
+            self._state.wait_for(lambda: self._current is not None and self._current.number >= epoch, FLUSH_PERIOD_S)
+            current = self._current
+        if current is None or current.number < epoch:
+            return [], False  # the start call has not run yet (calls to a threaded actor may overtake each other)
+        if current.number > epoch:
+            return [], True
+        items, closed = current.outbox.take(FLUSH_PERIOD_S)
+        steps = current.budget.env_steps
+        if steps != current.sent_steps:
+            items.insert(0, ("steps", steps - current.sent_steps))
+            current.sent_steps = steps
+        return items, closed
 
     def control(self, epoch: int, grant: Grant | None = None, stop: bool = False) -> None:
         """From the driver: stop collecting (after the current step), and/or a grant for ``epoch``."""
         with self._state:
+            current = self._current
             if stop:
                 self._stopping = True
-                if self._budget is not None:
-                    self._budget.stop.set()
-                    self._budget.release()
-            if grant is None or epoch < self._epoch:
+                if current is not None:
+                    current.budget.stop.set()
+                    current.budget.release()
+            if grant is None or (current is not None and epoch < current.number):
                 return
-            if epoch == self._epoch and self._budget is not None:
-                self._budget.update(grant)
+            if current is not None and epoch == current.number:
+                current.budget.update(grant)
             else:
                 early = self._early.get(epoch)
                 self._early[epoch] = grant if early is None or grant.total >= early.total else early
 
     # ------------------------------------------------------------------------------------------ internals
 
-    def _begin(self, epoch: int, target: int | None, grant: Grant, outbox: Outbox) -> LeasedBudget:
+    def _begin(self, epoch: int, target: int | None, grant: Grant, outbox: Outbox) -> _Epoch:
         """Make ``epoch`` the current one; an older epoch still running here (the driver lost sight of it) stops."""
         with self._state:
-            if self._budget is not None:
-                self._budget.stop.set()
-                self._budget.release()
+            if self._current is not None:
+                self._current.budget.stop.set()
+                self._current.budget.release()
             budget = LeasedBudget(target, grant, ask=outbox.ask)
             early = self._early.pop(epoch, None)
             if early is not None:
@@ -176,8 +191,9 @@ class RolloutActor:
             self._early = {e: g for e, g in self._early.items() if e > epoch}
             if self._stopping:
                 budget.stop.set()
-            self._epoch, self._budget = epoch, budget
-            return budget
+            self._current = _Epoch(epoch, budget, outbox)
+            self._state.notify_all()
+            return self._current
 
     def _rollout(self, job_bytes: bytes, budget: LeasedBudget, outbox: Outbox, info: dict[str, Any]) -> None:
         result = ProcessResult(self.process_id, ProcessStatus.FAILED, "the rollout did not start")
