@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import json
 import re
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
 import pytest
+from client_runs import interrupt_once_collecting
 
 from plugrl_env_client.app import run_client
 from plugrl_env_client.config import ClientConfig, RunnerConfig
@@ -328,21 +327,11 @@ def test_one_episode_is_said_in_the_singular(tmp_path, capsys):
 
 
 def test_local_policy_without_a_target_says_it_runs_until_interrupted(tmp_path):
-    cmd = [sys.executable, "-m", "plugrl_env_client", "point-v1", "--local-policy", "random", "--no-progress",
-           "--output-dir", str(tmp_path), "--exp-name", "run"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    episodes = tmp_path / "run" / "rollout" / "proc_000" / "episodes.jsonl"
-    try:
-        deadline = time.monotonic() + 60
-        while not (episodes.exists() and episodes.stat().st_size):  # collecting
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
-        proc.send_signal(signal.SIGINT)
-        _, err = proc.communicate(timeout=60)
-    finally:
-        proc.kill()
-    assert proc.returncode == 130
-    assert "collecting until Ctrl-C" in err
+    res = interrupt_once_collecting(["point-v1", "--local-policy", "random", "--no-progress", "--output-dir",
+                                     str(tmp_path), "--exp-name", "run"],
+                                    tmp_path / "run" / "rollout" / "proc_000" / "episodes.jsonl")
+    assert res.returncode == 130
+    assert "collecting until Ctrl-C" in res.stderr
 
 
 def test_version_flag_and_help_into_a_closed_pipe():

@@ -535,3 +535,51 @@ def _read(f: IO[bytes]) -> str:
     text = f.read().decode(errors="replace")
     f.close()
     return text
+
+
+# ================================================================================================ tables
+
+
+def table_excerpts(path: Path, heading: str) -> list[tuple[int, str]]:
+    """(line, excerpt) of every code span in the first column of the table under ``heading`` (a troubleshooting
+    table quotes error messages there)."""
+    lines = path.read_text().splitlines()
+    start = lines.index(heading)
+    rows = [(k + 1, line) for k, line in enumerate(lines) if k > start and line.startswith("|")]
+    out = []
+    for number, row in rows[2:]:  # after the header and its separator
+        first = table_cells(row)[0]
+        out += [(number, span) for span in code_spans(first)]
+    return out
+
+
+def table_cells(row: str) -> list[str]:
+    """The cells of a table row, split at the pipes outside code spans."""
+    cells, current, i = [], "", 1 if row.startswith("|") else 0
+    while i < len(row):
+        ticks = re.match(r"`+", row[i:])
+        if ticks:
+            end = row.find(ticks.group(), i + len(ticks.group()))
+            end = len(row) if end < 0 else end + len(ticks.group())
+            current += row[i:end]
+            i = end
+            continue
+        if row[i] == "|":
+            cells.append(current.strip())
+            current = ""
+        else:
+            current += row[i]
+        i += 1
+    if current.strip():
+        cells.append(current.strip())
+    return cells
+
+
+def code_spans(text: str) -> list[str]:
+    spans = []
+    for m in re.finditer(r"(`+)(.+?)\1", text):
+        content = m.group(2)
+        if content.startswith(" ") and content.endswith(" ") and content.strip():
+            content = content[1:-1]
+        spans.append(content)
+    return spans

@@ -14,7 +14,6 @@ import ast
 import concurrent.futures as cf
 import dataclasses
 import importlib.util
-import re
 import shutil
 import sys
 import textwrap
@@ -24,7 +23,7 @@ from types import ModuleType
 
 import numpy as np
 import pytest
-from doc_commands import Command, DocShell, Result, bash_blocks, fenced_blocks
+from doc_commands import Command, DocShell, Result, bash_blocks, code_spans, fenced_blocks, table_cells, table_excerpts
 
 import plugrl_env_client
 
@@ -272,52 +271,8 @@ def run_trigger(trigger: Trigger, folder: Path) -> tuple[list[Result], str]:
     return results, "\n".join(r.stdout + r.stderr for r in results)
 
 
-def table_excerpts(guide: Path) -> list[tuple[int, str]]:
-    """(line, excerpt) of every code span in the first column of the troubleshooting table."""
-    lines = guide.read_text().splitlines()
-    start = lines.index(TROUBLESHOOTING)
-    rows = [(k + 1, line) for k, line in enumerate(lines) if k > start and line.startswith("|")]
-    out = []
-    for number, row in rows[2:]:  # after the header and its separator
-        first = _cells(row)[0]
-        out += [(number, span) for span in _code_spans(first)]
-    return out
-
-
-def _cells(row: str) -> list[str]:
-    """The cells of a table row, split at the pipes outside code spans."""
-    cells, current, i = [], "", 1 if row.startswith("|") else 0
-    while i < len(row):
-        ticks = re.match(r"`+", row[i:])
-        if ticks:
-            end = row.find(ticks.group(), i + len(ticks.group()))
-            end = len(row) if end < 0 else end + len(ticks.group())
-            current += row[i:end]
-            i = end
-            continue
-        if row[i] == "|":
-            cells.append(current.strip())
-            current = ""
-        else:
-            current += row[i]
-        i += 1
-    if current.strip():
-        cells.append(current.strip())
-    return cells
-
-
-def _code_spans(text: str) -> list[str]:
-    spans = []
-    for m in re.finditer(r"(`+)(.+?)\1", text):
-        content = m.group(2)
-        if content.startswith(" ") and content.endswith(" ") and content.strip():
-            content = content[1:-1]
-        spans.append(content)
-    return spans
-
-
 def test_every_troubleshooting_message_is_real(tmp_path: Path) -> None:
-    excerpts = table_excerpts(GUIDE)
+    excerpts = table_excerpts(GUIDE, TROUBLESHOOTING)
     assert len(excerpts) >= len(TRIGGERS)
     short = [e for _, e in excerpts if len(e) < MIN_EXCERPT]
     assert not short, f"excerpts too short to mean anything: {short}"
@@ -336,9 +291,9 @@ def test_every_troubleshooting_message_is_real(tmp_path: Path) -> None:
 
 def test_table_excerpts_are_read_from_the_first_column() -> None:
     row = "| `a | b` and `c` | cause with `code` | fix |"
-    assert _cells(row) == ["`a | b` and `c`", "cause with `code`", "fix"]
-    assert _code_spans(_cells(row)[0]) == ["a | b", "c"]
-    assert _code_spans("`` a `tick` ``") == ["a `tick`"]
+    assert table_cells(row) == ["`a | b` and `c`", "cause with `code`", "fix"]
+    assert code_spans(table_cells(row)[0]) == ["a | b", "c"]
+    assert code_spans("`` a `tick` ``") == ["a `tick`"]
 
 
 # ================================================================================================ code on disk

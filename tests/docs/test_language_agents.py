@@ -17,17 +17,16 @@ import concurrent.futures as cf
 import dataclasses
 import importlib.util
 import json
-import re
 import shutil
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 
 import numpy as np
 import pytest
-from doc_commands import Command, DocShell, Result, bash_blocks, fenced_blocks
+from doc_commands import Command, DocShell, Result, bash_blocks, code_spans, fenced_blocks, table_cells, table_excerpts
+from file_modules import imported
 
 ROOT = Path(__file__).resolve().parents[2]
 GUIDE = ROOT / "docs" / "language-agents.md"
@@ -239,52 +238,9 @@ def run_trigger(trigger: Trigger, folder: Path) -> tuple[list[Result], str]:
     return results, "\n".join(r.stdout + r.stderr for r in results)
 
 
-def table_excerpts(guide: Path) -> list[tuple[int, str]]:
-    """(line, excerpt) of every code span in the first column of the troubleshooting table."""
-    lines = guide.read_text().splitlines()
-    start = lines.index(TROUBLESHOOTING)
-    rows = [(k + 1, line) for k, line in enumerate(lines) if k > start and line.startswith("|")]
-    out = []
-    for number, row in rows[2:]:  # after the header and its separator
-        out += [(number, span) for span in _code_spans(_cells(row)[0])]
-    return out
-
-
-def _cells(row: str) -> list[str]:
-    """The cells of a table row, split at the pipes outside code spans."""
-    cells, current, i = [], "", 1 if row.startswith("|") else 0
-    while i < len(row):
-        ticks = re.match(r"`+", row[i:])
-        if ticks:
-            end = row.find(ticks.group(), i + len(ticks.group()))
-            end = len(row) if end < 0 else end + len(ticks.group())
-            current += row[i:end]
-            i = end
-            continue
-        if row[i] == "|":
-            cells.append(current.strip())
-            current = ""
-        else:
-            current += row[i]
-        i += 1
-    if current.strip():
-        cells.append(current.strip())
-    return cells
-
-
-def _code_spans(text: str) -> list[str]:
-    spans = []
-    for m in re.finditer(r"(`+)(.+?)\1", text):
-        content = m.group(2)
-        if content.startswith(" ") and content.endswith(" ") and content.strip():
-            content = content[1:-1]
-        spans.append(content)
-    return spans
-
-
 @needs_gem
 def test_every_troubleshooting_message_is_real(tmp_path: Path) -> None:
-    excerpts = table_excerpts(GUIDE)
+    excerpts = table_excerpts(GUIDE, TROUBLESHOOTING)
     assert len(excerpts) >= len(TRIGGERS)
     short = [e for _, e in excerpts if len(e) < MIN_EXCERPT]
     assert not short, f"excerpts too short to mean anything: {short}"
@@ -303,9 +259,9 @@ def test_every_troubleshooting_message_is_real(tmp_path: Path) -> None:
 
 def test_table_excerpts_are_read_from_the_first_column() -> None:
     row = "| `a | b` and `c` | cause with `code` | fix |"
-    assert _cells(row) == ["`a | b` and `c`", "cause with `code`", "fix"]
-    assert _code_spans(_cells(row)[0]) == ["a | b", "c"]
-    assert [e for _, e in table_excerpts(GUIDE)][0].startswith("info['metrics_agg_mode']")
+    assert table_cells(row) == ["`a | b` and `c`", "cause with `code`", "fix"]
+    assert code_spans(table_cells(row)[0]) == ["a | b", "c"]
+    assert [e for _, e in table_excerpts(GUIDE, TROUBLESHOOTING)][0].startswith("info['metrics_agg_mode']")
 
 
 # ================================================================================================ code on disk
@@ -346,16 +302,8 @@ def test_code_blocks_are_the_files_on_disk() -> None:
 @pytest.fixture
 def riddle(registry: None) -> Iterator[ModuleType]:
     """docs/examples/riddle_env.py imported as a module (its registration is undone by ``registry``)."""
-    name = "riddle_env_under_test"
-    spec = importlib.util.spec_from_file_location(name, RIDDLE)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    try:
-        spec.loader.exec_module(module)
+    with imported(RIDDLE, "riddle_env_under_test") as module:
         yield module
-    finally:
-        sys.modules.pop(name, None)
 
 
 def test_riddle_reads_the_last_answer_tag(riddle: ModuleType) -> None:

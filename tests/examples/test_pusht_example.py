@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
@@ -13,6 +12,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from file_modules import imported
 
 pytest.importorskip("gym_pusht")
 
@@ -23,16 +23,8 @@ EXAMPLE = ROOT / "examples" / "pusht" / "pusht_env.py"
 @pytest.fixture
 def pusht(registry: None) -> Iterator[ModuleType]:
     """The example file imported as a module (its envs are unregistered again afterwards by ``registry``)."""
-    name = "pusht_env_under_test"
-    spec = importlib.util.spec_from_file_location(name, EXAMPLE)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    try:
-        spec.loader.exec_module(module)
+    with imported(EXAMPLE, "pusht_env_under_test") as module:
         yield module
-    finally:
-        sys.modules.pop(name, None)
 
 
 def make(pusht: ModuleType, n: int, **fields: Any) -> Any:

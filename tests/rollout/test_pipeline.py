@@ -5,16 +5,15 @@ from __future__ import annotations
 
 import collections
 import json
-import signal
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
+from client_runs import interrupt_once_collecting
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.server import ServerConnection, serve
 
@@ -177,20 +176,11 @@ def test_a_close_on_one_connection_drops_only_that_groups_chunks(harness, tmp_pa
 
 
 def test_ctrl_c_in_a_pipelined_run_writes_outputs(tmp_path: Path) -> None:
-    cmd = [sys.executable, "-m", "plugrl_env_client", "probe-v1", "--num-envs", "6", "--runner.pipeline", "3",
-           "--local-policy", "random", "--output-dir", str(tmp_path), "--exp-name", "run", "--no-progress"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     episodes = tmp_path / "run" / "rollout" / "proc_000" / "episodes.jsonl"
-    try:
-        deadline = time.monotonic() + 60
-        while not (episodes.exists() and episodes.stat().st_size):
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
-        proc.send_signal(signal.SIGINT)
-        _, err = proc.communicate(timeout=60)
-    finally:
-        proc.kill()
-    assert proc.returncode == 130, err
+    res = interrupt_once_collecting(["probe-v1", "--num-envs", "6", "--runner.pipeline", "3", "--local-policy",
+                                     "random", "--output-dir", str(tmp_path), "--exp-name", "run", "--no-progress"],
+                                    episodes)
+    assert res.returncode == 130, res.stderr
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["completed_episodes"] == len(episodes.read_text().splitlines()) > 0
     assert summary["status"] == "interrupted"

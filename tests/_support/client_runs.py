@@ -1,0 +1,29 @@
+"""Running the client as a user does, in a subprocess, and stopping it the way a user does (Ctrl-C)."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+
+def interrupt_once_collecting(args: list[str], episodes: Path, sig: int = signal.SIGINT,
+                              timeout_s: float = 60.0) -> subprocess.CompletedProcess:
+    """Start ``plugrl-run-env-client <args>``, send ``sig`` once ``episodes`` (an episodes.jsonl) has a line, and
+    return how it ended. The process is killed if it outlives the timeout."""
+    proc = subprocess.Popen([sys.executable, "-m", "plugrl_env_client", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + timeout_s
+        while not (episodes.exists() and episodes.stat().st_size):
+            assert time.monotonic() < deadline, f"{episodes} got no episode within {timeout_s} s"
+            assert proc.poll() is None, f"the client ended early: {proc.communicate()[1]}"
+            time.sleep(0.05)
+        proc.send_signal(sig)
+        out, err = proc.communicate(timeout=timeout_s)
+    finally:
+        proc.kill()
+        proc.wait()
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
