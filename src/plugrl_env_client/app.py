@@ -166,7 +166,7 @@ def _start_local_policy(config: ClientConfig, env_id: str, env: BaseEnv | None) 
             probe.close()
     assert config.local_policy is not None
     server = start_local_server(config.local_policy, space, config.local_policy_horizon, seed=config.runner.seed,
-                                choices=config.local_policy_choices)
+                                choices=config.local_policy_choices, transport=config.transport)
     logger.info("embedded %s policy serving on %s", config.local_policy, server.url)
     return server
 

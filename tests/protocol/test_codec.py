@@ -385,3 +385,44 @@ def _touch(value) -> None:
         repr(value)
         value.tolist()
         assert math.prod(np.shape(value)) * value.dtype.itemsize == np.asarray(value).nbytes
+
+
+# ------------------------------------------------------------------------------------------- Encoder
+
+
+@pytest.mark.parametrize("name", sorted(FIXTURES))
+def test_encoder_matches_reference_bytes(name: str) -> None:
+    value, hex_bytes = FIXTURES[name]
+    with codec.Encoder().encode({"x": value}) as frame:
+        assert frame.tobytes() == bytes.fromhex(hex_bytes)
+
+
+@PROPERTY
+@given(st.lists(_arrays(), min_size=1, max_size=4))
+def test_property_encoder_reusing_its_buffer_matches_packb(arrays: list[np.ndarray]) -> None:
+    """One encoder, messages of growing and shrinking sizes: every frame is packb's bytes, nothing left over."""
+    encoder = codec.Encoder()
+    for msg in [{"a": arrays}, {"b": arrays[0]}, {"a": arrays, "big": np.zeros(100_000, np.uint8)}, {}]:
+        with encoder.encode(msg) as frame:
+            assert frame.nbytes == len(frame) and frame.tobytes() == codec.packb(msg)
+
+
+@pytest.mark.parametrize("value, words", [(np.array([1 + 2j]), "complex128"), (2**64, "limited to 64 bits"),
+                                          ("\ud800", "cannot encode the message: UnicodeEncodeError")])
+def test_encoder_refuses_as_packb_does_and_recovers(value, words: str) -> None:
+    encoder = codec.Encoder()
+    with pytest.raises(ProtocolError, match=words):
+        encoder.encode({"x": [1, 2, value]})
+    with encoder.encode({"x": 1}) as frame:  # what the failed message left in the buffer is gone
+        assert frame.tobytes() == codec.packb({"x": 1})
+
+
+def test_encoder_frame_must_be_released_before_the_next() -> None:
+    encoder = codec.Encoder()
+    frame = encoder.encode({"x": np.arange(3)})
+    with pytest.raises(BufferError):
+        encoder.encode({"y": 1})
+    assert codec.unpackb(frame)["x"].tolist() == [0, 1, 2]  # the held frame was not overwritten
+    frame.release()
+    with encoder.encode({"y": 1}) as frame:
+        assert codec.unpackb(frame) == {"y": 1}

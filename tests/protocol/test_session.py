@@ -143,3 +143,82 @@ def test_reconnects_that_fail_at_once_back_off_further(harness):
     session.close()
     gaps = np.diff(times)
     assert len(gaps) == 4 and gaps[-1] > 3 * gaps[0], f"no growing backoff: {gaps}"
+
+
+# ------------------------------------------------------------------------------------------ transport picows
+
+
+@pytest.mark.parametrize("kind", ["websockets", "picows"])
+def test_session_over_each_transport_reads_chunks_and_classifies_closes(harness, kind):
+    pytest.importorskip("picows")
+    seen = {}
+
+    def script(conn):
+        seen["stream"] = conn.ws.request.headers.get(messages.STREAM_HEADER)
+        conn.send_metadata(action_horizon=2)
+        conn.send_zero_action(conn.recv(), 2, 3)
+        conn.recv()  # the feedback
+        conn.recv()  # the next infer: answered by a resync close
+        conn.close(1001, messages.REASON_RESYNC)
+
+    h = harness(script)
+    session = Session(SessionConfig(url=f"ws://127.0.0.1:{h.port}", transport=kind, stream=(3, 1)))
+    meta = session.open()
+    obs = Observation(states={"x": np.zeros((2, 1))}, text="a")
+    ids, steps = np.arange(2), np.zeros(2, np.int64)
+    reply = session.infer(obs, ids, steps)
+    assert meta.action_horizon == 2 and reply.actions.shape == (2, 2, 3) and not reply.actions.any()
+    session.feedback(ids, steps, obs, np.zeros(2, np.float32), np.zeros(2, bool), np.zeros(2, bool), {})
+    with pytest.raises(ConnectionLost) as info:
+        session.infer(obs, ids, steps)
+    session.close()
+    assert info.value.close.action is CloseAction.RECONNECT and info.value.close.reason == messages.REASON_RESYNC
+    assert seen["stream"] == "3.1"
+    assert session.timing.bytes_sent > 0 and session.timing.infer_calls == 2 and session.timing.feedback_calls == 1
+
+
+@pytest.mark.parametrize("url, words", [("ws://127.0.0.1:99999", "invalid server URL"),
+                                        ("http://127.0.0.1:8000", "invalid server URL")])
+def test_picows_session_errors_say_the_same(url, words):
+    pytest.importorskip("picows")
+    with pytest.raises(ConfigError, match=words):
+        Session(SessionConfig(url=url, transport="picows")).open()
+
+
+def test_picows_session_refused_handshake_says_so():
+    pytest.importorskip("picows")
+    from websockets.sync.server import serve
+
+    server = serve(lambda ws: None, "127.0.0.1", 0, process_request=lambda conn, req: conn.respond(401, "no key\n"))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        session = Session(SessionConfig(url=f"ws://127.0.0.1:{server.socket.getsockname()[1]}", transport="picows"))
+        with pytest.raises(ConfigError, match="refused the WebSocket handshake with HTTP 401.*--api-key"):
+            session.open()
+    finally:
+        server.shutdown()
+
+
+def test_run_client_over_picows_against_the_picows_reference_server(tmp_path):
+    pytest.importorskip("picows")
+    import json
+
+    from plugrl_env_client.app import run_client
+    from plugrl_env_client.config import ClientConfig
+    from plugrl_env_client.envs import discover_envs
+    from plugrl_env_client.server.policies import PolicyConfig, make_policy
+    from plugrl_env_client.server.server import PolicyServer
+
+    discover_envs()
+    from plugrl_env_client.envs.point.point_env import PointEnvConfig
+
+    server = PolicyServer(make_policy(PolicyConfig(action_dim=2, action_horizon=4)), port=0, transport="picows").start()
+    try:
+        cfg = ClientConfig(server_port=server.port, num_envs=3, num_episodes=5, output_dir=tmp_path, exp_name="run",
+                           progress=False, transport="picows", env=PointEnvConfig())
+        assert run_client(cfg, "Point-v1") == 0
+    finally:
+        server.shutdown()
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["completed_episodes"] == 5 and summary["timing"]["bytes_sent"] > 0
+    assert server.log.episodes >= 5

@@ -264,3 +264,129 @@ def test_policy_crash_closes_with_internal_error(server_factory):
     ws, _ = open_client(server)
     ws.send(infer([0]))
     assert close_of(ws) == (1011, messages.REASON_INTERNAL)
+
+
+# ------------------------------------------------------------------------------------------ reuse, latency, picows
+
+
+def numbered_obs(ids, base: int) -> dict:
+    """Observations whose every value names its env and a batch number (so reused rows can be recognised)."""
+    ids = np.asarray(ids, dtype=np.int64)
+    n = len(ids)
+    image = (np.asarray(ids, np.uint8)[:, None, None, None] + base) * np.ones((n, 4, 4, 3), np.uint8)
+    return {"images": {"cam": image}, "states": {"x": np.stack([ids, np.full(n, base)], axis=1).astype(np.float64)},
+            "text": np.array([f"env {i} batch {base}" for i in ids.tolist()])}
+
+
+@pytest.mark.parametrize("infer_ids, reuse", [
+    ([1, 2, 3], [True, True, True]),  # one run of the feedback batch, in order: served as slices of it
+    ([2, 3], [True, True]),  # a run that starts inside the batch
+    ([3, 1], [True, True]),  # another order: rows stacked
+    ([0, 1, 3], [False, True, True]),  # some rows sent, some reused
+])
+def test_reused_rows_are_the_held_feedback_rows(server_factory, infer_ids, reuse):
+    server = server_factory()
+    seen = []
+    act = server.policy.act
+
+    def recording(obs, n):
+        seen.append(obs)
+        return act(obs, n)
+
+    server.policy.act = recording
+    ws, _ = open_client(server)
+    ids = np.array([0, 1, 2, 3])
+    ws.send(codec.packb(messages.infer_message(numbered_obs(ids, 10), ids, np.zeros(4, np.int64))))
+    ws.recv(timeout=5)
+    m = 4
+    ws.send(codec.packb(messages.feedback_message(ids, np.zeros(m, np.int64), numbered_obs(ids, 20),
+                                                 np.ones(m, np.float32), np.zeros(m, bool), np.zeros(m, bool), {})))
+    sent_ids = [e for e, r in zip(infer_ids, reuse) if not r]
+    fresh = numbered_obs(sent_ids, 30)
+    ws.send(codec.packb(messages.infer_message(fresh, np.array(infer_ids), np.zeros(len(infer_ids), np.int64),
+                                               np.array(reuse))))
+    ws.recv(timeout=5)
+    ws.close()
+    obs = seen[-1]
+    bases = [20 if r else 30 for r in reuse]
+    expected = {"cam": np.stack([numbered_obs([e], b)["images"]["cam"][0] for e, b in zip(infer_ids, bases)]),
+                "x": np.array([[e, b] for e, b in zip(infer_ids, bases)], np.float64)}
+    assert np.array_equal(obs["images"]["cam"], expected["cam"])
+    assert np.array_equal(obs["states"]["x"], expected["x"])
+    assert obs["text"].tolist() == [f"env {e} batch {b}" for e, b in zip(infer_ids, bases)]
+
+
+def test_latency_holds_each_action_without_blocking_other_clients(server_factory):
+    server = server_factory(latency_ms=3000)
+    a, _ = open_client(server)
+    start = time.monotonic()
+    a.send(infer([0]))
+    b, meta = open_client(server)  # served while a's action is held back
+    assert meta.protocol_version == 1
+    with pytest.raises(TimeoutError):
+        a.recv(timeout=0.01)
+    assert a.recv(timeout=30)
+    assert time.monotonic() - start >= 3.0
+    a.close()
+    b.close()
+
+
+@pytest.mark.parametrize("latency", [-1.0, float("nan"), float("inf")])
+def test_latency_must_be_a_finite_non_negative_number(latency):
+    with pytest.raises(ValueError, match="--policy.latency-ms must be a finite number >= 0"):
+        PolicyServer(make_policy(PolicyConfig()), port=0, latency_ms=latency)
+
+
+@pytest.fixture
+def picows_server_factory():
+    pytest.importorskip("picows")
+    made = []
+
+    def start(**kwargs):
+        policy = make_policy(PolicyConfig(**kwargs.pop("policy", {})))
+        server = PolicyServer(policy, host="127.0.0.1", port=0, transport="picows", **kwargs).start()
+        made.append(server)
+        return server
+
+    yield start
+    for s in made:
+        s.shutdown()
+
+
+def test_picows_server_serves_like_the_websockets_one(picows_server_factory, caplog):
+    """A websockets client against the picows server: metadata, chunks, strict validation, the run's end."""
+    caplog.set_level(logging.INFO, logger="plugrl_env_client")
+    server = picows_server_factory(max_episodes=2, policy={"action_dim": 3, "action_horizon": 5})
+    ws, meta = open_client(server)
+    assert meta.action_horizon == 5 and meta.action_dim == 3
+    ws.send(infer([2, 0]))
+    reply = messages.parse_action(codec.unpackb(ws.recv(timeout=5)), np.array([2, 0]))
+    assert reply.actions.shape == (5, 2, 3) and reply.actions.std() > 0
+    ws.send(feedback([2, 0], done=True))
+    assert close_of(ws) == (1001, messages.REASON_STOP)
+    assert server.log.episodes == 2
+
+    bad, _ = open_client(picows_server_factory())
+    bad.send(b"\xc1not msgpack")
+    assert close_of(bad) == (1001, messages.REASON_RESYNC)
+    assert any("protocol violation" in r.getMessage() for r in caplog.records)
+
+    dropped, _ = open_client(server)
+    dropped.socket.close()
+    deadline = time.monotonic() + 5
+    while not any("without a close frame" in r.getMessage() for r in caplog.records):
+        assert time.monotonic() < deadline, [r.getMessage() for r in caplog.records]
+        time.sleep(0.01)
+
+
+def test_picows_server_shutdown_tells_clients(picows_server_factory):
+    server = picows_server_factory()
+    ws, _ = open_client(server)
+    server.shutdown()
+    assert close_of(ws) == (1001, messages.REASON_SHUTDOWN)
+
+
+def test_picows_server_refuses_text_frames(picows_server_factory):
+    ws, _ = open_client(picows_server_factory())
+    ws.send("hello")
+    assert close_of(ws) == (1001, messages.REASON_RESYNC)

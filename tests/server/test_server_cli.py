@@ -5,6 +5,7 @@ from __future__ import annotations
 import socket
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -19,7 +20,8 @@ from plugrl_env_client.server.cli import main
     [(["--policy.dtype", "foo"], "--policy.dtype 'foo' is not a numpy dtype"),
      (["--policy.dtype", "<U3"], "is not numeric"),
      (["--policy.action-horizon", "0"], "--policy.action-horizon) must be >= 1"),
-     (["--policy.action-dim", "-1"], "--policy.action-dim must be >= 0")],
+     (["--policy.action-dim", "-1"], "--policy.action-dim must be >= 0"),
+     (["--policy.latency-ms", "-5"], "--policy.latency-ms must be a finite number >= 0")],
 )
 def test_bad_values_exit_2_with_a_message(args, words, capsys):
     with pytest.raises(SystemExit) as info:
@@ -52,6 +54,29 @@ def test_serves_int_actions_from_the_command_line():
             reply = messages.parse_action(codec.unpackb(ws.recv(timeout=10)), ids)
         assert reply.actions.shape == (4, 5) and reply.actions.dtype == np.int64
         assert set(np.unique(reply.actions)) <= {0, 1, 2}
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+def test_serves_over_picows_with_latency_from_the_command_line():
+    pytest.importorskip("picows")
+    cmd = [sys.executable, "-c", "from plugrl_env_client.server.cli import main; main()", "--port", "0",
+           "--transport", "picows", "--policy.latency-ms", "300", "--policy.action-dim", "2"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        line = proc.stdout.readline()
+        assert "latency=300 ms, picows" in line, line
+        url = line.rsplit(" ", 1)[1].strip()
+        with connect(url, compression=None, max_size=None, proxy=None) as ws:
+            messages.parse_metadata(codec.unpackb(ws.recv(timeout=10)))
+            ids = np.arange(3, dtype=np.int64)
+            obs = {"images": {}, "states": {"x": np.zeros((3, 1))}, "text": np.array(["a"] * 3)}
+            start = time.monotonic()
+            ws.send(codec.packb(messages.infer_message(obs, ids, np.zeros(3, np.int64))))
+            reply = messages.parse_action(codec.unpackb(ws.recv(timeout=10)), ids)
+            assert time.monotonic() - start >= 0.3
+        assert reply.actions.shape == (4, 3, 2)
     finally:
         proc.terminate()
         proc.wait(timeout=10)

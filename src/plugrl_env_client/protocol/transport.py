@@ -40,6 +40,7 @@ import logging
 import queue
 import ssl
 import threading
+import time
 from collections.abc import Callable, Coroutine, Mapping
 from typing import Any, ClassVar, TypeVar
 
@@ -77,6 +78,12 @@ RECV_BUFSIZE = 1 << 20
 reads instead of ~50, each of which costs a trip through websockets' Python-level protocol machinery."""
 MAX_FRAME_SIZE = 1 << 62
 """picows refuses frames above its ``max_frame_size`` (10 MiB by default); PlugRL frames have no size limit."""
+POST_MAX = 1 << 20
+"""picows sends run in the loop's thread. A message up to this size is copied and handed over without waiting
+(cheaper than a round trip between threads); a larger one is masked straight from the caller's buffer while the
+caller waits (cheaper than the copy)."""
+SHUTDOWN_WAIT_S = 2.0
+"""How long a picows server shutting down waits for its clients to answer the close."""
 CLOSE_NO_STATUS = 1005
 """The code a close frame without a payload stands for (RFC 6455 7.1.5), as websockets reports it."""
 
@@ -178,7 +185,8 @@ class TransportServer(abc.ABC):
 
     @abc.abstractmethod
     def shutdown(self) -> None:
-        """Stop accepting and end every connection still open (without a close frame: close them first)."""
+        """Stop accepting, and close every connection still open with 1001 (going away, no reason): a server
+        that has more to say closes its connections itself first."""
 
 
 Handler = Callable[[ServerTransport], None]
@@ -200,14 +208,21 @@ def connect(url: str, headers: Mapping[str, str] | None = None, kind: str = "web
     return _connect_websockets(url, headers, open_timeout, close_timeout)
 
 
-def serve(handler: Handler, host: str, port: int, kind: str = "websockets") -> TransportServer:
+def serve(handler: Handler, host: str, port: int, kind: str = "websockets",
+          parse: Callable[[Data], Any] | None = None) -> TransportServer:
     """Listen on ``host:port`` (0: a free port) and run ``handler`` for every connection, in a thread of its own.
-    Raises OSError when the address cannot be bound."""
+    Raises OSError when the address cannot be bound.
+
+    With ``parse``, the connections' ``recv`` returns ``parse(frame)`` for a binary message (a text message stays
+    a str), and an exception ``parse`` raises comes out of that ``recv``. picows then parses straight from its
+    read buffer instead of copying each message out of it first (``parse`` must not keep the buffer it is given:
+    msgpack's unpacking copies what it keeps).
+    """
     _check_kind(kind)
     retain_freed_memory()
     if kind == "picows":
-        return _PicowsServer(handler, host, port)
-    return _WebsocketsServer(handler, host, port)
+        return _PicowsServer(handler, host, port, parse)
+    return _WebsocketsServer(handler, host, port, parse)
 
 
 def _check_kind(kind: str) -> None:
@@ -250,8 +265,9 @@ class _WebsocketsTransport(ServerTransport):
 
     kind = "websockets"
 
-    def __init__(self, ws: ClientConnection | ServerConnection) -> None:
+    def __init__(self, ws: ClientConnection | ServerConnection, parse: Callable[[Data], Any] | None = None) -> None:
         self._ws = ws
+        self._parse = parse
 
     def send(self, data: Data) -> None:
         try:
@@ -259,11 +275,14 @@ class _WebsocketsTransport(ServerTransport):
         except ConnectionClosed as exc:
             raise _closed(exc) from None
 
-    def recv(self, timeout: float | None = None) -> Message:
+    def recv(self, timeout: float | None = None) -> Any:
         try:
-            return self._ws.recv(timeout)
+            message = self._ws.recv(timeout)
         except ConnectionClosed as exc:
             raise _closed(exc) from None
+        if self._parse is None or isinstance(message, str):
+            return message
+        return self._parse(message)
 
     def close(self, code: int = 1000, reason: str = "") -> None:
         self._ws.close(code, reason)
@@ -308,9 +327,9 @@ def _connect_websockets(url: str, headers: dict[str, str], open_timeout: float, 
 
 
 class _WebsocketsServer(TransportServer):
-    def __init__(self, handler: Handler, host: str, port: int) -> None:
-        self._server: Server = ws_serve(lambda ws: handler(_WebsocketsTransport(ws)), host, port, compression=None,
-                                        max_size=None, create_connection=_TunedServerConnection)
+    def __init__(self, handler: Handler, host: str, port: int, parse: Callable[[Data], Any] | None) -> None:
+        self._server: Server = ws_serve(lambda ws: handler(_WebsocketsTransport(ws, parse)), host, port,
+                                        compression=None, max_size=None, create_connection=_TunedServerConnection)
 
     @property
     def address(self) -> tuple[str, int]:
@@ -328,6 +347,18 @@ class _WebsocketsServer(TransportServer):
 
 _T = TypeVar("_T")
 _END = object()  # put in an inbox when its connection is gone
+
+
+class _Failed:
+    """A message whose parsing failed in the loop's thread: its ``recv`` raises ``error``."""
+
+    def __init__(self, error: Exception) -> None:
+        self.error = error
+
+
+_PICOWS_LOGGER = logging.getLogger(__name__ + ".picows")
+# picows logs each connection and disconnection at INFO; the reference server and the session already say so.
+_PICOWS_LOGGER.setLevel(logging.WARNING)
 
 
 @functools.cache
@@ -393,7 +424,7 @@ class _LoopThread:
                     raise RuntimeError("the event loop stopped") from None
         if not ok:
             raise value
-        return value  # type: ignore[no-any-return]
+        return value
 
     def stop(self) -> None:
         if self.loop.is_closed():
@@ -417,6 +448,7 @@ class _Inbox:
         self.close_code: int | None = None
         self.close_reason = ""
         self.on_connected: Callable[[Any], None] | None = None  # the server starts the connection's thread here
+        self.parse: Callable[[Data], Any] | None = None  # see serve()
         self._parts: list[bytes] = []
         self._text = False
 
@@ -430,14 +462,21 @@ class _Inbox:
             if kind is not picows.WSMsgType.CONTINUATION:
                 self._text = kind is picows.WSMsgType.TEXT
                 self._parts.clear()
-            if frame.fin and not self._parts:
+            whole = frame.fin and not self._parts
+            if whole and not self._text and self.parse is not None:
+                self.messages.put(self._parsed(frame.get_payload_as_memoryview()))  # no copy out of the buffer
+                return
+            if whole:
                 payload = frame.get_payload_as_bytes()
             else:  # a fragmented message (PlugRL peers send none, but the protocol allows it): assemble it
                 self._parts.append(frame.get_payload_as_bytes())
                 if not frame.fin:
                     return
                 payload, self._parts = b"".join(self._parts), []
-            self.messages.put(payload.decode("utf-8", "replace") if self._text else payload)
+            if self._text:
+                self.messages.put(payload.decode("utf-8", "replace"))
+            else:
+                self.messages.put(payload if self.parse is None else self._parsed(payload))
         elif kind is picows.WSMsgType.CLOSE:
             payload = frame.get_payload_as_bytes()
             self.close_code = int.from_bytes(payload[:2], "big") if len(payload) >= 2 else CLOSE_NO_STATUS
@@ -446,6 +485,13 @@ class _Inbox:
                 echo = self.close_code if self.close_code != CLOSE_NO_STATUS else 1000
                 transport.send_close(echo, payload[2:])
             transport.disconnect()
+
+    def _parsed(self, payload: Data) -> Any:
+        assert self.parse is not None
+        try:
+            return self.parse(payload)
+        except Exception as exc:  # raised by the recv that would have returned it
+            return _Failed(exc)
 
     def disconnected(self) -> None:
         self.gone.set()
@@ -458,7 +504,7 @@ def _listener_type() -> type:
     """The picows listener class (defined on first use: picows is imported only when chosen)."""
     picows = _picows()
 
-    class Listener(picows.WSListener):  # type: ignore[misc, name-defined]
+    class Listener(picows.WSListener):  # type: ignore[name-defined]
         def __init__(self, inbox: _Inbox) -> None:
             super().__init__()
             self.inbox = inbox
@@ -484,15 +530,16 @@ def _listener_type() -> type:
 
 class _PicowsTransport(ServerTransport):
     """A picows connection (client or server side): messages come in through the listener's inbox; sends and
-    closes run in the loop's thread, the caller waiting until picows has taken the data (it masks into its own
-    buffer, so the caller's buffer is free when ``send`` returns)."""
+    closes run in the loop's thread (see :data:`POST_MAX` for when ``send`` waits for it; either way the caller's
+    buffer is free when ``send`` returns: picows masks it into its own)."""
 
     kind = "picows"
 
     def __init__(self, loop: _LoopThread, transport: Any, inbox: _Inbox, close_timeout: float,
-                 owns_loop: bool, request: Any = None) -> None:
+                 owns_loop: bool, request: Any = None, peer: Any = None) -> None:
         self._loop = loop
         self._transport = transport
+        self._peer = peer
         self._inbox = inbox
         self._close_timeout = close_timeout
         self._owns_loop = owns_loop
@@ -507,7 +554,23 @@ class _PicowsTransport(ServerTransport):
             inbox.writable.wait()  # the socket is behind: let the loop drain it before queueing more
         if inbox.gone.is_set():
             raise inbox.closed()
+        if len(data) <= POST_MAX:
+            # Small: hand the loop a copy and go on; a failure shows up at the next recv (the connection is gone).
+            try:
+                self._loop.loop.call_soon_threadsafe(self._post_in_loop, bytes(data))
+            except RuntimeError:  # the loop is closed
+                raise inbox.closed() from None
+            return
         self._loop.call(self._send_in_loop, data)
+
+    def _post_in_loop(self, data: bytes) -> None:
+        transport = self._transport
+        if transport.is_disconnected or transport.is_close_frame_sent:
+            return
+        try:
+            transport.send(self._binary, data)
+        except Exception:  # the connection broke under it: the next recv reports the close
+            logger.debug("posted send failed", exc_info=True)
 
     def _send_in_loop(self, data: Data) -> None:
         transport = self._transport
@@ -515,7 +578,7 @@ class _PicowsTransport(ServerTransport):
             raise self._inbox.closed()
         transport.send(self._binary, data)
 
-    def recv(self, timeout: float | None = None) -> Message:
+    def recv(self, timeout: float | None = None) -> Any:
         try:
             item = self._inbox.messages.get(timeout=timeout)
         except queue.Empty:
@@ -523,7 +586,9 @@ class _PicowsTransport(ServerTransport):
         if item is _END:
             self._inbox.messages.put(_END)  # every later recv learns it too
             raise self._inbox.closed()
-        return item  # type: ignore[no-any-return]
+        if isinstance(item, _Failed):
+            raise item.error
+        return item
 
     def close(self, code: int = 1000, reason: str = "") -> None:
         with self._close_lock:
@@ -548,7 +613,7 @@ class _PicowsTransport(ServerTransport):
 
     @property
     def remote_address(self) -> Any:
-        return self._transport.underlying_transport.get_extra_info("peername")
+        return self._peer
 
     def header(self, name: str) -> str | None:
         if self._request is None:
@@ -578,6 +643,7 @@ def _connect_picows(url: str, headers: dict[str, str], open_timeout: float, clos
             max_frame_size=MAX_FRAME_SIZE,
             extra_headers=headers,
             enable_auto_pong=True,
+            logger_name=_PICOWS_LOGGER,
         ), open_timeout)
         return transport
 
@@ -605,7 +671,7 @@ class _PicowsServer(TransportServer):
     """A picows server: its loop runs in a daemon thread; each connection's handler runs in a thread of its own
     (the reference server's handlers block, e.g. on simulated inference latency)."""
 
-    def __init__(self, handler: Handler, host: str, port: int) -> None:
+    def __init__(self, handler: Handler, host: str, port: int, parse: Callable[[Data], Any] | None) -> None:
         picows = _picows()
         listener_type = _listener_type()
         self._handler = handler
@@ -616,19 +682,22 @@ class _PicowsServer(TransportServer):
 
         def new_listener(request: Any) -> Any:
             inbox = _Inbox()
+            inbox.parse = parse
             inbox.on_connected = lambda transport: self._start(transport, inbox, request)
             return listener_type(inbox)
 
         try:
             self._server = self._loop.run(picows.ws_create_server(
                 new_listener, host, port, max_frame_size=MAX_FRAME_SIZE, enable_auto_pong=True,
-                websocket_handshake_timeout=10))
+                websocket_handshake_timeout=10, logger_name=_PICOWS_LOGGER))
         except BaseException:
             self._loop.stop()
             raise
 
     def _start(self, transport: Any, inbox: _Inbox, request: Any) -> None:
-        conn = _PicowsTransport(self._loop, transport, inbox, close_timeout=10.0, owns_loop=False, request=request)
+        peer = transport.underlying_transport.get_extra_info("peername")  # loop thread only, as every transport call
+        conn = _PicowsTransport(self._loop, transport, inbox, close_timeout=10.0, owns_loop=False, request=request,
+                                peer=peer)
         with self._lock:
             self._connections.add(conn)
         threading.Thread(target=self._serve, args=(conn,), name="plugrl-picows-connection", daemon=True).start()
@@ -658,7 +727,14 @@ class _PicowsServer(TransportServer):
         self._loop.call(self._server.close)
         with self._lock:
             connections = list(self._connections)
+        for conn in connections:  # as websockets' server does: going away, then a short wait for the answers
+            try:
+                self._loop.call(conn._close_in_loop, 1001, b"")
+            except RuntimeError:
+                pass
+        deadline = time.monotonic() + SHUTDOWN_WAIT_S
         for conn in connections:
+            conn._inbox.gone.wait(max(0.0, deadline - time.monotonic()))
             conn.drop()
         self._stopped.set()
         self._loop.stop()

@@ -33,6 +33,9 @@ class PolicyConfig:
     """Seed of the random and text policies' generator (default: fresh entropy)."""
     choices: tuple[str, ...] = ()
     """Strings the text policy picks from (e.g. --policy.choices "<answer>3</answer>" "hello"); text policy only."""
+    latency_ms: float = 0.0
+    """Milliseconds the server waits before answering each infer, simulating inference time (the wait blocks only
+    that client's connection)."""
 
 
 class Policy(abc.ABC):

@@ -5,7 +5,11 @@ closes the connection with ``plugrl-server-resync`` and a log line saying what w
 :class:`~plugrl_env_client.server.policies.Policy`, and counts finished episodes from ``info["episode"]``. With
 ``max_episodes`` it ends the run (``plugrl-server-stop``) once that many episodes were reported.
 
-One thread per connection (websockets' sync server); episode counters are shared under a lock.
+One thread per connection, whichever WebSocket library accepted it (``transport``: websockets' threading server,
+or picows with its loop in a thread of its own, see :mod:`~plugrl_env_client.protocol.transport`); episode
+counters are shared under a lock. ``latency_ms`` holds each action back that long, as a model's inference would:
+it blocks the connection's own thread only, so other clients are served meanwhile and the client's next frames
+are already being received.
 """
 
 from __future__ import annotations
@@ -16,12 +20,11 @@ import time
 from typing import Any
 
 import numpy as np
-from websockets.exceptions import ConnectionClosed, ConnectionClosedOK
-from websockets.sync.server import Server, ServerConnection, serve
 
 from plugrl_env_client.errors import ProtocolError
 from plugrl_env_client.outputs.results import EpisodeStats
 from plugrl_env_client.protocol import codec, messages
+from plugrl_env_client.protocol.transport import ServerTransport, TransportClosed, TransportServer, serve
 from plugrl_env_client.server.policies import Policy
 from plugrl_env_client.version import __version__
 
@@ -73,11 +76,19 @@ class _Violation(Exception):
 
 
 class PolicyServer:
-    """Serve ``policy`` on ``ws://host:port`` until :meth:`shutdown` (or ``max_episodes`` were reported)."""
+    """Serve ``policy`` on ``ws://host:port`` until :meth:`shutdown` (or ``max_episodes`` were reported).
+
+    ``transport`` is the WebSocket library (websockets or picows); ``latency_ms`` delays each action (simulated
+    inference time).
+    """
 
     def __init__(self, policy: Policy, host: str = "127.0.0.1", port: int = 8000, max_episodes: int | None = None,
-                 reuse_feedback_obs: bool = True, seed: int | None = None) -> None:
+                 reuse_feedback_obs: bool = True, seed: int | None = None, transport: str = "websockets",
+                 latency_ms: float = 0.0) -> None:
+        if not 0.0 <= latency_ms < float("inf"):
+            raise ValueError(f"--policy.latency-ms must be a finite number >= 0, got {latency_ms}")
         self.policy = policy
+        self.latency_s = latency_ms / 1000.0
         self.seed = seed if seed is not None else int(np.random.SeedSequence().entropy % (1 << 63))  # type: ignore[operator]
         self._streams: dict[tuple[int, int], int] = {}  # connections seen per client stream
         self.reuse_feedback_obs = reuse_feedback_obs
@@ -85,19 +96,19 @@ class PolicyServer:
         self.log = EpisodeLog()
         self.stopping = threading.Event()
         self._lock = threading.Lock()
-        self._clients: set[ServerConnection] = set()
+        self._clients: set[ServerTransport] = set()
         self._last_log = -LOG_PERIOD_S
-        self._server: Server = serve(self._handle, host, port, compression=None, max_size=None)
+        # Frames are decoded by the transport (picows decodes straight from its read buffer: one copy less).
+        self._server: TransportServer = serve(self._handle, host, port, kind=transport, parse=codec.unpackb)
         self._thread: threading.Thread | None = None
 
     @property
     def port(self) -> int:
-        return int(self._server.socket.getsockname()[1])
+        return self._server.address[1]
 
     @property
     def url(self) -> str:
-        host = self._server.socket.getsockname()[0]
-        return f"ws://{host}:{self.port}"
+        return f"ws://{self._server.address[0]}:{self.port}"
 
     def metadata(self) -> dict[str, Any]:
         return {"protocol_version": messages.PROTOCOL_VERSION, "server": "plugrl-env-client-reference",
@@ -125,7 +136,7 @@ class PolicyServer:
 
     # ------------------------------------------------------------------------------------------ one connection
 
-    def _handle(self, ws: ServerConnection) -> None:
+    def _handle(self, ws: ServerTransport) -> None:
         peer = ws.remote_address
         logger.info("client connected: %s", peer)
         with self._lock:
@@ -136,10 +147,11 @@ class PolicyServer:
         except _Violation as exc:
             logger.warning("protocol violation by %s, closing with %s: %s", peer, messages.REASON_RESYNC, exc)
             ws.close(messages.CLOSE_GOING_AWAY, messages.REASON_RESYNC)
-        except ConnectionClosedOK:
-            logger.info("client disconnected: %s", peer)
-        except ConnectionClosed:  # not an error of ours or theirs; PlugRL SPEC 7.5 asks clients for a close frame
-            logger.info("client disconnected: %s (note: it dropped the socket without a close frame)", peer)
+        except TransportClosed as exc:
+            if exc.code is None:  # not an error of ours or theirs; PlugRL SPEC 7.5 asks clients for a close frame
+                logger.info("client disconnected: %s (note: it dropped the socket without a close frame)", peer)
+            else:
+                logger.info("client disconnected: %s", peer)
         except Exception:  # a bug in a policy or here: the client reconnects, the traceback is logged
             logger.exception("internal error while serving %s", peer)
             ws.close(messages.CLOSE_INTERNAL, messages.REASON_INTERNAL)
@@ -147,11 +159,11 @@ class PolicyServer:
             with self._lock:
                 self._clients.discard(ws)
 
-    def _policy_for(self, ws: ServerConnection) -> Policy:
+    def _policy_for(self, ws: ServerTransport) -> Policy:
         """The policy of one connection: a client that names its stream (process, env group) in the handshake
         gets a generator of its own, seeded from the server's seed, the stream and how often it connected, so the
         same client run gets the same actions whatever other streams do."""
-        raw = ws.request.headers.get(messages.STREAM_HEADER) if ws.request is not None else None
+        raw = ws.header(messages.STREAM_HEADER)
         try:
             process, group = (int(part) for part in str(raw).split("."))
         except ValueError:
@@ -161,11 +173,11 @@ class PolicyServer:
             self._streams[(process, group)] = nth + 1
         return self.policy.for_stream(np.random.SeedSequence([self.seed, process, group, nth]))
 
-    def _serve_connection(self, ws: ServerConnection, policy: Policy) -> None:
+    def _serve_connection(self, ws: ServerTransport, policy: Policy) -> None:
         outstanding: set[int] = set()  # envs that received a chunk and owe us its feedback
         seen: set[int] = set()  # envs that received a chunk on this connection: they have step state
         warned_stateless = False
-        held: dict[int, dict[str, Any]] = {}  # env -> its observation row from the last feedback (reuse)
+        held: dict[int, HeldRow] = {}  # env -> its observation row in the last feedback (reuse)
         expect = messages.INFER
         while True:
             msg = self._receive(ws)
@@ -182,6 +194,8 @@ class PolicyServer:
                     raise _Violation(f"infer for envs {sorted(stale)} whose previous chunk got no feedback yet")
                 obs = self._with_reused_rows(request, held)
                 actions = policy.act(obs, len(request.env_indices))
+                if self.latency_s:
+                    time.sleep(self.latency_s)
                 ws.send(codec.packb(messages.action_message(request.env_indices, actions)))
                 outstanding.update(request.env_indices.tolist())
                 seen.update(request.env_indices.tolist())
@@ -206,8 +220,12 @@ class PolicyServer:
                     return
                 expect = messages.INFER
 
-    def _with_reused_rows(self, request: messages.InferRequest, held: dict[int, dict[str, Any]]) -> dict[str, Any]:
-        """The full observation batch of an infer, reused rows taken from the held feedback rows."""
+    def _with_reused_rows(self, request: messages.InferRequest, held: dict[int, HeldRow]) -> dict[str, Any]:
+        """The full observation batch of an infer, reused rows taken from the held feedback rows.
+
+        When every row is reused and they are one run of a single feedback, in order (a chunk's feedback, then
+        the infer for the same envs), the batch is that feedback's arrays sliced: no copy of the images.
+        """
         if request.reuse is None or not request.reuse.any():
             return request.obs
         if not self.reuse_feedback_obs:
@@ -217,15 +235,22 @@ class PolicyServer:
         if missing:
             raise _Violation(f"infer reuses rows of envs {missing} whose last feedback on this connection "
                              "did not leave an observation to reuse (none yet, or the episode ended)")
+        if request.reuse.all():
+            block = _run_of_one_batch([held[e] for e in envs])
+            if block is not None:
+                return block
         sent = iter(range(int((~request.reuse).sum())))
-        rows = [held[e] if r else _row(request.obs, next(sent)) for e, r in zip(envs, request.reuse.tolist())]
+        rows = [_row(*held[e]) if r else _row(request.obs, next(sent)) for e, r in zip(envs, request.reuse.tolist())]
         return _stack_rows(rows)
 
-    def _receive(self, ws: ServerConnection) -> Any:
-        frame = ws.recv()
-        if isinstance(frame, str):
+    def _receive(self, ws: ServerTransport) -> Any:
+        try:
+            msg = ws.recv()  # decoded by codec.unpackb (see __init__)
+        except ProtocolError as exc:
+            raise _Violation(str(exc)) from None
+        if isinstance(msg, str):
             raise _Violation("text frame received; PlugRL sends binary msgpack frames only")
-        return _parse(codec.unpackb, frame)
+        return msg
 
     def _record(self, episode: Any) -> bool:
         """Count reported episodes; True when the run is over."""
@@ -314,7 +339,24 @@ def _stack_rows(rows: list[dict[str, Any]]) -> dict[str, Any]:
         raise _Violation(f"reused and sent observation rows do not fit together: {exc}") from None
 
 
-def _hold_rows(held: dict[int, dict[str, Any]], feedback: messages.FeedbackMessage, skip: set[int]) -> None:
+HeldRow = tuple[dict[str, Any], int]
+"""An env's held observation: (the feedback's observation batch, the env's row in it)."""
+
+
+def _run_of_one_batch(rows: list[HeldRow]) -> dict[str, Any] | None:
+    """``rows`` as slices of their batch when they are consecutive rows of one batch, in order; else None."""
+    batch, first = rows[0]
+    if any(b is not batch or i != first + k for k, (b, i) in enumerate(rows)):
+        return None
+    stop, text = first + len(rows), batch["text"]
+    return {
+        "images": {k: v[first:stop] for k, v in batch["images"].items()},
+        "states": {k: v[first:stop] for k, v in batch["states"].items()},
+        "text": np.array([("" if text is None else str(text[i])) or "" for i in range(first, stop)]),
+    }
+
+
+def _hold_rows(held: dict[int, HeldRow], feedback: messages.FeedbackMessage, skip: set[int]) -> None:
     done = feedback.terminated | feedback.truncated
     for i, env in enumerate(feedback.env_indices.tolist()):
         if env in skip:
@@ -322,7 +364,7 @@ def _hold_rows(held: dict[int, dict[str, Any]], feedback: messages.FeedbackMessa
         if done[i]:
             held.pop(env, None)
         else:
-            held[env] = _row(feedback.obs, i)
+            held[env] = (feedback.obs, i)
 
 
 def _parse(parser: Any, value: Any) -> Any:
