@@ -94,13 +94,32 @@ class Observation:
         return int(self.text.shape[0])
 
     def select(self, indices: np.ndarray | Sequence[int]) -> Observation:
-        """Rows ``indices`` (env indices or a bool mask) of every array, as a new batch (fancy indexing copies)."""
-        idx = _row_index(indices)
+        """Rows ``indices`` (env indices or a bool mask) of every array, as a new batch.
+
+        Rows that form one ascending run (``[3, 4, 5]``) come back as views, without a copy (an image batch is tens
+        of MB); any other selection is a copy (numpy's fancy indexing)."""
+        idx: np.ndarray | slice = _row_index(indices)
+        run = _as_run(idx)  # type: ignore[arg-type]
+        if run is not None and run.stop <= self.batch_size:
+            idx = run
         out = Observation.__new__(Observation)
         out.images = {k: v[idx] for k, v in self.images.items()}
         out.states = {k: v[idx] for k, v in self.states.items()}
         out.text = self.text[idx]
         return out
+
+
+def _as_run(idx: np.ndarray) -> slice | None:
+    """``idx`` as a slice when it is one ascending run of row numbers (a view then selects it without a copy)."""
+    if idx.dtype == np.bool_:
+        rows = np.flatnonzero(idx)
+    else:
+        rows = idx
+    if rows.ndim != 1 or rows.size == 0 or rows[0] < 0:
+        return None
+    if rows.size > 1 and not bool((np.diff(rows) == 1).all()):
+        return None
+    return slice(int(rows[0]), int(rows[-1]) + 1)
 
 
 def _row_index(indices: np.ndarray | Sequence[int] | Sequence[bool]) -> np.ndarray:

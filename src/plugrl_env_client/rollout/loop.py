@@ -55,7 +55,7 @@ class Rollout:
         try:
             obs = [self._start(group) for group in self.groups]
             if len(self.groups) == 1:
-                self._lockstep(self.groups[0], obs[0])
+                self._lockstep(self.groups[0], obs.pop())  # handed over: the loop alone holds it now
             else:
                 self._pipelined(obs)
         except RunEnded:
@@ -75,9 +75,13 @@ class Rollout:
             except ConnectionLost as lost:
                 group.reconnect(lost)
                 continue
+            # The step's observation replaces this one: let go of it first, so at most one batch of each is alive
+            # (a batch of camera images is tens of MB).
+            del obs
             step = group.step_envs()
             group.send_feedback(step)
             obs = group.finish_episodes(step)
+            del step
             self._report_progress()
 
     def _pipelined(self, obs: list[Observation]) -> None:
