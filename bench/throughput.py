@@ -45,7 +45,8 @@ from plugrl_env_client.outputs.run_writer import RunWriter
 from plugrl_env_client.protocol.session import Session, SessionConfig
 from plugrl_env_client.rollout import checks
 from plugrl_env_client.rollout.budget import EpisodeBudget
-from plugrl_env_client.rollout.loop import LoopSettings, Rollout
+from plugrl_env_client.rollout.group import EnvGroup, LoopSettings
+from plugrl_env_client.rollout.loop import Rollout
 from plugrl_env_client.server.embedded import start_local_server
 
 ENV_IDS = ("Dummy-v1", "Point-v1")
@@ -167,7 +168,8 @@ def bench_client(env_id: str, num_envs: int, horizon: int, seconds: float, max_e
             success_threshold=spec.best_reward_threshold_for_success,
             reuse_feedback_obs=reuse_feedback_obs,
         )
-        rollout = Rollout(env, session, settings, budget, writer, session.timing)
+        group = EnvGroup(env, session, settings, budget, writer, session.timing)
+        rollout = Rollout([group], settings, budget, writer, [session.timing])
         watcher = threading.Thread(target=watch, name="bench-watch", daemon=True)
         watcher.start()
         try:
@@ -178,7 +180,7 @@ def bench_client(env_id: str, num_envs: int, horizon: int, seconds: float, max_e
             writer.close()
             server.shutdown()
             env.close()
-    t = rollout.timing
+    t = session.timing
     return ClientResult(
         env_steps=t.env_steps,
         seconds=t.collect_time_s,
@@ -186,7 +188,7 @@ def bench_client(env_id: str, num_envs: int, horizon: int, seconds: float, max_e
         rtt_ms=np.asarray(session.infer_s) * 1e3,
         bytes_sent=t.bytes_sent,
         status=status.value,
-        reused=bool(getattr(rollout, "reuse", False)),
+        reused=group.reuse,
     )
 
 

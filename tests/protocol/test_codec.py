@@ -400,10 +400,13 @@ def test_encoder_matches_reference_bytes(name: str) -> None:
 @PROPERTY
 @given(st.lists(_arrays(), min_size=1, max_size=4))
 def test_property_encoder_reusing_its_buffer_matches_packb(arrays: list[np.ndarray]) -> None:
-    """One encoder, messages of growing and shrinking sizes: every frame is packb's bytes, nothing left over."""
+    """One encoder, messages of growing and shrinking sizes, with and without a size hint: every frame is packb's
+    bytes, nothing left over."""
     encoder = codec.Encoder()
-    for msg in [{"a": arrays}, {"b": arrays[0]}, {"a": arrays, "big": np.zeros(100_000, np.uint8)}, {}]:
-        with encoder.encode(msg) as frame:
+    big = np.zeros(100_000, np.uint8)
+    for msg, hint in [({"a": arrays}, 0), ({"b": arrays[0]}, arrays[0].nbytes), ({"a": arrays, "big": big}, big.nbytes),
+                      ({"a": arrays, "big": big}, 0), ({}, 0), ({"b": arrays[0]}, 10 * big.nbytes)]:
+        with encoder.encode(msg, hint) as frame:
             assert frame.nbytes == len(frame) and frame.tobytes() == codec.packb(msg)
 
 

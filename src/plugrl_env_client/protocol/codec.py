@@ -153,14 +153,14 @@ class Encoder:
         self._packer = msgpack.Packer(default=_encode, use_bin_type=True, autoreset=False)
         self._capacity = 0
 
-    def encode(self, obj: Any) -> memoryview:
+    def encode(self, obj: Any, size_hint: int = 0) -> memoryview:
         """The frame of ``obj``; raises :class:`ProtocolError` for what the convention cannot carry, and
         BufferError while the previous frame's memoryview is still held.
 
         msgpack grows its buffer by doubling, which can leave it (and the process) holding up to twice the largest
-        frame; when a message's arrays need more than the buffer has, a buffer of about their size is made
-        instead, so it holds one frame's worth."""
-        needed = _array_bytes(obj)
+        frame; given ``size_hint`` (the bytes of the message's arrays) above what the buffer has, a buffer of about
+        that size is made instead, so it holds one frame's worth."""
+        needed = size_hint
         if needed > self._capacity:
             self._capacity = needed + needed // 16 + (1 << 16)
             self._packer = msgpack.Packer(default=_encode, use_bin_type=True, autoreset=False,
@@ -174,17 +174,6 @@ class Encoder:
         except (OverflowError, UnicodeEncodeError, ValueError, TypeError) as exc:
             raise _unencodable(exc) from None
         return packer.getbuffer()
-
-
-def _array_bytes(obj: Any) -> int:
-    """Bytes of the arrays in a message (the bulk of its frame)."""
-    if isinstance(obj, np.ndarray):
-        return int(obj.nbytes)
-    if isinstance(obj, dict):
-        return sum(_array_bytes(v) for v in obj.values())
-    if isinstance(obj, (list, tuple)):
-        return sum(_array_bytes(v) for v in obj)
-    return 0
 
 
 def unpackb(data: bytes | bytearray | memoryview) -> Any:

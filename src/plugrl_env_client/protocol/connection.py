@@ -99,7 +99,8 @@ class Connection:
         if self._lost is not None:
             raise ConnectionLost(self._lost)
         start = time.perf_counter()
-        with self._pack(messages.infer_message(messages.wire_observation(obs), env_indices, step_ids, reuse)) as frame:
+        wire = messages.wire_observation(obs)
+        with self._pack(messages.infer_message(wire, env_indices, step_ids, reuse), _payload_bytes(wire)) as frame:
             sent = time.perf_counter()
             self._timing.infer_obs_pack_s += sent - start
             self._send(frame)
@@ -117,8 +118,9 @@ class Connection:
             return
         start = time.perf_counter()
         try:
-            with self._pack(messages.feedback_message(
-                    env_indices, step_ids, messages.wire_observation(obs), rewards, terminated, truncated, info)) as frame:
+            wire = messages.wire_observation(obs)
+            with self._pack(messages.feedback_message(env_indices, step_ids, wire, rewards, terminated, truncated, info),
+                            _payload_bytes(wire)) as frame:
                 self._send(frame)
         except ConnectionLost as lost:
             self._lost = lost.close
@@ -131,10 +133,10 @@ class Connection:
         """Send a normal close (1000) and wait briefly for the server's answer."""
         self._transport.close(messages.CLOSE_NORMAL)
 
-    def _pack(self, msg: dict[str, Any]) -> memoryview:
+    def _pack(self, msg: dict[str, Any], size_hint: int) -> memoryview:
         """The message's frame, lent from the connection's encoder: release it (``with``) before the next one."""
         start = time.perf_counter()
-        frame = self._encoder.encode(msg)
+        frame = self._encoder.encode(msg, size_hint)
         self._timing.pack_s += time.perf_counter() - start
         return frame
 
@@ -159,3 +161,8 @@ class Connection:
         closed = classify_close(exc.code, exc.reason, self._reconnect_on_stop)
         logger.info("connection closed by the server (%s)", closed.describe())
         return closed
+
+
+def _payload_bytes(wire: dict[str, Any]) -> int:
+    """Bytes of an observation's image and state arrays: the bulk of its frame, so the encoder's buffer size."""
+    return sum(int(a.nbytes) for key in ("images", "states") for a in wire[key].values())

@@ -93,19 +93,23 @@ class EpisodeTracker:
         An episode succeeds when any step's reward reaches the registered threshold, or when the env reports
         ``info["success"]`` (a bool array) true on any step.
         """
-        if active is None:
-            active = np.ones(self.n, bool)
-        self.returns += np.where(active, rewards, 0.0)
-        self.lengths += active
+        if active is None:  # every env stepped (the hot path: no masks)
+            self.returns += rewards
+            self.lengths += 1
+        else:
+            self.returns += np.where(active, rewards, 0.0)
+            self.lengths += active
         if self.success_threshold is not None:
-            self.success |= active & (rewards >= self.success_threshold)
+            reached = rewards >= self.success_threshold
+            self.success |= reached if active is None else active & reached
         reported = info.get("success")
         if isinstance(reported, np.ndarray) and reported.shape == self.success.shape:
             self.judges_success = True
-            self.success |= active & reported.astype(bool)
+            self.success |= reported.astype(bool) if active is None else active & reported.astype(bool)
         metrics = info.get("metrics")
         if isinstance(metrics, dict) and metrics:
-            self._add_metrics(metrics, info.get("metrics_agg_mode") or {}, np.flatnonzero(active))
+            rows = np.arange(self.n) if active is None else np.flatnonzero(active)
+            self._add_metrics(metrics, info.get("metrics_agg_mode") or {}, rows)
 
     def _add_metrics(self, metrics: dict[str, Any], modes: Any, rows: np.ndarray) -> None:
         if not isinstance(modes, dict):

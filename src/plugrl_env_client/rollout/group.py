@@ -109,6 +109,8 @@ class EnvGroup:
         self.held = np.zeros(self.n, bool)  # env's current obs row is the one its last feedback carried
         self.retired = np.zeros(self.n, bool)  # no episode left for the env
         self.may_retire = False  # the env reports info["no_episode"]: a reset may retire envs
+        self._idle_any = False
+        self._all_retired = False
         self.waiting = np.zeros(self.n, bool)  # done, waiting for the rest of its seed group
         self.seeds = GroupSeeds(settings.seed, settings.process_id, offset, self.n, settings.group_size)
         if settings.group_size > 1 and not env.metadata.get("per_env_seeds", False):
@@ -126,6 +128,20 @@ class EnvGroup:
     def active(self) -> np.ndarray:
         """Envs that take part in steps: not retired, not waiting for their group."""
         return ~(self.retired | self.waiting)
+
+    @property
+    def all_active(self) -> bool:
+        """No env is idle: the common case, whose steps skip every mask (they are on the hot path)."""
+        return not self._idle_any
+
+    @property
+    def all_retired(self) -> bool:
+        return self._all_retired
+
+    def _idle_changed(self) -> None:
+        """Refresh the flags derived from ``retired`` and ``waiting`` (call after changing either)."""
+        self._idle_any = bool(self.retired.any() or self.waiting.any())
+        self._all_retired = bool(self.retired.all())
 
     def connect(self) -> None:
         """The first connection (reconnecting, or ending the run, as the server's closes say)."""
@@ -168,15 +184,17 @@ class EnvGroup:
 
     def needs_actions(self) -> bool:
         """Whether some active env has no action for the next step (its chunk is used up or was dropped)."""
-        return bool((self.plans.needing_actions_mask() & self.active).any())
+        needing = self.plans.needing_actions_mask()
+        return bool((needing if self.all_active else needing & self.active).any())
 
     def can_step(self) -> bool:
         """Every active env has an action, and some env is active."""
-        return bool(self.active.any()) and not self.needs_actions()
+        return not self._all_retired and (self.all_active or bool(self.active.any())) and not self.needs_actions()
 
     def request_actions(self, obs: Observation) -> None:
         """Infer for the active envs whose chunk ran out (ascending env index) and queue their chunks."""
-        need = np.flatnonzero(self.plans.needing_actions_mask() & self.active)
+        needing = self.plans.needing_actions_mask()
+        need = np.flatnonzero(needing if self.all_active else needing & self.active)
         if need.size == 0:
             return
         reuse = self.held[need] if self.reuse else None
@@ -189,12 +207,12 @@ class EnvGroup:
     def step_envs(self) -> StepResult:
         """One batched env step with the planned actions; applies the time limit and chunk accounting."""
         actions = self.plans.next_actions()
-        active = self.active
+        active = None if self.all_active else self.active  # None: every env (the fast path)
         start = time.perf_counter()
         result = self._call_env("step", self.env.step, actions)
         self.timing.env_step_s += time.perf_counter() - start
         self.timing.batch_steps += 1
-        steps = int(active.sum())
+        steps = self.n if active is None else int(active.sum())
         self.timing.env_steps += steps
         self.timing.idle_env_steps += self.n - steps
         self.budget.add_env_steps(steps)
@@ -203,12 +221,14 @@ class EnvGroup:
         if out.zeroed_rewards.size:
             logger.warning("env %s returned NaN/inf rewards for envs %s; replaced by 0 (--runner.non-finite-rewards "
                            "zero)", self.settings.env_id, (self.offset + out.zeroed_rewards).tolist())
-        rewards = np.where(active, out.rewards, np.float32(0.0))
+        rewards, terminated, truncated = out.rewards, out.terminated, out.truncated
+        if active is not None:
+            rewards = np.where(active, rewards, np.float32(0.0))
+            terminated, truncated = terminated & active, truncated & active
         self.tracker.add_step(rewards, out.info, active)
-        terminated = out.terminated & active
-        truncated = out.truncated & active
         if self.settings.max_episode_steps is not None:
-            truncated |= (self.tracker.lengths >= self.settings.max_episode_steps) & ~terminated & active
+            over = (self.tracker.lengths >= self.settings.max_episode_steps) & ~terminated
+            truncated = truncated | (over if active is None else over & active)
         done = terminated | truncated
         chunk_ended = self.plans.advance(rewards, done, active)
         if self.hooks is not None:
@@ -288,7 +308,7 @@ class EnvGroup:
     # ------------------------------------------------------------------------------------------ helpers
 
     def status(self) -> ProcessStatus:
-        if self.budget.exhausted(self.settings.process_id) or self.retired.all():
+        if self.budget.exhausted(self.settings.process_id) or self._all_retired:
             return ProcessStatus.FINISHED
         if self.budget.stop.is_set():
             return ProcessStatus.INTERRUPTED
@@ -307,6 +327,7 @@ class EnvGroup:
         seed = self.seeds.upcoming(rows)
         self.seeds.advance(starting)
         self.waiting[starting] = False
+        self._idle_changed()
         return self._reset_and_start(rows, seed, starting)
 
     def _reset_and_start(self, rows: np.ndarray, seed: list[int | None] | None, starting: np.ndarray) -> Observation:
@@ -325,6 +346,7 @@ class EnvGroup:
         if no_episode is not None and no_episode[started].any():
             retiring = started[no_episode[started]]
             self.retired[retiring] = True
+            self._idle_changed()
             logger.info("env %s: no episode left for envs %s; they are retired", self.settings.env_id,
                         (self.offset + retiring).tolist())
             started = started[~np.isin(started, retiring)]

@@ -127,10 +127,10 @@ class Rollout:
         return group.reset_all()
 
     def _done(self) -> bool:
-        return self.budget.finished(self.settings.process_id) or all(g.retired.all() for g in self.groups)
+        return self.budget.finished(self.settings.process_id) or all(g.all_retired for g in self.groups)
 
     def _end_status(self) -> ProcessStatus:
-        if self.budget.exhausted(self.settings.process_id) or all(g.retired.all() for g in self.groups):
+        if self.budget.exhausted(self.settings.process_id) or all(g.all_retired for g in self.groups):
             return ProcessStatus.FINISHED
         if self.budget.stop.is_set():
             return ProcessStatus.INTERRUPTED
