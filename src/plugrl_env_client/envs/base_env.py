@@ -93,15 +93,19 @@ class Observation:
             return int(arr.shape[0])
         return int(self.text.shape[0])
 
-    def select(self, indices: np.ndarray | Sequence[int]) -> Observation:
-        """Rows ``indices`` (env indices or a bool mask) of every array, as a new batch.
+    def select(self, indices: np.ndarray | Sequence[int] | slice) -> Observation:
+        """Rows ``indices`` (env indices, a bool mask or a slice) of every array, as a new batch.
 
-        Rows that form one ascending run (``[3, 4, 5]``) come back as views, without a copy (an image batch is tens
-        of MB); any other selection is a copy (numpy's fancy indexing)."""
-        idx: np.ndarray | slice = _row_index(indices)
-        run = _as_run(idx)  # type: ignore[arg-type]
-        if run is not None and run.stop <= self.batch_size:
-            idx = run
+        A slice, or rows that form one ascending run (``[3, 4, 5]``), come back as views, without a copy (an image
+        batch is tens of MB); any other selection is a copy (numpy's fancy indexing)."""
+        idx: np.ndarray | slice
+        if isinstance(indices, slice):
+            idx = indices
+        else:
+            idx = _row_index(indices)
+            run = _as_run(idx)
+            if run is not None and run.stop <= self.batch_size:
+                idx = run
         out = Observation.__new__(Observation)
         out.images = {k: v[idx] for k, v in self.images.items()}
         out.states = {k: v[idx] for k, v in self.states.items()}
@@ -117,7 +121,7 @@ def _as_run(idx: np.ndarray) -> slice | None:
         rows = idx
     if rows.ndim != 1 or rows.size == 0 or rows[0] < 0:
         return None
-    if rows.size > 1 and not bool((np.diff(rows) == 1).all()):
+    if rows.size > 1 and (rows[-1] - rows[0] + 1 != rows.size or not bool((np.diff(rows) == 1).all())):
         return None
     return slice(int(rows[0]), int(rows[-1]) + 1)
 

@@ -112,6 +112,8 @@ def _decode_generic(obj: dict) -> np.generic:
         raise ProtocolError(f"numpy scalar of dtype {dtype.str} has an unusable value: {exc}") from None
     if not isinstance(value, np.generic):  # e.g. np.float64([1, 2]) builds an array
         raise ProtocolError(f"numpy scalar of dtype {dtype.str} must carry one plain value, got {obj[_DATA]!r}")
+    if value.dtype.itemsize == 0:  # an empty string scalar: numpy sizes it 0 bytes, which no frame can carry back
+        raise ProtocolError(f"numpy scalar of dtype {dtype.str} carries an empty string; send a plain str or bytes")
     return value
 
 

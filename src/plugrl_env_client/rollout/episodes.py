@@ -136,16 +136,20 @@ class EpisodeTracker:
                wall_time_s: float, env_steps: int, offset: int = 0) -> list[EpisodeRecord]:
         """Records of the episodes that ended at ``env_ids`` (batch rows; the record names the process's env id
         ``offset + row``). The caller resets the envs and :meth:`start` s them."""
+        rows = np.asarray(env_ids, dtype=np.intp)
+        # Plain Python values up front: one conversion per array rather than a numpy scalar per field and episode.
+        returns, lengths = self.returns[rows].tolist(), self.lengths[rows].tolist()
+        success, term, trunc = self.success[rows].tolist(), terminated[rows].tolist(), truncated[rows].tolist()
         records = []
-        for i in np.asarray(env_ids).tolist():
+        for k, i in enumerate(rows.tolist()):
             metrics = {name: value for name, m in self.metrics.items() if (value := m.value(i)) is not None}
             records.append(EpisodeRecord(
                 env_index=offset + i,
-                episode_return=float(self.returns[i]),
-                length=int(self.lengths[i]),
-                success=bool(self.success[i]) if self.judges_success else None,
-                terminated=bool(terminated[i]),
-                truncated=bool(truncated[i]),
+                episode_return=returns[k],
+                length=lengths[k],
+                success=success[k] if self.judges_success else None,
+                terminated=term[k],
+                truncated=trunc[k],
                 process_id=process_id,
                 seed=self.seeds[i],
                 wall_time_s=wall_time_s,

@@ -360,7 +360,12 @@ class EnvGroup:
 
     def _rows(self, obs: Observation, rows: np.ndarray) -> Observation:
         """The observation's ``rows`` (no copy when that is the whole batch, in order)."""
-        return obs if rows.size == self.n else obs.select(rows)  # rows are ascending and unique
+        if rows.size == self.n:
+            return obs
+        if rows.size == 0:  # every row reused by the server
+            return obs.select(rows)
+        first, last = int(rows[0]), int(rows[-1])  # rows are ascending and unique: a run when they span their count
+        return obs.select(slice(first, last + 1) if last - first + 1 == rows.size else rows)
 
     def _check_metadata(self, meta: ServerMetadata) -> None:
         """What the server says about itself, checked before any env step on this connection."""
