@@ -15,8 +15,6 @@ observation batch (every image and state of the 256 envs). Target: below 4 frame
 from __future__ import annotations
 
 import argparse
-import os
-import platform
 import sys
 import tempfile
 import threading
@@ -24,6 +22,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from machine import machine_line
 from pipeline import free_port
 
 from plugrl_env_client.config import ClientConfig, RunnerConfig
@@ -100,7 +99,7 @@ def main() -> None:
     args = parser.parse_args()
     steps = 24 if args.quick else 64
     discover_envs()
-    print(f"python {platform.python_version()}, {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.2f}; Dummy-v1 "
+    print(f"{machine_line('msgpack', 'websockets', 'picows')}; Dummy-v1 "
           f"n={NUM_ENVS} H={HORIZON}, about {steps} batch steps per transport")
     for transport in ("websockets", "picows"):
         try:

@@ -25,8 +25,6 @@ from __future__ import annotations
 
 import argparse
 import multiprocessing as mp
-import os
-import platform
 import socket
 import subprocess
 import sys
@@ -36,6 +34,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from machine import load_avg, machine_line
 
 from plugrl_env_client.config import ClientConfig, RunnerConfig
 from plugrl_env_client.envs import discover_envs
@@ -154,7 +153,7 @@ def main() -> None:
     args = parser.parse_args()
     cell = 2.0 if args.quick else 5.0
     discover_envs()
-    print(f"python {platform.python_version()}, {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.2f}; "
+    print(f"{machine_line('gymnasium', 'mujoco')}; "
           f"{TASK} n={NUM_ENVS} H={HORIZON}; cells of {cell:g} s")
     started = time.perf_counter()
 
@@ -180,8 +179,7 @@ def main() -> None:
         two = client_rate(server.port, cell, num_procs=2)
     print(row("--num-procs 1", one, one, "1 proc", None))
     print(row("--num-procs 2", two, one, "1 proc", None))
-    print(f"\ntotal bench time {time.perf_counter() - started:.0f} s, load avg "
-          f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    print(f"\ntotal bench time {time.perf_counter() - started:.0f} s, load avg {load_avg()}")
 
 
 if __name__ == "__main__":

@@ -29,14 +29,13 @@ import importlib.util
 import io
 import json
 import math
-import os
-import platform
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
+from machine import load_avg, machine_line
 
 from plugrl_env_client.app import run_client
 from plugrl_env_client.config import ClientConfig, RunnerConfig
@@ -181,28 +180,6 @@ def _target(n: int, ratio: float) -> str:
     return f">={TARGET_RATIO:g} " + ("ok" if ratio >= TARGET_RATIO else "LOW")
 
 
-def machine_line() -> str:
-    try:
-        usable = len(os.sched_getaffinity(0))
-    except AttributeError:
-        usable = os.cpu_count() or 0
-    versions = []
-    for dist in ("gymnasium", "mujoco", "envpool"):  # from the installed metadata: envpool is not imported here
-        try:
-            versions.append(f"{dist} {importlib.metadata.version(dist)}")
-        except importlib.metadata.PackageNotFoundError:
-            versions.append(f"{dist} missing")
-    return (f"python {platform.python_version()}, numpy {np.__version__}, {', '.join(versions)}, nproc {usable}, "
-            f"{platform.system()} {platform.machine()}{_load()}")
-
-
-def _load() -> str:
-    try:
-        return ", load avg {:.2f} {:.2f} {:.2f}".format(*os.getloadavg())
-    except (AttributeError, OSError):
-        return ""
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="short cells (a smoke run, noisier numbers)")
@@ -212,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
     # envpool is imported only through MuJoCo-v1, which loads the system libEGL first (see mujoco_env.py).
     backends = [b for b in BACKENDS if b != "envpool" or _has("envpool")]
 
-    print(machine_line())
+    print(machine_line("gymnasium", "mujoco", "envpool"))
     print(f"mode: {'quick' if args.quick else 'full'}: raw {dur.raw_s:g} s per cell; client runs sized to about "
           f"{dur.client_s:g} s; episodes cut at {EPISODE_CAP} steps; random policy, chunks of {HORIZON} steps.")
     print("Numbers depend on this machine and its load: compare them within one run only.")
@@ -240,7 +217,7 @@ def main(argv: list[str] | None = None) -> int:
                                 _target(n, ratio), str(client.episodes), f"{raw.mean_length:.0f}",
                                 f"{client.mean_length:.0f}", f"{client.seconds:.2f}"]))
                     sys.stdout.flush()
-    print(f"\ntotal bench time {time.perf_counter() - started:.1f} s{_load()}")
+    print(f"\ntotal bench time {time.perf_counter() - started:.1f} s, load avg {load_avg()}")
     return 1 if failures else 0
 
 

@@ -26,8 +26,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import logging
-import os
-import platform
 import sys
 import tempfile
 import threading
@@ -37,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from machine import load_avg, machine_line
 
 from plugrl_env_client.envs import discover_envs
 from plugrl_env_client.envs.registry import get_spec, make_env
@@ -225,28 +224,6 @@ def _bytes(x: float) -> str:
     return f"{x:.0f}B"
 
 
-def machine_line() -> str:
-    import msgpack
-    import websockets
-
-    try:
-        usable = len(os.sched_getaffinity(0))
-    except AttributeError:
-        usable = os.cpu_count()
-    return (
-        f"python {platform.python_version()} ({platform.python_implementation()}), numpy {np.__version__}, "
-        f"msgpack {'.'.join(map(str, msgpack.version))}, websockets {websockets.__version__}, "
-        f"nproc {usable} (cpu_count {os.cpu_count()}), {platform.system()} {platform.machine()}{_load()}"
-    )
-
-
-def _load() -> str:
-    try:
-        return ", load avg {:.2f} {:.2f} {:.2f}".format(*os.getloadavg())
-    except (AttributeError, OSError):
-        return ""
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="short cells (a smoke run, noisier numbers)")
@@ -257,7 +234,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     discover_envs()
 
-    print(machine_line())
+    print(machine_line("msgpack", "websockets"))
     print(f"mode: {'quick' if args.quick else 'full'}: raw {dur.raw_s:g} s per (env, n); client cells {dur.client_s:g} s, "
           f"Dummy-v1 n=256 {dur.big_s:g} s or {dur.big_chunks} x H batch steps, whichever comes first.")
     print("Numbers depend on this machine and its load: compare them within one run only.")
@@ -292,7 +269,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(line)
                 sys.stdout.flush()
     print(f"\nreuse-feedback-obs {'requested' if args.reuse else 'disabled'}; used in {sum(reused)} of {len(reused)} client cells")
-    print(f"total bench time {time.perf_counter() - started:.1f} s{_load()}")
+    print(f"total bench time {time.perf_counter() - started:.1f} s, load avg {load_avg()}")
     return 1 if failures else 0
 
 

@@ -50,6 +50,7 @@ from typing import Any
 import msgpack
 import numpy as np
 import websockets
+from machine import load_avg
 
 from plugrl_env_client.protocol import codec, messages
 
@@ -389,13 +390,6 @@ def _per_mb(cpu_s: float, mb: float) -> str:
     return "n/a" if not np.isfinite(cpu_s) or mb <= 0 else f"{cpu_s * 1e3 / mb:.3f}"
 
 
-def _load() -> str:
-    try:
-        return " ".join(f"{x:.2f}" for x in os.getloadavg())
-    except OSError:
-        return "n/a"
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="shorter cells (under a minute)")
@@ -413,7 +407,7 @@ def main() -> None:
         print("picows is not installed (pip install 'plugrl-env-client[fast]'): its rows are left out")
         picows_version = None
     print(f"# Python {platform.python_version()}, numpy {np.__version__}, msgpack {msgpack.version}, websockets "
-          f"{websockets.__version__}, picows {picows_version or 'n/a'}; {os.cpu_count()} CPUs; load {_load()}",
+          f"{websockets.__version__}, picows {picows_version or 'n/a'}; {os.cpu_count()} CPUs; load {load_avg()}",
           flush=True)
     started = time.perf_counter()
     print(_line(list(COLUMNS)))
@@ -445,7 +439,7 @@ def main() -> None:
         print(f"{_fmt(cell, reference)}   target >= {TARGET_RATIO} x tcp(n=16) = {target / 1e9:.3f} GB/s: {verdict}",
               flush=True)
         print(f"{'':8}  ({_where(timing)})", flush=True)
-    print(f"# {time.perf_counter() - started:.0f} s; load {_load()}")
+    print(f"# {time.perf_counter() - started:.0f} s; load {load_avg()}")
 
 
 if __name__ == "__main__":

@@ -6,6 +6,9 @@ encode/decode through the project's codec and record every message the client se
 
 from __future__ import annotations
 
+import shutil
+import ssl
+import subprocess
 import sys
 import threading
 from collections.abc import Callable, Iterator
@@ -121,3 +124,16 @@ def registry() -> Iterator[None]:
     gym.registry.clear()
     gym.registry.update(gym_registry)
 
+
+@pytest.fixture
+def tls(tmp_path):
+    """A self-signed certificate for 127.0.0.1 and a server TLS context using it."""
+    if shutil.which("openssl") is None:
+        pytest.skip("needs the openssl command to make a certificate")
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=127.0.0.1",
+                    "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", str(key), "-out", str(cert)],
+                   check=True, capture_output=True, timeout=60)
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(cert, key)
+    return cert, context

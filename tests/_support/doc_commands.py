@@ -26,6 +26,7 @@ background ones when their block ends or the shell closes.
 
 from __future__ import annotations
 
+import concurrent.futures as cf
 import dataclasses
 import os
 import re
@@ -36,7 +37,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import IO
 
@@ -551,6 +552,27 @@ def table_excerpts(path: Path, heading: str) -> list[tuple[int, str]]:
         first = table_cells(row)[0]
         out += [(number, span) for span in code_spans(first)]
     return out
+
+
+def check_quoted_messages(excerpts: list[tuple[int, str]], runs: Mapping[str, Callable[[], tuple[list[Result], str]]],
+                          min_excerpt: int = 15) -> None:
+    """A troubleshooting table against the runs meant to trigger its rows (each returns its results and everything
+    it printed; four run at a time): every run ends as expected, every quoted excerpt is printed by some run, and
+    every run prints some excerpt."""
+    assert len(excerpts) >= len(runs)
+    short = [e for _, e in excerpts if len(e) < min_excerpt]
+    assert not short, f"excerpts too short to mean anything: {short}"
+    with cf.ThreadPoolExecutor(max_workers=4) as pool:
+        futures = {name: pool.submit(run) for name, run in runs.items()}
+        done = {name: f.result() for name, f in futures.items()}
+    failed = [r.describe() for results, _ in done.values() for r in results if not r.ok]
+    assert not failed, "\n\n".join(failed)
+    printed = {name: text for name, (_, text) in done.items()}
+    never = [f"line {line}: {excerpt!r}" for line, excerpt in excerpts
+             if not any(excerpt in text for text in printed.values())]
+    assert not never, "the troubleshooting table quotes messages no run printed:\n" + "\n".join(never)
+    unquoted = [name for name, text in printed.items() if not any(e in text for _, e in excerpts)]
+    assert not unquoted, f"the table quotes nothing these runs print: {unquoted}"
 
 
 def table_cells(row: str) -> list[str]:

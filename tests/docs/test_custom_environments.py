@@ -11,11 +11,9 @@
 from __future__ import annotations
 
 import ast
-import concurrent.futures as cf
 import dataclasses
-import importlib.util
+import functools
 import shutil
-import sys
 import textwrap
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,7 +21,18 @@ from types import ModuleType
 
 import numpy as np
 import pytest
-from doc_commands import Command, DocShell, Result, bash_blocks, code_spans, fenced_blocks, table_cells, table_excerpts
+from doc_commands import (
+    Command,
+    DocShell,
+    Result,
+    bash_blocks,
+    check_quoted_messages,
+    code_spans,
+    fenced_blocks,
+    table_cells,
+    table_excerpts,
+)
+from file_modules import imported
 
 import plugrl_env_client
 
@@ -272,21 +281,8 @@ def run_trigger(trigger: Trigger, folder: Path) -> tuple[list[Result], str]:
 
 
 def test_every_troubleshooting_message_is_real(tmp_path: Path) -> None:
-    excerpts = table_excerpts(GUIDE, TROUBLESHOOTING)
-    assert len(excerpts) >= len(TRIGGERS)
-    short = [e for _, e in excerpts if len(e) < MIN_EXCERPT]
-    assert not short, f"excerpts too short to mean anything: {short}"
-    with cf.ThreadPoolExecutor(max_workers=4) as pool:
-        futures = {t.name: pool.submit(run_trigger, t, tmp_path / f"t{k:02d}") for k, t in enumerate(TRIGGERS)}
-        done = {name: f.result() for name, f in futures.items()}
-    failed = [r.describe() for results, _ in done.values() for r in results if not r.ok]
-    assert not failed, "\n\n".join(failed)
-    printed = {name: text for name, (_, text) in done.items()}
-    never = [f"line {line}: {excerpt!r}" for line, excerpt in excerpts
-             if not any(excerpt in text for text in printed.values())]
-    assert not never, "the troubleshooting table quotes messages no run printed:\n" + "\n".join(never)
-    unquoted = [name for name, text in printed.items() if not any(e in text for _, e in excerpts)]
-    assert not unquoted, f"the table quotes nothing these runs print: {unquoted}"
+    runs = {t.name: functools.partial(run_trigger, t, tmp_path / f"t{k:02d}") for k, t in enumerate(TRIGGERS)}
+    check_quoted_messages(table_excerpts(GUIDE, TROUBLESHOOTING), runs, MIN_EXCERPT)
 
 
 def test_table_excerpts_are_read_from_the_first_column() -> None:
@@ -339,16 +335,8 @@ def test_code_blocks_are_the_files_on_disk() -> None:
 @pytest.fixture
 def cart(registry: None) -> Iterator[ModuleType]:
     """docs/examples/cart_env.py imported as a module (its registration is undone by ``registry``)."""
-    name = "cart_env_under_test"
-    spec = importlib.util.spec_from_file_location(name, EXAMPLES / "cart_env.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    try:
-        spec.loader.exec_module(module)
+    with imported(EXAMPLES / "cart_env.py", "cart_env_under_test") as module:
         yield module
-    finally:
-        sys.modules.pop(name, None)
 
 
 def test_cart_rests_on_its_mark_or_falls_off_the_rail(cart: ModuleType) -> None:

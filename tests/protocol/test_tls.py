@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import json
-import shutil
-import ssl
-import subprocess
 import threading
 
 import numpy as np
@@ -19,20 +16,6 @@ from plugrl_env_client.protocol import codec, messages
 
 discover_envs()
 from plugrl_env_client.envs.point.point_env import PointEnvConfig  # noqa: E402
-
-
-@pytest.fixture
-def tls(tmp_path):
-    """A self-signed certificate for 127.0.0.1 and a server TLS context using it."""
-    if shutil.which("openssl") is None:
-        pytest.skip("needs the openssl command to make a certificate")
-    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=127.0.0.1",
-                    "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", str(key), "-out", str(cert)],
-                   check=True, capture_output=True, timeout=60)
-    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    context.load_cert_chain(cert, key)
-    return cert, context
 
 
 def test_wss_server_url(tmp_path, monkeypatch, tls):

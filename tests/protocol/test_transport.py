@@ -10,10 +10,7 @@ from __future__ import annotations
 import os
 import platform
 import resource
-import shutil
 import socket
-import ssl
-import subprocess
 import sys
 import threading
 import time
@@ -375,19 +372,6 @@ def test_server_pings_are_answered_while_the_client_is_busy(bare, kind):
 
 
 # ------------------------------------------------------------------------------------------------ TLS
-
-
-@pytest.fixture
-def tls(tmp_path):
-    if shutil.which("openssl") is None:
-        pytest.skip("needs the openssl command to make a certificate")
-    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=127.0.0.1",
-                    "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", str(key), "-out", str(cert)],
-                   check=True, capture_output=True, timeout=60)
-    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    context.load_cert_chain(cert, key)
-    return cert, context
 
 
 @pytest.mark.parametrize("kind", KINDS)
