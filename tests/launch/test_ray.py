@@ -9,6 +9,7 @@ connects to a cluster, and disconnect at their end.
 from __future__ import annotations
 
 import json
+import logging
 import pickle
 import random
 import shutil
@@ -362,6 +363,21 @@ def test_signal_on_the_driver_stops_every_actor_and_writes_outputs(cluster, tmp_
     assert "Traceback" not in err
 
 
+def wait_until_idle(cluster: Cluster, timeout_s: float = 60.0) -> None:
+    """Wait until no CPU of the cluster is held (actors of an earlier run release theirs asynchronously): PACK is
+    best effort, so a node still partly held would make Ray spread the bundles."""
+    import ray
+
+    ray.init(address=cluster.address, logging_level=logging.WARNING)
+    try:
+        deadline = time.monotonic() + timeout_s
+        while ray.available_resources().get("CPU", 0) < ray.cluster_resources().get("CPU", 0):
+            assert time.monotonic() < deadline, (ray.available_resources(), ray.cluster_resources())
+            time.sleep(0.2)
+    finally:
+        ray.shutdown()
+
+
 def test_spread_uses_different_nodes_and_pack_one(cluster, extra_node, tmp_path):
     from plugrl_env_client.envs.point.point_env import PointEnvConfig
 
@@ -370,6 +386,7 @@ def test_spread_uses_different_nodes_and_pack_one(cluster, extra_node, tmp_path)
                  runner=RunnerConfig(max_episode_steps=5))
     placed = {}
     for placement in ("spread", "pack"):
+        wait_until_idle(cluster)
         assert run_client(ray_config(tmp_path, cluster, placement, placement=placement, **flags), "Point-v1") == 0
         processes = read(tmp_path / placement, "ray_nodes.json")["processes"]
         placed[placement] = {processes[p]["node_id"] for p in ("0", "1")}

@@ -7,6 +7,7 @@ import collections
 import json
 from pathlib import Path
 
+import gymnasium as gym
 import numpy as np
 import pytest
 from agent_envs import CountingConfig
@@ -175,3 +176,55 @@ def test_idle_envs_never_break_the_infer_feedback_alternation(tmp_path: Path, en
     assert code == 0 and episodes
     assert summary["timing"]["reconnects"] == 0
     assert "protocol violation" not in (tmp_path / "run" / "logs" / "client.log").read_text()
+
+
+def test_the_step_observation_is_let_go_before_the_reset(tmp_path: Path, registry) -> None:
+    """A partial reset returns a whole new batch: the finished step's observation (tens of MB for a camera batch)
+    must not be kept alive while the env builds it."""
+    import weakref
+
+    from plugrl_env_client.envs.base_env import BaseEnv, BaseEnvConfig, Observation
+    from plugrl_env_client.utils.registration import register_env, register_env_config
+
+    @register_env_config("Freed-v1")
+    class FreedConfig(BaseEnvConfig):
+        pass
+
+    @register_env("Freed-v1")
+    class FreedEnv(BaseEnv[FreedConfig]):
+        def __init__(self, config: FreedConfig, num_envs: int = 1, **kwargs) -> None:
+            super().__init__(config, num_envs=num_envs, **kwargs)
+            self.single_action_space = gym.spaces.Box(-1, 1, (1,), np.float32)
+            self.t = np.zeros(num_envs, np.int64)
+            self.last_step: weakref.ref | None = None
+            self.alive_at_reset: list[bool] = []
+
+        def _obs(self) -> Observation:
+            return Observation(states={"t": self.t[:, None].astype(np.float32)})
+
+        def reset(self, *, seed=None, options=None):
+            if self.last_step is not None:
+                self.alive_at_reset.append(self.last_step() is not None)
+            self.t[self.reset_mask(options)] = 0
+            return self._obs(), {}
+
+        def step(self, actions):
+            self.t += 1
+            obs = self._obs()
+            self.last_step = weakref.ref(obs.states["t"])
+            done = self.t >= 1 + np.arange(self.num_envs)  # env i's episodes last i + 1 steps: partial resets
+            return obs, np.zeros(self.num_envs, np.float32), done, np.zeros(self.num_envs, bool), {}
+
+    built: list[FreedEnv] = []
+    original = FreedEnv.__init__
+
+    def tracking_init(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        built.append(self)
+
+    FreedEnv.__init__ = tracking_init  # type: ignore[method-assign]
+    cfg = ClientConfig(output_dir=tmp_path, exp_name="run", progress=False, num_envs=3, num_episodes=12,
+                       env=FreedConfig(), local_policy="random")
+    assert run_client(cfg, "Freed-v1") == 0
+    resets = [alive for env in built for alive in env.alive_at_reset]
+    assert resets and not any(resets), resets

@@ -164,7 +164,7 @@ class Encoder:
         that size is made instead, so it holds one frame's worth."""
         needed = size_hint
         if needed > self._capacity:
-            self._capacity = needed + needed // 16 + (1 << 16)
+            self._capacity = needed + needed // 64 + (1 << 16)
             self._packer = msgpack.Packer(default=_encode, use_bin_type=True, autoreset=False,
                                           buf_size=self._capacity)
         packer = self._packer

@@ -44,7 +44,7 @@ import time
 from collections.abc import Callable, Coroutine, Mapping
 from typing import Any, ClassVar, TypeVar
 
-from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus, InvalidURI
+from websockets.exceptions import ConcurrencyError, ConnectionClosed, InvalidHandshake, InvalidStatus, InvalidURI
 from websockets.sync.client import ClientConnection
 from websockets.sync.client import connect as ws_connect
 from websockets.sync.server import Server, ServerConnection
@@ -52,6 +52,7 @@ from websockets.sync.server import serve as ws_serve
 from websockets.uri import parse_uri
 
 from plugrl_env_client.errors import ConfigError
+from plugrl_env_client.protocol.framing import MaskedFramer
 
 logger = logging.getLogger(__name__)
 
@@ -253,7 +254,24 @@ def retain_freed_memory() -> bool:
 
 
 class _TunedClientConnection(ClientConnection):
+    """websockets' client connection, reading 1 MiB at a time and framing binary messages into one buffer kept for
+    the connection's life (:class:`~plugrl_env_client.protocol.framing.MaskedFramer`: no fresh copies of a large
+    message); text, fragmented and control frames go through websockets as usual."""
+
     recv_bufsize = RECV_BUFSIZE
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._framer = MaskedFramer()
+
+    def send(self, message: Any, *, text: bool | None = None) -> None:
+        if text or not isinstance(message, (bytes, bytearray, memoryview)) or self.protocol.extensions:
+            super().send(message, text=text)
+            return
+        with self.send_context():  # the connection lock and state checks; writes what the protocol queued on exit
+            if self.send_in_progress or self.protocol.expect_continuation_frame:
+                raise ConcurrencyError("cannot send while a fragmented message is being sent")
+            self.protocol.writes.append(self._framer.frame(message))  # type: ignore[arg-type]  # sendall takes views
 
 
 class _TunedServerConnection(ServerConnection):

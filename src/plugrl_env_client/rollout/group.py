@@ -72,11 +72,17 @@ class LoopSettings:
     ask for actions together instead of one round trip each."""
 
 
-@dataclasses.dataclass(frozen=True)
+_TAKEN = Observation(states={"taken": np.zeros((0, 0), np.float32)})
+"""What a :class:`StepResult` holds once its observation was taken: an empty batch (a use after the hand-over shows
+as a batch of 0 envs rather than as stale rows)."""
+
+
+@dataclasses.dataclass
 class StepResult:
     """One batched env step, checked, with the time limit applied and the chunks that ended on it.
 
-    Flags and rewards of envs that took no part in the step (retired or waiting) are False and 0.
+    Flags and rewards of envs that took no part in the step (retired or waiting) are False and 0. Its observation
+    is handed on once, by :meth:`take_obs`, after the feedback has been sent.
     """
 
     obs: Observation
@@ -86,6 +92,13 @@ class StepResult:
     done: np.ndarray  # terminated | truncated, active envs only
     info: dict[str, Any]
     chunk_ended: np.ndarray  # envs whose chunk ended on this step (they get feedback)
+
+    def take_obs(self) -> Observation:
+        """The step's observation, which the result no longer holds afterwards: whoever takes it decides how long
+        it lives (a batch of camera images is tens of MB, and a reset that follows returns a whole new batch)."""
+        obs = self.obs
+        self.obs = _TAKEN
+        return obs
 
 
 class RunEnded(Exception):
@@ -290,9 +303,10 @@ class EnvGroup:
     def finish_episodes(self, step: StepResult) -> Observation:
         """Record finished episodes and start the next ones (unless the run needs no more episodes); returns the
         observation the next infer starts from."""
+        obs = step.take_obs()
         done = np.flatnonzero(step.done)
         if done.size == 0:
-            return step.obs
+            return obs
         records = self.tracker.finish(done, step.terminated, step.truncated, self.settings.process_id,
                                       time.perf_counter() - self.started, self.timing.env_steps, self.offset)
         with deferred_interrupts():  # an episode is claimed and reported as one, never half
@@ -302,7 +316,8 @@ class EnvGroup:
                     if self.hooks is not None:
                         self.hooks.on_episode_end(record)
         if self.budget.finished(self.settings.process_id):
-            return step.obs
+            return obs
+        del obs  # the reset returns the whole batch: the step's observation need not stay alive while it runs
         return self._restart(done)
 
     # ------------------------------------------------------------------------------------------ helpers
