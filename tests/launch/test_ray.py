@@ -448,3 +448,40 @@ def test_the_docs_one_machine_run_and_node_table_work(tmp_path):
     ip, _hostname, processes, rate = line.split()
     assert processes == "2" and float(rate) > 0
     assert ip == read(run, "ray_nodes.json")["processes"]["0"]["ip"]
+
+
+class _FlakyRay:
+    """Stands in for the ``ray`` module in ``_init``: fails its first ``init`` calls with the given errors."""
+
+    def __init__(self, *errors: Exception) -> None:
+        self.errors = list(errors)
+        self.inits = 0
+        self.shutdowns = 0
+
+    def init(self, **kwargs: Any) -> None:
+        self.inits += 1
+        if self.errors:
+            raise self.errors.pop(0)
+
+    def shutdown(self) -> None:
+        self.shutdowns += 1
+
+
+def test_init_connects_again_once_when_the_client_server_failed_to_start(caplog):
+    from plugrl_env_client.launch import ray as ray_launch
+
+    failed = ConnectionError(f"Initialization failure from server:\nRuntimeError: {ray_launch.CLIENT_SERVER_FAILED}.")
+    flaky = _FlakyRay(failed)
+    ray_launch._init(flaky, {"address": "ray://head:10001"})
+    assert (flaky.inits, flaky.shutdowns) == (2, 1)
+    assert "failed to start; connecting again" in caplog.text
+
+    twice = _FlakyRay(failed, failed)
+    with pytest.raises(ConnectionError, match=ray_launch.CLIENT_SERVER_FAILED):
+        ray_launch._init(twice, {"address": "ray://head:10001"})
+    assert twice.inits == 2
+
+    other = _FlakyRay(ConnectionError("no cluster"))
+    with pytest.raises(ConnectionError, match="no cluster"):
+        ray_launch._init(other, {"address": "auto"})
+    assert other.inits == 1, "other connection errors are reported at once"

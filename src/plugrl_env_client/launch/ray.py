@@ -155,7 +155,7 @@ def _connected(ray: Any, config: RayConfig, demand: Demand, num_procs: int, ship
             kwargs["runtime_env"] = {"py_modules": list(shipped.uploads), "excludes": UPLOAD_EXCLUDES}
     with _signal_handlers_kept():
         try:
-            ray.init(**kwargs)
+            _init(ray, kwargs)
         except ConnectionError as exc:
             _cleanup(ray)
             found = "no running Ray cluster found" if config.address == "auto" else f"no Ray cluster there ({exc})"
@@ -179,6 +179,25 @@ def _connected(ray: Any, config: RayConfig, demand: Demand, num_procs: int, ship
         yield
     finally:
         _cleanup(ray)
+
+
+CLIENT_SERVER_FAILED = "Starting Ray client server failed"
+"""What a Ray Client proxy answers when the server process it starts for this driver died at once. Seen under load
+(the proxy forks it while gRPC threads run); the next connection gets a new one."""
+
+
+def _init(ray: Any, kwargs: dict[str, Any], attempts: int = 2) -> None:
+    """``ray.init``, tried once more when a Ray Client proxy failed to start this driver's server."""
+    for attempt in range(1, attempts + 1):
+        try:
+            ray.init(**kwargs)
+            return
+        except ConnectionError as exc:
+            if CLIENT_SERVER_FAILED not in str(exc) or attempt == attempts:
+                raise
+            logger.warning("--ray.address %s: the Ray Client server for this run failed to start; connecting again",
+                           kwargs.get("address"))
+            _cleanup(ray)
 
 
 def _cleanup(ray: Any) -> None:
