@@ -269,7 +269,7 @@ class _TunedClientConnection(ClientConnection):
             super().send(message, text=text)
             return
         with self.send_context():  # the connection lock and state checks; writes what the protocol queued on exit
-            if self.send_in_progress or self.protocol.expect_continuation_frame:
+            if getattr(self, "send_in_progress", False) or self.protocol.expect_continuation_frame:
                 raise ConcurrencyError("cannot send while a fragmented message is being sent")
             self.protocol.writes.append(self._framer.frame(message))  # type: ignore[arg-type]  # sendall takes views
 
