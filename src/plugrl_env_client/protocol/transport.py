@@ -6,7 +6,7 @@ implement it, with the same bytes on the wire (no extensions, no compression, on
 limit):
 
 * ``websockets`` (the default, always installed): its threading client and server, tuned for large frames (see
-  :data:`RECV_BUFSIZE`).
+  :data:`RECV_BUFSIZE`; the client frames binary messages into one buffer of its own, see ``framing.py``).
 * ``picows`` (extra ``fast``, imported only when chosen): a C frame parser under an asyncio loop that runs in a
   background thread, so pings are answered while the caller's thread steps envs. It reads into one reused buffer
   and unmasks in place, which is what makes multi-MB frames cheap. ``wss://`` works with the loop's default TLS
