@@ -247,8 +247,9 @@ def test_values_that_are_not_m_shaped_pass_through(server_factory):
     ws.close()
 
 
-def test_shutdown_tells_clients_with_server_shutdown(server_factory):
-    server = server_factory()
+@pytest.mark.parametrize("factory", ["server_factory", "picows_server_factory"])
+def test_shutdown_tells_clients_with_server_shutdown(factory, request):
+    server = request.getfixturevalue(factory)()
     ws, _ = open_client(server)
     server.shutdown()
     assert close_of(ws) == (1001, messages.REASON_SHUTDOWN)
@@ -377,13 +378,6 @@ def test_picows_server_serves_like_the_websockets_one(picows_server_factory, cap
     while not any("without a close frame" in r.getMessage() for r in caplog.records):
         assert time.monotonic() < deadline, [r.getMessage() for r in caplog.records]
         time.sleep(0.01)
-
-
-def test_picows_server_shutdown_tells_clients(picows_server_factory):
-    server = picows_server_factory()
-    ws, _ = open_client(server)
-    server.shutdown()
-    assert close_of(ws) == (1001, messages.REASON_SHUTDOWN)
 
 
 def test_picows_server_refuses_text_frames(picows_server_factory):
