@@ -289,4 +289,9 @@ def test_run_through_the_client(tmp_path: Any, registry: None) -> None:
     assert run_client(config, "MuJoCo-v1") == 0
     summary = json.loads((tmp_path / "mujoco-e2e" / "summary.json").read_text())
     assert summary["completed_episodes"] == 3
-    assert 1 <= summary["mean_length"] < 1000  # random Hopper falls long before its 1000-step limit
+    lengths = [json.loads(line)["length"]
+               for line in (tmp_path / "mujoco-e2e" / "rollout" / "proc_000" / "episodes.jsonl").read_text().splitlines()]
+    assert len(lengths) == summary["completed_episodes"]
+    assert summary["mean_length"] == pytest.approx(sum(lengths) / len(lengths))
+    assert all(1 <= n <= 1000 for n in lengths)  # the env's own time limit
+    assert summary["timing"]["env_steps"] >= sum(lengths)  # every recorded step was stepped

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import socket
 import threading
 import time
@@ -148,9 +149,9 @@ def test_reconnects_that_fail_at_once_back_off_further(harness):
 # ------------------------------------------------------------------------------------------ transport picows
 
 
-@pytest.mark.parametrize("kind", ["websockets", "picows"])
+@pytest.mark.parametrize("kind", ["websockets", pytest.param("picows", marks=pytest.mark.skipif(
+    importlib.util.find_spec("picows") is None, reason="needs the fast extra (picows)"))])
 def test_session_over_each_transport_reads_chunks_and_classifies_closes(harness, kind):
-    pytest.importorskip("picows")
     seen = {}
 
     def script(conn):
