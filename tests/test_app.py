@@ -382,3 +382,40 @@ def test_recorder_files_come_home_and_are_listed_in_the_manifest(tmp_path):
     assert report_main([str(tmp_path / "run")]) == 0
     html = (tmp_path / "run" / "report.html").read_text()
     assert "_first_base.png" in html and ".mp4" in html
+
+
+def test_a_config_built_in_code_without_env_gets_the_envs_defaults(tmp_path):
+    cfg = ClientConfig(num_episodes=2, local_policy="random", output_dir=tmp_path, exp_name="run", progress=False)
+    assert run_client(cfg, "Point-v1") == 0
+    recorded = json.loads((tmp_path / "run" / "client_config.json").read_text())
+    assert recorded["env"] == json.loads(json.dumps(vars(PointEnvConfig())))
+
+
+def test_metric_window_sets_the_window_of_the_summaries(tmp_path):
+    from plugrl_env_client.config import RecorderConfig
+
+    cfg = ClientConfig(num_envs=2, num_episodes=12, local_policy="random", output_dir=tmp_path, exp_name="run",
+                       progress=False, env=PointEnvConfig(), recorder=RecorderConfig(metric_window=5),
+                       runner=RunnerConfig(max_episode_steps=7))
+    assert run_client(cfg, "Point-v1") == 0
+    rows = [json.loads(line) for line in (tmp_path / "run" / "rollout" / "proc_000" / "episodes.jsonl").open()]
+    for summary in (json.loads((tmp_path / "run" / name).read_text())
+                    for name in ("summary.json", "rollout/proc_000/summary.json")):
+        assert summary["metric_window"] == 5
+        assert summary["mean_length"] == pytest.approx(np.mean([r["length"] for r in rows[-5:]]))
+
+
+def test_an_unforeseen_error_still_ends_with_a_summary_that_says_so(tmp_path, monkeypatch, capsys):
+    from plugrl_env_client import app
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("something nobody foresaw")
+
+    monkeypatch.setattr(app, "_run", broken)
+    cfg = ClientConfig(num_envs=2, num_episodes=2, local_policy="random", output_dir=tmp_path, exp_name="run",
+                       progress=False, env=PointEnvConfig())
+    assert run_client(cfg, "Point-v1") == 1
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["process_status"] == {"0": "failed"}
+    assert "internal error: RuntimeError: something nobody foresaw" in capsys.readouterr().err
+    assert "Traceback" in (tmp_path / "run" / "logs" / "client.log").read_text()

@@ -15,7 +15,7 @@ import sys
 from typing import Any
 
 from plugrl_env_client.config import ClientConfig
-from plugrl_env_client.envs.base_env import BaseEnv
+from plugrl_env_client.envs.base_env import BaseEnv, BaseEnvConfig
 from plugrl_env_client.envs.discovery import EnvSources
 from plugrl_env_client.envs.registry import get_spec
 from plugrl_env_client.errors import ConfigError, PlugRLError
@@ -42,12 +42,15 @@ def run_client(config: ClientConfig, env_id: str, sources: EnvSources | None = N
     sources = EnvSources(tuple(config.env_path) + (sources.paths if sources else ()),
                          sources.modules if sources else ())
     spec = get_spec(env_id)
+    if type(config.env) is BaseEnvConfig and spec.config_cls is not BaseEnvConfig:
+        # A config built in code without `env=`: the env's own defaults, as the CLI gives them.
+        config = dataclasses.replace(config, env=spec.config_cls())
     _validate(config)
     exp_name = config.exp_name or default_exp_name(spec.uid, config.num_envs)
     run_dir = _new_run_dir(config, exp_name)
     setup_logging(run_dir.log_file)
     write_json_atomic(run_dir.client_config, _recorded_config(config, spec.uid, spec.kwargs))
-    writer = RunWriter(run_dir, exp_name, config.num_procs)
+    writer = RunWriter(run_dir, exp_name, config.num_procs, config.recorder.metric_window)
     env: BaseEnv | None = None
     server: PolicyServer | None = None
     signum = None
@@ -74,6 +77,12 @@ def run_client(config: ClientConfig, env_id: str, sources: EnvSources | None = N
             print(f"\ninterrupted ({signal.Signals(signum).name}); writing outputs", file=sys.stderr)
             for p in writer.unfinished():  # interrupted before it got going
                 writer.result(ProcessResult(p, ProcessStatus.INTERRUPTED))
+        except Exception as exc:  # a bug or an environment problem nobody foresaw: still a summary that says so
+            logger.debug("internal error: %s: %s", type(exc).__name__, exc, exc_info=True)  # the traceback, in the log
+            for p in writer.unfinished():
+                writer.result(ProcessResult(p, ProcessStatus.FAILED, f"internal error: {type(exc).__name__}: {exc}"))
+            if env is not None:
+                env.close()
         finally:
             with shielded():  # the outputs are written whatever else arrives
                 if server is not None:
