@@ -6,6 +6,7 @@ import json
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -98,6 +99,26 @@ def test_killed_process_is_named_and_the_aggregate_is_still_written(policy_serve
     kept = [len((tmp_path / "run" / f"rollout/proc_{p:03d}/episodes.jsonl").read_text().splitlines()) for p in (0, 1)]
     assert kept[1] > 0 and kept[0] == summary(tmp_path, 0)["completed_episodes"]
     assert total["completed_episodes"] == sum(kept), "the killed process's episodes count, read from its episodes.jsonl"
+
+
+def test_a_process_stuck_in_its_env_is_terminated_after_the_grace_time(policy_server, tmp_path, capsys, monkeypatch):
+    """Process 1 crashes; process 0 is stuck in env.step, deaf to signals: the run still ends, names both, and
+    keeps what was collected."""
+    from plugrl_env_client.launch import local
+
+    monkeypatch.setattr(local, "STOP_GRACE_S", 1.0)
+    server = policy_server(action_dim=2)
+    cfg = config(tmp_path, env=FaultyConfig(fail_process=1, fail_at_step=30, hang_process=0, hang_at_step=3),
+                 num_envs=2, num_procs=2, server_port=server.port, runner=RunnerConfig(pass_proc_id=True))
+    start = time.monotonic()
+    assert run_client(cfg, "Faulty-v1") == 1
+    assert time.monotonic() - start < 120, "the hung process (a 600 s sleep) did not hold the run"
+    err = capsys.readouterr().err
+    assert "process 0 failed: did not stop within 1 s of the stop request" in err
+    assert "process 1 failed" in err and "simulated simulator crash" in err
+    total = summary(tmp_path)
+    assert total["process_status"] == {"0": "failed", "1": "failed"}
+    assert total["completed_episodes"] > 0
 
 
 def test_env_lock_builds_envs_one_process_at_a_time(policy_server, tmp_path):
@@ -419,3 +440,34 @@ def test_an_unforeseen_error_still_ends_with_a_summary_that_says_so(tmp_path, mo
     assert summary["process_status"] == {"0": "failed"}
     assert "internal error: RuntimeError: something nobody foresaw" in capsys.readouterr().err
     assert "Traceback" in (tmp_path / "run" / "logs" / "client.log").read_text()
+
+
+def test_a_process_that_cannot_load_the_env_file_says_why_in_its_summary(tmp_path, capsys, registry):
+    """An env file that imports in the launching process but not in a spawned one (it reads something only the
+    launcher has): the process's summary says why it could not start, not just its exit code."""
+    env_file = tmp_path / "picky_env.py"
+    env_file.write_text(
+        "import dataclasses, multiprocessing\n"
+        "from plugrl_env_client.envs.point.point_env import PointEnv, PointEnvConfig\n"
+        "from plugrl_env_client.utils.registration import register_env, register_env_config\n"
+        "if multiprocessing.parent_process() is not None:\n"
+        "    raise RuntimeError('only the launcher has the license server')\n"
+        "@register_env_config('Picky-v1')\n"
+        "@dataclasses.dataclass\n"
+        "class PickyConfig(PointEnvConfig):\n"
+        "    pass\n"
+        "@register_env('Picky-v1')\n"
+        "class PickyEnv(PointEnv):\n"
+        "    pass\n")
+    from plugrl_env_client.envs.discovery import discover_envs as discover
+
+    discover([str(env_file)])
+    from plugrl_env_client.envs.registry import get_spec
+
+    cfg = config(tmp_path, env=get_spec("Picky-v1").config_cls(), num_envs=1, num_procs=2, local_policy="random",
+                 num_episodes=2, env_path=(str(env_file),))
+    assert run_client(cfg, "Picky-v1") == 1
+    total = summary(tmp_path)
+    assert set(total["process_status"].values()) == {"failed"}
+    assert "could not load the env sources or the job" in total["errors"]["0"]
+    assert "could not load the env sources or the job" in capsys.readouterr().err

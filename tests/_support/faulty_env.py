@@ -36,6 +36,9 @@ class FaultyConfig(BaseEnvConfig):
     """Send SIGTERM to its own process (as if something outside stopped just this process)."""
     fail_in_init: bool = False
     """Raise in the constructor (a simulator that cannot start)."""
+    hang_process: int = -1
+    """Process id whose env hangs at hang_at_step, deaf to SIGINT/SIGTERM (a simulator stuck in C code; -1: none)."""
+    hang_at_step: int = 3
 
 
 @register_env("Faulty-v1")
@@ -63,6 +66,10 @@ class FaultyEnv(BaseEnv[FaultyConfig]):
 
     def step(self, actions):
         self.steps += 1
+        if self.process_id == self.config.hang_process and self.steps >= self.config.hang_at_step:
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            time.sleep(600)
         if self.process_id == self.config.fail_process and self.steps >= self.config.fail_at_step:
             if self.config.hard_kill:
                 os.kill(os.getpid(), signal.SIGKILL)

@@ -33,6 +33,10 @@ logger = logging.getLogger(__name__)
 
 HELD_SIGNALS = {signal.SIGINT, signal.SIGTERM}
 DRAIN_TIMEOUT_S = 30.0
+STOP_GRACE_S = 30.0
+"""How long children get to stop after a stop was requested (Ctrl-C, a failed sibling) before they are terminated
+(SIGTERM, which they answer by reporting and exiting), then killed 5 s later: a child stuck in an env's C code must
+not keep the run from ending."""
 
 
 class QueueSink:
@@ -72,7 +76,8 @@ def deliver(message: tuple[Any, ...], writer: RunWriter) -> None:
         writer.artifact(*message[1:])
 
 
-def _child_main(job_bytes: bytes, budget: EpisodeBudget, env_lock: Any, queue: Any, sources: EnvSources) -> None:
+def _child_main(process_id: int, job_bytes: bytes, budget: EpisodeBudget, env_lock: Any, queue: Any,
+                sources: EnvSources) -> None:
     """Entry point of a spawned process: it rebuilds logging and the env registry first.
 
     The job arrives pickled, and is unpickled only once the env files are imported: its env config may be a class
@@ -82,9 +87,15 @@ def _child_main(job_bytes: bytes, budget: EpisodeBudget, env_lock: Any, queue: A
         signal.pthread_sigmask(signal.SIG_UNBLOCK, HELD_SIGNALS)  # held since the parent started us
         sink = QueueSink(queue)
         forward_logging(sink.log)
-        sources.load()
-        job: ProcessJob = pickle.loads(job_bytes)
-        result = run_process(job, budget, sink, env_lock)
+        try:
+            sources.load()
+            job: ProcessJob = pickle.loads(job_bytes)
+        except Exception as exc:  # the process cannot even begin: its summary says why, not only its stderr
+            logger.debug("process %d could not start", process_id, exc_info=True)
+            result = ProcessResult(process_id, ProcessStatus.FAILED,
+                                   f"could not load the env sources or the job: {type(exc).__name__}: {exc}")
+        else:
+            result = run_process(job, budget, sink, env_lock)
         sink.result(result)
     if result.error is not None:
         budget.stop.set()
@@ -108,38 +119,70 @@ def launch(jobs: list[ProcessJob], budget: EpisodeBudget, ctx: Any, writer: RunW
     drainer.start()
     env_lock = ctx.Lock()
     procs = {job.process_id: ctx.Process(target=_child_main, name=f"proc_{job.process_id:03d}",
-                                         args=(pickle.dumps(job), budget, env_lock, queue, sources))
+                                         args=(job.process_id, pickle.dumps(job), budget, env_lock, queue, sources))
              for job in jobs}
     interrupted: KeyboardInterrupt | None = None
+    forced: list[int] = []
     try:
         _start_with_signals_held(procs.values())
+        deadline = None
         while any(p.is_alive() for p in procs.values()):
             if any(p.exitcode not in (None, 0) for p in procs.values()):
                 budget.stop.set()
+            if budget.stop.is_set():
+                deadline = deadline or time.monotonic() + STOP_GRACE_S
+                if time.monotonic() >= deadline:
+                    forced = _end(procs)
+                    break
             time.sleep(0.1)
     except KeyboardInterrupt as exc:
         interrupted = exc
         budget.stop.set()  # children stop after their current step and report
+        end = time.monotonic() + STOP_GRACE_S
         for proc in procs.values():
-            proc.join(timeout=30)
+            proc.join(timeout=max(0.0, end - time.monotonic()))
+        forced = _end(procs)
     finally:
         queue.put(None)  # after every child's last message: the drainer stops here
         drainer.join(timeout=DRAIN_TIMEOUT_S)
+    for pid in forced:
+        writer.result(ProcessResult(pid, ProcessStatus.FAILED, f"did not stop within {STOP_GRACE_S:g} s of the stop "
+                                    "request (stuck in the env?); it was terminated"))
     if interrupted is not None:
         for pid in writer.unfinished():  # stopped before it could say so (e.g. while it was starting)
             writer.result(ProcessResult(pid, ProcessStatus.INTERRUPTED))
         raise interrupted
     # Here this process was not interrupted: a child that ended by a signal was stopped from outside.
     for pid, proc in procs.items():
-        if proc.exitcode not in (0, None):
+        if proc.exitcode not in (0, None) and pid not in forced:
             writer.result(ProcessResult(pid, ProcessStatus.FAILED, _failure(proc.exitcode)))
     for pid in writer.unfinished():
         writer.result(ProcessResult(pid, ProcessStatus.FAILED, "ended without reporting how (see the log)"))
 
 
+def _end(procs: dict[int, Any]) -> list[int]:
+    """Terminate the children still running (then kill those still there 5 s later); returns their ids."""
+    alive = [pid for pid, proc in procs.items() if proc.is_alive()]
+    for pid in alive:
+        procs[pid].terminate()
+    for pid in alive:
+        procs[pid].join(timeout=5)
+        if procs[pid].is_alive():
+            procs[pid].kill()
+            procs[pid].join(timeout=5)
+    return alive
+
+
 def _drain(queue: Any, writer: RunWriter) -> None:
     while True:
-        message = queue.get()
+        try:
+            message = queue.get()
+        except (EOFError, OSError):  # the queue itself is gone
+            logger.exception("the rollout processes' report queue broke")
+            return
+        except Exception:  # a report that cannot be unpickled: the ones after it still count
+            logger.exception("could not read a report from a rollout process")
+            continue
         if message is None:
             return
         try:
