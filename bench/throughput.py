@@ -168,7 +168,7 @@ def bench_client(env_id: str, num_envs: int, horizon: int, seconds: float, max_e
             reuse_feedback_obs=reuse_feedback_obs,
         )
         group = EnvGroup(env, session, settings, budget, writer, session.timing)
-        rollout = Rollout([group], settings, budget, writer, [session.timing])
+        rollout = Rollout([group], settings, budget, writer)
         watcher = threading.Thread(target=watch, name="bench-watch", daemon=True)
         watcher.start()
         try:

@@ -25,6 +25,8 @@ class CountingConfig(BaseEnvConfig):
     """After this many episodes an env has no episode left (0: never runs out)."""
     bad_mode: str = ""
     """A metric aggregation mode to report for 'step' (an unknown one, to see the error)."""
+    no_episode_when_out_only: bool = False
+    """Put info['no_episode'] in a reset's info only once some env is out (the first reset then lacks it)."""
     switch_mode_at: int = 0
     """Report 'step' with mode 'last' from this step on (a mode that changes, to see the error; 0: never)."""
 
@@ -50,8 +52,10 @@ class CountingEnv(BaseEnv[CountingConfig]):
             no_episode = mask & (self.episodes >= self.config.episodes_per_env)
         self.episodes[mask & ~no_episode] += 1
         texts = ["" if no_episode[i] else f"env {i} episode {self.episodes[i]}" for i in range(self.num_envs)]
-        return Observation(text=texts), {"env_instruction": [f"count for env {i}" for i in range(self.num_envs)],
-                                         "no_episode": no_episode}
+        info: dict[str, Any] = {"env_instruction": [f"count for env {i}" for i in range(self.num_envs)]}
+        if no_episode.any() or not self.config.no_episode_when_out_only:
+            info["no_episode"] = no_episode
+        return Observation(text=texts), info
 
     def step(self, actions):
         self.t += 1
@@ -67,3 +71,10 @@ class CountingEnv(BaseEnv[CountingConfig]):
                 "metrics_agg_mode": modes}
         timeout = self.t >= self.length
         return (Observation(text=[f"t={t}" for t in self.t]), np.ones(n, np.float32), timeout, timeout.copy(), info)
+
+
+@register_env("CountingFinite-v1", config=CountingConfig)
+class CountingFiniteEnv(CountingEnv):
+    """Counting-v1 that declares up front that its envs may run out of episodes."""
+
+    metadata = {**CountingEnv.metadata, "finite_episodes": True}

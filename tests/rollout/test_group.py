@@ -166,6 +166,9 @@ def test_align_chunks_ends_nearly_used_chunks_with_the_others(harness, tmp_path:
 @pytest.mark.parametrize("env_id, env_config, runner", [
     ("GuessNumber-v1", GuessNumberConfig(high=4), RunnerConfig(group_size=4)),  # members wait for their group
     ("Counting-v1", CountingConfig(episode_length=2, episodes_per_env=2), RunnerConfig()),  # envs retire
+    # envs retire, and the env says so up front rather than with no_episode in its first reset
+    ("CountingFinite-v1", CountingConfig(episode_length=2, episodes_per_env=2, no_episode_when_out_only=True),
+     RunnerConfig()),
 ])
 def test_idle_envs_never_break_the_infer_feedback_alternation(tmp_path: Path, env_id, env_config, runner) -> None:
     """Chunks of 4 steps, envs going idle right after their feedback: the strict reference server never has to

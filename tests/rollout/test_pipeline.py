@@ -50,6 +50,10 @@ def test_every_k_gives_the_same_episodes_per_env(tmp_path: Path) -> None:
         assert sum(len(v) for v in runs[k].values()) == 48
         summary = json.loads((tmp_path / f"k{k}" / "summary.json").read_text())
         assert summary["completed_episodes"] == 48 and summary["status"] == "finished"
+        rows = [json.loads(line) for line in (tmp_path / f"k{k}" / "rollout/proc_000/episodes.jsonl").open()]
+        steps = [r["env_steps"] for r in rows]  # the process's count when each episode ended, whatever its group
+        assert steps == sorted(steps) and steps[-1] <= summary["timing"]["env_steps"]
+        assert steps[-1] >= sum(r["length"] for r in rows), "every step of every recorded episode was counted"
     for k in (2, 4):
         assert set(runs[k]) == set(runs[1]) == set(range(12))
         for env, one in runs[1].items():
@@ -198,3 +202,23 @@ def test_a_split_that_does_not_fit_is_a_clear_error(tmp_path: Path, num_envs: in
                                                                                  group_size=group_size))
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(".", r"\.")):
         run_client(cfg, "Probe-v1")
+
+
+def test_pipelined_stage_shares_add_up_to_at_most_the_whole(tmp_path: Path) -> None:
+    """The groups' round trips overlap each other and the stepping: the process's infer_wait_s is the time it sat
+    with nothing to step, so its stage shares still add up to at most 1."""
+    from plugrl_env_client.envs.point.point_env import PointEnvConfig
+    from plugrl_env_client.server.policies import PolicyConfig, make_policy
+    from plugrl_env_client.server.server import PolicyServer
+
+    server = PolicyServer(make_policy(PolicyConfig(action_dim=2, action_horizon=4)), host="127.0.0.1", port=0,
+                          latency_ms=5.0).start()
+    try:
+        cfg = ClientConfig(num_envs=8, num_episodes=40, server_port=server.port, output_dir=tmp_path, exp_name="run",
+                           progress=False, env=PointEnvConfig(), runner=RunnerConfig(pipeline=4, max_episode_steps=10))
+        assert run_client(cfg, "Point-v1") == 0
+    finally:
+        server.shutdown()
+    timing = json.loads((tmp_path / "run" / "rollout/proc_000/summary.json").read_text())["timing"]
+    shares = {k: v for k, v in timing.items() if k.endswith("_frac")}
+    assert timing["infer_wait_s"] > 0 and 0 < sum(shares.values()) <= 1.0 + 1e-6, shares

@@ -104,6 +104,7 @@ def run_process(job: ProcessJob, budget: Budget, sink: ResultSink, env_lock: Any
     envs: list[BaseEnv] = [] if env is None else [env]
     status, error, signum = ProcessStatus.STARTING, None, None
     recorder: EpisodeRecorder | None = None
+    rollout: Rollout | None = None
     try:
         sizes = group_sizes(cfg)
         recorder = EpisodeRecorder(cfg.recorder, job.process_id, cfg.num_envs, _ArtifactsHome(sink, job.process_id))
@@ -132,7 +133,8 @@ def run_process(job: ProcessJob, budget: Budget, sink: ResultSink, env_lock: Any
             session = Session(session_config(job, group_env, g), should_stop=lambda: budget.finished(job.process_id),
                               timing=timings[g])
             groups.append(EnvGroup(group_env, session, settings, budget, sink, timings[g], g * sizes[0], hooks))
-        status = Rollout(groups, settings, budget, sink, timings).run()
+        rollout = Rollout(groups, settings, budget, sink)
+        status = rollout.run()
     except PlugRLError as exc:
         # The user sees the message (printed by the CLI); the traceback is for the log file only.
         logger.debug("process %d failed: %s", job.process_id, exc, exc_info=True)
@@ -145,7 +147,7 @@ def run_process(job: ProcessJob, budget: Budget, sink: ResultSink, env_lock: Any
         status, error = ProcessStatus.FAILED, f"internal error {type(exc).__name__}: {exc}"
     finally:
         with shielded():  # a second Ctrl-C must not lose the final report
-            sink.progress(job.process_id, status, Timing.total(timings))
+            sink.progress(job.process_id, status, rollout.timing() if rollout is not None else Timing.total(timings))
             report = recorder.close().to_json() if recorder is not None and recorder.enabled else None
             for built in envs:
                 _close(built, spec.uid)

@@ -24,6 +24,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 import gymnasium as gym
@@ -121,7 +122,8 @@ class EnvGroup:
         self.reuse = False  # the current connection supports reuse-feedback-obs and we use it
         self.held = np.zeros(self.n, bool)  # env's current obs row is the one its last feedback carried
         self.retired = np.zeros(self.n, bool)  # no episode left for the env
-        self.may_retire = False  # the env reports info["no_episode"]: a reset may retire envs
+        # A reset may retire envs: the env declares it (metadata["finite_episodes"]) or reported info["no_episode"].
+        self.may_retire = bool(env.metadata.get("finite_episodes", False))
         self._idle_any = False
         self._all_retired = False
         self.waiting = np.zeros(self.n, bool)  # done, waiting for the rest of its seed group
@@ -134,6 +136,8 @@ class EnvGroup:
             )
         self._all = np.arange(self.n)
         self.started = time.perf_counter()
+        self.process_env_steps: Callable[[], int] = lambda: self.timing.env_steps
+        """The process's env steps so far (its groups' total when the rollout runs several), for episode records."""
 
     # ------------------------------------------------------------------------------------------ connection
 
@@ -308,7 +312,7 @@ class EnvGroup:
         if done.size == 0:
             return obs
         records = self.tracker.finish(done, step.terminated, step.truncated, self.settings.process_id,
-                                      time.perf_counter() - self.started, self.timing.env_steps, self.offset)
+                                      time.perf_counter() - self.started, self.process_env_steps(), self.offset)
         with deferred_interrupts():  # an episode is claimed and reported as one, never half
             for record in records:
                 if self.budget.claim(self.settings.process_id):

@@ -40,12 +40,25 @@ __all__ = ["LoopSettings", "Rollout", "StepResult"]
 class Rollout:
     """Runs a process's env groups until the budget is spent, every env is retired, or the server ends the run."""
 
-    def __init__(self, groups: list[EnvGroup], settings: LoopSettings, budget: Budget, sink: ResultSink,
-                 timings: list[Timing]) -> None:
-        """``timings``: one per group (its steps and its connection write there; the process's is their total)."""
-        self.groups, self.settings, self.budget, self.sink, self.timings = groups, settings, budget, sink, timings
+    def __init__(self, groups: list[EnvGroup], settings: LoopSettings, budget: Budget, sink: ResultSink) -> None:
+        self.groups, self.settings, self.budget, self.sink = groups, settings, budget, sink
+        self.timings = [group.timing for group in groups]  # the process's timing is their total
+        if len(groups) > 1:  # an episode record carries the process's env steps, not its group's
+            timings = self.timings
+            for group in groups:
+                group.process_env_steps = lambda: sum(t.env_steps for t in timings)
         self._started = time.perf_counter()
         self._last_progress = time.monotonic()
+        self._blocked_s = 0.0  # pipelined: time nothing could step, waiting for a reply
+
+    def timing(self) -> Timing:
+        """The process's timing: its groups' counters and stage times added up. Pipelined, the groups' round trips
+        overlap each other and the stepping, so the process's ``infer_wait_s`` is the time it sat waiting for a
+        reply with nothing to step (the stage shares then add up to at most 1, as in lockstep)."""
+        out = Timing.total(self.timings)
+        if len(self.timings) > 1:
+            out.infer_wait_s = self._blocked_s
+        return out
 
     def run(self) -> ProcessStatus:
         """Collect until done; returns how the collection ended."""
@@ -102,7 +115,9 @@ class Rollout:
                             obs[g] = group.finish_episodes(step)
                             stepped = True
                     if not stepped and pending:  # nothing can step: wait for the first reply
+                        blocked = time.perf_counter()
                         finished, _ = cf.wait(pending, return_when=cf.FIRST_COMPLETED)
+                        self._blocked_s += time.perf_counter() - blocked
                         for future in finished:
                             self._collect(future, pending.pop(future))
                     elif pending:
@@ -142,7 +157,7 @@ class Rollout:
         if now - self._last_progress >= self.settings.progress_period_s:
             self._last_progress = now
             self._stamp()
-            self.sink.progress(self.settings.process_id, ProcessStatus.RUNNING, Timing.total(self.timings))
+            self.sink.progress(self.settings.process_id, ProcessStatus.RUNNING, self.timing())
 
     def _stamp(self) -> None:
         """The collection time so far, on every group's timing (the process's total takes the longest)."""

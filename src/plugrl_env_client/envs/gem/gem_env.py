@@ -171,7 +171,7 @@ def _note(exc: BaseException, text: str) -> None:
 class GemEnv(BaseEnv[GemEnvConfig]):
     """``num_envs`` GEM envs behind the batched env API; see the module docstring for the mapping and options."""
 
-    metadata = {**BaseEnv.metadata, "per_env_seeds": True}
+    metadata = {**BaseEnv.metadata, "per_env_seeds": True, "finite_episodes": True}
 
     def __init__(self, config: GemEnvConfig, num_envs: int = 1, **kwargs: Any) -> None:
         _check_config(config)
