@@ -164,5 +164,5 @@ class Connection:
 
 
 def _payload_bytes(wire: dict[str, Any]) -> int:
-    """Bytes of an observation's image and state arrays: the bulk of its frame, so the encoder's buffer size."""
-    return sum(int(a.nbytes) for key in ("images", "states") for a in wire[key].values())
+    """Bytes of an observation's arrays (images, states, text): the bulk of its frame, so the encoder's buffer size."""
+    return sum(int(a.nbytes) for key in ("images", "states") for a in wire[key].values()) + int(wire["text"].nbytes)

@@ -32,7 +32,6 @@ import numpy as np
 
 from plugrl_env_client.envs.base_env import BaseEnv, Observation, observation_space_of
 from plugrl_env_client.errors import ConfigError, EnvContractError, EnvCrashedError
-from plugrl_env_client.outputs.results import ProcessStatus
 from plugrl_env_client.protocol.connection import CloseAction, ConnectionLost
 from plugrl_env_client.protocol.messages import FEATURE_REUSE_FEEDBACK_OBS, ServerMetadata
 from plugrl_env_client.rollout import checks
@@ -325,13 +324,6 @@ class EnvGroup:
         return self._restart(done)
 
     # ------------------------------------------------------------------------------------------ helpers
-
-    def status(self) -> ProcessStatus:
-        if self.budget.exhausted(self.settings.process_id) or self._all_retired:
-            return ProcessStatus.FINISHED
-        if self.budget.stop.is_set():
-            return ProcessStatus.INTERRUPTED
-        return ProcessStatus.STOPPED_BY_SERVER
 
     def _restart(self, done: np.ndarray) -> Observation:
         """Reset the envs whose episode ended. With seed groups, a group starts its next episode once every member
