@@ -41,3 +41,29 @@ def test_forwarded_records_pickle_with_their_message_and_traceback() -> None:
     assert "ValueError: boom" in back.exc_text and back.exc_info is None
     formatted = logging.Formatter("[%(processName)s] %(message)s").format(back)
     assert formatted.startswith("[proc_001] env P-v1 crashed") and "ValueError: boom" in formatted
+
+
+def test_logging_restored_gives_the_callers_logging_back(tmp_path):
+    """A run started inside another (plugrl-check-env's rollout rule) logs to its own file; afterwards the outer run
+    logs to its file again, and warnings are printed once."""
+    import logging
+
+    from plugrl_env_client.outputs.logs import logging_restored, setup_logging
+
+    root = logging.getLogger()
+    before = list(root.handlers)
+    try:
+        setup_logging(tmp_path / "a.log")
+        outer = [h for h in root.handlers if h not in before]
+        with logging_restored():
+            setup_logging(tmp_path / "b.log")
+            logging.getLogger("plugrl_env_client.test").warning("inner line")
+        logging.getLogger("plugrl_env_client.test").warning("outer line")
+        assert [h for h in root.handlers if h not in before] == outer
+        assert "outer line" in (tmp_path / "a.log").read_text()
+        assert "inner line" in (tmp_path / "b.log").read_text()
+        assert "outer line" not in (tmp_path / "b.log").read_text()
+    finally:
+        for handler in [h for h in root.handlers if h not in before]:
+            root.removeHandler(handler)
+            handler.close()

@@ -16,7 +16,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import io
-import logging
 import sys
 import sysconfig
 import tempfile
@@ -34,6 +33,7 @@ from gymnasium.vector import AutoresetMode
 from plugrl_env_client.envs.base_env import BaseEnv, BaseEnvConfig, Observation
 from plugrl_env_client.envs.registry import EnvSpec, get_spec, make_env
 from plugrl_env_client.errors import ConfigError
+from plugrl_env_client.outputs.logs import logging_restored
 from plugrl_env_client.rollout import checks
 
 if TYPE_CHECKING:
@@ -1221,22 +1221,9 @@ def rule_rollout(ctx: _Context) -> _Outcome:
 @contextlib.contextmanager
 def _captured_run() -> Iterator[tuple[io.StringIO, io.StringIO]]:
     """Capture what a client run prints, and undo the logging setup it makes for its own run folder."""
-    root, package = logging.getLogger(), logging.getLogger("plugrl_env_client")
-    handlers, levels = list(root.handlers), (root.level, package.level)
     out, err = io.StringIO(), io.StringIO()
-    try:
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            yield out, err
-    finally:
-        for handler in list(root.handlers):
-            if handler not in handlers:
-                root.removeHandler(handler)
-                handler.close()
-        for handler in handlers:
-            if handler not in root.handlers:
-                root.addHandler(handler)
-        root.setLevel(levels[0])
-        package.setLevel(levels[1])
+    with logging_restored(), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        yield out, err
 
 
 RULES: tuple[_Rule, ...] = (

@@ -7,8 +7,9 @@ go through the one handler that knows about the progress bar: a warning never la
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -67,6 +68,29 @@ def forward_logging(put: Callable[[logging.LogRecord], Any]) -> None:
 def handle_forwarded(record: logging.LogRecord) -> None:
     """In the launching process: write a record a rollout process forwarded, through this process's handlers."""
     logging.getLogger(record.name).handle(record)
+
+
+@contextlib.contextmanager
+def logging_restored() -> Iterator[None]:
+    """Run a block that may set logging up for a run of its own (a run started by ``plugrl-check-env``, or from
+    another program) and give the caller's logging back afterwards: its handlers stay open and in place, and what
+    the block installed is closed."""
+    root, package = logging.getLogger(), logging.getLogger(PACKAGE)
+    handlers, levels, installed = list(root.handlers), (root.level, package.level), list(_installed)
+    _installed.clear()  # the block's setup must not close the caller's handlers
+    try:
+        yield
+    finally:
+        for handler in list(root.handlers):
+            if handler not in handlers:
+                root.removeHandler(handler)
+                handler.close()
+        for handler in handlers:
+            if handler not in root.handlers:
+                root.addHandler(handler)
+        _installed[:] = installed
+        root.setLevel(levels[0])
+        package.setLevel(levels[1])
 
 
 def _install(*handlers: logging.Handler) -> None:
