@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from plugrl_env_client.report.html import _finite_only, _href, fmt
+from plugrl_env_client.outputs.run_dir import finite_json
+from plugrl_env_client.report.html import _href, fmt
 
 
 @pytest.mark.parametrize("value,spec,text", [(None, ".3f", "n/a"), (math.nan, ".3f", "n/a"), (math.inf, ",.0f", "n/a"),
@@ -24,5 +25,5 @@ def test_links_are_relative_to_the_run_and_quoted():
 
 
 def test_non_finite_config_values_become_null():
-    assert _finite_only({"a": [1.0, math.nan], "b": {"c": math.inf}, "d": "nan"}) == \
+    assert finite_json({"a": [1.0, math.nan], "b": {"c": math.inf}, "d": "nan"}) == \
         {"a": [1.0, None], "b": {"c": None}, "d": "nan"}

@@ -30,7 +30,7 @@ import gymnasium as gym
 import numpy as np
 from gymnasium.vector import AutoresetMode
 
-from plugrl_env_client.envs.base_env import BaseEnv, BaseEnvConfig, Observation
+from plugrl_env_client.envs.base_env import BaseEnv, BaseEnvConfig, Observation, describe_space
 from plugrl_env_client.envs.registry import EnvSpec, get_spec, make_env
 from plugrl_env_client.errors import ConfigError
 from plugrl_env_client.outputs.logs import logging_restored
@@ -509,11 +509,8 @@ def _sample(space: gym.Space) -> Any:
 
 
 def _describe_space(space: gym.Space) -> str:
-    """A space in one short line (a Text space's repr lists its whole charset)."""
-    if isinstance(space, gym.spaces.Text):
-        chars = len(space.character_set)
-        return f"Text(min_length={space.min_length}, max_length={space.max_length}, {chars} characters)"
-    text = repr(space)
+    """A space in one short line, cut at 100 characters (a Dict of many keys is long)."""
+    text = describe_space(space)
     return text if len(text) <= 100 else text[:97] + "..."
 
 

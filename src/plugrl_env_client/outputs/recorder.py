@@ -78,7 +78,7 @@ OBS_STATS_FILE = "metrics/obs_stats.jsonl"
 EPISODE_METRICS_FILE = "metrics/episode_metrics.jsonl"
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
-_PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 _PNG_COLOR_TYPE = {1: 0, 2: 4, 3: 2, 4: 6}  # channels -> gray, gray+alpha, RGB, RGBA
 
 
@@ -551,7 +551,7 @@ def encode_png(image: np.ndarray) -> bytes:
         return struct.pack(">I", len(data)) + tag + data + struct.pack(">I", zlib.crc32(tag + data))
 
     header = struct.pack(">IIBBBBB", w, h, 8, _PNG_COLOR_TYPE[c], 0, 0, 0)
-    return (_PNG_SIGNATURE + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(filtered.tobytes(), 6))
+    return (PNG_SIGNATURE + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(filtered.tobytes(), 6))
             + chunk(b"IEND", b""))
 
 

@@ -1,8 +1,9 @@
 """The results model: a finished episode, running statistics over episodes, and how a process ended.
 
-One type each, shared by every producer and reader: the rollout makes :class:`EpisodeRecord` values, the recorder
-writes them to ``episodes.jsonl`` and reads them back for a process that died, and both the client's summaries and
-the reference server's episode log accumulate them in an :class:`EpisodeStats`.
+One type each, shared by every producer and reader: the rollout makes :class:`EpisodeRecord` values, the run's
+writer (``outputs/run_writer.py``) writes them to ``episodes.jsonl``, :func:`read_episodes` reads such a file back
+(for scripts and notebooks), and both the client's summaries and the reference server's episode log accumulate
+them in an :class:`EpisodeStats`.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import enum
 import json
 import math
 from collections import deque
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -116,8 +117,8 @@ class EpisodeStats:
 
     def add(self, episode_return: float, length: int, success: bool | None,
             metrics: Mapping[str, float] | None = None) -> None:
-        """Account one finished episode. Non-finite returns or metrics are left out of the sums (and counted as
-        such nowhere: the env checks stop them before they get here)."""
+        """Account one finished episode. A non-finite return or metric adds nothing to the sums but the episode
+        still counts, so means treat it as 0 (the env checks stop such values before they get here)."""
         self.count += 1
         if math.isfinite(episode_return):
             self.return_sum += episode_return
@@ -130,6 +131,34 @@ class EpisodeStats:
                 self.metric_sums[name] = self.metric_sums.get(name, 0.0) + value
                 self.metric_counts[name] = self.metric_counts.get(name, 0) + 1
         self.recent.append((episode_return, int(length), success))
+
+    @classmethod
+    def pooled(cls, parts: Iterable[EpisodeStats], window: int) -> EpisodeStats:
+        """Several processes' statistics as one: the sums added, and every part's window kept (the pooled window
+        holds each process's latest ``window`` episodes, as PlugRL pools them)."""
+        parts = list(parts)
+        out = cls(window)
+        out.recent = deque(maxlen=max(1, out.window * len(parts)))
+        for part in parts:
+            out.count += part.count
+            out.return_sum += part.return_sum
+            out.length_sum += part.length_sum
+            out.success_count += part.success_count
+            out.success_judged += part.success_judged
+            for name, value in part.metric_sums.items():
+                out.metric_sums[name] = out.metric_sums.get(name, 0.0) + value
+                out.metric_counts[name] = out.metric_counts.get(name, 0) + part.metric_counts[name]
+            out.recent.extend(part.recent)
+        return out
+
+    def window_means(self) -> dict[str, float | None]:
+        """Mean return, length and success rate over the window (PlugRL's ``mean_*``); None over nothing."""
+        judged = [s for _, _, s in self.recent if s is not None]
+        return {
+            "mean_return": _ratio(sum(r for r, _, _ in self.recent if math.isfinite(r)), len(self.recent)),
+            "mean_length": _ratio(sum(length for _, length, _ in self.recent), len(self.recent)),
+            "mean_success_rate": _ratio(sum(bool(s) for s in judged), len(judged)),
+        }
 
     def add_record(self, record: EpisodeRecord) -> None:
         self.add(record.episode_return, record.length, record.success, record.metrics)

@@ -25,16 +25,21 @@ def default_exp_name(uid: str, num_envs: int) -> str:
 def write_json_atomic(path: Path, data: Any) -> None:
     """Write ``data`` as strict JSON to ``path`` via a temp file in the same folder and a rename.
 
-    Strict: a NaN or infinite float becomes ``null`` (JSON has neither, and many readers refuse them). The temp
-    file is created with mode 0o666 (less the umask), like any file ``open()`` makes.
+    Strict: a NaN or infinite float becomes ``null`` (JSON has neither, and many readers refuse them).
     """
+    write_text_atomic(path, json.dumps(finite_json(data), indent=2, allow_nan=False) + "\n")
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    """Write ``text`` (UTF-8) to ``path`` via a temp file in the same folder and a rename: a reader sees the old
+    file or the new one, never half of it. The temp file is created with mode 0o666 (less the umask), like any
+    file ``open()`` makes."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
     try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(finite_json(data), f, indent=2, allow_nan=False)
-            f.write("\n")
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)

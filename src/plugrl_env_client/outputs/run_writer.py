@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import threading
 from collections.abc import Iterable
 from typing import IO, Any
@@ -189,34 +188,16 @@ def _statistics(window: int, parts: list[EpisodeStats]) -> dict[str, Any]:
     process (pooled for the aggregate), as PlugRL's client reports them; ``all_episodes`` holds the exact means over
     every episode and the sums they come from; ``metrics`` the mean of each per-episode metric.
     """
-    pooled = EpisodeStats(window)
-    recent: list[tuple[float, int, bool | None]] = []
-    for part in parts:
-        pooled.count += part.count
-        pooled.return_sum += part.return_sum
-        pooled.length_sum += part.length_sum
-        pooled.success_count += part.success_count
-        pooled.success_judged += part.success_judged
-        for name, value in part.metric_sums.items():
-            pooled.metric_sums[name] = pooled.metric_sums.get(name, 0.0) + value
-            pooled.metric_counts[name] = pooled.metric_counts.get(name, 0) + part.metric_counts[name]
-        recent.extend(part.recent)
-    judged = [s for _, _, s in recent if s is not None]
+    pooled = EpisodeStats.pooled(parts, window)
     return {
         "completed_episodes": pooled.count,
         "total_episode_count": pooled.count,
         "metric_window": window,
-        "window_episodes": len(recent),
-        "mean_return": _ratio(sum(r for r, _, _ in recent if math.isfinite(r)), len(recent)),
-        "mean_length": _ratio(sum(length for _, length, _ in recent), len(recent)),
-        "mean_success_rate": _ratio(sum(bool(s) for s in judged), len(judged)),
+        "window_episodes": len(pooled.recent),
+        **pooled.window_means(),
         "all_episodes": pooled.all_episodes(),
         "metrics": pooled.metric_means(),
     }
-
-
-def _ratio(total: float, count: int) -> float | None:
-    return total / count if count > 0 else None
 
 
 def _overall(statuses: Iterable[ProcessStatus]) -> str:

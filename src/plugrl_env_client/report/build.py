@@ -8,11 +8,10 @@ report are removed first: a figure the data no longer supports must not linger n
 from __future__ import annotations
 
 import dataclasses
-import os
-import secrets
 from pathlib import Path
 
 from plugrl_env_client.errors import ConfigError
+from plugrl_env_client.outputs.run_dir import write_text_atomic
 from plugrl_env_client.report import html, plots
 from plugrl_env_client.report.data import default_window, load_run, summary_rows
 from plugrl_env_client.report.media import RunMedia, find_media, png_size
@@ -46,7 +45,7 @@ def build_report(root: Path, window: int | None = None) -> Report:
     page = html.Page(run=run, rows=summary_rows(run), plots=figures, plot_dir=out, media=media,
                      thumbnails=thumbnails, window=k, window_given=window is not None)
     target = root / REPORT_PAGE
-    _write_atomic(target, html.render(page))
+    write_text_atomic(target, html.render(page))
     return Report(target, [out / f.name for f in figures], sorted(set(thumbnails.values())))
 
 
@@ -75,11 +74,3 @@ def _clear_old_figures(out: Path) -> None:
                 old.unlink(missing_ok=True)
 
 
-def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp")
-    try:
-        tmp.write_text(text, encoding="utf-8")
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise

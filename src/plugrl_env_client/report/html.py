@@ -15,6 +15,7 @@ import math
 from pathlib import Path
 from urllib.parse import quote
 
+from plugrl_env_client.outputs.run_dir import finite_json
 from plugrl_env_client.report.data import RunData, SummaryRow, instruction_rows
 from plugrl_env_client.report.media import RunMedia, Sample, describe_state, text_preview
 from plugrl_env_client.report.plots import PlotFile
@@ -155,21 +156,10 @@ def _config(run: RunData) -> str:
     if run.config is None:
         return "<p>No client_config.json in the run folder.</p>"
     shown = [(k, run.config[k]) for k in CONFIG_KEYS if run.config.get(k) is not None]
-    cells = "".join(f"<tr><td>{_e(k)}</td><td class=\"text\">{_e(_finite_only(v))}</td></tr>" for k, v in shown)
-    full = json.dumps(_finite_only(run.config), indent=2, sort_keys=True, default=str)
+    cells = "".join(f"<tr><td>{_e(k)}</td><td class=\"text\">{_e(finite_json(v))}</td></tr>" for k, v in shown)
+    full = json.dumps(finite_json(run.config), indent=2, sort_keys=True, default=str)
     return (f"<table>{cells}</table><details><summary>every flag of the run (client_config.json)</summary>"
             f"<pre>{_e(full)}</pre></details>")
-
-
-def _finite_only(value: object) -> object:
-    """``value`` with every non-finite float replaced by None (JSON from disk may hold NaN; the page may not)."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {k: _finite_only(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_finite_only(v) for v in value]
-    return value
 
 
 def _plot_sections(page: Page) -> list[str]:

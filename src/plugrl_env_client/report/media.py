@@ -1,8 +1,8 @@
 """What the recorder left in a run folder: sampled observations (``sampled/``) and episode videos (``videos/``).
 
 Only file names and headers are read here: the page links to the files where they are, so a report never copies
-a video and never decodes one. Sample names follow ``ep<episode>_<first|last>_<key>.<ext>``; files named otherwise
-are still listed, under their plain name.
+a video and never decodes one. Sample names follow ``ep<episode>_env<env>_<first|last>_<key>.<ext>`` (the
+``_env<env>`` part is missing in older runs); files named otherwise are still listed, under their plain name.
 """
 
 from __future__ import annotations
@@ -14,8 +14,9 @@ from pathlib import Path
 
 import numpy as np
 
+from plugrl_env_client.outputs.recorder import PNG_SIGNATURE
+
 SAMPLE_NAME = re.compile(r"^ep(?P<episode>\d+)(?:_env(?P<env>\d+))?_(?P<moment>first|last)_(?P<key>.+)$")
-PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 TEXT_PREVIEW_CHARS = 400
 
 
