@@ -126,6 +126,21 @@ def _as_run(idx: np.ndarray) -> slice | None:
     return slice(int(rows[0]), int(rows[-1]) + 1)
 
 
+def reset_mask_of(options: Mapping[str, Any] | None, num_envs: int) -> np.ndarray:
+    """The bool mask of the envs a batched ``reset(options=...)`` names: ``reset_mask`` (Gymnasium's name) or
+    ``reset_indices`` (PlugRL's: env indices or a bool mask); every env when neither is given."""
+    options = options or {}
+    chosen = options.get("reset_mask")
+    if chosen is None:
+        chosen = options.get("reset_indices")
+    mask = np.zeros(num_envs, dtype=bool)
+    if chosen is None:
+        mask[:] = True
+    else:
+        mask[_row_index(chosen)] = True
+    return mask
+
+
 def _row_index(indices: np.ndarray | Sequence[int] | Sequence[bool]) -> np.ndarray:
     """An index for the batch axis: a bool mask stays a mask (casting it to int would pick rows 0 and 1)."""
     idx = np.asarray(indices)
@@ -246,16 +261,7 @@ class BaseEnv(gym.vector.VectorEnv[Observation, np.ndarray, np.ndarray], Generic
         env indices or a bool mask); all envs when neither is given. The runner passes both, because Gymnasium's
         vector wrappers consume ``reset_mask`` on the way down.
         """
-        mask = np.zeros(self.num_envs, dtype=bool)
-        options = options or {}
-        chosen = options.get("reset_mask")
-        if chosen is None:
-            chosen = options.get("reset_indices")
-        if chosen is None:
-            mask[:] = True
-        else:
-            mask[_row_index(chosen)] = True
-        return mask
+        return reset_mask_of(options, self.num_envs)
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[Observation, dict[str, Any]]:
         """Reset the envs :meth:`reset_mask` selects (all when ``options`` names none) and return the whole batch.

@@ -13,6 +13,8 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
+from plugrl_env_client.envs.base_env import reset_mask_of
+
 
 class EpisodeTimeLimit(gym.vector.VectorWrapper):
     """Truncate each env's episode after ``max_episode_steps`` steps (the caller resets it, as always)."""
@@ -25,15 +27,7 @@ class EpisodeTimeLimit(gym.vector.VectorWrapper):
         self.elapsed = np.zeros(env.num_envs, np.int64)
 
     def reset(self, *, seed: Any = None, options: dict[str, Any] | None = None) -> tuple[Any, dict[str, Any]]:
-        options = dict(options or {})
-        mask = options.get("reset_mask")
-        if mask is None and options.get("reset_indices") is not None:
-            mask = np.zeros(self.num_envs, bool)
-            mask[np.asarray(options["reset_indices"])] = True
-        if mask is None:
-            self.elapsed[:] = 0
-        else:
-            self.elapsed[np.asarray(mask, dtype=bool)] = 0
+        self.elapsed[reset_mask_of(options, self.num_envs)] = 0
         return self.env.reset(seed=seed, options=options)
 
     def step(self, actions: Any) -> tuple[Any, Any, Any, Any, dict[str, Any]]:
