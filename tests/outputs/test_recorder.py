@@ -404,6 +404,24 @@ def test_images_png_cannot_hold_are_sampled_as_npy() -> None:
                                   depth[0])
 
 
+def test_samples_whose_names_meet_get_distinct_files() -> None:
+    """An image saved as NPY and a state of the same key, and keys that differ only in unsafe characters, each keep
+    their own file."""
+    sink = MemorySink()
+    rec = recorder(sink, k=1, num_envs=1)
+    depth = np.ones((1, 3, 4, 1), np.float32)
+    obs = Observation(images={"depth": depth}, states={"depth": np.full((1, 2), 2.0), "a b": np.full((1, 1), 3.0),
+                                                       "a_b": np.full((1, 1), 4.0)})
+    rec.on_reset(obs, np.array([0]), np.array([0]))
+    rec.on_episode_end(EpisodeRecord(0, 0.0, 0, None, True, False))
+    rec.close()
+    first = {name.removeprefix("sampled/ep000000_env000_first_"): np.load(io.BytesIO(data))
+             for name, data in sink.files.items() if name.startswith("sampled/ep000000_env000_first_")}
+    assert sorted(first) == ["a_b.npy", "a_b_2.npy", "depth.npy", "depth_2.npy"]
+    assert first["depth.npy"].shape == (3, 4, 1) and first["depth_2.npy"].tolist() == [2.0, 2.0]
+    assert {first["a_b.npy"].item(), first["a_b_2.npy"].item()} == {3.0, 4.0}
+
+
 # ------------------------------------------------------------------------------------------------ cost and blocking
 
 

@@ -468,13 +468,14 @@ class EpisodeRecorder:
     def _write_samples(self, episode: _Episode) -> None:
         for moment, frame in (("first", episode.first), ("last", episode.last)):
             stem = f"sampled/{episode.stem}_{moment}"
-            for key, image in frame.images.items():
+            used: set[str] = set()  # an image saved as NPY, or keys that differ only in unsafe characters, must not
+            for key, image in frame.images.items():  # overwrite each other's files
                 if _png_compatible(image):
-                    self._emit(f"{stem}_{_safe(key)}.png", encode_png(image))
+                    self._emit(_unique(f"{stem}_{_safe(key)}", ".png", used), encode_png(image))
                 else:
-                    self._emit(f"{stem}_{_safe(key)}.npy", _npy(image))
+                    self._emit(_unique(f"{stem}_{_safe(key)}", ".npy", used), _npy(image))
             for key, state in frame.states.items():
-                self._emit(f"{stem}_{_safe(key)}.npy", _npy(state))
+                self._emit(_unique(f"{stem}_{_safe(key)}", ".npy", used), _npy(state))
         if episode.first.text or episode.last.text:
             for moment, frame in (("first", episode.first), ("last", episode.last)):
                 self._emit(f"sampled/{episode.stem}_{moment}_text.txt", frame.text.encode("utf-8"))
@@ -637,6 +638,16 @@ def _stack_actions(actions: list[np.ndarray]) -> np.ndarray:
 
 def _safe(key: str) -> str:
     return _UNSAFE.sub("_", key) or "_"
+
+
+def _unique(base: str, ext: str, used: set[str]) -> str:
+    """``base + ext``, or ``base_2 + ext`` (3, ...) when that name is already in ``used``; the name is added to it."""
+    name, k = base + ext, 1
+    while name in used:
+        k += 1
+        name = f"{base}_{k}{ext}"
+    used.add(name)
+    return name
 
 
 class _Moments:
