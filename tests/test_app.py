@@ -108,7 +108,9 @@ def test_a_process_stuck_in_its_env_is_terminated_after_the_grace_time(policy_se
 
     monkeypatch.setattr(local, "STOP_GRACE_S", 1.0)
     server = policy_server(action_dim=2)
-    cfg = config(tmp_path, env=FaultyConfig(fail_process=1, fail_at_step=30, hang_process=0, hang_at_step=3),
+    hung = tmp_path / "hung"  # process 1 crashes only once process 0 is stuck
+    cfg = config(tmp_path, env=FaultyConfig(fail_process=1, fail_at_step=30, hang_process=0, hang_at_step=3,
+                                            hang_marker=str(hung)),
                  num_envs=2, num_procs=2, server_port=server.port, runner=RunnerConfig(pass_proc_id=True))
     start = time.monotonic()
     assert run_client(cfg, "Faulty-v1") == 1

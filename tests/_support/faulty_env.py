@@ -39,6 +39,8 @@ class FaultyConfig(BaseEnvConfig):
     hang_process: int = -1
     """Process id whose env hangs at hang_at_step, deaf to SIGINT/SIGTERM (a simulator stuck in C code; -1: none)."""
     hang_at_step: int = 3
+    hang_marker: str = ""
+    """With hang_process: a file the hanging env creates as it hangs; the failing env fails only once it exists."""
 
 
 @register_env("Faulty-v1")
@@ -69,8 +71,11 @@ class FaultyEnv(BaseEnv[FaultyConfig]):
         if self.process_id == self.config.hang_process and self.steps >= self.config.hang_at_step:
             signal.signal(signal.SIGINT, signal.SIG_IGN)
             signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            if self.config.hang_marker:
+                open(self.config.hang_marker, "w").close()
             time.sleep(600)
-        if self.process_id == self.config.fail_process and self.steps >= self.config.fail_at_step:
+        hung = not self.config.hang_marker or os.path.exists(self.config.hang_marker)
+        if self.process_id == self.config.fail_process and self.steps >= self.config.fail_at_step and hung:
             if self.config.hard_kill:
                 os.kill(os.getpid(), signal.SIGKILL)
             if self.config.sigterm_self:
