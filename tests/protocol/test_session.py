@@ -178,6 +178,40 @@ def test_session_over_each_transport_reads_chunks_and_classifies_closes(harness,
     assert session.timing.bytes_sent > 0 and session.timing.infer_calls == 2 and session.timing.feedback_calls == 1
 
 
+@pytest.mark.parametrize("kind", ["websockets", pytest.param("picows", marks=pytest.mark.skipif(
+    importlib.util.find_spec("picows") is None, reason="needs the fast extra (picows)"))])
+def test_an_infer_sent_now_is_collected_later_and_only_once(harness, kind):
+    """The two halves of infer (what a pipelined rollout uses): looking for the reply before it is there returns
+    None and loses nothing; the reply then comes exactly once; one infer is outstanding at most."""
+    release = threading.Event()
+
+    def script(conn):
+        conn.send_metadata(action_horizon=2)
+        request = conn.recv()
+        release.wait(10)
+        conn.send_zero_action(request, 2, 3)
+        conn.recv()  # keep the connection open until the client closes
+
+    h = harness(script)
+    session = Session(SessionConfig(url=f"ws://127.0.0.1:{h.port}", transport=kind))
+    session.open()
+    obs = Observation(states={"x": np.zeros((2, 1))}, text="a")
+    ids, steps = np.arange(2), np.zeros(2, np.int64)
+    with pytest.raises(RuntimeError, match="no infer is waiting"):
+        session.receive_actions(0.0)
+    session.send_infer(obs, ids, steps)
+    with pytest.raises(RuntimeError, match="already waiting"):
+        session.send_infer(obs, ids, steps)
+    assert session.receive_actions(0.0) is None and session.receive_actions(0.05) is None
+    release.set()
+    reply = session.receive_actions(None)
+    assert reply is not None and reply.actions.shape == (2, 2, 3) and reply.env_ids.tolist() == [0, 1]
+    with pytest.raises(RuntimeError, match="no infer is waiting"):
+        session.receive_actions(0.0)
+    assert session.timing.infer_calls == 1 and session.timing.actions_received == 1
+    session.close()
+
+
 @pytest.mark.parametrize("url, words", [("ws://127.0.0.1:99999", "invalid server URL"),
                                         ("http://127.0.0.1:8000", "invalid server URL")])
 def test_picows_session_errors_say_the_same(url, words):

@@ -81,6 +81,8 @@ class Connection:
         self._timing = timing
         self._reconnect_on_stop = reconnect_on_stop
         self._lost: Closed | None = None  # set when a feedback found the connection gone
+        self._asked: np.ndarray | None = None  # env_indices of the infer waiting for its reply
+        self._sent_at = 0.0
         self.metadata: ServerMetadata | None = None
 
     def read_metadata(self) -> ServerMetadata:
@@ -96,8 +98,19 @@ class Connection:
     def infer(self, obs: ObservationLike, env_indices: np.ndarray, step_ids: np.ndarray,
               reuse: np.ndarray | None = None) -> ActionReply:
         """Send one infer and wait for its action chunk (raises :class:`ConnectionLost` when closed)."""
+        self.send_infer(obs, env_indices, step_ids, reuse)
+        reply = self.receive_actions(None)
+        assert reply is not None  # no timeout: a reply or an exception
+        return reply
+
+    def send_infer(self, obs: ObservationLike, env_indices: np.ndarray, step_ids: np.ndarray,
+                   reuse: np.ndarray | None = None) -> None:
+        """Send one infer without waiting for its reply (:meth:`receive_actions` collects it), so the caller can
+        step other envs meanwhile. One infer is outstanding at most: the protocol answers them in order."""
         if self._lost is not None:
             raise ConnectionLost(self._lost)
+        if self._asked is not None:
+            raise RuntimeError("an infer is already waiting for its reply: receive_actions() first")
         start = time.perf_counter()
         wire = messages.wire_observation(obs)
         with self._pack(messages.infer_message(wire, env_indices, step_ids, reuse), _payload_bytes(wire)) as frame:
@@ -105,9 +118,25 @@ class Connection:
             self._timing.infer_obs_pack_s += sent - start
             self._send(frame)
         self._timing.infer_calls += 1
-        reply = self._recv()
-        action = messages.parse_action(reply, np.asarray(env_indices, dtype=np.int64))
-        self._timing.infer_wait_s += time.perf_counter() - sent
+        self._asked = np.asarray(env_indices, dtype=np.int64)
+        self._sent_at = sent
+
+    @property
+    def awaiting_actions(self) -> bool:
+        """Whether an infer was sent and its action chunk has not been received yet."""
+        return self._asked is not None
+
+    def receive_actions(self, timeout: float | None = None) -> ActionReply | None:
+        """The action chunk answering the infer on the wire; None when it has not arrived within ``timeout``
+        seconds (0: only look; None: wait for it). Raises :class:`ConnectionLost` when the connection closes."""
+        if self._asked is None:
+            raise RuntimeError("no infer is waiting for its reply: send_infer() first")
+        reply = self._recv(timeout)
+        if reply is _NOTHING:
+            return None
+        asked, self._asked = self._asked, None
+        action = messages.parse_action(reply, asked)
+        self._timing.infer_wait_s += time.perf_counter() - self._sent_at
         self._timing.actions_received += 1
         return action
 
@@ -147,9 +176,11 @@ class Connection:
             raise ConnectionLost(self._closed(exc)) from None
         self._timing.bytes_sent += frame.nbytes
 
-    def _recv(self) -> Any:
+    def _recv(self, timeout: float | None = None) -> Any:
         try:
-            frame = self._transport.recv()
+            frame = self._transport.recv(timeout)
+        except TimeoutError:
+            return _NOTHING
         except TransportClosed as exc:
             raise ConnectionLost(self._closed(exc)) from None
         if isinstance(frame, str):
@@ -161,6 +192,10 @@ class Connection:
         closed = classify_close(exc.code, exc.reason, self._reconnect_on_stop)
         logger.info("connection closed by the server (%s)", closed.describe())
         return closed
+
+
+_NOTHING = object()
+"""What :meth:`Connection._recv` returns when no message arrived within its timeout."""
 
 
 def _payload_bytes(wire: dict[str, Any]) -> int:

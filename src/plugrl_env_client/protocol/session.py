@@ -81,6 +81,13 @@ class Session:
               reuse: np.ndarray | None = None) -> ActionReply:
         return self._current().infer(obs, env_indices, step_ids, reuse)
 
+    def send_infer(self, obs: ObservationLike, env_indices: np.ndarray, step_ids: np.ndarray,
+                   reuse: np.ndarray | None = None) -> None:
+        self._current().send_infer(obs, env_indices, step_ids, reuse)
+
+    def receive_actions(self, timeout: float | None = None) -> ActionReply | None:
+        return self._current().receive_actions(timeout)
+
     def feedback(self, env_indices: np.ndarray, step_ids: np.ndarray, obs: ObservationLike, rewards: np.ndarray,
                  terminated: np.ndarray, truncated: np.ndarray, info: dict[str, Any]) -> None:
         self._current().feedback(env_indices, step_ids, obs, rewards, terminated, truncated, info)

@@ -134,6 +134,7 @@ class EnvGroup:
                 "True); use an env that does (Gym-v1, GEM-v1, GuessNumber-v1) or --runner.group-size 1"
             )
         self._all = np.arange(self.n)
+        self._asked: np.ndarray | None = None  # envs of the infer on the wire, waiting for its reply
         self.started = time.perf_counter()
         self.process_env_steps: Callable[[], int] = lambda: self.timing.env_steps
         """The process's env steps so far (its groups' total when the rollout runs several), for episode records."""
@@ -175,6 +176,7 @@ class EnvGroup:
                 logger.info("the run ended (%s)", lost.close.describe())
                 raise RunEnded
             self.plans.drop_all()
+            self._asked = None  # its reply will never come
             self.held[:] = False  # a new connection holds nothing
             try:
                 meta = self.session.reconnect(lost.close)
@@ -209,16 +211,38 @@ class EnvGroup:
 
     def request_actions(self, obs: Observation) -> None:
         """Infer for the active envs whose chunk ran out (ascending env index) and queue their chunks."""
+        self.ask_for_actions(obs)
+        if self.awaiting_actions:
+            self.take_actions(None)
+
+    def ask_for_actions(self, obs: Observation) -> None:
+        """Send the infer of :meth:`request_actions` without waiting for its reply (nothing to send: no infer)."""
         needing = self.plans.needing_actions_mask()
         need = np.flatnonzero(needing if self.all_active else needing & self.active)
         if need.size == 0:
             return
         reuse = self.held[need] if self.reuse else None
         sent = need if reuse is None else need[~reuse]
-        reply = self.session.infer(self._rows(obs, sent), need, self.plans.chunk_index[need], reuse)
+        self.session.send_infer(self._rows(obs, sent), need, self.plans.chunk_index[need], reuse)
+        self._asked = need
+
+    @property
+    def awaiting_actions(self) -> bool:
+        """An infer of this group is on the wire."""
+        return self._asked is not None
+
+    def take_actions(self, timeout: float | None = 0.0) -> bool:
+        """Queue the chunks answering the infer on the wire, if they arrive within ``timeout`` s (0: if they are
+        in already; None: wait for them). Returns whether they did."""
+        assert self._asked is not None, "ask_for_actions() sent no infer"
+        reply = self.session.receive_actions(timeout)
+        if reply is None:
+            return False
+        need, self._asked = self._asked, None
         actions = checks.check_actions(reply.actions, self.space, self.settings.replan_steps,
                                        self.settings.non_finite_actions)
         self.plans.load(need, actions)
+        return True
 
     def step_envs(self) -> StepResult:
         """One batched env step with the planned actions; applies the time limit and chunk accounting."""

@@ -26,6 +26,13 @@ class ServerSession(Protocol):
     def infer(self, obs: Observation, env_indices: np.ndarray, step_ids: np.ndarray,
               reuse: np.ndarray | None = None) -> ActionReply: ...
 
+    def send_infer(self, obs: Observation, env_indices: np.ndarray, step_ids: np.ndarray,
+                   reuse: np.ndarray | None = None) -> None:
+        """The first half of ``infer``: send it, and let the caller step other envs until the reply is in."""
+
+    def receive_actions(self, timeout: float | None = None) -> ActionReply | None:
+        """The second half: the reply to the infer sent last, or None if it is not in within ``timeout`` s."""
+
     def feedback(self, env_indices: np.ndarray, step_ids: np.ndarray, obs: Observation, rewards: np.ndarray,
                  terminated: np.ndarray, truncated: np.ndarray, info: dict[str, Any]) -> None: ...
 

@@ -6,10 +6,11 @@ its four named steps::
     request_actions(obs) -> step_envs() -> send_feedback(step) -> finish_episodes(step) -> obs
 
 Pipelined (``--runner.pipeline K``): the envs are split into K groups, each with its own env object and its own
-connection. A group that needs actions sends its infer from a worker thread and the loop goes on stepping the
-groups that have theirs; it blocks only when no group can step. So one group's stepping overlaps the others'
-inference, and a server that batches by waiting for one request per connected client never waits on us: every
-group either steps or has its infer on the wire.
+connection. One thread does everything: a group that needs actions sends its infer and the loop goes on stepping
+the groups that have theirs, picking up replies as they arrive; it blocks, on the reply asked for first, only when
+no group can step. So one group's stepping overlaps the others' inference, and a server that batches by waiting
+for one request per connected client never waits on us: every group either steps or has its infer on the wire.
+(No worker threads: Python work of a second thread would only take turns with the stepping on the GIL.)
 
 Invariants the server relies on, per connection: one infer outstanding at most, strictly ``infer action
 feedback``, feedback only for chunks that arrived on the current connection, rewards summed over a chunk, and the
@@ -20,9 +21,10 @@ in flight are dropped and its fresh connection starts with an infer; episodes co
 
 from __future__ import annotations
 
-import concurrent.futures as cf
 import logging
 import time
+from collections.abc import Callable
+from typing import Any
 
 from plugrl_env_client.envs.base_env import Observation
 from plugrl_env_client.outputs.results import ProcessStatus
@@ -98,42 +100,39 @@ class Rollout:
             self._report_progress()
 
     def _pipelined(self, obs: list[Observation]) -> None:
-        pending: dict[cf.Future[None], int] = {}  # a group's infer on the wire -> the group's index
-        with cf.ThreadPoolExecutor(max_workers=len(self.groups), thread_name_prefix="plugrl-infer") as pool:
-            try:
-                while not self._done():
-                    busy = set(pending.values())
-                    for g, group in enumerate(self.groups):
-                        if g not in busy and group.needs_actions():
-                            pending[pool.submit(group.request_actions, obs[g])] = g
-                    busy = set(pending.values())
-                    stepped = False
-                    for g, group in enumerate(self.groups):
-                        if g not in busy and group.can_step() and not self._done():
-                            step = group.step_envs()
-                            group.send_feedback(step)
-                            obs[g] = group.finish_episodes(step)
-                            stepped = True
-                    if not stepped and pending:  # nothing can step: wait for the first reply
-                        blocked = time.perf_counter()
-                        finished, _ = cf.wait(pending, return_when=cf.FIRST_COMPLETED)
-                        self._blocked_s += time.perf_counter() - blocked
-                        for future in finished:
-                            self._collect(future, pending.pop(future))
-                    elif pending:
-                        for future in [f for f in pending if f.done()]:
-                            self._collect(future, pending.pop(future))
-                    self._report_progress()
-            finally:
-                for group in self.groups:  # ends every infer still waiting on a reply
-                    group.close()
+        asked_at: dict[int, int] = {}  # group index -> when (in asks) its infer on the wire was sent
+        asks = 0
+        while not self._done():
+            for g, group in enumerate(self.groups):
+                if not group.awaiting_actions and group.needs_actions() and self._guarded(group.ask_for_actions, g,
+                                                                                          obs[g]):
+                    asks += 1
+                    asked_at[g] = asks
+            stepped = False
+            for g, group in enumerate(self.groups):
+                if group.awaiting_actions:
+                    self._guarded(group.take_actions, g, 0.0)
+                if not group.awaiting_actions and group.can_step() and not self._done():
+                    step = group.step_envs()
+                    group.send_feedback(step)
+                    obs[g] = group.finish_episodes(step)
+                    stepped = True
+            waiting = [g for g, group in enumerate(self.groups) if group.awaiting_actions]
+            if not stepped and waiting:  # nothing can step: wait for the reply asked for first
+                blocked, first = time.perf_counter(), min(waiting, key=asked_at.__getitem__)
+                self._guarded(self.groups[first].take_actions, first, None)
+                self._blocked_s += time.perf_counter() - blocked
+            self._report_progress()
 
-    def _collect(self, future: cf.Future[None], g: int) -> None:
-        """A group's infer is back: its chunks are queued, or its connection was lost (handled here)."""
+    def _guarded(self, call: Callable[..., object], g: int, *args: Any) -> bool:
+        """``call(*args)`` of group ``g``'s exchange; a lost connection is handled here (that group reconnects, or
+        the run ends). Returns whether the call went through."""
         try:
-            future.result()
+            call(*args)
         except ConnectionLost as lost:
             self.groups[g].reconnect(lost)
+            return False
+        return True
 
     # ------------------------------------------------------------------------------------------ helpers
 
