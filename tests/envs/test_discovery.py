@@ -1,5 +1,6 @@
-"""Finding envs: built-ins, --env-path files and folders, $PLUGRL_ENV_PATH, the one-off file:Id form, plugins
-installed into the venv, and env modules that fail to import."""
+"""Finding envs: built-ins, --env-path files and folders, $PLUGRL_ENV_PATH, the one-off file:Id form, installed
+plugins (pip-installed into a folder of their own, never into the running venv), and env modules that fail to
+import."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import os
 import subprocess
 import sys
 import textwrap
+from importlib.metadata import PackageNotFoundError, distribution, entry_points
 from pathlib import Path
 
 import pytest
@@ -206,30 +208,62 @@ packages = ["lineplug"]
 """
 
 
-@pytest.fixture
-def installed_plugin(tmp_path_factory: pytest.TempPathFactory):
-    """A small plugin package, pip-installed into this venv for the test and uninstalled after."""
+@pytest.fixture(scope="module")
+def plugin_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A small plugin package pip-installed into a folder of its own (``pip install --target``), built once per
+    module. Nothing lands in the running venv: a process sees the plugin only with this folder on ``PYTHONPATH``,
+    where ``importlib.metadata`` finds its dist-info and entry point.
+
+    The wheel is built in pip's usual isolated build environment: ``--no-build-isolation`` would need ``wheel``
+    next to the venv's setuptools, and adding it would change the venv this fixture keeps untouched."""
     root = tmp_path_factory.mktemp("plugin")
     (root / "pyproject.toml").write_text(textwrap.dedent(PLUGIN_PYPROJECT))
     write_env(root / "lineplug", "line_env.py", "Line-v1", "Line")
     (root / "lineplug" / "__init__.py").write_text("")
-    pip = [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--disable-pip-version-check"]
-    subprocess.run([*pip, str(root)], check=True, capture_output=True, timeout=300)
-    try:
-        yield root
-    finally:
-        subprocess.run([sys.executable, "-m", "pip", "uninstall", "--yes", "--quiet", "plugrl-lineplug-test"],
-                       capture_output=True, timeout=300)
+    site = root.parent / f"{root.name}-site"
+    res = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--disable-pip-version-check",
+                          "--target", str(site), str(root)], capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert sorted(p.name for p in site.glob("*.dist-info")) == ["plugrl_lineplug_test-0.1.0.dist-info"]
+    return site
 
 
-def test_an_installed_plugin_registers_its_envs(installed_plugin: Path, tmp_path: Path) -> None:
+def with_site(site: Path) -> dict[str, str]:
+    """Environment variables that put ``site`` first on a child process's import path."""
+    return {"PYTHONPATH": os.pathsep.join(p for p in (str(site), os.environ.get("PYTHONPATH", "")) if p)}
+
+
+def test_the_plugin_stays_out_of_this_venv(plugin_site: Path) -> None:
+    assert "line" not in {ep.name for ep in entry_points(group=discovery.ENTRY_POINT_GROUP)}
+    with pytest.raises(PackageNotFoundError):
+        distribution("plugrl-lineplug-test")
+
+
+def test_discovery_reads_the_plugin_entry_point(plugin_site: Path, tmp_path: Path) -> None:
+    code = ("import json; from plugrl_env_client.envs.discovery import discover_envs; "
+            "from plugrl_env_client.envs.registry import get_spec; "
+            "loaded = discover_envs(); spec = get_spec('line-v1'); "
+            "print(json.dumps([loaded, spec.uid, spec.config_cls.__name__, spec.config_cls.__module__]))")
+    res = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                         env={**os.environ, **with_site(plugin_site)})
+    assert res.returncode == 0, res.stderr
+    loaded, uid, config_name, config_module = json.loads(res.stdout.splitlines()[-1])
+    assert "lineplug.line_env" in loaded
+    assert (uid, config_name, config_module) == ("Line-v1", "LineConfig", "lineplug.line_env")
+    assert "Skip loading env module" not in res.stderr
+
+
+def test_an_installed_plugin_registers_its_envs(plugin_site: Path, tmp_path: Path) -> None:
     res = run_cli("line-v1", "--num-episodes", "2", "--local-policy", "random", "--no-progress",
-                  "--output-dir", str(tmp_path), "--exp-name", "plug", cwd=tmp_path)
+                  "--output-dir", str(tmp_path), "--exp-name", "plug", cwd=tmp_path, env=with_site(plugin_site))
     assert res.returncode == 0, res.stderr
     config = json.loads((tmp_path / "plug" / "client_config.json").read_text())
     assert config["env_id"] == "Line-v1"
-    listing = run_cli("--help", cwd=tmp_path)
+    listing = run_cli("--help", cwd=tmp_path, env=with_site(plugin_site))
     assert "line-v1" in listing.stdout
+    without = run_cli("--help", cwd=tmp_path)
+    assert without.returncode == 0, without.stderr
+    assert "line-v1" not in without.stdout, "the plugin is visible only through its own folder"
 
 
 def test_plugin_entry_points_are_read_from_the_group(monkeypatch: pytest.MonkeyPatch,
