@@ -61,3 +61,15 @@ def test_payload_of_any_bytes_like_shape() -> None:
     arr = np.arange(24, dtype=np.float32).reshape(2, 3, 4)
     frame = MaskedFramer().frame(memoryview(arr))  # a multi-dimensional buffer is framed as its raw bytes
     assert _parse(bytes(frame)).data == arr.tobytes()
+
+
+def test_every_frame_gets_its_own_key_across_refills_of_the_key_pool() -> None:
+    """Keys come from the OS's random source in batches of 1024; every frame still has a fresh one."""
+    framer = MaskedFramer()
+    keys = []
+    for i in range(2500):  # more than two batches
+        payload = i.to_bytes(4, "big") * 3
+        frame = bytes(framer.frame(payload))
+        assert _parse(frame).data == payload
+        keys.append(frame[2:6])  # 12-byte payload: 2 header bytes, then the key
+    assert len(set(keys)) > 2490  # 32-bit keys: a handful of repeats at most, by chance

@@ -45,13 +45,21 @@ class MaskedFramer:
 
     def __init__(self) -> None:
         self._buffer = bytearray()
+        self._keys = b""  # mask keys drawn from the OS's random source 1024 at a time (one system call, not 1024)
+        self._next_key = 0
+
+    def _key(self) -> bytes:
+        if self._next_key >= len(self._keys):
+            self._keys, self._next_key = os.urandom(4 * 1024), 0
+        self._next_key += 4
+        return self._keys[self._next_key - 4:self._next_key]
 
     def frame(self, payload: bytes | bytearray | memoryview, key: bytes | None = None) -> memoryview:
         """The whole frame of ``payload``, masked with ``key`` (4 random bytes when not given): a view into the
         framer's buffer (or, for a payload below :data:`SMALL` bytes, of fresh bytes)."""
         data = memoryview(payload).cast("B")
         n = data.nbytes
-        key = os.urandom(4) if key is None else key
+        key = self._key() if key is None else key
         head = frame_header(n) + key
         if n < SMALL:
             return memoryview(head + apply_mask(data, key))
