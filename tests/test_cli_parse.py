@@ -20,6 +20,7 @@ from plugrl_env_client.envs.base_env import BaseEnv, BaseEnvConfig, Observation
 from plugrl_env_client.envs.dummy.dummy_env import DummyEnvConfig
 from plugrl_env_client.envs.point.point_env import PointEnvConfig
 from plugrl_env_client.envs.probe.probe_env import ProbeEnvConfig
+from plugrl_env_client.errors import ConfigError
 from plugrl_env_client.utils import registration
 
 # ---------------------------------------------------------------------------------------------- parse()
@@ -330,3 +331,50 @@ def test_plugrl_dummy_flag_names_and_the_time_limit_alias() -> None:
     assert obs.states["robot_state"].shape == (2, 6) and obs.states["joint_angles"].shape == (2, 3)
     _, config, _line = cli.parse(["dummy-v1", "--env.max-episode-steps=12"])
     assert config.runner.max_episode_steps == 12
+
+
+# ---------------------------------------------------------------------------------------------- env ids and subcommands
+
+
+def _register_sized(uid: str, default_size: int) -> None:
+    """Register env ``uid`` whose config's default ``size`` tells which registration a parse picked."""
+
+    @registration.register_env_config(uid)
+    @dataclasses.dataclass
+    class SizedConfig(BaseEnvConfig):
+        size: int = default_size
+
+    @registration.register_env(uid)
+    class SizedEnv(BaseEnv[SizedConfig]):
+        pass
+
+
+def test_every_subcommand_runs_its_own_env(registry: None) -> None:
+    """Subcommands and env ids are paired by name: each subcommand gives back its id and that env's config."""
+    for uid, size in (("Zeta-v1", 1), ("alpha-v1", 2), ("Mixed_Case-v2", 3), ("MIXED-v1", 4)):
+        _register_sized(uid, size)
+    ids = cli.subcommand_ids()
+    assert ids["zeta-v1"] == "Zeta-v1" and ids["mixed_case-v2"] == "Mixed_Case-v2" and ids["mixed-v1"] == "MIXED-v1"
+    for name, uid in ids.items():
+        env_id, _config, _line = cli.parse([name])
+        assert env_id == uid
+    for typed, uid, size in (("zeta-v1", "Zeta-v1", 1), ("ALPHA-V1", "alpha-v1", 2), ("mixed-case-v2", "Mixed_Case-v2", 3),
+                             ("Mixed_Case-v2", "Mixed_Case-v2", 3), ("mixed_v1", "MIXED-v1", 4)):
+        env_id, config, _line = cli.parse([typed])
+        assert (env_id, config.env.size) == (uid, size), typed
+
+
+@pytest.mark.parametrize("first, second", [("Twin-v1", "twin-v1"), ("My_Env-v1", "my-env-v1"), ("a_b-v1", "A-B-v1")])
+def test_ids_that_meet_in_one_subcommand_are_a_config_error(registry: None, first: str, second: str,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    _register_sized(first, 1)
+    _register_sized(second, 2)
+    with pytest.raises(ConfigError) as info:
+        cli.parse(["point-v1"])
+    message = str(info.value)
+    assert repr(first) in message and repr(second) in message and "rename one" in message
+    assert repr(second.lower()) in message, "the error names the subcommand they share"
+    with pytest.raises(SystemExit) as exited:
+        cli.main([second.lower(), "--num-episodes", "1"])
+    assert exited.value.code == 1
+    assert "rename one" in capsys.readouterr().err

@@ -14,7 +14,7 @@ import signal
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import tyro
 
@@ -91,15 +91,61 @@ def config_class(uid: str, base: type[C]) -> type[C]:
     return cls
 
 
-def build_subcommands(base: type[C]) -> dict[str, type[C]]:
-    """One subcommand per registered env (its lowercase id), each a ``base`` with the env's config as ``env``."""
-    return {uid.lower(): config_class(uid, base) for uid in registered_ids()}
+def subcommand_name(uid: str) -> str:
+    """The subcommand of env ``uid``: its id lowercased, so ``Point-v1`` is run as ``point-v1``."""
+    return uid.lower()
+
+
+def _same_name_key(name: str) -> str:
+    """What two subcommand names must differ in to stay apart: case aside, ``_`` and ``-`` count as one (tyro
+    reads them as one in flag names, and a user cannot tell ``my_env-v1`` from ``my-env-v1`` at a glance)."""
+    return name.lower().replace("_", "-")
+
+
+def subcommand_ids() -> dict[str, str]:
+    """Subcommand name -> env id, for every registered env.
+
+    The pairing is by name, never by position: ids that meet in one name would otherwise shift every pairing
+    after them and run another env than the one asked for. Two ids that meet (``My_Env-v1`` and ``my-env-v1``)
+    raise ConfigError naming both and where each was registered.
+    """
+    names: dict[str, str] = {}
+    by_key: dict[str, str] = {}
+    for uid in registered_ids():
+        key = _same_name_key(uid)
+        other = by_key.get(key)
+        if other is not None:
+            names_of = sorted({subcommand_name(other), subcommand_name(uid)})
+            shared = " / ".join(repr(n) for n in names_of)
+            raise ConfigError(
+                f"env ids {other!r} (registered in {_registered_in(other)}) and {uid!r} (registered in "
+                f"{_registered_in(uid)}) name the same subcommand {shared}: the command line does not tell case, "
+                "or '_' from '-', apart; rename one of them (in its register_env and register_env_config)"
+            )
+        by_key[key] = uid
+        names[subcommand_name(uid)] = uid
+    return names
+
+
+def _registered_in(uid: str) -> str:
+    """The file that registered env ``uid`` (its module's name when it has no file)."""
+    module = get_spec(uid).module
+    path = getattr(sys.modules.get(module), "__file__", None)
+    return module if path is None else path
+
+
+def build_subcommands(base: type[C], ids: dict[str, str] | None = None) -> dict[str, type[C]]:
+    """One subcommand per registered env (its name from :func:`subcommand_ids`, or from ``ids`` when given), each
+    a ``base`` with the env's config as ``env``."""
+    ids = subcommand_ids() if ids is None else ids
+    return {name: config_class(uid, base) for name, uid in ids.items()}
 
 
 def parse_with(base: type[C], args: list[str], prog: str, description: str) -> tuple[str, C]:
     """Parse ``<env-id> [flags]`` into (env id, a plain ``base`` instance) with one subcommand per env."""
-    subcommands = build_subcommands(base)
-    args = _normalize_env_id(args, subcommands, prog)
+    ids = subcommand_ids()
+    subcommands = build_subcommands(base, ids)
+    args = _normalize_env_id(args, ids, prog)
     position = _env_id_position(args)
     if position is not None:
         args = _normalize_bools(args, subcommands[args[position]])
@@ -109,7 +155,7 @@ def parse_with(base: type[C], args: list[str], prog: str, description: str) -> t
     # Hand on a plain instance: the per-env subclass exists only in this process and cannot be pickled for spawned
     # rollout processes; the env config inside it is an ordinary importable dataclass.
     plain = base(**{f.name: getattr(config, f.name) for f in dataclasses.fields(base)})  # type: ignore[arg-type]
-    env_ids = {cls: uid for uid, cls in zip(registered_ids(), subcommands.values())}
+    env_ids = {cls: ids[name] for name, cls in subcommands.items()}
     return env_ids[type(config)], plain
 
 
@@ -136,20 +182,24 @@ def _env_id_position(args: list[str]) -> int | None:
     return None
 
 
-def _normalize_env_id(args: list[str], subcommands: dict[str, Any], prog: str) -> list[str]:
-    """Accept an env id in any case (``Point-v1``); an id that matches nothing raises with suggestions."""
+def _normalize_env_id(args: list[str], ids: dict[str, str], prog: str) -> list[str]:
+    """Accept an env id in any case and with ``_`` or ``-`` (``Point-v1``, ``point_v1`` for ``point-v1``): the
+    subcommand it names is unique (:func:`subcommand_ids`). An id that matches nothing raises with suggestions."""
     position = _env_id_position(args)
-    if position is None or args[position] in subcommands:
+    if position is None or args[position] in ids:
         return args
     before = [a for i, a in enumerate(args[:position])
               if not (a.startswith(("--env-path", "--env_path")) or (i > 0 and args[i - 1] in ("--env-path", "--env_path")))]
     if before:
         raise ConfigError(f"the env id comes first: {prog} <env-id> {' '.join(args[:position])} ...")
-    try:
-        spec = get_spec(args[position])  # case-insensitive
-    except UnknownEnvError as exc:
-        raise ConfigError(f"{exc}{unknown_id_help(exc.uid)}") from None
-    return [*args[:position], spec.uid.lower(), *args[position + 1:]]
+    by_key = {_same_name_key(name): name for name in ids}
+    name = by_key.get(_same_name_key(args[position]))
+    if name is None:
+        try:
+            get_spec(args[position])  # an id no subcommand names is unknown: this raises, with close matches
+        except UnknownEnvError as exc:
+            raise ConfigError(f"{exc}{unknown_id_help(exc.uid)}") from None
+    return [*args[:position], name or args[position], *args[position + 1:]]
 
 
 def _normalize_bools(args: list[str], config_cls: type) -> list[str]:

@@ -1,9 +1,11 @@
 """Where a process's time and bytes went: one model for a process's summary and for the run's aggregate.
 
 The rollout counts env steps and times the env; the connection counts messages and bytes and times packing and
-waiting. Both write into the same :class:`Timing`, so a summary is one object serialised, and the aggregate over
-processes is :meth:`Timing.total` of theirs. The names follow PlugRL's client where we measure the same thing
-(``infer_wait_s``, ``infer_obs_pack_s``, ``env_step_s``, ``feedback_s``, their ``*_frac`` and ``effective_fps``).
+waiting. Both write into the same :class:`Timing`, so a summary is one object serialised; a process's env groups
+are combined with :meth:`Timing.total` (one clock, side by side) and a run's processes with
+:meth:`Timing.across_processes` (each with a clock of its own). The names follow PlugRL's client where we measure the
+same thing (``infer_wait_s``, ``infer_obs_pack_s``, ``env_step_s``, ``feedback_s``, their ``*_frac`` and
+``effective_fps``).
 """
 
 from __future__ import annotations
@@ -43,25 +45,49 @@ class Timing:
     pack_s: float = 0.0
     """msgpack encoding alone, infers and feedbacks together (part of infer_obs_pack_s and feedback_s)."""
     collect_time_s: float = 0.0
-    """Wall time of the collection, from the first connection attempt to the end."""
+    """Wall time of the collection, from the first connection attempt to the end (a run's: its longest process's)."""
+    collect_time_sum_s: float = 0.0
+    """The collect times of the processes this timing covers, added up (process-seconds): the denominator of the
+    ``*_frac``. A process's own timing leaves it 0, which stands for its ``collect_time_s`` (see
+    :attr:`process_seconds`); :meth:`to_json` writes the value it stands for."""
 
     STAGES: ClassVar[tuple[str, ...]] = ("env_step", "reset", "infer_obs_pack", "infer_wait", "feedback")
-    """The parts of a collection cycle; their ``*_frac`` are shares of ``collect_time_s`` (the rest is bookkeeping)."""
+    """The parts of a collection cycle; each ``*_frac`` is its share of the processes' collection time."""
 
     @property
     def effective_fps(self) -> float:
+        """Env steps per second of wall time: over processes, the run's throughput (they run side by side)."""
         return self.env_steps / self.collect_time_s if self.collect_time_s > 0 else 0.0
+
+    @property
+    def process_seconds(self) -> float:
+        """The processes' collection time added up: ``collect_time_sum_s`` once processes were combined, else the
+        one process's ``collect_time_s``."""
+        return self.collect_time_sum_s if self.collect_time_sum_s > 0 else self.collect_time_s
+
+    def fraction(self, stage: str) -> float:
+        """The share of the processes' collection time that went into ``stage`` (one of :data:`STAGES`).
+
+        Stage times are summed over processes, so they are divided by the processes' collect times summed, not by
+        the run's wall time: with two processes that each stepped their env for 80% of their collection, the share
+        is 0.8, not 1.6. It is a share of process-time (how a process spends its time, on average, weighted by
+        how long each collected), in [0, 1]. A process times its stages one after another on one thread, so they
+        fit in its collection time; the bound is enforced anyway, against timer rounding.
+        """
+        total = self.process_seconds
+        if total <= 0:
+            return 0.0
+        return min(max(getattr(self, f"{stage}_s") / total, 0.0), 1.0)
 
     def to_json(self) -> dict[str, Any]:
         """The counters, the seconds (rounded to microseconds), ``effective_fps`` and each stage's ``*_frac``."""
         out: dict[str, Any] = {}
         for field in dataclasses.fields(self):
-            value = getattr(self, field.name)
+            value = self.process_seconds if field.name == "collect_time_sum_s" else getattr(self, field.name)
             out[field.name] = round(value, 6) if isinstance(value, float) else value
         out["effective_fps"] = round(self.effective_fps, 3)
         for stage in self.STAGES:
-            share = getattr(self, f"{stage}_s") / self.collect_time_s if self.collect_time_s > 0 else 0.0
-            out[f"{stage}_frac"] = round(share, 6)
+            out[f"{stage}_frac"] = round(self.fraction(stage), 6)
         return out
 
     @classmethod
@@ -77,13 +103,25 @@ class Timing:
 
     @classmethod
     def total(cls, parts: Iterable[Timing]) -> Timing:
-        """A run's timing: counters and seconds summed over its processes; ``collect_time_s`` is the longest one
-        (processes run side by side), so ``effective_fps`` is the run's throughput."""
+        """Parts that share one clock, such as a process's env groups: counters and seconds summed,
+        ``collect_time_s`` the longest one (the groups collect over the same stretch of time, so the process's
+        collection time is that stretch, once)."""
         out = cls()
         for part in parts:
             for field in dataclasses.fields(cls):
                 if field.name == "collect_time_s":
                     out.collect_time_s = max(out.collect_time_s, part.collect_time_s)
-                else:
+                elif field.name != "collect_time_sum_s":
                     setattr(out, field.name, getattr(out, field.name) + getattr(part, field.name))
+        return out
+
+    @classmethod
+    def across_processes(cls, parts: Iterable[Timing]) -> Timing:
+        """A run's timing from its processes' timings: counters and seconds summed; ``collect_time_s`` is the
+        longest process's (they run side by side, so ``effective_fps`` is the run's throughput), and
+        ``collect_time_sum_s`` their collect times added up, so each ``*_frac`` is a share of the processes'
+        total collection time and stays within [0, 1]."""
+        parts = list(parts)
+        out = cls.total(parts)
+        out.collect_time_sum_s = sum(part.process_seconds for part in parts)
         return out

@@ -88,6 +88,23 @@ def test_aggregate_is_exact_across_processes_and_written_with_them(tmp_path: Pat
     writer.close()
 
 
+def test_aggregate_stage_fractions_are_shares_of_the_processes_collect_time(tmp_path: Path) -> None:
+    """Two processes that each stepped for most of their collection: the aggregate's *_frac stay within [0, 1],
+    each the stage's share of the two collect times added up, and the per-process fractions are their own."""
+    writer = _writer(tmp_path, procs=2)
+    writer.progress(0, ProcessStatus.RUNNING, Timing(env_steps=300, env_step_s=1.6, infer_wait_s=0.2, collect_time_s=2.0))
+    writer.progress(1, ProcessStatus.RUNNING, Timing(env_steps=100, env_step_s=0.9, infer_wait_s=0.05, collect_time_s=1.0))
+    writer.close()
+    timing = _read(tmp_path)["timing"]
+    assert timing["env_step_frac"] == pytest.approx(2.5 / 3.0, abs=1e-6), "not 2.5 / 2.0 (summed over the longest)"
+    assert timing["infer_wait_frac"] == pytest.approx(0.25 / 3.0, abs=1e-6)
+    assert all(0.0 <= timing[f"{stage}_frac"] <= 1.0 for stage in Timing.STAGES)
+    assert timing["collect_time_s"] == pytest.approx(2.0) and timing["collect_time_sum_s"] == pytest.approx(3.0)
+    assert timing["effective_fps"] == pytest.approx(200.0)
+    assert _read(tmp_path, 0)["timing"]["env_step_frac"] == pytest.approx(0.8)
+    assert _read(tmp_path, 1)["timing"]["env_step_frac"] == pytest.approx(0.9)
+
+
 def test_failures_keep_the_first_reason_and_episodes_before_them(tmp_path: Path) -> None:
     writer = _writer(tmp_path, procs=3)
     writer.episode(_rec(2, 6.0, 2, True))

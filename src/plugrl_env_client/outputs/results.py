@@ -132,6 +132,13 @@ class EpisodeStats:
                 self.metric_counts[name] = self.metric_counts.get(name, 0) + 1
         self.recent.append((episode_return, int(length), success))
 
+    def judge_later(self, failures: int) -> None:
+        """Count ``failures`` episodes already added with success None as judged failures after all: for a
+        producer that learns only later that their env has a success rule (the reference server, which cannot
+        tell a False success flag from an env without a rule until a success shows the rule). The window keeps
+        them as unjudged."""
+        self.success_judged += max(int(failures), 0)
+
     @classmethod
     def pooled(cls, parts: Iterable[EpisodeStats], window: int) -> EpisodeStats:
         """Several processes' statistics as one: the sums added, and every part's window kept (the pooled window

@@ -177,7 +177,7 @@ class RunWriter:
             "process_status": {str(pid): status.value for pid, status in sorted(statuses.items())},
             "errors": {str(s.process_id): s.error for s in states if s.error},
             **_statistics(self.metric_window, [s.stats for s in states]),
-            "timing": Timing.total(s.timing for s in states).to_json(),
+            "timing": Timing.across_processes(s.timing for s in states).to_json(),
         }
 
 
