@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 
@@ -146,6 +147,118 @@ def test_episode_log_counts_only_masked_rows(server_factory):
     assert server.log.episodes == 2 and stats.return_sum == 4.0 and stats.length_sum == 10
     assert stats.success_count == 1 and stats.success_judged == 2
     ws.close()
+
+
+def ended(ids, success, info=None):
+    """A feedback on which every env of ``ids`` finishes an episode with the ``success`` flags (``None``: no
+    ``s`` at all), plus ``info``'s other keys."""
+    m = len(ids)
+    episode = {"r": np.full(m, 2.0, np.float32), "l": np.full(m, 4), "mask": np.ones(m, bool)}
+    if success is not None:
+        episode["s"] = np.asarray(success, bool)
+    return feedback(ids, done=True, info={**(info or {}), "episode": episode})
+
+
+def exchange(ws, ids, sent_feedback):
+    """One infer, its chunk, and ``sent_feedback``; the next infer's reply says the feedback was counted."""
+    ws.send(infer(ids))
+    ws.recv(timeout=5)
+    ws.send(sent_feedback)
+    ws.send(infer(ids))
+    ws.recv(timeout=5)
+    ws.send(feedback(ids))  # the chunk's feedback, so the next exchange may infer again
+
+
+def test_false_success_flags_without_a_rule_are_not_a_zero_success_rate(server_factory):
+    """A client sends ``s`` all False for an env with no success rule; nothing else on the wire says whether the
+    env judges success, so the server does not claim a success rate of 0."""
+    server = server_factory()
+    ws, _ = open_client(server)
+    for _ in range(3):
+        exchange(ws, [0, 1], ended([0, 1], [False, False]))
+    assert server.log.episodes == 6 and server.log.stats.success_judged == 0
+    assert "success_rate=n/a" in server.log.line()
+    ws.close()
+
+
+def test_a_success_shows_the_rule_and_earlier_false_flags_become_failures(server_factory):
+    """A rule judged by reward threshold shows on the wire only when an episode succeeds: from then on the
+    connection's earlier and later False flags are failures."""
+    server = server_factory()
+    ws, _ = open_client(server)
+    exchange(ws, [0, 1], ended([0, 1], [False, False]))
+    exchange(ws, [0, 1], ended([0, 1], [False, False]))
+    assert "success_rate=n/a" in server.log.line()
+    exchange(ws, [0, 1], ended([0, 1], [False, True]))
+    exchange(ws, [0, 1], ended([0, 1], [False, False]))
+    stats = server.log.stats
+    assert (server.log.episodes, stats.success_judged, stats.success_count) == (8, 8, 1)
+    assert "success_rate=0.125" in server.log.line() and "over the" not in server.log.line()
+    ws.close()
+
+
+@pytest.mark.parametrize("key", ["success", "is_step_success"])
+def test_a_success_flag_in_info_makes_an_all_false_run_a_real_zero(server_factory, key):
+    """An env that reports ``info["success"]`` (forwarded per env), or PlugRL's client's ``is_step_success``,
+    judges success: its all-False episodes are a success rate of 0, including those reported before the flag."""
+    server = server_factory()
+    ws, _ = open_client(server)
+    exchange(ws, [0, 1, 2], ended([0, 1, 2], [False] * 3))
+    exchange(ws, [0, 1, 2], ended([0, 1, 2], [False] * 3, info={key: np.zeros(3, bool)}))
+    exchange(ws, [0, 1, 2], ended([0, 1, 2], [False] * 3))
+    assert server.log.stats.success_judged == 9 and server.log.stats.success_count == 0
+    assert "success_rate=0.000" in server.log.line()
+    ws.close()
+
+
+def test_rules_are_judged_per_connection(server_factory, caplog):
+    """Two clients, one env with a rule and one without: only the first one's episodes are in the rate, and the
+    log line says over how many; episodes that report no ``s`` are not judged either."""
+    caplog.set_level(logging.INFO, logger="plugrl_env_client")
+    server = server_factory(max_episodes=8)
+    ruled, _ = open_client(server)
+    plain, _ = open_client(server)
+    exchange(ruled, [0, 1], ended([0, 1], [True, False]))
+    exchange(plain, [0, 1], ended([0, 1], [False, False]))
+    exchange(plain, [0, 1], ended([0, 1], [False, False]))
+    assert "success_rate=0.500 (over the 2 episodes with a success rule)" in server.log.line()
+    ruled.send(infer([0, 1]))
+    ruled.recv(timeout=5)
+    ruled.send(ended([0, 1], None))  # the 8th episode: no success flag at all
+    assert close_of(ruled) == (1001, messages.REASON_STOP)
+    assert server.log.stats.success_judged == 2
+    ending = [r.getMessage() for r in caplog.records if "reached 8 episodes" in r.getMessage()]
+    assert len(ending) == 1 and "success_rate=0.500 (over the 2 episodes" in ending[0]
+
+
+def test_a_real_client_run_of_an_env_without_a_rule_logs_no_success_rate(server_factory, tmp_path, registry):
+    """The client itself against the server: Probe-v1 has no success rule, the client writes ``success: null``
+    and the server, seeing only ``s`` False, says n/a. An env that reports ``info["success"]`` and never
+    succeeds gets a real 0."""
+    from plugrl_env_client.app import run_client
+    from plugrl_env_client.config import ClientConfig
+    from plugrl_env_client.envs.probe.probe_env import ProbeEnv
+    from plugrl_env_client.envs.registry import register_env
+
+    @register_env("NeverSucceeds-v1")
+    class NeverSucceeds(ProbeEnv):
+        """Probe-v1 that reports ``info["success"]``, always False."""
+
+        def step(self, actions):
+            obs, reward, terminated, truncated, info = super().step(actions)
+            return obs, reward, terminated, truncated, {**info, "success": np.zeros(self.num_envs, bool)}
+
+    for uid, rate in (("Probe-v1", "n/a"), ("NeverSucceeds-v1", "0.000")):
+        server = server_factory(policy={"action_dim": 3})
+        config = ClientConfig(output_dir=tmp_path, exp_name=uid, progress=False, num_envs=3, num_episodes=6,
+                              server_port=server.port)
+        assert run_client(config, uid) == 0
+        lines = (tmp_path / uid / "rollout/proc_000/episodes.jsonl").read_text().splitlines()
+        assert {json.loads(line)["success"] for line in lines} == ({None} if rate == "n/a" else {False})
+        # Every feedback the client followed with an infer was counted before its reply; only the run's last
+        # feedbacks may be in flight (or unsent) when it returns.
+        assert server.log.episodes >= 3
+        assert f"success_rate={rate}" in server.log.line()
 
 
 def plugrl_client_feedback(ids, done):

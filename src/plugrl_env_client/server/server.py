@@ -5,6 +5,11 @@ closes the connection with ``plugrl-server-resync`` and a log line saying what w
 :class:`~plugrl_env_client.server.policies.Policy`, and counts finished episodes from ``info["episode"]``. With
 ``max_episodes`` it ends the run (``plugrl-server-stop``) once that many episodes were reported.
 
+Success rates count only episodes the server can tell were judged. A client sends ``info["episode"]["s"]`` for
+every finished episode, and for an env with no success rule that flag is simply False: on the wire, "no rule" and
+"failed" look the same. So a connection's False flags count as failures only once its feedback shows that its env
+has a rule (see :class:`SuccessJudging`); until then the log says ``success_rate=n/a`` rather than 0.
+
 One thread per connection, whichever WebSocket library accepted it (``transport``: websockets' threading server,
 or picows with its loop in a thread of its own, see :mod:`~plugrl_env_client.protocol.transport`); episode
 counters are shared under a lock. ``latency_ms`` holds each action back that long, as a model's inference would:
@@ -14,6 +19,7 @@ are already being received.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
@@ -33,6 +39,25 @@ logger = logging.getLogger(__name__)
 LOG_PERIOD_S = 5.0
 
 
+SUCCESS_INFO_KEYS = ("success", "is_step_success")
+"""Per-env step flags a client forwards in feedback ``info`` only for an env that judges success: this client
+forwards the env's own ``info["success"]``, PlugRL's client sends ``info["is_step_success"]``."""
+
+
+@dataclasses.dataclass
+class SuccessJudging:
+    """Whether the env behind one connection has a success rule, as far as its feedback has shown.
+
+    A feedback shows it when an episode reports ``s`` True (only a rule makes a success), or when its ``info``
+    carries a per-env success flag (:data:`SUCCESS_INFO_KEYS`). Before that, episodes whose ``s`` is False are
+    ``pending``: not counted in the success rate, since the env may have no rule at all. Once the rule shows, they
+    count as the failures they were. A reconnect starts over: a new connection may carry another env.
+    """
+
+    known: bool = False
+    pending: int = 0
+
+
 class EpisodeLog:
     """Running totals of the episodes clients reported in ``info["episode"]`` (thread-safe)."""
 
@@ -44,31 +69,51 @@ class EpisodeLog:
     def episodes(self) -> int:
         return self.stats.count
 
-    def add(self, episode: Any) -> int:
-        """Count the finished rows of one ``info["episode"]`` map (``l`` may be any integer type; extra keys such
-        as PlugRL's ``mean_success_rate`` are ignored); returns how many there were."""
-        if not isinstance(episode, dict) or "r" not in episode:
-            return 0
-        returns = np.atleast_1d(np.asarray(episode["r"], dtype=np.float64))
-        mask = np.asarray(episode.get("mask", np.ones(returns.shape, bool)), dtype=bool).reshape(-1)
-        lengths = np.atleast_1d(np.asarray(episode.get("l", np.zeros(returns.shape)), dtype=np.int64))
-        success = episode.get("s")
-        judged = None if success is None else np.atleast_1d(np.asarray(success, dtype=bool))
-        rows = np.flatnonzero(mask)
+    def add(self, episode: Any, judging: SuccessJudging, shows_rule: bool = False) -> int:
+        """Count the finished rows of one ``info["episode"]`` map from the connection ``judging`` belongs to
+        (``l`` may be any integer type; extra keys such as PlugRL's ``mean_success_rate`` are ignored); returns
+        how many there were.
+
+        ``shows_rule``: the feedback's ``info`` showed that the env judges success. A row's ``s`` counts in the
+        success rate once the connection's env is known to have a rule (see :class:`SuccessJudging`); a map
+        without ``s`` says nothing about success.
+        """
+        rows: np.ndarray = np.zeros(0, np.intp)
+        judged = None
+        if isinstance(episode, dict) and "r" in episode:
+            returns = np.atleast_1d(np.asarray(episode["r"], dtype=np.float64))
+            mask = np.asarray(episode.get("mask", np.ones(returns.shape, bool)), dtype=bool).reshape(-1)
+            lengths = np.atleast_1d(np.asarray(episode.get("l", np.zeros(returns.shape)), dtype=np.int64))
+            success = episode.get("s")
+            judged = None if success is None else np.atleast_1d(np.asarray(success, dtype=bool))
+            rows = np.flatnonzero(mask)
         with self._lock:
+            if not judging.known and (shows_rule or (judged is not None and bool(judged[rows].any()))):
+                judging.known = True
+                self.stats.judge_later(judging.pending)
+                judging.pending = 0
             for i in rows:
-                self.stats.add(float(returns[i]), int(lengths[i]), None if judged is None else bool(judged[i]))
+                flag = None if judged is None or not judging.known else bool(judged[i])
+                self.stats.add(float(returns[i]), int(lengths[i]), flag)
+            if judged is not None and not judging.known:
+                judging.pending += int(rows.size)
         return int(rows.size)
 
     def line(self) -> str:
+        """One log line: episodes, mean return and length, and the success rate over the episodes known to be
+        judged (``n/a`` when none is; how many were, when not all)."""
         with self._lock:
             means = self.stats.all_episodes()
+            count, judged = self.stats.count, self.stats.success_judged
 
         def fmt(value: float | None, spec: str) -> str:
             return "n/a" if value is None else format(value, spec)
 
-        return (f"episodes={self.stats.count} mean_return={fmt(means['mean_return'], '.3f')} "
-                f"mean_length={fmt(means['mean_length'], '.1f')} success_rate={fmt(means['mean_success_rate'], '.3f')}")
+        rate = fmt(means["mean_success_rate"], ".3f")
+        if 0 < judged < count:
+            rate += f" (over the {judged} episodes with a success rule)"
+        return (f"episodes={count} mean_return={fmt(means['mean_return'], '.3f')} "
+                f"mean_length={fmt(means['mean_length'], '.1f')} success_rate={rate}")
 
 
 class _Violation(Exception):
@@ -178,6 +223,7 @@ class PolicyServer:
         seen: set[int] = set()  # envs that received a chunk on this connection: they have step state
         warned_stateless = False
         held: dict[int, HeldRow] = {}  # env -> its observation row in the last feedback (reuse)
+        judging = SuccessJudging()
         expect = messages.INFER
         while True:
             msg = self._receive(ws)
@@ -215,7 +261,8 @@ class PolicyServer:
                     raise _Violation(f"feedback for envs {repeated} whose chunk already got its feedback")
                 outstanding.difference_update(envs)
                 _hold_rows(held, feedback, skip=set(stateless))
-                if self._record(_episode_rows(feedback.info.get("episode"), envs, set(stateless))):
+                episode = _episode_rows(feedback.info.get("episode"), envs, set(stateless))
+                if self._record(episode, judging, _shows_success_rule(feedback.info, len(envs))):
                     ws.close(messages.CLOSE_GOING_AWAY, messages.REASON_STOP)
                     return
                 expect = messages.INFER
@@ -252,9 +299,9 @@ class PolicyServer:
             raise _Violation("text frame received; PlugRL sends binary msgpack frames only")
         return msg
 
-    def _record(self, episode: Any) -> bool:
+    def _record(self, episode: Any, judging: SuccessJudging, shows_rule: bool) -> bool:
         """Count reported episodes; True when the run is over."""
-        added = self.log.add(episode)
+        added = self.log.add(episode, judging, shows_rule)
         with self._lock:
             if added and time.monotonic() - self._last_log >= LOG_PERIOD_S:
                 self._last_log = time.monotonic()
@@ -302,6 +349,13 @@ def _check_keys(info: dict[str, Any], path: str) -> None:
 def _has_rows(info: dict[str, Any], m: int) -> bool:
     return any(_has_rows(v, m) if isinstance(v, dict) else isinstance(v, np.ndarray) and v.ndim >= 1 and v.shape[0] == m
                for v in info.values())
+
+
+def _shows_success_rule(info: dict[str, Any], m: int) -> bool:
+    """Whether a feedback's ``info`` carries a per-env success flag (:data:`SUCCESS_INFO_KEYS`): its env judges
+    success, so the ``s`` of its episodes is a verdict, not a default."""
+    return any(isinstance(v := info.get(key), np.ndarray) and v.ndim == 1 and v.shape[0] == m
+               for key in SUCCESS_INFO_KEYS)
 
 
 def _short(value: Any, limit: int = 200) -> str:
