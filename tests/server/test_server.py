@@ -234,7 +234,7 @@ def test_rules_are_judged_per_connection(server_factory, caplog):
 def test_a_real_client_run_of_an_env_without_a_rule_logs_no_success_rate(server_factory, tmp_path, registry):
     """The client itself against the server: Probe-v1 has no success rule, the client writes ``success: null``
     and the server, seeing only ``s`` False, says n/a. An env that reports ``info["success"]`` and never
-    succeeds gets a real 0."""
+    succeeds gets a real 0, and so does one whose registered reward threshold is never reached."""
     from plugrl_env_client.app import run_client
     from plugrl_env_client.config import ClientConfig
     from plugrl_env_client.envs.probe.probe_env import ProbeEnv
@@ -248,7 +248,12 @@ def test_a_real_client_run_of_an_env_without_a_rule_logs_no_success_rate(server_
             obs, reward, terminated, truncated, info = super().step(actions)
             return obs, reward, terminated, truncated, {**info, "success": np.zeros(self.num_envs, bool)}
 
-    for uid, rate in (("Probe-v1", "n/a"), ("NeverSucceeds-v1", "0.000")):
+    @register_env("UnreachedThreshold-v1", best_reward_threshold_for_success=1e9)
+    class UnreachedThreshold(ProbeEnv):
+        """Probe-v1 with a reward threshold for success that no episode reaches: the client says so with
+        ``info["is_step_success"]``, as PlugRL's client does."""
+
+    for uid, rate in (("Probe-v1", "n/a"), ("NeverSucceeds-v1", "0.000"), ("UnreachedThreshold-v1", "0.000")):
         server = server_factory(policy={"action_dim": 3})
         config = ClientConfig(output_dir=tmp_path, exp_name=uid, progress=False, num_envs=3, num_episodes=6,
                               server_port=server.port)

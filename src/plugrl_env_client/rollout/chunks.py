@@ -65,7 +65,7 @@ class ActionPlans:
             self.chunk_reward += np.where(active, rewards, 0.0)
             ended = active & ((self.cursor >= self.length) | done)
         self.cursor[done] = self.length[done]
-        return np.flatnonzero(ended)
+        return ended.nonzero()[0]
 
     def nearly_used(self, steps_left: int, candidates: np.ndarray) -> np.ndarray:
         """Among ``candidates`` (a bool mask), the envs with at most ``steps_left`` steps left in their chunk."""

@@ -285,17 +285,22 @@ class EnvGroup:
         rows = step.chunk_ended
         if rows.size == 0:
             return
-        early = np.zeros(0, np.intp)
+        early = None
         if self.settings.align_chunks:
             early = self.plans.nearly_used(self.settings.align_chunks, self.active & ~step.done)
         if not self._infer_follows(rows, step.done):
             early = np.flatnonzero(self.active & ~step.done & ~self.plans.needing_actions_mask())
-        if early.size:
+        if early is not None and early.size:
             self.plans.cut(early)
-            rows = np.union1d(rows, early)
+            ending = np.zeros(self.n, bool)
+            ending[rows] = True
+            ending[early] = True
+            rows = ending.nonzero()[0]  # ascending, each env once
         info = checks.slice_info(step.info, rows, self.n)
         if step.done[rows].any():
             info["episode"] = self.tracker.episode_info(rows, step.done)
+        if self.tracker.judges_success:  # as PlugRL's client does: a server cannot tell a False "s" from no rule
+            info.setdefault("is_step_success", self.tracker.success[rows].copy())
         # Known structurally: an env whose chunk ended without ending its episode asks for its next chunk with
         # exactly the observation this feedback carries, so the server can reuse the row.
         self.held[rows] = ~step.done[rows]
@@ -331,7 +336,7 @@ class EnvGroup:
         """Record finished episodes and start the next ones (unless the run needs no more episodes); returns the
         observation the next infer starts from."""
         obs = step.take_obs()
-        done = np.flatnonzero(step.done)
+        done = step.done.nonzero()[0]
         if done.size == 0:
             return obs
         records = self.tracker.finish(done, step.terminated, step.truncated, self.settings.process_id,
