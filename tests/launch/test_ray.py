@@ -4,10 +4,16 @@ placement over nodes, clean stops on signals; and its parts that need no Ray (le
 Every Ray test shares one test cluster (``ray.cluster_utils.Cluster``: a 2-CPU head node on this machine, plus
 nodes that single tests add and remove). Runs connect to it with ``--ray.address``, exactly as a user's run
 connects to a cluster, and disconnect at their end.
+
+Tests that kill an actor, lose a node or signal the driver do so at a definite point of the run, never after a
+time: the gated env (``tests/_support/ray_gated_env.py``) holds its processes inside a step, the test acts once
+they hold, and lets them go on once the run has taken in what it did.
 """
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import json
 import logging
 import pickle
@@ -19,9 +25,9 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import pytest
 
@@ -42,8 +48,9 @@ from plugrl_env_client.launch.ray import Demand  # noqa: E402
 
 SUPPORT = Path(__file__).resolve().parents[1] / "_support"
 CRASH_ENV = str(SUPPORT / "crash_once_env.py")
+GATED_ENV = str(SUPPORT / "ray_gated_env.py")
 DOC = Path(__file__).resolve().parents[2] / "docs" / "ray.md"
-discover_envs([CRASH_ENV])
+discover_envs([CRASH_ENV, GATED_ENV])
 NODE = {"object_store_memory": 80 * 1024**2}
 FAST_HEALTH_CHECKS = {"health_check_period_ms": 500, "health_check_failure_threshold": 3,
                       "health_check_initial_delay_ms": 0}
@@ -96,6 +103,95 @@ def ray_config(tmp_path: Path, cluster: Cluster, name: str, **kwargs: Any) -> Cl
 
 def crash_env(**fields: Any) -> Any:
     return env_registry.get_spec("CrashOnce-v1").config_cls(**fields)
+
+
+def gated_env(tmp_path: Path, **fields: Any) -> Any:
+    """A config of the gated env (``tests/_support/ray_gated_env.py``) whose gate folder is ``tmp_path/gate``."""
+    return env_registry.get_spec("RayGated-v1").config_cls(gate=str(tmp_path / "gate"), **fields)
+
+
+def open_gate(env: Any) -> None:
+    """Let every held process of the gated env go on (and later ones not hold)."""
+    path = env.open_file()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.touch()
+
+
+def wait_for(condition: Callable[[], bool], what: str, proc: subprocess.Popen | None = None,
+             timeout_s: float = 300.0) -> None:
+    """Wait until ``condition`` holds: an event of the run, not a time (the timeout only keeps a broken run from
+    hanging the suite). With ``proc``: fail at once, with its output, when it ends first."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert proc is None or proc.poll() is None, (f"the run ended before {what}", proc.communicate())
+        assert time.monotonic() < deadline, f"no {what} within {timeout_s:g} s"
+        time.sleep(0.05)
+
+
+class Step(NamedTuple):
+    """Something a run does (``event`` turns true), and what the test does then."""
+
+    what: str
+    event: Callable[[], bool]
+    act: Callable[[], None] = lambda: None
+
+
+@dataclasses.dataclass
+class Progress:
+    done: int = 0
+    error: str = ""
+
+
+@contextlib.contextmanager
+def gate_opened_after(env: Any, *steps: Step, timeout_s: float = 300.0) -> Iterator[Progress]:
+    """While the block runs a run of the gated env: a thread waits for each step's event in turn and does its act,
+    then opens the gate. The gate opens whatever happens (an event does not come, an act raises, the block ends
+    first), so no process waits on it for ever; the yielded progress says how many steps were done, and why not
+    all (a test asserts they were)."""
+    ended = threading.Event()
+    progress = Progress()
+
+    def watch() -> None:
+        deadline = time.monotonic() + timeout_s
+        try:
+            for step in steps:
+                while not step.event():
+                    if ended.is_set() or time.monotonic() > deadline:
+                        progress.error = f"the run ended, or {timeout_s:g} s passed, before {step.what}"
+                        return
+                    ended.wait(0.05)
+                step.act()
+                progress.done += 1
+        except Exception as exc:
+            progress.error = f"after {step.what}: {type(exc).__name__}: {exc}"
+        finally:
+            open_gate(env)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    try:
+        yield progress
+    finally:
+        ended.set()
+        watcher.join(timeout=60)
+
+
+def files_exist(*paths: Path) -> Callable[[], bool]:
+    return lambda: all(p.exists() for p in paths)
+
+
+def log_says(run: Path, text: str) -> Callable[[], bool]:
+    log = run / "logs" / "client.log"
+    return lambda: log.exists() and text in log.read_text()
+
+
+def process_gone(pid: int) -> bool:
+    """No process ``pid`` any more (or only its zombie)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True
+    return stat.rsplit(")", 1)[1].split()[0] in ("Z", "X")
 
 
 def read(run: Path, name: str) -> Any:
@@ -308,16 +404,18 @@ def test_env_defined_in_the_script_that_was_run_reaches_the_workers(cluster, tmp
 
 @pytest.mark.parametrize("split,max_restarts", [("static", 3), ("shared", 3), ("shared", 0)])
 def test_killed_actor_is_restarted_and_the_total_stays_exact(cluster, tmp_path, split, max_restarts):
-    marker = tmp_path / "killed"
-    # Shared: process 1 alone needs longer than Ray takes to report the death (else no restart is needed).
-    sleep = 0.002 if split == "static" else 0.04
+    """Process 0 kills itself in its 4th step; process 1 holds in its 4th step until the driver has taken in the
+    death (restarted the actor, or given it up), so the run is mid-collection then, whichever process is faster."""
+    env = gated_env(tmp_path, kill_process=0, kill_after_steps=4, hold_after_steps=4)
     cfg = ray_config(tmp_path, cluster, "run", max_restarts=max_restarts, num_envs=2, num_procs=2, num_episodes=40,
-                     local_policy="zero", env_path=(CRASH_ENV,),
-                     env=crash_env(kill_process=0, kill_after_steps=4, marker=str(marker), step_sleep_s=sleep),
+                     local_policy="zero", env_path=(GATED_ENV,), env=env,
                      runner=RunnerConfig(pass_proc_id=True, episode_split=split))
-    code = run_client(cfg, "CrashOnce-v1")
     run = tmp_path / "run"
-    assert marker.exists(), "process 0 killed itself"
+    taken_in = f"Ray restarts it (restart 1 of {max_restarts})" if max_restarts else "more than --ray.max-restarts 0"
+    with gate_opened_after(env, Step(f"the driver logged {taken_in!r}", log_says(run, taken_in))) as progress:
+        code = run_client(cfg, "RayGated-v1")
+    assert env.killed_file().exists(), "process 0 killed itself"
+    assert progress.done == 1, f"process 1 held until the driver had taken in the death: {progress.error}"
     summary = read(run, "summary.json")
     rows = [episodes(run, pid) for pid in (0, 1)]
     seeds = [r["seed"] for pid_rows in rows for r in pid_rows if r["seed"] is not None]
@@ -341,21 +439,27 @@ def test_killed_actor_is_restarted_and_the_total_stays_exact(cluster, tmp_path, 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_signal_on_the_driver_stops_every_actor_and_writes_outputs(cluster, tmp_path, sig):
-    cmd = [sys.executable, "-m", "plugrl_env_client", "point-v1", "--num-envs", "2", "--num-procs", "2",
+    """The signal comes while both processes hold in a step, with episodes recorded: mid-collection for sure (the
+    run has no episode target, and the gate opens right after the signal)."""
+    env = gated_env(tmp_path, hold_after_steps=4)
+    cmd = [sys.executable, "-m", "plugrl_env_client", "RayGated-v1", "--env-path", GATED_ENV, "--env.gate", env.gate,
+           "--env.hold-after-steps", "4", "--runner.pass-proc-id", "--num-envs", "2", "--num-procs", "2",
            "--local-policy", "random", "--output-dir", str(tmp_path), "--exp-name", "run", "--no-progress",
            "--launcher", "ray", "--ray.address", cluster.address]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     run = tmp_path / "run"
+    files = [run / "rollout" / f"proc_{p:03d}" / "episodes.jsonl" for p in (0, 1)]
     try:
-        deadline = time.monotonic() + 120
-        while not all((run / "rollout" / f"proc_{p:03d}" / "episodes.jsonl").exists()
-                      and (run / "rollout" / f"proc_{p:03d}" / "episodes.jsonl").read_text() for p in (0, 1)):
-            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
-            time.sleep(0.2)
+        wait_for(lambda: files_exist(env.held_file(0), env.held_file(1))()
+                 and all(f.exists() and f.stat().st_size for f in files),
+                 "hold of both processes with episodes recorded", proc)
         proc.send_signal(sig)
-        out, err = proc.communicate(timeout=90)
+        open_gate(env)
+        out, err = proc.communicate(timeout=120)
     finally:
+        open_gate(env)
         proc.kill()
+        proc.wait()
     assert proc.returncode == 128 + sig, (out, err)
     summary = read(run, "summary.json")
     assert summary["completed_episodes"] == sum(len(episodes(run, p)) for p in (0, 1)) > 0
@@ -395,28 +499,27 @@ def test_spread_uses_different_nodes_and_pack_one(cluster, extra_node, tmp_path)
 
 
 def test_lost_node_restarts_its_actor_on_another_and_the_total_stays_exact(cluster, extra_node, tmp_path):
+    """The node goes while both processes hold in their 4th step (placed, collecting, far from their shares); the
+    gate opens once the driver has taken in the loss and the lost actor's process has ended (it outlives its node
+    by a moment: let go earlier, it could finish its share and report it first)."""
     doomed = extra_node(num_cpus=1)
+    wait_until_idle(cluster)  # the head's 2 CPUs free: one process on each node
+    env = gated_env(tmp_path, hold_after_steps=4)
     cfg = ray_config(tmp_path, cluster, "run", num_envs=2, num_procs=2, num_episodes=60, local_policy="zero",
-                     env_path=(CRASH_ENV,), env=crash_env(step_sleep_s=0.03),
-                     runner=RunnerConfig(episode_split="static"))
+                     env_path=(GATED_ENV,), env=env, runner=RunnerConfig(pass_proc_id=True, episode_split="static"))
     run = tmp_path / "run"
-    removed = threading.Event()
+    held_pids: list[int] = []
 
-    def remove_when_both_collect() -> None:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            files = [run / "rollout" / f"proc_{p:03d}" / "episodes.jsonl" for p in (0, 1)]
-            if all(f.exists() and f.read_text() for f in files):
-                cluster.remove_node(doomed, allow_graceful=False)
-                removed.set()
-                return
-            time.sleep(0.05)
+    def remove_node() -> None:
+        held_pids.extend(int(env.held_file(p).read_text()) for p in (0, 1))
+        cluster.remove_node(doomed, allow_graceful=False)
 
-    remover = threading.Thread(target=remove_when_both_collect, daemon=True)
-    remover.start()
-    assert run_client(cfg, "CrashOnce-v1") == 0
-    remover.join(timeout=10)
-    assert removed.is_set(), "the run ended before the node could be removed"
+    steps = (Step("both processes held", files_exist(env.held_file(0), env.held_file(1)), act=remove_node),
+             Step("the driver restarted the lost actor", log_says(run, "Ray restarts it (restart 1 of 3)")),
+             Step("the lost actor's process ended", lambda: any(map(process_gone, held_pids))))
+    with gate_opened_after(env, *steps) as progress:
+        assert run_client(cfg, "RayGated-v1") == 0
+    assert progress.done == 3, f"the node was lost, and the loss taken in, while both processes held: {progress.error}"
     summary = read(run, "summary.json")
     assert summary["completed_episodes"] == 60 == sum(len(episodes(run, p)) for p in (0, 1))
     assert [len(episodes(run, p)) for p in (0, 1)] == [30, 30]
@@ -470,14 +573,19 @@ class _FlakyRay:
 def test_init_connects_again_once_when_the_client_server_failed_to_start(caplog):
     from plugrl_env_client.launch import ray as ray_launch
 
-    failed = ConnectionError(f"Initialization failure from server:\nRuntimeError: {ray_launch.CLIENT_SERVER_FAILED}.")
+    failed = ConnectionError(f"Initialization failure from server:\nRuntimeError: {ray_launch.CLIENT_SERVER_FAILED[0]}.")
     flaky = _FlakyRay(failed)
     ray_launch._init(flaky, {"address": "ray://head:10001"})
     assert (flaky.inits, flaky.shutdowns) == (2, 1)
     assert "failed to start; connecting again" in caplog.text
 
+    zombie = _FlakyRay(ConnectionError('Initialization failure from server:\nTraceback (most recent call last):\n  File '
+                                       '"proxier.py", line 1, in start_specific_server\npsutil.ZombieProcess: ...'))
+    ray_launch._init(zombie, {"address": "ray://head:10001"})
+    assert zombie.inits == 2, "the proxy's traceback of a server that died at once is retried too"
+
     twice = _FlakyRay(failed, failed)
-    with pytest.raises(ConnectionError, match=ray_launch.CLIENT_SERVER_FAILED):
+    with pytest.raises(ConnectionError, match=ray_launch.CLIENT_SERVER_FAILED[0]):
         ray_launch._init(twice, {"address": "ray://head:10001"})
     assert twice.inits == 2
 

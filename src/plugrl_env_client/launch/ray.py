@@ -57,6 +57,8 @@ logger = logging.getLogger(__name__)
 
 POLL_S = 0.2
 """Longest wait for actor reports before the driver looks at its stop flag and timers again."""
+START_RETRY_S = 120.0
+"""How long a start is sent again while Ray reports the restarted actor as unavailable (still coming back)."""
 DRAIN_TIMEOUT_S = 30.0
 """After a stop: how long actors get to finish their step and report before they are killed."""
 PLACEMENT_WARNING_S = 30.0
@@ -181,9 +183,10 @@ def _connected(ray: Any, config: RayConfig, demand: Demand, num_procs: int, ship
         _cleanup(ray)
 
 
-CLIENT_SERVER_FAILED = "Starting Ray client server failed"
-"""What a Ray Client proxy answers when the server process it starts for this driver died at once. Seen under load
-(the proxy forks it while gRPC threads run); the next connection gets a new one."""
+CLIENT_SERVER_FAILED = ("Starting Ray client server failed", "start_specific_server")
+"""What a Ray Client proxy answers when the server process it starts for this driver died at once (its message, or
+the proxy's traceback through ``start_specific_server``). Seen under load (the proxy forks it while gRPC threads
+run); the next connection gets a new one."""
 
 
 def _init(ray: Any, kwargs: dict[str, Any], attempts: int = 2) -> None:
@@ -193,7 +196,7 @@ def _init(ray: Any, kwargs: dict[str, Any], attempts: int = 2) -> None:
             ray.init(**kwargs)
             return
         except ConnectionError as exc:
-            if CLIENT_SERVER_FAILED not in str(exc) or attempt == attempts:
+            if not any(sign in str(exc) for sign in CLIENT_SERVER_FAILED) or attempt == attempts:
                 raise
             logger.warning("--ray.address %s: the Ray Client server for this run failed to start; connecting again",
                            kwargs.get("address"))
@@ -339,6 +342,8 @@ class _Proc:
     call: Any = None
     """The actor call in flight: ``start`` of the current epoch, then one ``poll`` after another."""
     calling: str = ""
+    start_args: tuple[Any, ...] = ()
+    """The arguments of the current epoch's ``start`` call (sent again while Ray is still restarting the actor)."""
     started_at: float = 0.0
     start_warned: bool = False
     result: ProcessResult | None = None
@@ -433,7 +438,8 @@ class Supervisor:
                 cfg, runner=dataclasses.replace(cfg.runner, seed=seed)))
         grant = self.book.start(proc.pid, proc.epoch)
         proc.history.append(_Epoch())
-        proc.call, proc.calling = proc.actor.start.remote(pickle.dumps(job), proc.epoch, cfg.num_episodes, grant), "start"
+        proc.start_args = (pickle.dumps(job), proc.epoch, cfg.num_episodes, grant)
+        proc.call, proc.calling = proc.actor.start.remote(*proc.start_args), "start"
         proc.started_at, proc.start_warned = time.monotonic(), False
 
     def _loop(self, deadline: float | None) -> None:
@@ -455,6 +461,15 @@ class Supervisor:
             answer = self.ray.get(proc.call)
         except exceptions.RayTaskError as exc:  # our code raised in the actor: a bug, not a lost actor
             self._epoch_failed(proc, f"internal error in the Ray actor: {exc}")
+            return
+        except exceptions.ActorUnavailableError as exc:
+            # Ray is still bringing a restarted actor back (seconds on a loaded machine): that death was counted
+            # already, so the start is sent again; Ray ends the wait itself (the actor dies) if it cannot restart.
+            if proc.calling == "start" and time.monotonic() - proc.started_at < START_RETRY_S:
+                time.sleep(POLL_S)  # Ray answers at once while the actor is down: do not spin on it
+                proc.call = proc.actor.start.remote(*proc.start_args)
+                return
+            self._actor_died(proc, exc)
             return
         except exceptions.RayError as exc:  # the actor died, or its node was lost
             self._actor_died(proc, exc)
