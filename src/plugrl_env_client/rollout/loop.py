@@ -100,29 +100,36 @@ class Rollout:
             self._report_progress()
 
     def _pipelined(self, obs: list[Observation]) -> None:
-        asked_at: dict[int, int] = {}  # group index -> when (in asks) its infer on the wire was sent
-        asks = 0
+        asked: list[int] = []  # groups with an infer on the wire, in the order they sent it
         while not self._done():
-            for g, group in enumerate(self.groups):
-                if not group.awaiting_actions and group.needs_actions() and self._guarded(group.ask_for_actions, g,
-                                                                                          obs[g]):
-                    asks += 1
-                    asked_at[g] = asks
-            stepped = False
-            for g, group in enumerate(self.groups):
-                if group.awaiting_actions:
-                    self._guarded(group.take_actions, g, 0.0)
-                if not group.awaiting_actions and group.can_step() and not self._done():
-                    step = group.step_envs()
-                    group.send_feedback(step)
-                    obs[g] = group.finish_episodes(step)
-                    stepped = True
-            waiting = [g for g, group in enumerate(self.groups) if group.awaiting_actions]
-            if not stepped and waiting:  # nothing can step: wait for the reply asked for first
-                blocked, first = time.perf_counter(), min(waiting, key=asked_at.__getitem__)
-                self._guarded(self.groups[first].take_actions, first, None)
+            self._ask(obs, asked)
+            if not self._step_ready(obs) and asked:  # nothing could step: wait for the reply asked for first
+                blocked = time.perf_counter()
+                self._guarded(self.groups[asked[0]].take_actions, asked[0], None)
                 self._blocked_s += time.perf_counter() - blocked
+            asked[:] = [g for g in asked if self.groups[g].awaiting_actions]
             self._report_progress()
+
+    def _ask(self, obs: list[Observation], asked: list[int]) -> None:
+        """Every group that needs actions and has no infer on the wire sends one."""
+        for g, group in enumerate(self.groups):
+            if not group.awaiting_actions and group.needs_actions() and self._guarded(group.ask_for_actions, g,
+                                                                                      obs[g]):
+                if group.awaiting_actions:
+                    asked.append(g)
+
+    def _step_ready(self, obs: list[Observation]) -> bool:
+        """Pick up the replies already in, and step every group that has its actions once; whether any did."""
+        stepped = False
+        for g, group in enumerate(self.groups):
+            if group.awaiting_actions:
+                self._guarded(group.take_actions, g, 0.0)
+            if not group.awaiting_actions and group.can_step() and not self._done():
+                step = group.step_envs()
+                group.send_feedback(step)
+                obs[g] = group.finish_episodes(step)
+                stepped = True
+        return stepped
 
     def _guarded(self, call: Callable[..., object], g: int, *args: Any) -> bool:
         """``call(*args)`` of group ``g``'s exchange; a lost connection is handled here (that group reconnects, or
