@@ -15,6 +15,10 @@ Every figure is printed next to its target and as a ratio to an anchor measured 
    set to the batch step time measured in cell 1), as a GPU policy would: pipelined vs lockstep. Target: >= 1.7 x.
 3. ``--num-procs 2`` vs 1 for the same CPU-bound env (lockstep, separate processes, one core each at best).
 
+``--profile`` adds where the client's time goes in cell 1's pipelined run (2 groups, align 4): the same rollout run
+in this process with its named steps timed (wall time per group step, in microseconds), next to raw stepping of a
+group's env object alone.
+
 The client runs the real process code (``launch.process.run_process``: env groups, sessions over loopback
 WebSockets, the run's writer in a temp dir); a timer ends each cell through the budget's stop flag. The server is
 ``plugrl-run-policy-server`` (random policy, action dim 3, horizon 8) in a subprocess, so client and server do not
@@ -24,6 +28,8 @@ share one interpreter. Numbers depend on the machine and its load: compare them 
 from __future__ import annotations
 
 import argparse
+import collections
+import functools
 import multiprocessing as mp
 import socket
 import subprocess
@@ -40,7 +46,7 @@ from plugrl_env_client.config import ClientConfig, RunnerConfig
 from plugrl_env_client.envs import discover_envs
 from plugrl_env_client.envs.mujoco.mujoco_env import MujocoEnvConfig
 from plugrl_env_client.launch.local import launch
-from plugrl_env_client.launch.process import ProcessJob
+from plugrl_env_client.launch.process import ProcessJob, run_process
 from plugrl_env_client.outputs.run_dir import RunDir
 from plugrl_env_client.outputs.run_writer import RunWriter
 from plugrl_env_client.rollout.budget import EpisodeBudget
@@ -84,14 +90,14 @@ class Server:
             self.proc.kill()
 
 
-def raw_rate(seconds: float) -> tuple[float, float]:
+def raw_rate(seconds: float, num_envs: int = NUM_ENVS) -> tuple[float, float]:
     """Env-steps/s of the env object alone (random actions, finished envs reset as the runner does), and the
     seconds of one batch step. Best of 3 slices."""
-    env = make_env("MuJoCo-v1", num_envs=NUM_ENVS, config=MujocoEnvConfig(task=TASK))
+    env = make_env("MuJoCo-v1", num_envs=num_envs, config=MujocoEnvConfig(task=TASK))
     rng = np.random.default_rng(0)
-    actions = rng.uniform(-1, 1, (64, NUM_ENVS, ACTION_DIM)).astype(np.float32)
+    actions = rng.uniform(-1, 1, (64, num_envs, ACTION_DIM)).astype(np.float32)
     env.reset(seed=0)
-    lengths = np.zeros(NUM_ENVS, int)
+    lengths = np.zeros(num_envs, int)
     best = 0.0
     try:
         for _ in range(3):
@@ -104,10 +110,10 @@ def raw_rate(seconds: float) -> tuple[float, float]:
                     env.reset(options={"reset_mask": done, "reset_indices": np.flatnonzero(done)})
                     lengths[done] = 0
                 steps += 1
-            best = max(best, steps * NUM_ENVS / (time.perf_counter() - start))
+            best = max(best, steps * num_envs / (time.perf_counter() - start))
     finally:
         env.close()
-    return best, NUM_ENVS / best
+    return best, num_envs / best
 
 
 def client_rate(port: int, seconds: float, pipeline: int = 1, num_procs: int = 1, align: int = 0) -> float:
@@ -132,7 +138,64 @@ def client_rate(port: int, seconds: float, pipeline: int = 1, num_procs: int = 1
     return float(summary["timing"]["effective_fps"])
 
 
-VARIANTS = ((1, 0), (1, 4), (2, 0), (2, 4), (4, 4))
+def profile(port: int, seconds: float, pipeline: int = 2, align: int = 4) -> None:
+    """Wall time of each named step of the rollout per group step, for one pipelined run in this process (the
+    steps are wrapped with timers; the timers themselves cost about a microsecond per call)."""
+    from plugrl_env_client.protocol.connection import Connection
+    from plugrl_env_client.rollout.group import EnvGroup
+    from plugrl_env_client.rollout.loop import Rollout
+
+    spent: dict[str, float] = collections.defaultdict(float)
+    calls: collections.Counter[str] = collections.Counter()
+    wrapped = [(EnvGroup, "step_envs"), (EnvGroup, "send_feedback"), (EnvGroup, "finish_episodes"),
+               (EnvGroup, "ask_for_actions"), (EnvGroup, "take_actions"), (EnvGroup, "_reset"), (Rollout, "_done"),
+               (Connection, "_pack"), (Connection, "_send"), (Connection, "_recv")]
+    originals = [(cls, name, getattr(cls, name)) for cls, name in wrapped]
+
+    def timed(name: str, fn: object) -> object:
+        @functools.wraps(fn)  # type: ignore[arg-type]
+        def call(*args: object, **kwargs: object) -> object:
+            start = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)  # type: ignore[operator]
+            finally:
+                spent[name] += time.perf_counter() - start
+                calls[name] += 1
+        return call
+
+    for cls, name, fn in originals:
+        setattr(cls, name, timed(f"{cls.__name__}.{name}", fn))
+    try:
+        config = ClientConfig(num_envs=NUM_ENVS, server_port=port, progress=False, env=MujocoEnvConfig(task=TASK),
+                              runner=RunnerConfig(pipeline=pipeline, max_episode_steps=EPISODE_CAP, align_chunks=align))
+        budget = EpisodeBudget(None, mp.get_context("spawn"), 1)
+        with tempfile.TemporaryDirectory(prefix="plugrl-bench-") as tmp:
+            writer = RunWriter(RunDir(Path(tmp) / "run").create(), "bench", 1)
+            timer = threading.Timer(seconds, budget.stop.set)
+            timer.start()
+            try:
+                run_process(ProcessJob("MuJoCo-v1", config, 0, f"ws://127.0.0.1:{port}"), budget, writer)
+            finally:
+                timer.cancel()
+            timing = writer.close()["timing"]
+    finally:
+        for cls, name, fn in originals:
+            setattr(cls, name, fn)
+    steps = timing["batch_steps"]
+    raw, _ = raw_rate(seconds, NUM_ENVS // pipeline)
+    group = NUM_ENVS // pipeline
+    per = timing["collect_time_s"] / steps
+    print(f"\nwhere the time goes: pipelined, {pipeline} groups, align {align}, in this process, {steps} group steps of "
+          f"{group} envs, {timing['infer_calls'] / steps:.2f} infers per group step")
+    print(f"  {'a group step, all in':<34} {per * 1e6:8.1f} us  (raw stepping of a {group}-env object, resets "
+          f"included: {group / raw * 1e6:.1f} us)")
+    print(f"  {'env.step alone':<34} {timing['env_step_s'] / steps * 1e6:8.1f} us")
+    for name, total in sorted(spent.items(), key=lambda item: -item[1]):
+        print(f"  {name:<34} {total / steps * 1e6:8.1f} us  ({calls[name]} calls, {total / calls[name] * 1e6:.1f} us "
+              "each)")
+
+
+VARIANTS = ((1, 0), (1, 4), (2, 0), (2, 4), (2, 7), (4, 4), (4, 7))
 """(--runner.pipeline, --runner.align-chunks) of the client cells."""
 
 
@@ -150,6 +213,7 @@ def row(label: str, value: float, anchor: float, anchor_name: str, target: float
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="shorter cells (noisier)")
+    parser.add_argument("--profile", action="store_true", help="also time the rollout's named steps (pipelined)")
     args = parser.parse_args()
     cell = 2.0 if args.quick else 5.0
     discover_envs()
@@ -164,6 +228,9 @@ def main() -> None:
         rates = {(k, a): client_rate(server.port, cell, pipeline=k, align=a) for k, a in VARIANTS}
     for (k, a), value in rates.items():
         print(row(_name(k, a), value, raw, "raw", None if k == 1 else 0.9))
+    if args.profile:
+        with Server() as server:
+            profile(server.port, cell)
 
     latency_ms = batch_s * 1e3
     print(f"\n2. server latency {latency_ms:.2f} ms per infer (about one batch step)")
