@@ -152,46 +152,6 @@ def test_many_frames_in_a_row_arrive_in_order(served, kind):
 
 
 @pytest.mark.parametrize("kind", KINDS)
-def test_a_held_message_waits_for_the_next_send_or_the_close_and_keeps_its_place(served, kind):
-    """``send(hold=True)``: a small message is held back and goes out, in order, with the next send; a close sends
-    it too; a message of HOLD_MAX bytes or more is not held."""
-    got: list[bytes] = []
-    arrived = threading.Condition()
-
-    def collect(conn):
-        while True:
-            data = bytes(conn.recv())
-            with arrived:
-                got.append(data)
-                arrived.notify_all()
-
-    def wait_for(count: int, timeout: float) -> bool:
-        with arrived:
-            return arrived.wait_for(lambda: len(got) >= count, timeout)
-
-    s = served(collect, kind)
-    conn = transport.connect(s.url, kind=kind)
-    conn.send(b"feedback 1", hold=True)
-    assert not wait_for(1, 0.3), "a held message must wait for the next send"
-    conn.send(b"infer 1")
-    assert wait_for(2, 10) and got == [b"feedback 1", b"infer 1"]
-    big = bytes(transport.HOLD_MAX)
-    conn.send(big, hold=True)
-    assert wait_for(3, 10) and got[2] == big, "a large message is sent at once"
-    conn.send(b"feedback 2", hold=True)
-    conn.send(b"feedback 3", hold=True)
-    conn.send(big)  # a large message after held ones: they go first
-    assert wait_for(6, 10) and got[3:] == [b"feedback 2", b"feedback 3", big]
-    conn.send(b"last feedback", hold=True)
-    conn.close()
-    assert wait_for(7, 10) and got[6] == b"last feedback", "closing sends what was held"
-    deadline = time.monotonic() + 10
-    while not s.seen and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert [(e.code, e.reason) for e in s.seen] == [(1000, "")], "the close follows the held message"
-
-
-@pytest.mark.parametrize("kind", KINDS)
 def test_server_parse_hook_decodes_and_its_errors_come_out_of_recv(served, kind):
     """``serve(parse=codec.unpackb)``: recv returns decoded messages; a broken frame raises from recv and the
     connection goes on."""

@@ -9,9 +9,7 @@ end the run). What cannot be recovered by reconnecting (a text frame, a message 
 ``feedback`` has no reply, so whether the server got one is unknowable until the next exchange. A feedback that
 cannot be sent because the connection is already gone is therefore not an error of its own: the connection
 remembers the close and the next ``infer`` raises it, exactly as if the server had closed right after receiving
-the feedback. The caller's episodes continue either way. For the same reason a small feedback may wait for the
-infer that always follows it and go out in the same write (one system call and one wake-up of the server instead
-of two); closing the connection sends it too.
+the feedback. The caller's episodes continue either way.
 """
 
 from __future__ import annotations
@@ -152,7 +150,7 @@ class Connection:
             wire = messages.wire_observation(obs)
             with self._pack(messages.feedback_message(env_indices, step_ids, wire, rewards, terminated, truncated, info),
                             _payload_bytes(wire)) as frame:
-                self._send(frame, hold=True)  # an infer always follows: a small feedback goes out with it
+                self._send(frame)
         except ConnectionLost as lost:
             self._lost = lost.close
             return
@@ -171,9 +169,9 @@ class Connection:
         self._timing.pack_s += time.perf_counter() - start
         return frame
 
-    def _send(self, frame: memoryview, hold: bool = False) -> None:
+    def _send(self, frame: memoryview) -> None:
         try:
-            self._transport.send(frame, hold)
+            self._transport.send(frame)
         except TransportClosed as exc:
             raise ConnectionLost(self._closed(exc)) from None
         self._timing.bytes_sent += frame.nbytes

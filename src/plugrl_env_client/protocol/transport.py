@@ -79,9 +79,6 @@ RECV_BUFSIZE = 1 << 20
 reads instead of ~50, each of which costs a trip through websockets' Python-level protocol machinery."""
 MAX_FRAME_SIZE = 1 << 62
 """picows refuses frames above its ``max_frame_size`` (10 MiB by default); PlugRL frames have no size limit."""
-HOLD_MAX = 1 << 16
-"""Largest frame a client transport holds back for the next send (``send(..., hold=True)``): for a larger one the
-write itself costs more than the system call saved, and the copy would cost memory."""
 POST_MAX = 1 << 20
 """picows sends run in the loop's thread. A message up to this size is copied and handed over without waiting
 (cheaper than a round trip between threads); a larger one is masked straight from the caller's buffer while the
@@ -148,13 +145,9 @@ class Transport(abc.ABC):
     kind: ClassVar[str]
 
     @abc.abstractmethod
-    def send(self, data: Data, hold: bool = False) -> None:
+    def send(self, data: Data) -> None:
         """Send ``data`` as one binary message. The buffer is no longer needed when this returns (the caller may
-        reuse it). Raises :class:`TransportClosed` when the connection is closed.
-
-        ``hold``: the message may wait, in order, until the next ``send`` or ``close``, and then go out in the same
-        write (for a message that is always followed by another soon, such as a feedback by its infer: one
-        system call and one wake-up of the peer instead of two). A transport may also send it at once."""
+        reuse it). Raises :class:`TransportClosed` when the connection is closed."""
 
     @abc.abstractmethod
     def recv(self, timeout: float | None = None) -> Message:
@@ -270,44 +263,15 @@ class _TunedClientConnection(ClientConnection):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._framer = MaskedFramer()
-        self._held = bytearray()  # framed messages held back for the next write (send(..., hold=True))
 
-    def send(self, message: Any, *, text: bool | None = None, hold: bool = False) -> None:
+    def send(self, message: Any, *, text: bool | None = None) -> None:
         if text or not isinstance(message, (bytes, bytearray, memoryview)) or self.protocol.extensions:
-            self.flush_held()
             super().send(message, text=text)
             return
         with self.send_context():  # the connection lock and state checks; writes what the protocol queued on exit
             if getattr(self, "send_in_progress", False) or self.protocol.expect_continuation_frame:
                 raise ConcurrencyError("cannot send while a fragmented message is being sent")
-            frame = self._framer.frame(message)
-            small = frame.nbytes < HOLD_MAX
-            if hold and small:
-                self._held += frame  # a copy: the framer's buffer is reused by the next frame
-                return
-            if self._held:
-                if small:  # one write for both
-                    self._held += frame
-                    frame = memoryview(bytes(self._held))
-                else:
-                    self.protocol.writes.append(bytes(self._held))
-                self._held.clear()
-            self.protocol.writes.append(frame)  # type: ignore[arg-type]  # sendall takes views
-
-    def flush_held(self) -> None:
-        """Write the messages held back, if any (before a close or a frame websockets writes itself)."""
-        if not self._held:
-            return
-        with self.send_context():
-            self.protocol.writes.append(bytes(self._held))
-            self._held.clear()
-
-    def close(self, code: int = 1000, reason: str = "") -> None:
-        try:
-            self.flush_held()
-        except ConnectionClosed:  # already closed: nothing more reaches the peer
-            self._held.clear()
-        super().close(code, reason)
+            self.protocol.writes.append(self._framer.frame(message))  # type: ignore[arg-type]  # sendall takes views
 
 
 class _TunedServerConnection(ServerConnection):
@@ -323,12 +287,9 @@ class _WebsocketsTransport(ServerTransport):
         self._ws = ws
         self._parse = parse
 
-    def send(self, data: Data, hold: bool = False) -> None:
+    def send(self, data: Data) -> None:
         try:
-            if hold and isinstance(self._ws, _TunedClientConnection):
-                self._ws.send(data, hold=True)
-            else:
-                self._ws.send(data)
+            self._ws.send(data)
         except ConnectionClosed as exc:
             raise _closed(exc) from None
 
@@ -604,46 +565,30 @@ class _PicowsTransport(ServerTransport):
         self._binary = _picows().WSMsgType.BINARY
         self._close_lock = threading.Lock()
         self._closed = False
-        self._held: list[bytes] = []  # messages held back for the next send (send(..., hold=True))
 
-    def send(self, data: Data, hold: bool = False) -> None:
+    def send(self, data: Data) -> None:
         inbox = self._inbox
         if not inbox.writable.is_set():
             inbox.writable.wait()  # the socket is behind: let the loop drain it before queueing more
         if inbox.gone.is_set():
             raise inbox.closed()
-        if hold and len(data) < HOLD_MAX:
-            self._held.append(bytes(data))
-            return
         if len(data) <= POST_MAX:
             # Small: hand the loop a copy and go on; a failure shows up at the next recv (the connection is gone).
-            messages, self._held = [*self._held, bytes(data)], []
             try:
-                self._loop.loop.call_soon_threadsafe(self._post_in_loop, messages)
+                self._loop.loop.call_soon_threadsafe(self._post_in_loop, bytes(data))
             except RuntimeError:  # the loop is closed
                 raise inbox.closed() from None
             return
-        self._flush_held()
         self._loop.call(self._send_in_loop, data)
 
-    def _flush_held(self) -> None:
-        if self._held:
-            messages, self._held = self._held, []
-            try:
-                self._loop.loop.call_soon_threadsafe(self._post_in_loop, messages)
-            except RuntimeError:  # the loop is closed: nothing more reaches the peer
-                pass
-
-    def _post_in_loop(self, messages: list[bytes]) -> None:
+    def _post_in_loop(self, data: bytes) -> None:
         transport = self._transport
-        for data in messages:
-            if transport.is_disconnected or transport.is_close_frame_sent:
-                return
-            try:
-                transport.send(self._binary, data)
-            except Exception:  # the connection broke under it: the next recv reports the close
-                logger.debug("posted send failed", exc_info=True)
-                return
+        if transport.is_disconnected or transport.is_close_frame_sent:
+            return
+        try:
+            transport.send(self._binary, data)
+        except Exception:  # the connection broke under it: the next recv reports the close
+            logger.debug("posted send failed", exc_info=True)
 
     def _send_in_loop(self, data: Data) -> None:
         transport = self._transport
@@ -670,7 +615,6 @@ class _PicowsTransport(ServerTransport):
             self._closed = True
         try:
             if not self._inbox.gone.is_set():
-                self._flush_held()  # in order: the loop runs it before the close below
                 self._loop.call(self._close_in_loop, code, reason.encode())
                 if not self._inbox.gone.wait(self._close_timeout):
                     self._loop.call(self._transport.disconnect, False)
