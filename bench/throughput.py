@@ -14,8 +14,8 @@ For each env (Dummy-v1, Point-v1), batch size (num_envs 1, 16, 256) and server a
   temp dir) against the reference ``random`` server started with ``start_local_server`` in a thread of this
   process (as ``--local-policy random`` does), stopped through the budget's ``stop`` event by a watcher thread
   after a time limit or a step cap;
-* the round trip of each ``Connection.infer`` call (pack, send, server decode + policy, reply, parse), timed by
-  instrumenting the session from this script only;
+* the round trip of each infer (pack, send, server decode + policy, reply, parse: from ``send_infer`` to the
+  ``receive_actions`` that returns its chunk), timed by instrumenting the session from this script only;
 * bytes sent per env step (infer and feedback frames, from ``session.stats.bytes_sent``).
 
 Numbers depend on the machine and its load; compare them within one run only.
@@ -112,16 +112,22 @@ def bench_raw(env_id: str, num_envs: int, seconds: float) -> float:
 
 
 class TimedSession(Session):
-    """A Session that records the wall time of every completed ``infer`` exchange (send → action received)."""
+    """A Session that records the wall time of every completed infer exchange (``send_infer`` called → its action
+    received by ``receive_actions``)."""
 
     def __init__(self, config: SessionConfig) -> None:
         super().__init__(config)
         self.infer_s: list[float] = []
+        self._asked_at = 0.0
 
-    def infer(self, *args: Any, **kwargs: Any) -> Any:
-        start = time.perf_counter()
-        out = super().infer(*args, **kwargs)  # a close raises: only completed exchanges are timed
-        self.infer_s.append(time.perf_counter() - start)
+    def send_infer(self, *args: Any, **kwargs: Any) -> None:
+        self._asked_at = time.perf_counter()
+        super().send_infer(*args, **kwargs)
+
+    def receive_actions(self, timeout: float | None = None) -> Any:
+        out = super().receive_actions(timeout)  # a close raises: only completed exchanges are timed
+        if out is not None:
+            self.infer_s.append(time.perf_counter() - self._asked_at)
         return out
 
 
