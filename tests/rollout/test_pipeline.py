@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import collections
 import json
+import multiprocessing as mp
 import subprocess
 import sys
 import threading
@@ -20,8 +21,14 @@ from websockets.sync.server import ServerConnection, serve
 from plugrl_env_client.app import run_client
 from plugrl_env_client.config import ClientConfig, RunnerConfig
 from plugrl_env_client.envs import discover_envs
+from plugrl_env_client.envs.base_env import Observation
 from plugrl_env_client.errors import ConfigError
+from plugrl_env_client.outputs.results import ProcessStatus
 from plugrl_env_client.protocol import codec, messages
+from plugrl_env_client.rollout.budget import EpisodeBudget
+from plugrl_env_client.rollout.group import LoopSettings
+from plugrl_env_client.rollout.loop import Rollout
+from plugrl_env_client.timing import Timing
 
 discover_envs()
 from probe_protocol import D, check_probe_transcript, probe_script  # noqa: E402
@@ -222,3 +229,69 @@ def test_pipelined_stage_shares_add_up_to_at_most_the_whole(tmp_path: Path) -> N
     timing = json.loads((tmp_path / "run" / "rollout/proc_000/summary.json").read_text())["timing"]
     shares = {k: v for k, v in timing.items() if k.endswith("_frac")}
     assert timing["infer_wait_s"] > 0 and 0 < sum(shares.values()) <= 1.0 + 1e-6, shares
+
+
+class _ScriptedGroup:
+    """The parts of an EnvGroup the pipelined loop drives, with replies that arrive when the test says."""
+
+    def __init__(self, reply_in_at_poll: bool, on_take: Any = None) -> None:
+        self.timing = Timing()
+        self.all_retired, self.started = False, 0.0
+        self.awaiting_actions, self.has_actions = False, False
+        self.reply_in_at_poll, self.on_take = reply_in_at_poll, on_take
+        self.steps = 0
+
+    def connect(self) -> None: ...
+
+    def close(self) -> None: ...
+
+    def reset_all(self) -> Observation:
+        return Observation(states={"x": np.zeros((1, 1))})
+
+    def needs_actions(self) -> bool:
+        return not self.has_actions
+
+    def ask_for_actions(self, obs: Observation) -> None:
+        self.awaiting_actions = True
+
+    def take_actions(self, timeout: float | None = 0.0) -> bool:
+        assert self.awaiting_actions, "the loop waited for a reply it had taken already"
+        if timeout is not None and not self.reply_in_at_poll:
+            return False
+        self.awaiting_actions, self.has_actions = False, True
+        if self.on_take is not None:
+            self.on_take()
+        return True
+
+    def can_step(self) -> bool:
+        return self.has_actions
+
+    def step_envs(self) -> None:
+        self.has_actions = False
+        self.steps += 1
+
+    def send_feedback(self, step: None) -> None: ...
+
+    def finish_episodes(self, step: None) -> Observation:
+        return self.reset_all()
+
+
+class _NoSink:
+    def episode(self, record: Any) -> None: ...
+
+    def progress(self, *args: Any) -> None: ...
+
+    def artifact(self, *args: Any, **kwargs: Any) -> None: ...
+
+
+def test_a_reply_taken_as_the_run_stops_is_not_waited_for_again() -> None:
+    """The stop comes while a reply is being picked up (the run's time is over, Ctrl-C): that group then does not
+    step, and the loop, finding nothing stepped, waits for the other group's reply, never for the one it has."""
+    budget = EpisodeBudget(None, mp.get_context("spawn"), 1)
+    first = _ScriptedGroup(reply_in_at_poll=True, on_take=budget.stop.set)
+    second = _ScriptedGroup(reply_in_at_poll=False)
+    settings = LoopSettings(env_id="Scripted", process_id=0, seed=None, max_episode_steps=None, replan_steps=None,
+                            success_threshold=None)
+    status = Rollout([first, second], settings, budget, _NoSink()).run()  # type: ignore[list-item]
+    assert status is ProcessStatus.INTERRUPTED
+    assert (first.steps, second.steps) == (0, 0) and not first.awaiting_actions and not second.awaiting_actions

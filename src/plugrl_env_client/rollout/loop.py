@@ -100,14 +100,16 @@ class Rollout:
             self._report_progress()
 
     def _pipelined(self, obs: list[Observation]) -> None:
-        asked: list[int] = []  # groups with an infer on the wire, in the order they sent it
+        asked: list[int] = []  # the groups with an infer on the wire, in the order they sent it
         while not self._done():
             self._ask(obs, asked)
-            if not self._step_ready(obs) and asked:  # nothing could step: wait for the reply asked for first
+            stepped = self._step_ready(obs)
+            asked[:] = [g for g in asked if self.groups[g].awaiting_actions]  # replies taken: off the list
+            if not stepped and asked:  # nothing could step: wait for the reply asked for first
                 blocked = time.perf_counter()
                 self._guarded(self.groups[asked[0]].take_actions, asked[0], None)
                 self._blocked_s += time.perf_counter() - blocked
-            asked[:] = [g for g in asked if self.groups[g].awaiting_actions]
+                asked[:] = [g for g in asked if self.groups[g].awaiting_actions]
             self._report_progress()
 
     def _ask(self, obs: list[Observation], asked: list[int]) -> None:
