@@ -47,10 +47,9 @@ from ray.cluster_utils import Cluster  # noqa: E402
 from plugrl_env_client.launch.ray import Demand  # noqa: E402
 
 SUPPORT = Path(__file__).resolve().parents[1] / "_support"
-CRASH_ENV = str(SUPPORT / "crash_once_env.py")
 GATED_ENV = str(SUPPORT / "ray_gated_env.py")
 DOC = Path(__file__).resolve().parents[2] / "docs" / "ray.md"
-discover_envs([CRASH_ENV, GATED_ENV])
+discover_envs([GATED_ENV])
 NODE = {"object_store_memory": 80 * 1024**2}
 FAST_HEALTH_CHECKS = {"health_check_period_ms": 500, "health_check_failure_threshold": 3,
                       "health_check_initial_delay_ms": 0}
@@ -99,10 +98,6 @@ def ray_config(tmp_path: Path, cluster: Cluster, name: str, **kwargs: Any) -> Cl
     return ClientConfig(output_dir=tmp_path, exp_name=name, progress=False, launcher="ray",
                         ray=RayConfig(address=cluster.address, placement=placement, max_restarts=max_restarts),
                         **kwargs)
-
-
-def crash_env(**fields: Any) -> Any:
-    return env_registry.get_spec("CrashOnce-v1").config_cls(**fields)
 
 
 def gated_env(tmp_path: Path, **fields: Any) -> Any:
@@ -325,8 +320,8 @@ def test_worker_imports_the_uploaded_copy_and_reads_the_job_with_its_classes(tmp
     driver_dir, unpacked = tmp_path / "driver" / "envs", tmp_path / "_ray_pkg_abc"
     driver_dir.mkdir(parents=True)
     source = driver_dir / "reach_env.py"
-    shutil.copy(CRASH_ENV, source)
-    source.write_text(source.read_text().replace("CrashOnce-v1", "Reach-v7"))
+    shutil.copy(GATED_ENV, source)
+    source.write_text(source.read_text().replace("RayGated-v1", "Reach-v7"))
     before = env_registry.snapshot()
     EnvSources((str(driver_dir),)).load()  # the driver imports the folder
     shipped = ray_sources.prepare(EnvSources((str(driver_dir),)))
@@ -382,9 +377,9 @@ def test_ray_runs_give_the_local_launchers_episodes_and_aggregate(cluster, tmp_p
 def test_ray_client_address_runs_with_uploaded_env_files(cluster, tmp_path):
     """``--ray.address ray://host:port`` (Ray Client): the same run, env file uploaded through the client."""
     cfg = ray_config(tmp_path, cluster, "run", num_envs=2, num_procs=2, num_episodes=10, local_policy="zero",
-                     env_path=(CRASH_ENV,), env=crash_env(), runner=RunnerConfig(episode_split="shared"))
+                     env_path=(GATED_ENV,), env=gated_env(tmp_path), runner=RunnerConfig(episode_split="shared"))
     cfg.ray.address = f"ray://127.0.0.1:{cluster.client_port}"
-    assert run_client(cfg, "CrashOnce-v1") == 0
+    assert run_client(cfg, "RayGated-v1") == 0
     summary = read(tmp_path / "run", "summary.json")
     assert summary["completed_episodes"] == 10 == sum(len(episodes(tmp_path / "run", p)) for p in (0, 1))
     assert summary["process_status"] == {"0": "finished", "1": "finished"}
