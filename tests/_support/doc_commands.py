@@ -26,8 +26,10 @@ background ones when their block ends or the shell closes.
 
 from __future__ import annotations
 
+import ast
 import concurrent.futures as cf
 import dataclasses
+import json
 import os
 import re
 import shlex
@@ -36,6 +38,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import textwrap
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
@@ -107,6 +110,43 @@ def fenced_blocks(path: Path) -> list[Fence]:
                             _comment_above(lines, i)))
         i = j + 1
     return blocks
+
+
+def fence_marker(fence: Fence) -> tuple[str, str]:
+    """The ``<!-- kind: path -->`` comment above a fence as (kind, path): ``file`` (the block is that whole file)
+    or ``excerpt`` (consecutive lines of it); ("", "") without one."""
+    kind, _, path = (fence.comment or "").partition(":")
+    return kind.strip(), path.strip()
+
+
+def code_block_problems(guide: Path, root: Path) -> tuple[set[str], list[str]]:
+    """The files ``guide`` shows in full, and what is wrong with its code blocks: a ``file`` block that is not the
+    file on disk, an ``excerpt`` that is not consecutive lines of its file, Python that does not parse, JSON that
+    does not load."""
+    shown: set[str] = set()
+    problems: list[str] = []
+    for fence in fenced_blocks(guide):
+        kind, rel = fence_marker(fence)
+        where = f"{guide.name}:{fence.line}"
+        if kind == "file":
+            shown.add(rel)
+            if fence.body != (root / rel).read_text():
+                problems.append(f"{where}: the block differs from {rel}")
+        elif kind == "excerpt":
+            lines, block = (root / rel).read_text().splitlines(), fence.body.splitlines()
+            if not any(lines[i:i + len(block)] == block for i in range(len(lines) - len(block) + 1)):
+                problems.append(f"{where}: the block is not consecutive lines of {rel}")
+        elif fence.language == "python":
+            try:
+                ast.parse(textwrap.dedent(fence.body))
+            except SyntaxError as exc:
+                problems.append(f"{where}: {exc}")
+        elif fence.language == "json":
+            try:
+                json.loads(fence.body)
+            except ValueError as exc:
+                problems.append(f"{where}: {exc}")
+    return shown, problems
 
 
 def _comment_above(lines: Sequence[str], index: int) -> str | None:

@@ -10,11 +10,9 @@
 
 from __future__ import annotations
 
-import ast
 import dataclasses
 import functools
 import shutil
-import textwrap
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
@@ -27,7 +25,9 @@ from doc_commands import (
     Result,
     bash_blocks,
     check_quoted_messages,
+    code_block_problems,
     code_spans,
+    fence_marker,
     fenced_blocks,
     table_cells,
     table_excerpts,
@@ -295,35 +295,14 @@ def test_table_excerpts_are_read_from_the_first_column() -> None:
 # ================================================================================================ code on disk
 
 
-def _marker(comment: str | None) -> tuple[str, str]:
-    kind, _, path = (comment or "").partition(":")
-    return kind.strip(), path.strip()
-
-
 def test_code_blocks_are_the_files_on_disk() -> None:
-    shown: set[str] = set()
-    problems = []
+    shown, problems = code_block_problems(GUIDE, ROOT)
     for fence in fenced_blocks(GUIDE):
-        kind, rel = _marker(fence.comment)
-        where = f"{GUIDE.name}:{fence.line}"
-        if kind == "file":
-            shown.add(rel)
-            if fence.body != (ROOT / rel).read_text():
-                problems.append(f"{where}: the block differs from {rel}")
-        elif kind == "excerpt":
-            lines, block = (ROOT / rel).read_text().splitlines(), fence.body.splitlines()
-            if not any(lines[i:i + len(block)] == block for i in range(len(lines) - len(block) + 1)):
-                problems.append(f"{where}: the block is not consecutive lines of {rel}")
-        elif fence.language == "python":
-            try:
-                ast.parse(textwrap.dedent(fence.body))
-            except SyntaxError as exc:
-                problems.append(f"{where}: {exc}")
-            if "__main__" in fence.body:
-                problems.append(f"{where}: a complete env file must be one on disk (<!-- file: path -->)")
+        if fence.language == "python" and not fence_marker(fence)[0] and "__main__" in fence.body:
+            problems.append(f"{GUIDE.name}:{fence.line}: a complete env file must be one on disk (<!-- file: path -->)")
     assert not problems, "\n".join(problems)
     for other in sorted((ROOT / "docs").glob("*.md")):  # an example file may be shown in full by another guide
-        shown.update(rel for kind, rel in (_marker(f.comment) for f in fenced_blocks(other)) if kind == "file")
+        shown.update(rel for kind, rel in map(fence_marker, fenced_blocks(other)) if kind == "file")
     on_disk = {str(p.relative_to(ROOT)) for p in EXAMPLES.rglob("*")
                if p.is_file() and "__pycache__" not in p.parts and ".egg-info" not in str(p)}
     assert on_disk and on_disk <= shown, f"example files no guide shows in full: {sorted(on_disk - shown)}"

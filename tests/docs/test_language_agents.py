@@ -12,7 +12,6 @@
 
 from __future__ import annotations
 
-import ast
 import dataclasses
 import functools
 import importlib.util
@@ -31,6 +30,7 @@ from doc_commands import (
     Result,
     bash_blocks,
     check_quoted_messages,
+    code_block_problems,
     fenced_blocks,
     table_excerpts,
 )
@@ -260,30 +260,7 @@ def test_the_troubleshooting_table_is_found() -> None:
 
 
 def test_code_blocks_are_the_files_on_disk() -> None:
-    shown: set[str] = set()
-    problems = []
-    for fence in fenced_blocks(GUIDE):
-        kind, _, rel = (fence.comment or "").partition(":")
-        kind, rel = kind.strip(), rel.strip()
-        where = f"{GUIDE.name}:{fence.line}"
-        if kind == "file":
-            shown.add(rel)
-            if fence.body != (ROOT / rel).read_text():
-                problems.append(f"{where}: the block differs from {rel}")
-        elif kind == "excerpt":
-            lines, block = (ROOT / rel).read_text().splitlines(), fence.body.splitlines()
-            if not any(lines[i:i + len(block)] == block for i in range(len(lines) - len(block) + 1)):
-                problems.append(f"{where}: the block is not consecutive lines of {rel}")
-        elif fence.language == "python":
-            try:
-                ast.parse(fence.body)
-            except SyntaxError as exc:
-                problems.append(f"{where}: {exc}")
-        elif fence.language == "json":
-            try:
-                json.loads(fence.body)
-            except ValueError as exc:
-                problems.append(f"{where}: {exc}")
+    shown, problems = code_block_problems(GUIDE, ROOT)
     assert not problems, "\n".join(problems)
     assert set(OWN_EXAMPLES) <= shown, f"example files the guide does not show in full: {set(OWN_EXAMPLES) - shown}"
 
