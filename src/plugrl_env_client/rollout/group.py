@@ -134,7 +134,7 @@ class EnvGroup:
                 "True); use an env that does (Gym-v1, GEM-v1, GuessNumber-v1) or --runner.group-size 1"
             )
         self._all = np.arange(self.n)
-        self._asked: np.ndarray | None = None  # envs of the infer on the wire, waiting for its reply
+        self._awaiting = False  # an infer of this group is on the wire (its reply names the envs it is for)
         self.started = time.perf_counter()
         self.process_env_steps: Callable[[], int] = lambda: self.timing.env_steps
         """The process's env steps so far (its groups' total when the rollout runs several), for episode records."""
@@ -176,7 +176,7 @@ class EnvGroup:
                 logger.info("the run ended (%s)", lost.close.describe())
                 raise RunEnded
             self.plans.drop_all()
-            self._asked = None  # its reply will never come
+            self._awaiting = False  # its reply will never come
             self.held[:] = False  # a new connection holds nothing
             try:
                 meta = self.session.reconnect(lost.close)
@@ -224,24 +224,24 @@ class EnvGroup:
         reuse = self.held[need] if self.reuse else None
         sent = need if reuse is None else need[~reuse]
         self.session.send_infer(self._rows(obs, sent), need, self.plans.chunk_index[need], reuse)
-        self._asked = need
+        self._awaiting = True
 
     @property
     def awaiting_actions(self) -> bool:
         """An infer of this group is on the wire."""
-        return self._asked is not None
+        return self._awaiting
 
     def take_actions(self, timeout: float | None = 0.0) -> bool:
         """Queue the chunks answering the infer on the wire, if they arrive within ``timeout`` s (0: if they are
         in already; None: wait for them). Returns whether they did."""
-        assert self._asked is not None, "ask_for_actions() sent no infer"
+        assert self._awaiting, "ask_for_actions() sent no infer"
         reply = self.session.receive_actions(timeout)
         if reply is None:
             return False
-        need, self._asked = self._asked, None
+        self._awaiting = False
         actions = checks.check_actions(reply.actions, self.space, self.settings.replan_steps,
                                        self.settings.non_finite_actions)
-        self.plans.load(need, actions)
+        self.plans.load(reply.env_ids, actions)  # the infer's envs: the connection checked the reply names them
         return True
 
     def step_envs(self) -> StepResult:
