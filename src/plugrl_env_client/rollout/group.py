@@ -299,8 +299,8 @@ class EnvGroup:
         info = checks.slice_info(step.info, rows, self.n)
         if step.done[rows].any():
             info["episode"] = self.tracker.episode_info(rows, step.done)
-        if self.tracker.judges_success:  # as PlugRL's client does: a server cannot tell a False "s" from no rule
-            info.setdefault("is_step_success", self.tracker.success[rows].copy())
+            if self.tracker.judges_success:  # as PlugRL's client does: a server cannot tell a False "s" from no rule
+                info.setdefault("is_step_success", self.tracker.success[rows].copy())
         # Known structurally: an env whose chunk ended without ending its episode asks for its next chunk with
         # exactly the observation this feedback carries, so the server can reuse the row.
         self.held[rows] = ~step.done[rows]
