@@ -87,6 +87,8 @@ class EpisodeLog:
             success = episode.get("s")
             judged = None if success is None else np.atleast_1d(np.asarray(success, dtype=bool))
             rows = np.flatnonzero(mask)
+        if not rows.size and (judging.known or not shows_rule):
+            return 0  # most feedbacks: no episode ended, nothing new about the rule (no lock taken)
         with self._lock:
             if not judging.known and (shows_rule or (judged is not None and bool(judged[rows].any()))):
                 judging.known = True
@@ -262,7 +264,8 @@ class PolicyServer:
                 outstanding.difference_update(envs)
                 _hold_rows(held, feedback, skip=set(stateless))
                 episode = _episode_rows(feedback.info.get("episode"), envs, set(stateless))
-                if self._record(episode, judging, _shows_success_rule(feedback.info, len(envs))):
+                shows_rule = not judging.known and _shows_success_rule(feedback.info, len(envs))
+                if self._record(episode, judging, shows_rule):
                     ws.close(messages.CLOSE_GOING_AWAY, messages.REASON_STOP)
                     return
                 expect = messages.INFER
