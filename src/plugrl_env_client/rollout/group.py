@@ -33,7 +33,7 @@ import numpy as np
 from plugrl_env_client.envs.base_env import BaseEnv, Observation, observation_space_of
 from plugrl_env_client.errors import ConfigError, EnvContractError, EnvCrashedError
 from plugrl_env_client.protocol.connection import CloseAction, ConnectionLost
-from plugrl_env_client.protocol.messages import FEATURE_REUSE_FEEDBACK_OBS, ServerMetadata
+from plugrl_env_client.protocol.messages import FEATURE_REUSE_FEEDBACK_OBS, ActionReply, ServerMetadata
 from plugrl_env_client.rollout import checks
 from plugrl_env_client.rollout.budget import Budget
 from plugrl_env_client.rollout.chunks import ActionPlans
@@ -210,21 +210,18 @@ class EnvGroup:
         return not self._all_retired and (self.all_active or bool(self.active.any())) and not self.needs_actions()
 
     def request_actions(self, obs: Observation) -> None:
-        """Infer for the active envs whose chunk ran out (ascending env index) and queue their chunks."""
-        self.ask_for_actions(obs)
-        if self.awaiting_actions:
-            self.take_actions(None)
+        """Infer for the active envs whose chunk ran out (ascending env index) and queue their chunks (lockstep:
+        one blocking exchange)."""
+        request = self._infer_request(obs)
+        if request is not None:
+            self._load(self.session.infer(*request))
 
     def ask_for_actions(self, obs: Observation) -> None:
         """Send the infer of :meth:`request_actions` without waiting for its reply (nothing to send: no infer)."""
-        needing = self.plans.needing_actions_mask()
-        need = np.flatnonzero(needing if self.all_active else needing & self.active)
-        if need.size == 0:
-            return
-        reuse = self.held[need] if self.reuse else None
-        sent = need if reuse is None else need[~reuse]
-        self.session.send_infer(self._rows(obs, sent), need, self.plans.chunk_index[need], reuse)
-        self._awaiting = True
+        request = self._infer_request(obs)
+        if request is not None:
+            self.session.send_infer(*request)
+            self._awaiting = True
 
     @property
     def awaiting_actions(self) -> bool:
@@ -239,10 +236,25 @@ class EnvGroup:
         if reply is None:
             return False
         self._awaiting = False
+        self._load(reply)
+        return True
+
+    def _infer_request(self, obs: Observation) -> tuple[Observation, np.ndarray, np.ndarray, np.ndarray | None] | None:
+        """(rows sent, env indices, step ids, reuse) of the infer for the active envs without actions; None when
+        every active env has its actions."""
+        needing = self.plans.needing_actions_mask()
+        need = np.flatnonzero(needing if self.all_active else needing & self.active)
+        if need.size == 0:
+            return None
+        reuse = self.held[need] if self.reuse else None
+        sent = need if reuse is None else need[~reuse]
+        return self._rows(obs, sent), need, self.plans.chunk_index[need], reuse
+
+    def _load(self, reply: ActionReply) -> None:
+        """Queue a reply's chunks for the envs it names (the connection checked they are the infer's)."""
         actions = checks.check_actions(reply.actions, self.space, self.settings.replan_steps,
                                        self.settings.non_finite_actions)
-        self.plans.load(reply.env_ids, actions)  # the infer's envs: the connection checked the reply names them
-        return True
+        self.plans.load(reply.env_ids, actions)
 
     def step_envs(self) -> StepResult:
         """One batched env step with the planned actions; applies the time limit and chunk accounting."""
