@@ -6,7 +6,7 @@ flight per actor; it returns what piled up after ``FLUSH_PERIOD_S`` (at once for
 The driver writes the run folder; nothing here touches it, so the actor may be on any machine. (Polling rather
 than a streaming generator: Ray Client, ``--ray.address ray://...``, has no streaming generators.)
 
-``control`` is the driver's way in (stop, and lease grants, see :mod:`.ray_budget`). The rollout loop never waits
+``control`` is the driver's way in (stop, and lease grants, see :mod:`.budget`). The rollout loop never waits
 on it: ``Budget.finished`` reads flags that ``control`` sets, so no remote call happens per loop iteration.
 
 Each ``start`` call is an epoch. Ray restarts an actor whose process died (the driver then starts a new epoch on
@@ -28,10 +28,10 @@ from typing import Any
 
 from plugrl_env_client.envs.registry import UnknownEnvError, get_spec
 from plugrl_env_client.errors import ConfigError, PlugRLError
-from plugrl_env_client.launch import ray_sources
 from plugrl_env_client.launch.process import run_process
-from plugrl_env_client.launch.ray_budget import Grant, LeasedBudget
-from plugrl_env_client.launch.ray_sources import ShippedSources
+from plugrl_env_client.launch.ray import sources as ray_sources
+from plugrl_env_client.launch.ray.budget import Grant, LeasedBudget
+from plugrl_env_client.launch.ray.sources import ShippedSources
 from plugrl_env_client.outputs.logs import forward_logging
 from plugrl_env_client.outputs.results import EpisodeRecord, ProcessResult, ProcessStatus
 from plugrl_env_client.timing import Timing
