@@ -2,9 +2,10 @@
 
 Ray only places, supervises and reports: an actor runs the same rollout as a local process (its own env batch and
 its own WebSocket to the policy server). What the actors report (finished episodes, timing, log lines, their
-result) streams home to this process, the driver, which feeds the run's :class:`RunWriter`, so the run folder
-looks as for a local run. Where the processes ran is added as ``ray_nodes.json`` (per node: processes, env steps,
-episodes, env-steps/s), and every forwarded log line names its process and node (``proc_003@10.0.0.5``).
+result, as the reports of :mod:`plugrl_env_client.launch.reports`) streams home to this process, the driver, which
+feeds the run's :class:`RunWriter`, so the run folder looks as for a local run. Where the processes ran is added as
+``ray_nodes.json`` (per node: processes, env steps, episodes, env-steps/s), and every forwarded log line names its
+process and node (``proc_003@10.0.0.5``).
 
 ``--num-episodes`` stays exact through actor deaths: an episode counts when its record reaches the driver, and
 actors claim episodes against leases the driver hands out (see :mod:`.budget`). An actor whose process dies

@@ -2,9 +2,9 @@
 the episode count exact through actor deaths (new epochs, fresh seeds), and stop them all on a signal or a failure.
 
 The driver keeps one call in flight per actor (``start``, then one ``poll`` after another) and waits on all of
-them at once; what the actors report goes to the writer once the driver has counted what it must count: an
-episode against the leases (:mod:`.budget`), a process's timing across its epochs, a log line tagged with its
-process and node.
+them at once; every report is delivered as a local launcher delivers it (:mod:`plugrl_env_client.launch.reports`),
+after the driver has counted what it must count: an episode against the leases (:mod:`.budget`), a process's
+timing across its epochs, a log line tagged with its process and node.
 """
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ from plugrl_env_client.launch.ray.budget import Grant, LeaseBook
 from plugrl_env_client.launch.ray.nodes import NODES_PERIOD_S, Epoch, write_nodes
 from plugrl_env_client.launch.ray.placement import PLACEMENT_WARNING_S, Demand, Placement
 from plugrl_env_client.launch.ray.sources import ShippedSources
-from plugrl_env_client.launch.ray.worker import RolloutActor
-from plugrl_env_client.outputs.logs import handle_forwarded
+from plugrl_env_client.launch.ray.worker import LeaseRequest, Message, RolloutActor, StepsReport
+from plugrl_env_client.launch.reports import EpisodeReport, LogReport, ProgressReport, ResultReport
 from plugrl_env_client.outputs.results import ProcessResult, ProcessStatus
 from plugrl_env_client.outputs.run_writer import RunWriter
 from plugrl_env_client.rollout.budget import EpisodeBudget
@@ -191,40 +191,40 @@ class Supervisor:
             self._placed(proc, answer)
         else:
             batch, closed = answer
-            for message in batch:
-                self._deliver(proc, message)
+            for report in batch:
+                self._deliver(proc, report)
             if closed:
                 self._epoch_ended(proc)
                 return
         proc.call, proc.calling = proc.actor.poll.remote(proc.epoch), "poll"
 
-    def _deliver(self, proc: _Proc, message: tuple[Any, ...]) -> None:
-        kind = message[0]
-        if kind == "episode":
+    def _deliver(self, proc: _Proc, report: Message) -> None:
+        """One report of ``proc``'s current epoch: counted where the driver counts, then delivered to the writer as
+        a local launcher delivers it (a result waits for the epoch's end)."""
+        if isinstance(report, EpisodeReport):
             with deferred_interrupts():  # counted and written as one
                 if self.book.record(proc.pid, proc.epoch):
                     if self.budget.claim(proc.pid):
-                        self.writer.episode(message[1])
+                        report.deliver(self.writer)
                         proc.current.episodes += 1
                     else:
                         logger.warning("process %d: an episode beyond the run's budget was dropped", proc.pid)
-        elif kind == "steps":
-            self.budget.add_env_steps(int(message[1]))
-        elif kind == "progress":
-            proc.current.timing = message[3]
-            self.writer.progress(proc.pid, message[2], proc.timing())
-        elif kind == "artifact":
-            self.writer.artifact(*message[1:])
-        elif kind == "log":
-            record = message[1]
-            record.processName = proc.tag()
-            handle_forwarded(record)
-        elif kind == "lease":
-            grant = self.book.request(proc.pid, proc.epoch, int(message[1]))
+        elif isinstance(report, StepsReport):
+            self.budget.add_env_steps(report.count)
+        elif isinstance(report, ProgressReport):
+            proc.current.timing = report.timing
+            ProgressReport(proc.pid, report.status, proc.timing()).deliver(self.writer)  # over every epoch
+        elif isinstance(report, LogReport):
+            report.record.processName = proc.tag()
+            report.deliver(self.writer)
+        elif isinstance(report, LeaseRequest):
+            grant = self.book.request(proc.pid, proc.epoch, report.seq)
             if grant is not None:
                 self._control(proc, grant=grant)
-        elif kind == "result":
-            proc.result = message[1]
+        elif isinstance(report, ResultReport):
+            proc.result = report.result
+        else:  # a recorder file: nothing to count
+            report.deliver(self.writer)
 
     def _housekeeping(self) -> None:
         if self.budget.stop.is_set() and not self._stop_sent:
