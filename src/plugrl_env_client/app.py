@@ -104,7 +104,7 @@ def _run(config: ClientConfig, uid: str, run_dir: RunDir, writer: RunWriter, job
     refresher = Periodic(SUMMARY_PERIOD_S, writer.write_summaries).start()
     try:
         if config.launcher == "ray":
-            from plugrl_env_client.launch.ray import launch_ray
+            from plugrl_env_client.launch.ray.launcher import launch_ray
 
             launch_ray(jobs, budget, writer, sources, config.ray)
         else:

@@ -37,14 +37,14 @@ from plugrl_env_client.envs import discover_envs
 from plugrl_env_client.envs import registry as env_registry
 from plugrl_env_client.envs.discovery import EnvSources, user_module_name
 from plugrl_env_client.errors import ConfigError
-from plugrl_env_client.launch import ray_sources
 from plugrl_env_client.launch.process import ProcessJob
-from plugrl_env_client.launch.ray_budget import Grant, LeaseBook, LeasedBudget
+from plugrl_env_client.launch.ray import sources as ray_sources
+from plugrl_env_client.launch.ray.budget import Grant, LeaseBook, LeasedBudget
 
 ray = pytest.importorskip("ray")
 from ray.cluster_utils import Cluster  # noqa: E402
 
-from plugrl_env_client.launch.ray import Demand  # noqa: E402
+from plugrl_env_client.launch.ray.placement import Demand  # noqa: E402
 
 SUPPORT = Path(__file__).resolve().parents[1] / "_support"
 GATED_ENV = str(SUPPORT / "ray_gated_env.py")
@@ -566,25 +566,25 @@ class _FlakyRay:
 
 
 def test_init_connects_again_once_when_the_client_server_failed_to_start(caplog):
-    from plugrl_env_client.launch import ray as ray_launch
+    from plugrl_env_client.launch.ray import cluster as ray_cluster
 
-    failed = ConnectionError(f"Initialization failure from server:\nRuntimeError: {ray_launch.CLIENT_SERVER_FAILED[0]}.")
+    failed = ConnectionError(f"Initialization failure from server:\nRuntimeError: {ray_cluster.CLIENT_SERVER_FAILED[0]}.")
     flaky = _FlakyRay(failed)
-    ray_launch._init(flaky, {"address": "ray://head:10001"})
+    ray_cluster._init(flaky, {"address": "ray://head:10001"})
     assert (flaky.inits, flaky.shutdowns) == (2, 1)
     assert "failed to start; connecting again" in caplog.text
 
     zombie = _FlakyRay(ConnectionError('Initialization failure from server:\nTraceback (most recent call last):\n  File '
                                        '"proxier.py", line 1, in start_specific_server\npsutil.ZombieProcess: ...'))
-    ray_launch._init(zombie, {"address": "ray://head:10001"})
+    ray_cluster._init(zombie, {"address": "ray://head:10001"})
     assert zombie.inits == 2, "the proxy's traceback of a server that died at once is retried too"
 
     twice = _FlakyRay(failed, failed)
-    with pytest.raises(ConnectionError, match=ray_launch.CLIENT_SERVER_FAILED[0]):
-        ray_launch._init(twice, {"address": "ray://head:10001"})
+    with pytest.raises(ConnectionError, match=ray_cluster.CLIENT_SERVER_FAILED[0]):
+        ray_cluster._init(twice, {"address": "ray://head:10001"})
     assert twice.inits == 2
 
     other = _FlakyRay(ConnectionError("no cluster"))
     with pytest.raises(ConnectionError, match="no cluster"):
-        ray_launch._init(other, {"address": "auto"})
+        ray_cluster._init(other, {"address": "auto"})
     assert other.inits == 1, "other connection errors are reported at once"

@@ -6,8 +6,10 @@ from __future__ import annotations
 import io
 import logging
 import pickle
+import sys
+from typing import Any
 
-from plugrl_env_client.outputs.logs import ConsoleHandler, _Forward
+from plugrl_env_client.outputs.logs import LOG_FORMAT, ConsoleHandler, ForwardHandler
 from plugrl_env_client.outputs.progress import BAR_LINE
 
 
@@ -24,23 +26,54 @@ def test_a_warning_clears_the_bar_line_first() -> None:
     assert BAR_LINE.width == 0, "the bar is redrawn on its next tick, not under the message"
 
 
-def test_forwarded_records_pickle_with_their_message_and_traceback() -> None:
-    sent: list[logging.LogRecord] = []
-    forward = _Forward(sent.append)
+class _ListQueue:
+    """A queue with ``put`` only, as the launchers' queues are (``put_nowait`` would fail here)."""
+
+    def __init__(self) -> None:
+        self.items: list[Any] = []
+
+    def put(self, item: Any) -> None:
+        self.items.append(item)
+
+
+def _crash_record() -> logging.LogRecord:
     try:
         raise ValueError("boom")
     except ValueError:
-        import sys
+        return logging.LogRecord("plugrl_env_client.x", logging.ERROR, __file__, 1, "env %s crashed", ("P-v1",),
+                                 sys.exc_info())
 
-        record = logging.LogRecord("plugrl_env_client.x", logging.ERROR, __file__, 1, "env %s crashed", ("P-v1",),
-                                   sys.exc_info())
+
+def test_forwarded_records_pickle_with_their_message_and_traceback() -> None:
+    queue = _ListQueue()
+    forward = ForwardHandler(queue)
+    record = _crash_record()
     record.processName = "proc_001"
-    forward.emit(record)
-    back = pickle.loads(pickle.dumps(sent[0]))
+    forward.handle(record)
+    back = pickle.loads(pickle.dumps(queue.items[0]))
     assert back.getMessage() == "env P-v1 crashed" and back.processName == "proc_001"
     assert "ValueError: boom" in back.exc_text and back.exc_info is None
     formatted = logging.Formatter("[%(processName)s] %(message)s").format(back)
     assert formatted.startswith("[proc_001] env P-v1 crashed") and "ValueError: boom" in formatted
+    assert record.args == ("P-v1",) and record.exc_info is not None, "the caller's record is left as it was"
+
+
+def test_a_forwarded_record_is_written_as_the_same_record_logged_here(tmp_path) -> None:
+    """The launching process's file handler writes a forwarded record exactly as it writes the record itself (the
+    process's name, the message, then the traceback)."""
+    queue = _ListQueue()
+    record = _crash_record()
+    record.processName = "proc_002"
+    ForwardHandler(queue).handle(record)
+    formatter = logging.Formatter(LOG_FORMAT)
+    direct = formatter.format(_copy(record))
+    forwarded = formatter.format(pickle.loads(pickle.dumps(queue.items[0])))
+    assert forwarded == direct
+    assert "[proc_002] plugrl_env_client.x: env P-v1 crashed\nTraceback" in forwarded
+
+
+def _copy(record: logging.LogRecord) -> logging.LogRecord:
+    return logging.makeLogRecord(record.__dict__)
 
 
 def test_logging_restored_gives_the_callers_logging_back(tmp_path):

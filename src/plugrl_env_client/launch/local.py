@@ -1,10 +1,11 @@
 """The local launcher: the rollout in this process, or one spawned process per ``--num-procs``.
 
-Spawned processes do not write the run folder's results themselves: they send finished episodes, timing snapshots
-and their final :class:`ProcessResult` home over a queue, and a thread here hands them to the run's
-:class:`RunWriter`. The queue is a ``SimpleQueue`` (a ``put`` is in the pipe when it returns, with no feeder thread
-that a killed process could take down with unsent items). A process that dies without a result is reported from
-its exit code; what it sent before stays counted.
+Spawned processes do not write the run folder's results themselves: they send finished episodes, timing snapshots,
+recorder files, log records and their final :class:`ProcessResult` home as reports (:mod:`.reports`) over one
+queue, and a listener thread here delivers them to the run's :class:`RunWriter` in the order they were sent. The
+queue is a ``SimpleQueue`` (a ``put`` is in the pipe when it returns, with no feeder thread that a killed process
+could take down with unsent items): what a process sent before it was killed is all there, whole JSON lines
+included. A process that dies without a result is reported from its exit code; what it sent before stays counted.
 
 With several processes, a process that fails sets the shared stop flag: the others finish their current step,
 report, and exit.
@@ -13,6 +14,7 @@ report, and exit.
 from __future__ import annotations
 
 import logging
+import logging.handlers
 import pickle
 import signal
 import threading
@@ -22,12 +24,12 @@ from typing import Any
 
 from plugrl_env_client.envs.discovery import EnvSources
 from plugrl_env_client.launch.process import ProcessJob, run_process
-from plugrl_env_client.outputs.logs import forward_logging, handle_forwarded
-from plugrl_env_client.outputs.results import EpisodeRecord, ProcessResult, ProcessStatus
+from plugrl_env_client.launch.reports import LogReporter, Report, Reporter
+from plugrl_env_client.outputs.logs import forward_logging
+from plugrl_env_client.outputs.results import ProcessResult, ProcessStatus
 from plugrl_env_client.outputs.run_writer import RunWriter
 from plugrl_env_client.rollout.budget import EpisodeBudget
 from plugrl_env_client.rollout.signals import Interrupted, deferred_interrupts, interrupt_handlers
-from plugrl_env_client.timing import Timing
 
 logger = logging.getLogger(__name__)
 
@@ -39,41 +41,48 @@ STOP_GRACE_S = 30.0
 not keep the run from ending."""
 
 
-class QueueSink:
-    """A spawned process's way home: each report is one message on the launcher's queue."""
+class ReportListener(logging.handlers.QueueListener):
+    """The thread that delivers what the spawned processes put on the queue, report by report, to the writer.
 
-    def __init__(self, queue: Any) -> None:
-        self._queue = queue
+    A ``QueueListener`` whose records are reports (log records among them, as
+    :class:`~plugrl_env_client.launch.reports.LogReport`): one queue keeps a process's lines and results in order.
+    A report that cannot be read or written is logged, and the ones after it still count.
+    """
 
-    def episode(self, record: EpisodeRecord) -> None:
-        self._queue.put(("episode", record))
+    def __init__(self, queue: Any, writer: RunWriter) -> None:
+        super().__init__(queue)
+        self._put = queue.put
+        self._writer = writer
+        self._done = threading.Event()
 
-    def progress(self, process_id: int, status: ProcessStatus, timing: Timing) -> None:
-        self._queue.put(("progress", process_id, status, timing))
+    def dequeue(self, block: bool) -> Any:
+        while True:
+            try:
+                report = self.queue.get()
+            except (EOFError, OSError):  # the queue itself is gone
+                logger.exception("the rollout processes' report queue broke")
+                report = None
+            except Exception:  # a report that cannot be unpickled: the ones after it still count
+                logger.exception("could not read a report from a rollout process")
+                continue
+            if report is None:  # the end (QueueListener's sentinel)
+                self._done.set()
+            return report
 
-    def result(self, result: ProcessResult) -> None:
-        self._queue.put(("result", result))
+    def handle(self, report: Report) -> None:  # type: ignore[override]  # its records are reports
+        try:
+            report.deliver(self._writer)
+        except Exception:  # a report that cannot be written must not stop the others from being written
+            logger.exception("could not record a report from a rollout process")
 
-    def log(self, record: logging.LogRecord) -> None:
-        self._queue.put(("log", record))
+    def enqueue_sentinel(self) -> None:
+        self._put(None)
 
-    def artifact(self, process_id: int, relpath: str, data: bytes, append: bool = False) -> None:
-        self._queue.put(("artifact", process_id, relpath, data, append))
-
-
-def deliver(message: tuple[Any, ...], writer: RunWriter) -> None:
-    """Hand one queued report to the writer."""
-    kind = message[0]
-    if kind == "episode":
-        writer.episode(message[1])
-    elif kind == "progress":
-        writer.progress(message[1], message[2], message[3])
-    elif kind == "result":
-        writer.result(message[1])
-    elif kind == "log":
-        handle_forwarded(message[1])
-    elif kind == "artifact":
-        writer.artifact(*message[1:])
+    def finish(self, timeout: float) -> bool:
+        """Deliver what is queued and stop (at most ``timeout`` s); call it once no process puts anymore. Whether
+        everything was delivered."""
+        self.enqueue_sentinel()
+        return self._done.wait(timeout)
 
 
 def _child_main(process_id: int, job_bytes: bytes, budget: EpisodeBudget, env_lock: Any, queue: Any,
@@ -85,8 +94,8 @@ def _child_main(process_id: int, job_bytes: bytes, budget: EpisodeBudget, env_lo
     """
     with interrupt_handlers():
         signal.pthread_sigmask(signal.SIG_UNBLOCK, HELD_SIGNALS)  # held since the parent started us
-        sink = QueueSink(queue)
-        forward_logging(sink.log)
+        sink = Reporter(queue.put)
+        forward_logging(LogReporter(queue))
         try:
             sources.load()
             job: ProcessJob = pickle.loads(job_bytes)
@@ -115,8 +124,8 @@ def launch(jobs: list[ProcessJob], budget: EpisodeBudget, ctx: Any, writer: RunW
             raise Interrupted(result.signum)
         return
     queue = ctx.SimpleQueue()
-    drainer = threading.Thread(target=_drain, args=(queue, writer), name="plugrl-results", daemon=True)
-    drainer.start()
+    listener = ReportListener(queue, writer)
+    listener.start()
     env_lock = ctx.Lock()
     procs = {job.process_id: ctx.Process(target=_child_main, name=f"proc_{job.process_id:03d}",
                                          args=(job.process_id, pickle.dumps(job), budget, env_lock, queue, sources))
@@ -143,8 +152,7 @@ def launch(jobs: list[ProcessJob], budget: EpisodeBudget, ctx: Any, writer: RunW
             proc.join(timeout=max(0.0, end - time.monotonic()))
         forced = _end(procs)
     finally:
-        queue.put(None)  # after every child's last message: the drainer stops here
-        drainer.join(timeout=DRAIN_TIMEOUT_S)
+        listener.finish(DRAIN_TIMEOUT_S)  # after every child's last report
     for pid in forced:
         writer.result(ProcessResult(pid, ProcessStatus.FAILED, f"did not stop within {STOP_GRACE_S:g} s of the stop "
                                     "request (stuck in the env?); it was terminated"))
@@ -171,24 +179,6 @@ def _end(procs: dict[int, Any]) -> list[int]:
             procs[pid].kill()
             procs[pid].join(timeout=5)
     return alive
-
-
-def _drain(queue: Any, writer: RunWriter) -> None:
-    while True:
-        try:
-            message = queue.get()
-        except (EOFError, OSError):  # the queue itself is gone
-            logger.exception("the rollout processes' report queue broke")
-            return
-        except Exception:  # a report that cannot be unpickled: the ones after it still count
-            logger.exception("could not read a report from a rollout process")
-            continue
-        if message is None:
-            return
-        try:
-            deliver(message, writer)
-        except Exception:  # a report that cannot be written must not stop the others from being written
-            logger.exception("could not record a report from a rollout process")
 
 
 def _start_with_signals_held(procs: Iterable[Any]) -> None:

@@ -82,19 +82,6 @@ def group_sizes(config: ClientConfig) -> list[int]:
     return [n // k] * k
 
 
-class _ArtifactsHome:
-    """The recorder's files go where the process's results go (the run's writer, here or across processes)."""
-
-    def __init__(self, sink: ResultSink, process_id: int) -> None:
-        self._sink, self._process_id = sink, process_id
-
-    def write_bytes(self, relpath: str, data: bytes) -> None:
-        self._sink.artifact(self._process_id, relpath, data)
-
-    def append_bytes(self, relpath: str, data: bytes) -> None:
-        self._sink.artifact(self._process_id, relpath, data, append=True)
-
-
 def run_process(job: ProcessJob, budget: Budget, sink: ResultSink, env_lock: Any = None,
                 env: BaseEnv | None = None) -> ProcessResult:
     """Run one process's rollout to its end (with ``env`` when the caller built it already, in lockstep); never
@@ -107,7 +94,7 @@ def run_process(job: ProcessJob, budget: Budget, sink: ResultSink, env_lock: Any
     rollout: Rollout | None = None
     try:
         sizes = group_sizes(cfg)
-        recorder = EpisodeRecorder(cfg.recorder, job.process_id, cfg.num_envs, _ArtifactsHome(sink, job.process_id))
+        recorder = EpisodeRecorder(cfg.recorder, job.process_id, cfg.num_envs, sink.artifacts(job.process_id))
         hooks = recorder if recorder.enabled else None
         while len(envs) < len(sizes):
             envs.append(build_env(job, env_lock, sizes[len(envs)]))

@@ -1,15 +1,18 @@
 """Where log lines go: everything to the run's ``logs/client.log``, warnings and errors to the console.
 
-Only the launching process writes either. Spawned rollout processes forward their records home (through the same
-queue as their results), so ``client.log`` has one writer and each line names its process, and console messages
-go through the one handler that knows about the progress bar: a warning never lands on the bar's line.
+Only the launching process writes either. Rollout processes elsewhere (spawned, Ray actors) forward their records
+home with a :class:`ForwardHandler` (a ``logging.handlers.QueueHandler``, on the way their results take), so
+``client.log`` has one writer and each line names its process, and console messages go through the one handler that
+knows about the progress bar: a warning never lands on the bar's line.
 """
 
 from __future__ import annotations
 
 import contextlib
+import copy
 import logging
-from collections.abc import Callable, Iterator
+import logging.handlers
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -28,23 +31,33 @@ class ConsoleHandler(logging.StreamHandler):
             super().emit(record)
 
 
-class _Forward(logging.Handler):
-    """Hands each record (made picklable: message formatted, traceback as text) to ``put``."""
+class ForwardHandler(logging.handlers.QueueHandler):
+    """In a rollout process away from the launcher: every record goes home through ``queue.put``, to be written
+    there by the launcher's handlers as one of its own (named after this process).
 
-    def __init__(self, put: Callable[[logging.LogRecord], Any]) -> None:
-        super().__init__(logging.DEBUG)
-        self._put = put
+    A record crosses pickled, so its message is formatted here (its arguments need not pickle) and its traceback kept
+    as text beside it, where the launcher's formatters put tracebacks. ``put``, not the base class's
+    ``put_nowait``: the launchers' queues (a ``multiprocessing.SimpleQueue``, an actor's outbox) have ``put``, and a
+    line is on its way when the call returns.
+    """
 
-    def emit(self, record: logging.LogRecord) -> None:
-        try:
-            if record.exc_info:
-                record.exc_text = logging.Formatter().formatException(record.exc_info)
-            record.msg, record.args, record.exc_info = record.getMessage(), None, None
-            self._put(record)
-        except Exception:
-            self.handleError(record)
+    def __init__(self, queue: Any) -> None:
+        super().__init__(queue)
+        self.setLevel(logging.DEBUG)
+        self._put = queue.put
+
+    def prepare(self, record: logging.LogRecord) -> logging.LogRecord:
+        record = copy.copy(record)  # the caller's record stays as it was for any other handler
+        if record.exc_info:
+            record.exc_text = _TRACEBACKS.formatException(record.exc_info)
+        record.msg, record.args, record.exc_info = record.getMessage(), None, None
+        return record
+
+    def enqueue(self, record: Any) -> None:
+        self._put(record)
 
 
+_TRACEBACKS = logging.Formatter()
 _installed: list[logging.Handler] = []
 
 
@@ -60,14 +73,10 @@ def setup_logging(log_file: Path, console_level: int = logging.WARNING) -> None:
     _install(file_handler, console)
 
 
-def forward_logging(put: Callable[[logging.LogRecord], Any]) -> None:
-    """In a spawned rollout process: send every record to the launching process instead of writing it here."""
-    _install(_Forward(put))
-
-
-def handle_forwarded(record: logging.LogRecord) -> None:
-    """In the launching process: write a record a rollout process forwarded, through this process's handlers."""
-    logging.getLogger(record.name).handle(record)
+def forward_logging(handler: ForwardHandler) -> None:
+    """In a rollout process away from the launcher: every record goes home through ``handler`` instead of being
+    written here."""
+    _install(handler)
 
 
 @contextlib.contextmanager

@@ -62,7 +62,11 @@ class _ProcessState:
 
 
 class RunWriter:
-    """Collects what every process of a run reports and writes ``runs/<exp>/`` from it. Thread-safe."""
+    """Collects what every process of a run reports and writes ``runs/<exp>/`` from it. Thread-safe.
+
+    It is the rollout's :class:`~plugrl_env_client.rollout.interfaces.ResultSink`: a process in this one reports
+    to it directly, others through the launcher that delivers their reports to it.
+    """
 
     def __init__(self, run_dir: RunDir, exp_name: str, num_procs: int,
                  metric_window: int = DEFAULT_METRIC_WINDOW) -> None:
@@ -94,10 +98,9 @@ class RunWriter:
             if not status.ended and not state.status.ended:
                 state.status = status
 
-    def artifact(self, process_id: int, relpath: str, data: bytes, append: bool = False) -> None:
-        """A recorder file of the process, written into its folder (whole and atomically, or appended)."""
-        sink = self._procs[process_id].artifacts
-        (sink.append_bytes if append else sink.write_bytes)(relpath, data)
+    def artifacts(self, process_id: int) -> DirectorySink:
+        """The process's folder, for its recorder's files (written whole and atomically, or appended)."""
+        return self._procs[process_id].artifacts
 
     def result(self, result: ProcessResult) -> None:
         """How a process ended: its own report, or the launcher's reading of its exit. A failure already reported

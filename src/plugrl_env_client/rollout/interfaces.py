@@ -4,15 +4,18 @@ session, the run's writer (directly or over a queue) and the episode recorder.""
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
 from plugrl_env_client.envs.base_env import Observation
-from plugrl_env_client.outputs.results import EpisodeRecord, ProcessStatus
+from plugrl_env_client.outputs.results import EpisodeRecord, ProcessResult, ProcessStatus
 from plugrl_env_client.protocol.connection import Closed
 from plugrl_env_client.protocol.messages import ActionReply, ServerMetadata
 from plugrl_env_client.timing import Timing
+
+if TYPE_CHECKING:
+    from plugrl_env_client.outputs.recorder import AppendableSink
 
 
 class ServerSession(Protocol):
@@ -40,14 +43,18 @@ class ServerSession(Protocol):
 
 
 class ResultSink(Protocol):
-    """Where a rollout reports finished episodes and its progress (the run's writer, directly or over a queue)."""
+    """Where a rollout process reports: the run's writer, or in a process of its own a stand-in that sends each
+    call to the writer as one message. The rollout reports episodes and progress; the process around it, its
+    recorder's files and how it ended."""
 
     def episode(self, record: EpisodeRecord) -> None: ...
 
     def progress(self, process_id: int, status: ProcessStatus, timing: Timing) -> None: ...
 
-    def artifact(self, process_id: int, relpath: str, data: bytes, append: bool = False) -> None:
-        """A file of the process's folder (recorder output), written whole or appended to."""
+    def result(self, result: ProcessResult) -> None: ...
+
+    def artifacts(self, process_id: int) -> AppendableSink:
+        """Where the process's recorder files go (its folder, written whole or appended to)."""
 
 
 class EpisodeHooks(Protocol):

@@ -1,12 +1,13 @@
 """One rollout process as a Ray actor: the same :func:`run_process` as a local process, reporting home in batches.
 
-``start`` runs the rollout in a thread of the actor, which hands every report (finished episodes, timing
-snapshots, log records, lease requests, its result) to an :class:`Outbox`. The driver keeps one ``poll`` call in
-flight per actor; it returns what piled up after ``FLUSH_PERIOD_S`` (at once for a lease request or the result).
-The driver writes the run folder; nothing here touches it, so the actor may be on any machine. (Polling rather
-than a streaming generator: Ray Client, ``--ray.address ray://...``, has no streaming generators.)
+``start`` runs the rollout in a thread of the actor, which reports (finished episodes, timing snapshots, recorder
+files, log records, its result: the reports of :mod:`plugrl_env_client.launch.reports`, and lease requests) into an
+:class:`Outbox`. The driver keeps one ``poll`` call in flight per actor; it returns what piled up after
+``FLUSH_PERIOD_S`` (at once for a lease request or the result). The driver writes the run folder; nothing here
+touches it, so the actor may be on any machine. (Polling rather than a streaming generator: Ray Client,
+``--ray.address ray://...``, has no streaming generators.)
 
-``control`` is the driver's way in (stop, and lease grants, see :mod:`.ray_budget`). The rollout loop never waits
+``control`` is the driver's way in (stop, and lease grants, see :mod:`.budget`). The rollout loop never waits
 on it: ``Budget.finished`` reads flags that ``control`` sets, so no remote call happens per loop iteration.
 
 Each ``start`` call is an epoch. Ray restarts an actor whose process died (the driver then starts a new epoch on
@@ -28,13 +29,13 @@ from typing import Any
 
 from plugrl_env_client.envs.registry import UnknownEnvError, get_spec
 from plugrl_env_client.errors import ConfigError, PlugRLError
-from plugrl_env_client.launch import ray_sources
 from plugrl_env_client.launch.process import run_process
-from plugrl_env_client.launch.ray_budget import Grant, LeasedBudget
-from plugrl_env_client.launch.ray_sources import ShippedSources
+from plugrl_env_client.launch.ray import sources as ray_sources
+from plugrl_env_client.launch.ray.budget import Grant, LeasedBudget
+from plugrl_env_client.launch.ray.sources import ShippedSources
+from plugrl_env_client.launch.reports import LogReporter, Report, Reporter, ResultReport
 from plugrl_env_client.outputs.logs import forward_logging
-from plugrl_env_client.outputs.results import EpisodeRecord, ProcessResult, ProcessStatus
-from plugrl_env_client.timing import Timing
+from plugrl_env_client.outputs.results import ProcessResult, ProcessStatus
 from plugrl_env_client.version import __version__
 
 logger = logging.getLogger(__name__)
@@ -43,12 +44,28 @@ FLUSH_PERIOD_S = 0.5
 """How often reports go home (a lease request and the result go at once): often enough for the progress bar,
 rarely enough that an idle actor costs next to nothing."""
 
-Message = tuple[Any, ...]
+
+@dataclasses.dataclass(frozen=True)
+class StepsReport:
+    """Env steps the epoch took since its last poll (the driver's progress bar counts them)."""
+
+    count: int
+
+
+@dataclasses.dataclass(frozen=True)
+class LeaseRequest:
+    """The epoch asks for more episodes (``seq`` numbers its requests, see :class:`~.budget.LeasedBudget`)."""
+
+    seq: int
+
+
+Message = Report | StepsReport | LeaseRequest
+"""What an actor sends its driver: the reports every rollout process sends, and its own two."""
 
 
 class Outbox:
-    """The rollout's :class:`~plugrl_env_client.rollout.loop.ResultSink` inside an actor: reports wait here for
-    the next batch."""
+    """Where the rollout inside an actor reports to (through a :class:`Reporter`): its messages wait here for the
+    next poll, which a result or a lease request cuts short."""
 
     def __init__(self) -> None:
         self._cond = threading.Condition()
@@ -56,24 +73,12 @@ class Outbox:
         self._urgent = False
         self._closed = False
 
-    def episode(self, record: EpisodeRecord) -> None:
-        self._put(("episode", record))
-
-    def progress(self, process_id: int, status: ProcessStatus, timing: Timing) -> None:
-        self._put(("progress", process_id, status, timing))
-
-    def artifact(self, process_id: int, relpath: str, data: bytes, append: bool = False) -> None:
-        self._put(("artifact", process_id, relpath, data, append))
-
-    def log(self, record: logging.LogRecord) -> None:
-        self._put(("log", record))
-
-    def ask(self, seq: int) -> None:
-        """A lease request (numbered within the epoch)."""
-        self._put(("lease", seq), urgent=True)
-
-    def result(self, result: ProcessResult) -> None:
-        self._put(("result", result), urgent=True)
+    def put(self, message: Message) -> None:
+        with self._cond:
+            self._items.append(message)
+            if isinstance(message, (ResultReport, LeaseRequest)):
+                self._urgent = True
+                self._cond.notify_all()
 
     def close(self) -> None:
         with self._cond:
@@ -87,13 +92,6 @@ class Outbox:
             self._cond.wait_for(lambda: self._urgent or self._closed, timeout)
             items, self._items, self._urgent = self._items, [], False
             return items, self._closed
-
-    def _put(self, message: Message, urgent: bool = False) -> None:
-        with self._cond:
-            self._items.append(message)
-            if urgent:
-                self._urgent = True
-                self._cond.notify_all()
 
 
 def node_info() -> dict[str, Any]:
@@ -135,7 +133,7 @@ class RolloutActor:
     def start(self, job_bytes: bytes, epoch: int, target: int | None, grant: Grant) -> dict[str, Any]:
         """Begin ``epoch``: the rollout of the pickled job, in a thread; returns where this actor runs."""
         outbox = Outbox()
-        forward_logging(outbox.log)  # this worker's log lines go home with its reports
+        forward_logging(LogReporter(outbox))  # this worker's log lines go home with its reports
         info = node_info()
         current = self._begin(epoch, target, grant, outbox)
         threading.Thread(target=self._rollout, args=(job_bytes, current.budget, outbox, info),
@@ -155,7 +153,7 @@ class RolloutActor:
         items, closed = current.outbox.take(FLUSH_PERIOD_S)
         steps = current.budget.env_steps
         if steps != current.sent_steps:
-            items.insert(0, ("steps", steps - current.sent_steps))
+            items.insert(0, StepsReport(steps - current.sent_steps))
             current.sent_steps = steps
         return items, closed
 
@@ -184,7 +182,7 @@ class RolloutActor:
             if self._current is not None:
                 self._current.budget.stop.set()
                 self._current.budget.release()
-            budget = LeasedBudget(target, grant, ask=outbox.ask)
+            budget = LeasedBudget(target, grant, ask=lambda seq: outbox.put(LeaseRequest(seq)))
             early = self._early.pop(epoch, None)
             if early is not None:
                 budget.update(early)
@@ -196,6 +194,7 @@ class RolloutActor:
             return self._current
 
     def _rollout(self, job_bytes: bytes, budget: LeasedBudget, outbox: Outbox, info: dict[str, Any]) -> None:
+        sink = Reporter(outbox.put)
         result = ProcessResult(self.process_id, ProcessStatus.FAILED, "the rollout did not start")
         try:
             if self._remap is None:
@@ -203,7 +202,7 @@ class RolloutActor:
             job = ray_sources.loads_job(job_bytes, self._remap)
             _check_env_known(job.env_id, info)
             lock = _NodeLock(self._lock_name) if (self._lock_name and job.config.runner.use_env_lock) else None
-            result = run_process(job, budget, outbox, env_lock=lock)
+            result = run_process(job, budget, sink, env_lock=lock)
         except PlugRLError as exc:
             logger.debug("process %d could not start on node %s", self.process_id, info["ip"], exc_info=True)
             result = ProcessResult(self.process_id, ProcessStatus.FAILED, str(exc))
@@ -211,7 +210,7 @@ class RolloutActor:
             logger.exception("process %d crashed on node %s", self.process_id, info["ip"])
             result = ProcessResult(self.process_id, ProcessStatus.FAILED, f"internal error {type(exc).__name__}: {exc}")
         finally:
-            outbox.result(result)
+            sink.result(result)
             outbox.close()
 
 
