@@ -30,11 +30,11 @@ import gymnasium as gym
 import numpy as np
 from gymnasium.vector import AutoresetMode
 
+from plugrl_env_client.envs import contract
 from plugrl_env_client.envs.base_env import BaseEnv, BaseEnvConfig, Observation, describe_space
 from plugrl_env_client.envs.registry import EnvSpec, get_spec, make_env
 from plugrl_env_client.errors import ConfigError
 from plugrl_env_client.outputs.logs import logging_restored
-from plugrl_env_client.rollout import checks
 
 if TYPE_CHECKING:
     from rich.text import Text
@@ -343,7 +343,7 @@ class _Context:
         """A reset's observation (a copy); a reset that does not return one makes the calling rule skip."""
         result = self.reset(seed, options)
         if not (isinstance(result, tuple) and len(result) == 2 and isinstance(result[0], Observation)):
-            raise _Skip(f"reset() returned {checks.describe_value(result)}, not (Observation, info) (rule 3)")
+            raise _Skip(f"reset() returned {contract.describe_value(result)}, not (Observation, info) (rule 3)")
         return _copy_obs(result[0])
 
     def step(self, actions: np.ndarray, what: str = "step(actions)") -> _StepValues:
@@ -474,7 +474,7 @@ def _copy_obs(obs: Observation) -> Observation:
 
 def _parse_step(result: Any, n: int, what: str) -> _StepValues:
     if not (isinstance(result, tuple) and len(result) == 5):
-        raise _Skip(f"{what} returned {checks.describe_value(result)}, not five values (rule 5)")
+        raise _Skip(f"{what} returned {contract.describe_value(result)}, not five values (rule 5)")
     obs, rewards, terminated, truncated, info = result
     if not isinstance(obs, Observation) or obs.batch_size != n or not isinstance(info, dict):
         raise _Skip(f"{what} did not return an Observation of {n} envs and a dict info (rule 5)")
@@ -679,7 +679,7 @@ def rule_action_space(ctx: _Context) -> _Outcome:
                         "set `self.single_action_space = gymnasium.spaces.Box(low, high, shape, np.float32)` (the "
                         "space of one env's action) in __init__")
     if not isinstance(space, gym.Space):
-        return _Outcome("fail", f"single_action_space is {checks.describe_value(space)}, not a gymnasium Space",
+        return _Outcome("fail", f"single_action_space is {contract.describe_value(space)}, not a gymnasium Space",
                         "use a gymnasium.spaces Box, Discrete, MultiDiscrete, MultiBinary or Text")
     if isinstance(space, _COMPOSITE_SPACES):
         return _Outcome("fail", f"single_action_space is {_describe_space(space)}: the client sends one array per env",
@@ -705,18 +705,18 @@ def rule_reset_returns(ctx: _Context) -> _Outcome:
     """3. ``reset(seed=...)`` returns ``(Observation, dict)`` with one row per env."""
     result = ctx.reset(ctx.seed)
     if not (isinstance(result, tuple) and len(result) == 2):
-        return _Outcome("fail", f"reset(seed={ctx.seed}) returned {checks.describe_value(result)}",
+        return _Outcome("fail", f"reset(seed={ctx.seed}) returned {contract.describe_value(result)}",
                         "return `observation, info` (info may be {})")
     obs, info = result
     findings = []
     if not isinstance(obs, Observation):
-        findings.append(_Finding("fail", f"its first value is {checks.describe_value(obs)}, not an Observation",
+        findings.append(_Finding("fail", f"its first value is {contract.describe_value(obs)}, not an Observation",
                                  "wrap the arrays: Observation(images=..., states=..., text=...)"))
     elif obs.batch_size != ctx.n:
         findings.append(_Finding("fail", f"the Observation holds {obs.batch_size} envs, the env has num_envs={ctx.n}",
                                  "return every env's row, with the batch as the leading axis of every array"))
     if not isinstance(info, dict):
-        findings.append(_Finding("fail", f"info is {checks.describe_value(info)}, not a dict",
+        findings.append(_Finding("fail", f"info is {contract.describe_value(info)}, not a dict",
                                  "return a dict as info ({} when there is nothing to report)"))
     return _judge(findings)
 
@@ -774,7 +774,7 @@ def rule_step_returns(ctx: _Context) -> _Outcome:
     result = ctx.call("step(actions)", ctx.env.step, ctx.actions())
     n = ctx.n
     if not (isinstance(result, tuple) and len(result) == 5):
-        got = len(result) if isinstance(result, tuple) else checks.describe_value(result)
+        got = len(result) if isinstance(result, tuple) else contract.describe_value(result)
         fix = "return (obs, reward, terminated, truncated, info)"
         if isinstance(result, tuple) and len(result) == 4:
             fix += ": that is the old gym API: split done into terminated and truncated"
@@ -783,7 +783,7 @@ def rule_step_returns(ctx: _Context) -> _Outcome:
     obs, rewards, terminated, truncated, info = result
     findings = []
     if not isinstance(obs, Observation):
-        findings.append(_Finding("fail", f"the observation is {checks.describe_value(obs)}, not an Observation",
+        findings.append(_Finding("fail", f"the observation is {contract.describe_value(obs)}, not an Observation",
                                  "wrap the arrays: Observation(images=..., states=..., text=...)"))
     elif obs.batch_size != n:
         findings.append(_Finding("fail", f"the Observation holds {obs.batch_size} envs, the env has num_envs={n}",
@@ -803,7 +803,7 @@ def rule_step_returns(ctx: _Context) -> _Outcome:
             findings.append(_Finding("fail", f"{name} has dtype {arr.dtype}",
                                      f"return a bool array: `np.asarray({name}, dtype=bool)`"))
     if not isinstance(info, dict):
-        findings.append(_Finding("fail", f"info is {checks.describe_value(info)}, not a dict",
+        findings.append(_Finding("fail", f"info is {contract.describe_value(info)}, not a dict",
                                  "return a dict as info ({} when there is nothing to report)"))
     return _judge(findings)
 
@@ -817,13 +817,13 @@ def rule_finite(ctx: _Context) -> _Outcome:
         r = rec.rewards
         if r.dtype.kind in "fiu":
             with np.errstate(over="ignore"):
-                rows = checks.non_finite_rows(r.astype(np.float32))
+                rows = contract.non_finite_rows(r.astype(np.float32))
             if rows is not None:
                 bad_rewards[rec.number] = rows.tolist()
     bad_states: dict[str, list[str]] = {}
     for where, obs in traj.observations:
         for key, arr in obs.states.items():
-            rows = checks.non_finite_rows(arr)
+            rows = contract.non_finite_rows(arr)
             if rows is not None:
                 bad_states.setdefault(key, []).append(f"{where} (envs {_rows(rows)})")
     findings = []
@@ -832,11 +832,11 @@ def rule_finite(ctx: _Context) -> _Outcome:
         findings.append(_Finding("fail", f"rewards were NaN or inf at {_steps_text(list(bad_rewards))} (envs "
                                  f"{_rows(bad_rewards[first])} at step {first})",
                                  "find where the env produces them (a division by zero, a diverging simulation) and "
-                                 f"return finite values; to run anyway: {checks.REWARDS_FLAG}"))
+                                 f"return finite values; to run anyway: {contract.REWARDS_FLAG}"))
     for key, places in bad_states.items():
         findings.append(_Finding("fail", f"states[{key!r}] held NaN or inf at {', '.join(places[:3])}"
                                  + (", ..." if len(places) > 3 else ""),
-                                 f"return finite observations; to send them anyway: {checks.OBSERVATIONS_FLAG}"))
+                                 f"return finite observations; to send them anyway: {contract.OBSERVATIONS_FLAG}"))
     return _judge(findings, f"checked over {len(traj.steps)} steps")
 
 
@@ -898,7 +898,7 @@ def rule_partial_reset(ctx: _Context) -> _Outcome:
     mask[rows] = True
     result = ctx.reset(None, {"reset_mask": mask, "reset_indices": rows})
     if not (isinstance(result, tuple) and len(result) == 2 and isinstance(result[0], Observation)):
-        return _Outcome("fail", f"the partial reset returned {checks.describe_value(result)}",
+        return _Outcome("fail", f"the partial reset returned {contract.describe_value(result)}",
                         "return (Observation, info) for the whole batch")
     after = _copy_obs(result[0])
     if after.batch_size != n:
@@ -1116,7 +1116,7 @@ def _per_env(path: str, value: Any, n: int, notes: dict[str, str]) -> None:
         if value.dtype.kind in "OVc":
             notes.setdefault(path, f"{path} has dtype {value.dtype}, which cannot be sent")
         return
-    what = f"an array of shape {value.shape}" if isinstance(value, np.ndarray) else checks.describe_value(value)
+    what = f"an array of shape {value.shape}" if isinstance(value, np.ndarray) else contract.describe_value(value)
     hint = " (return np.asarray(...))" if isinstance(value, list | tuple) and len(value) == n else ""
     notes.setdefault(path, f"{path} is {what}{hint}: dropped from feedback")
 
@@ -1126,14 +1126,14 @@ def _documented(key: str, value: Any, n: int, notes: dict[str, str]) -> None:
     if key == "success":
         arr = np.asarray(value) if isinstance(value, np.ndarray) else None
         if arr is None or arr.shape != (n,) or arr.dtype.kind not in "biu":
-            notes.setdefault(path, f"{path} is {checks.describe_value(value)}: the client counts success only from "
+            notes.setdefault(path, f"{path} is {contract.describe_value(value)}: the client counts success only from "
                              f"a bool array of shape ({n},)")
     elif key in ("metrics", "metrics_agg_mode") and not isinstance(value, dict):
-        notes.setdefault(path, f"{path} is {checks.describe_value(value)}, not a dict of metric name -> value")
+        notes.setdefault(path, f"{path} is {contract.describe_value(value)}, not a dict of metric name -> value")
     elif key == "metrics":
         for name, v in value.items():
             if not (isinstance(v, np.ndarray | np.generic | int | float | bool)):
-                notes.setdefault(f"{path}[{name!r}]", f"{path}[{name!r}] is {checks.describe_value(v)}, not a number "
+                notes.setdefault(f"{path}[{name!r}]", f"{path}[{name!r}] is {contract.describe_value(v)}, not a number "
                                  "or a per-env array")
 
 
