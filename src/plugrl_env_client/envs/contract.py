@@ -150,7 +150,9 @@ def check_reset(
     values, problems = read_reset(num_envs, result)
     if values is None:
         raise _first_error(problems)
-    _raise_first(observation_problems(num_envs, values[0], "reset()"))
+    problems = observation_problems(num_envs, values[0], "reset()")
+    if problems:
+        raise _first_error(problems)
     if non_finite_observations != "allow":
         check_finite_observation(values[0], "reset()")
     return values
@@ -206,7 +208,9 @@ def check_step(
     out, problems = read_step(num_envs, result, warnings=False)
     if out is None:
         raise _first_error(problems)
-    _raise_first(observation_problems(num_envs, out.obs, "step()"))
+    problems = observation_problems(num_envs, out.obs, "step()")
+    if problems:
+        raise _first_error(problems)
     if not np.isfinite(out.rewards).all():
         rewards, zeroed = _non_finite_rewards(out.rewards, non_finite_rewards)
         out = StepOutput(out.obs, rewards, out.terminated, out.truncated, out.info, zeroed)
@@ -375,12 +379,6 @@ def rows_text(rows: np.ndarray | Sequence[int], limit: int = 10) -> str:
     """``[1, 4, 7]``, or the first ``limit`` rows and how many there are in all."""
     shown = [int(i) for i in list(rows[:limit])]
     return str(shown) if len(rows) <= limit else f"{str(shown)[:-1]}, ... ({len(rows)} in all)]"
-
-
-def _raise_first(problems: list[Problem]) -> None:
-    for problem in problems:
-        if problem.severity == "error":
-            raise EnvContractError(problem.message)
 
 
 def _first_error(problems: Iterable[Problem]) -> EnvContractError:
