@@ -37,12 +37,11 @@ from typing import Any
 import numpy as np
 from machine import load_avg, machine_line
 
-from plugrl_env_client.envs import discover_envs
+from plugrl_env_client.envs import contract, discover_envs
 from plugrl_env_client.envs.registry import get_spec, make_env
 from plugrl_env_client.outputs.run_dir import RunDir
 from plugrl_env_client.outputs.run_writer import RunWriter
 from plugrl_env_client.protocol.session import Session, SessionConfig
-from plugrl_env_client.rollout import checks
 from plugrl_env_client.rollout.budget import EpisodeBudget
 from plugrl_env_client.rollout.group import EnvGroup, LoopSettings
 from plugrl_env_client.rollout.loop import Rollout
@@ -150,7 +149,7 @@ def bench_client(env_id: str, num_envs: int, horizon: int, seconds: float, max_e
                  reuse_feedback_obs: bool = True) -> ClientResult:
     spec = get_spec(env_id)
     env = make_env(spec.uid, num_envs=num_envs)
-    server = start_local_server("random", checks.action_space_of(env), horizon, seed=0)
+    server = start_local_server("random", contract.action_space_of(env), horizon, seed=0)
     budget = EpisodeBudget(None)
     done = threading.Event()
 

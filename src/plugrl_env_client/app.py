@@ -15,6 +15,7 @@ import sys
 from typing import Any
 
 from plugrl_env_client.config import ClientConfig
+from plugrl_env_client.envs import contract
 from plugrl_env_client.envs.base_env import BaseEnv, BaseEnvConfig
 from plugrl_env_client.envs.discovery import EnvSources
 from plugrl_env_client.envs.registry import get_spec
@@ -26,7 +27,6 @@ from plugrl_env_client.outputs.progress import Periodic, Progress, summary_table
 from plugrl_env_client.outputs.results import ProcessResult, ProcessStatus
 from plugrl_env_client.outputs.run_dir import RunDir, default_exp_name, write_json_atomic
 from plugrl_env_client.outputs.run_writer import RunWriter
-from plugrl_env_client.rollout import checks
 from plugrl_env_client.rollout.budget import EpisodeBudget
 from plugrl_env_client.rollout.signals import interrupt_handlers, shielded
 from plugrl_env_client.server.server import PolicyServer
@@ -169,7 +169,7 @@ def _start_local_policy(config: ClientConfig, env_id: str, env: BaseEnv | None) 
 
     probe = env if env is not None else build_env(ProcessJob(env_id, dataclasses.replace(config, num_envs=1), 0, ""))
     try:
-        space = checks.action_space_of(probe)
+        space = contract.action_space_of(probe)
     finally:
         if probe is not env:
             probe.close()

@@ -1,4 +1,5 @@
-"""Test-only envs for the env checklist: one that keeps every rule, and one per rule that breaks exactly that rule.
+"""Test-only envs for the env checklist: one that keeps every rule, and one per rule that breaks exactly that rule;
+and :func:`assert_caught`, the assertion the checklist's tests make on a report.
 
 :class:`GoodEnv` is small but has what the rules look at: random starts drawn from ``self.np_random``, a step
 counter ``states["t"]``, episodes that end (env i terminates after ``3 + i % 2`` steps), and a per-env info array.
@@ -15,8 +16,12 @@ import gymnasium as gym
 import numpy as np
 from gymnasium.vector import AutoresetMode
 
+from plugrl_env_client.check import CheckReport, CheckResult
 from plugrl_env_client.envs.base_env import BaseEnv, BaseEnvConfig, Observation
 from plugrl_env_client.envs.registry import register_env, register_env_config
+
+ALL = set(range(1, 15))
+NEEDS_STEPS = set(range(5, 13))  # rules that need a working step (rule 5 itself needs rules 2 and 3)
 
 
 @dataclasses.dataclass
@@ -93,6 +98,15 @@ class WrongActionSpaceEnv(GoodEnv):
         self.single_action_space = gym.spaces.Box(-1.0, 1.0, (3,), np.float32)
 
 
+class DictActionSpaceEnv(GoodEnv):
+    """An action of two parts, as a Dict space: not one array per env."""
+
+    def __init__(self, config: GoodConfig | None = None, num_envs: int = 2, **kwargs: Any) -> None:
+        super().__init__(config, num_envs, **kwargs)
+        self.single_action_space = gym.spaces.Dict({"move": gym.spaces.Box(-1.0, 1.0, (2,), np.float32),
+                                                    "grip": gym.spaces.Discrete(2)})
+
+
 # ------------------------------------------------------------------------------------------------ 3. reset returns
 
 
@@ -157,10 +171,27 @@ class Float64RewardEnv(GoodEnv):
         return obs, rewards.astype(np.float64), terminated, truncated, info
 
 
+class IntRewardEnv(GoodEnv):
+    """Integer rewards (a count): the client casts them to float32, as it does float64 ones."""
+
+    def step(self, actions: np.ndarray) -> Any:
+        obs, rewards, terminated, truncated, info = super().step(actions)
+        return obs, np.rint(rewards).astype(np.int64), terminated, truncated, info
+
+
 class IntFlagsEnv(GoodEnv):
     def step(self, actions: np.ndarray) -> Any:
         obs, rewards, terminated, truncated, info = super().step(actions)
         return obs, rewards, terminated.astype(np.int64), truncated, info
+
+
+class IntFlagsAtEpisodeEndEnv(GoodEnv):
+    """Bool flags, except on the steps that end an episode, where ``terminated`` comes as 0/1 integers: a step of
+    rules 2, 4 and 5 (one step from a reset) looks right, the shared run's third step does not."""
+
+    def step(self, actions: np.ndarray) -> Any:
+        obs, rewards, terminated, truncated, info = super().step(actions)
+        return obs, rewards, terminated.astype(np.int64) if terminated.any() else terminated, truncated, info
 
 
 # ------------------------------------------------------------------------------------------------ 6. finite
@@ -221,6 +252,14 @@ class ResetFirstRowsEnv(GoodEnv):
         mask[:k] = True
         self.start(mask)
         return self.observe(), {}
+
+
+class ResetRowsOnlyEnv(GoodEnv):
+    """A partial reset returns the rows it reset, not the whole batch."""
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> Any:
+        obs, info = super().reset(seed=seed, options=options)
+        return obs.select(self.reset_mask(options)), info
 
 
 # ------------------------------------------------------------------------------------------------ 9. no reset in step
@@ -390,3 +429,23 @@ def register(uid: str, cls: type[BaseEnv], config_cls: type[BaseEnvConfig] = Goo
     register_env_config(uid, override=True)(config_cls)
     register_env(uid, override=True, **kwargs)(cls)
     return uid
+
+
+# ------------------------------------------------------------------------------------------------ asserting on reports
+
+
+def assert_caught(report: CheckReport, rule: int, status: str, *words: str,
+                  skipped: set[int] | frozenset[int] = frozenset({14})) -> CheckResult:
+    """Rule ``rule`` has ``status`` and says each of ``words``; the others pass, except ``skipped``, which skip."""
+    result = report.result(rule)
+    assert result.status == status, report.render(details=True)
+    for word in words:
+        assert word in f"{result.seen} | {result.fix}", f"{word!r} not in rule {rule}:\n{report.render()}"
+    others = {r.number: r.status for r in report.results if r.number != rule}
+    expected = {n: "skip" if n in skipped else "pass" for n in others}
+    assert others == expected, report.render(details=True)
+    return result
+
+
+def statuses(report: CheckReport) -> dict[int, str]:
+    return {r.number: r.status for r in report.results}

@@ -12,7 +12,8 @@ from typing import Annotated
 
 import tyro
 
-from plugrl_env_client.check.checklist import DEFAULT_STEPS, check_registered_env
+from plugrl_env_client.check.checklist import check_registered_env
+from plugrl_env_client.check.harness import DEFAULT_STEPS
 from plugrl_env_client.cli import parse_with, prepare, program_name, run_cli
 from plugrl_env_client.envs.base_env import BaseEnvConfig
 

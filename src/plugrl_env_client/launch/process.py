@@ -17,13 +17,13 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from plugrl_env_client.config import ClientConfig
+from plugrl_env_client.envs import contract
 from plugrl_env_client.envs.base_env import BaseEnv
 from plugrl_env_client.envs.registry import get_spec, make_env
 from plugrl_env_client.errors import ConfigError, EnvCrashedError, PlugRLError
 from plugrl_env_client.outputs.recorder import EpisodeRecorder
 from plugrl_env_client.outputs.results import ProcessResult, ProcessStatus
 from plugrl_env_client.protocol.session import Session, SessionConfig
-from plugrl_env_client.rollout import checks
 from plugrl_env_client.rollout.budget import Budget
 from plugrl_env_client.rollout.group import EnvGroup, LoopSettings
 from plugrl_env_client.rollout.interfaces import ResultSink
@@ -144,7 +144,7 @@ def run_process(job: ProcessJob, budget: Budget, sink: ResultSink, env_lock: Any
 def session_config(job: ProcessJob, env: BaseEnv, group: int) -> SessionConfig:
     """How group ``group`` of the process connects: the run's server flags, and hints that fit the env."""
     cfg = job.config
-    space = checks.action_space_of(env)
+    space = contract.action_space_of(env)
     return SessionConfig(
         url=job.url,
         server_command=server_command(space, _port_of(job.url)),

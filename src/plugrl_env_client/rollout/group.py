@@ -30,6 +30,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
+from plugrl_env_client.envs import contract
 from plugrl_env_client.envs.base_env import BaseEnv, Observation, observation_space_of
 from plugrl_env_client.errors import ConfigError, EnvContractError, EnvCrashedError
 from plugrl_env_client.protocol.connection import CloseAction, ConnectionLost
@@ -115,7 +116,7 @@ class EnvGroup:
         self.n = env.num_envs
         self.offset = offset
         self.ids = np.arange(offset, offset + self.n)  # the process's env ids of this group's envs
-        self.space = checks.action_space_of(env)
+        self.space = contract.action_space_of(env)
         self.plans = ActionPlans(self.n, tuple(self.space.shape or ()), _plan_dtype(self.space), settings.replan_steps)
         self.tracker = EpisodeTracker(self.n, settings.success_threshold)
         self.reuse = False  # the current connection supports reuse-feedback-obs and we use it
@@ -268,7 +269,7 @@ class EnvGroup:
         self.timing.env_steps += steps
         self.timing.idle_env_steps += self.n - steps
         self.budget.add_env_steps(steps)
-        out = self._checked(checks.check_step, result, self.settings.non_finite_rewards,
+        out = self._checked(contract.check_step, result, self.settings.non_finite_rewards,
                             self.settings.non_finite_observations)
         if out.zeroed_rewards.size:
             logger.warning("env %s returned NaN/inf rewards for envs %s; replaced by 0 (--runner.non-finite-rewards "
@@ -436,7 +437,7 @@ class EnvGroup:
         start = time.perf_counter()
         result = self._call_env("reset", lambda: self.env.reset(seed=seed, options=options))  # type: ignore[arg-type]
         self.timing.reset_s += time.perf_counter() - start
-        obs, info = self._checked(checks.check_reset, result, self.settings.non_finite_observations)
+        obs, info = self._checked(contract.check_reset, result, self.settings.non_finite_observations)
         return obs, info
 
     def _checked(self, check: Any, result: Any, *modes: str) -> Any:

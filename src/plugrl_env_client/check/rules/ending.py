@@ -1,0 +1,78 @@
+"""Rules 13 and 14: closing the env, and a short real rollout.
+
+Rule 13 closes the env the other rules used (twice: the client may, on its error paths). Rule 14 then runs the
+client itself, as ``plugrl-run-env-client`` would, against the embedded policy, on a fresh env: the one check that
+exercises everything at once, reported in the client's own words when it stops.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import tempfile
+import traceback
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import gymnasium as gym
+
+from plugrl_env_client.check.harness import Context, Outcome, Skip, passed
+from plugrl_env_client.outputs.logs import logging_restored
+
+ROLLOUT_STEP_CAP = 50
+"""Time limit of the rollout rule's episodes: the registered one, but at most this many steps."""
+
+
+def rule_close(ctx: Context) -> Outcome:
+    """13. ``close()`` releases the env and a second ``close()`` is harmless (the client may close twice on error
+    paths). After this rule the env is closed."""
+    ctx.closed = True
+    ctx.call("close() (the first)", ctx.env.close)
+    ctx.call("close() (the second)", ctx.env.close)
+    return passed()
+
+
+def rule_rollout(ctx: Context) -> Outcome:
+    """14. A short rollout with the real client and the embedded random policy (the text policy for a Text action
+    space) completes: 2 episodes of at most ``ROLLOUT_STEP_CAP`` steps. It runs only for a registered env, and only
+    when no earlier rule failed (the rollout would stop at the first of them)."""
+    if ctx.env_id is None or ctx.spec is None:
+        raise Skip("check_env() was given an env object; check_registered_env(env_id) runs the rollout")
+    if not ctx.rollout:
+        raise Skip("rollout=False")
+    failed = [r.number for r in ctx.results.values() if r.status == "fail"]
+    if failed:
+        raise Skip(f"rules {failed} failed; the rollout would stop at the first of them")
+    from plugrl_env_client.app import run_client
+    from plugrl_env_client.config import ClientConfig, RunnerConfig
+
+    cap = min(ctx.spec.max_episode_steps or ROLLOUT_STEP_CAP, ROLLOUT_STEP_CAP)
+    policy: Any = "text" if isinstance(ctx.space, gym.spaces.Text) else "random"
+    env_config = ctx.config if ctx.config is not None else ctx.spec.config_cls()
+    with tempfile.TemporaryDirectory(prefix="plugrl-check-") as tmp, _captured_run() as (out, err):
+        config = ClientConfig(num_envs=ctx.n, num_episodes=2, local_policy=policy, output_dir=Path(tmp),
+                              exp_name="check", progress=False, env=env_config,
+                              runner=RunnerConfig(seed=ctx.seed, max_episode_steps=cap))
+        try:
+            code = run_client(config, ctx.env_id)
+        except Exception as exc:
+            return Outcome("fail", f"the client raised {type(exc).__name__}: {exc}", "see the message",
+                           "".join(traceback.format_exception(exc)))
+    if code in (130, 143):
+        raise KeyboardInterrupt
+    if code != 0:
+        errors = [line.removeprefix("error: ") for line in err.getvalue().splitlines() if line.startswith("error:")]
+        message = "; ".join(errors) or err.getvalue().strip()[-500:] or f"exit code {code}"
+        return Outcome("fail", f"the rollout stopped: {message}",
+                       f"fix what the message says (rerun with: plugrl-run-env-client {ctx.env_id} --num-envs {ctx.n} "
+                       f"--num-episodes 2 --local-policy {policy})")
+    return passed(f"2 episodes against the embedded {policy} policy (at most {cap} steps each)")
+
+
+@contextlib.contextmanager
+def _captured_run() -> Iterator[tuple[io.StringIO, io.StringIO]]:
+    """Capture what a client run prints, and undo the logging setup it makes for its own run folder."""
+    out, err = io.StringIO(), io.StringIO()
+    with logging_restored(), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        yield out, err

@@ -1,0 +1,40 @@
+"""Rules 13 and 14: closing twice, and the short real rollout (skipped after a failure)."""
+
+from __future__ import annotations
+
+import broken_envs as b
+import pytest
+
+from plugrl_env_client.check import check_env, check_registered_env
+from plugrl_env_client.envs import discover_envs
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _builtins() -> None:
+    discover_envs()
+
+
+def test_rule13_second_close_raises() -> None:
+    report = check_env(b.CloseTwiceFailsEnv())
+    b.assert_caught(report, 13, "fail", "close() (the second) raised RuntimeError: simulator handle already released")
+
+
+def test_rule14_rollout_that_cannot_build_a_second_env(registry) -> None:
+    b.LeakyEnv.slot_taken = False
+    uid = b.register("Leaky-v1", b.LeakyEnv)
+    try:
+        report = check_registered_env(uid)
+    finally:
+        b.LeakyEnv.slot_taken = False
+    b.assert_caught(report, 14, "fail", "the rollout stopped: process 0 failed:",
+                    "RuntimeError: the simulator is already running in this process",
+                    "plugrl-run-env-client Leaky-v1 --num-envs 2 --num-episodes 2 --local-policy random",
+                    skipped=set())
+
+
+def test_rule14_skipped_after_a_failure(registry) -> None:
+    uid = b.register("NanReward-v1", b.NanRewardEnv)
+    report = check_registered_env(uid)
+    assert report.result(6).status == "fail"
+    assert report.result(14).status == "skip"
+    assert report.result(14).seen == "rules [6] failed; the rollout would stop at the first of them"
