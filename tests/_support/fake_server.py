@@ -147,16 +147,21 @@ def decode_action(value: float) -> tuple[int, int]:
     return call, t
 
 
-CloseRule = Callable[["FakeConnection", Message], Closed | None]
-"""Asked after each message a connection got: the close the server answers it with, or None to go on."""
+CloseRule = Callable[["FakeConnection", "Message | ActionReply"], Closed | None]
+"""Asked after each message a connection got, and after each reply it sent: the close the server follows it with,
+or None to go on."""
 
 
-def close_after(messages: int, closed: Closed = RESYNC, session: int = 0, connection: int = 0) -> CloseRule:
+def close_after(messages: int, closed: Closed = RESYNC, session: int = 0, connection: int = 0,
+                after_reply: bool = False) -> CloseRule:
     """Close connection ``connection`` of session ``session`` right after its ``messages``-th message: an infer
-    then gets no reply (the client's receive raises), after a feedback the client's next infer raises."""
+    then gets no reply (the client's receive raises), after a feedback the client's next infer raises. With
+    ``after_reply``, right after the reply to that message (an infer) instead: the client steps with the chunk,
+    its feedback is lost (as over a socket), and its next infer raises."""
 
-    def rule(conn: FakeConnection, msg: Message) -> Closed | None:
-        if (conn.session, conn.index) == (session, connection) and len(conn.received) == messages:
+    def rule(conn: FakeConnection, msg: Message | ActionReply) -> Closed | None:
+        if ((conn.session, conn.index) == (session, connection) and len(conn.received) == messages
+                and isinstance(msg, ActionReply) == after_reply):
             return closed
         return None
 
@@ -166,8 +171,8 @@ def close_after(messages: int, closed: Closed = RESYNC, session: int = 0, connec
 def stop_after_feedbacks(count: int) -> CloseRule:
     """End the run (``plugrl-server-stop``) once the server got ``count`` feedbacks, over every connection."""
 
-    def rule(conn: FakeConnection, msg: Message) -> Closed | None:
-        if msg.kind == "feedback" and conn.server.feedback_count >= count:
+    def rule(conn: FakeConnection, msg: Message | ActionReply) -> Closed | None:
+        if isinstance(msg, Feedback) and conn.server.feedback_count >= count:
             return STOP
         return None
 
@@ -183,7 +188,7 @@ class FakeConnection:
         self.replies: list[ActionReply] = []
         self.closed: Closed | None = None  # by the server
         self.closed_by_client = False
-        self.lost_feedbacks = 0  # sent after the server closed: they never arrived
+        self.lost: list[Feedback] = []  # feedbacks sent after the server closed: they never arrived
         self._outstanding: Infer | None = None
         self._polls_left = 0
         self._next = "infer"  # what the protocol lets come next: "infer", "feedback" (after an action) or "reply"
@@ -288,13 +293,16 @@ class FakeConnection:
             self._chunks[env] = step
             self._held.pop(env, None)  # what it held was the row this infer used
         self.server.timeline.append(("reply", (self.session, self.index), reply))
+        self._close_if_scripted(reply)
         return reply
 
     def take_feedback(self, env_indices: Any, step_ids: Any, obs: Observation, rewards: Any, terminated: Any,
                       truncated: Any, info: dict[str, Any]) -> None:
         self._check_open()
         if self.closed is not None:  # as over a socket: it never arrives, and the next infer learns of the close
-            self.lost_feedbacks += 1
+            self.lost.append(Feedback(_ids(env_indices, "env_indices"), _ids(step_ids, "step_ids"), copy_obs(obs),
+                                      np.array(rewards), np.array(terminated), np.array(truncated), _copy_info(info),
+                                      self.session, self.index))
             return
         if self._next == "reply":
             raise self._violation("a feedback while an infer waits for its reply")
@@ -335,8 +343,11 @@ class FakeConnection:
     def _receive(self, msg: Message) -> None:
         self.received.append(msg)
         self.server.timeline.append((msg.kind, (self.session, self.index), msg))
+        self._close_if_scripted(msg)
+
+    def _close_if_scripted(self, event: Message | ActionReply) -> None:
         for rule in self.server.closes:
-            closed = rule(self, msg)
+            closed = rule(self, event)
             if closed is not None:
                 self.closed = closed
                 self.server.timeline.append(("close", (self.session, self.index), closed))

@@ -406,27 +406,30 @@ def test_reuse_is_forgotten_on_reconnect() -> None:
 # ---------------------------------------------------------------------------------------------- reconnects
 
 
-@pytest.mark.parametrize("messages", [3, 4], ids=["instead-of-an-action", "after-a-feedback"])
+@pytest.mark.parametrize("messages, after_reply", [(3, False), (3, True), (4, False)],
+                         ids=["instead-of-an-action", "after-an-action", "after-a-feedback"])
 @pytest.mark.parametrize("closed", [RESYNC, DROPPED], ids=["resync", "dropped"])
-def test_reconnect_drops_chunks_in_flight_and_episodes_go_on(messages: int, closed: Any) -> None:
-    """The server closes mid-episode (instead of its second action, or after the second feedback): the client
-    reconnects, asks for every env on the fresh connection first, never feeds back an old chunk there, applies
-    no old chunk's action any more, and its episodes keep their length and return (no reset)."""
+def test_reconnect_drops_chunks_in_flight_and_episodes_go_on(messages: int, after_reply: bool, closed: Any) -> None:
+    """The server closes mid-episode (instead of its second action, right after it, or after the second
+    feedback): the client reconnects, asks for every env on the fresh connection first, never feeds back an old
+    chunk there, applies no old chunk's action any more, and its episodes keep their length and return (no
+    reset)."""
     timeline: list = []
     length = by_env([6, 9, 7])
     env = ScriptedEnv(3, length, timeline=timeline)
-    server = FakeServer(horizon=4, closes=[close_after(messages, closed)], timeline=timeline,
-                        policy=truthful(env, encoded_chunks(4)))
+    server = FakeServer(horizon=4, closes=[close_after(messages, closed, after_reply=after_reply)],
+                        timeline=timeline, policy=truthful(env, encoded_chunks(4)))
     r = run(env, server, episodes=9)
     assert r.status is ProcessStatus.FINISHED
     (session,) = server.sessions
     old, new = session.connections
     assert session.reconnects == [closed]
+    assert len(old.lost) == (1 if after_reply else 0), "a feedback sent after the close never arrives"
     first = new.received[0]
     assert isinstance(first, Infer) and first.env_indices.tolist() == [0, 1, 2], "a fresh connection starts with an "\
                                                                                 "infer for every env"
-    chunks = {e: 0 for e in range(3)}  # finished chunks in the current episode, over both connections
-    for msg in old.received:
+    chunks = {e: 0 for e in range(3)}  # finished chunks in the current episode, as the client counts them
+    for msg in [*old.received, *old.lost]:
         if isinstance(msg, Feedback):
             for j, e in enumerate(msg.env_indices.tolist()):
                 chunks[e] = 0 if msg.terminated[j] else chunks[e] + 1
@@ -544,7 +547,8 @@ CASES = {
     "seed-groups": dict(n=6, horizon=4, group_size=3),
     "seed-groups-reuse": dict(n=4, horizon=2, group_size=2, features=REUSE, replan_steps=1),
     "seed-groups-retire": dict(n=4, horizon=3, group_size=2, episodes_per_env=2),
-    "closes": dict(n=3, horizon=4, closes=[close_after(5), close_after(2, connection=1, closed=DROPPED)]),
+    "closes": dict(n=3, horizon=4, closes=[close_after(5), close_after(2, connection=1, closed=DROPPED),
+                                           close_after(3, connection=2, after_reply=True)]),
     "closes-reuse": dict(n=3, horizon=2, features=REUSE, closes=[close_after(6)]),
     "retire-at-start": dict(n=4, horizon=3, episodes_per_env=[0, 2, 1, 3]),
     "retire-closes": dict(n=3, horizon=2, episodes_per_env=[2, 1, 3], features=REUSE,
@@ -554,7 +558,8 @@ CASES = {
     "pipelined-retire": dict(n=6, horizon=2, pipeline=3, episodes_per_env=[1, 3, 0, 2, 2, 1],
                              delay=lambda infer: infer.call % 3),
     "pipelined-close-instead-of-action": dict(n=6, horizon=4, pipeline=2, delay=3, features=REUSE,
-                                              closes=[close_after(3, session=1), close_after(1, session=0)]),
+                                              closes=[close_after(3, session=1), close_after(1, session=0),
+                                                      close_after(1, session=0, connection=1, after_reply=True)]),
     "pipelined-everything": dict(n=8, horizon=4, pipeline=2, group_size=2, align_chunks=2, features=REUSE,
                                  delay=2, closes=[close_after(4, session=0)]),
 }
@@ -568,8 +573,8 @@ def test_every_connection_keeps_the_protocol(case: dict[str, Any]) -> None:
     every connection alternates and the chunks add up."""
     case = dict(case)
     n, horizon, pipeline = case.pop("n"), case.pop("horizon"), case.pop("pipeline", 1)
-    server = FakeServer(horizon=horizon, features=case.pop("features", ()), closes=case.pop("closes", ()),
-                        delay=case.pop("delay", 0))
+    closes = case.pop("closes", ())
+    server = FakeServer(horizon=horizon, features=case.pop("features", ()), closes=closes, delay=case.pop("delay", 0))
     episodes_per_env = case.pop("episodes_per_env", None)
     length = lambda e, k: 1 + (3 * e + 2 * k) % 6  # noqa: E731  # 1 to 6 steps, changing every episode
     size = n // pipeline
@@ -577,6 +582,8 @@ def test_every_connection_keeps_the_protocol(case: dict[str, Any]) -> None:
                         per_env_seeds="group_size" in case) for g in range(pipeline)]
     r = run(envs, server, episodes=None if episodes_per_env else 4 * n, seed=1, **case)
     assert r.status is ProcessStatus.FINISHED
+    assert len(server.connections) == pipeline + sum(len(x.reconnects) for x in server.sessions)
+    assert (len(server.connections) > pipeline) == bool(closes), "the scripted closes happened"
     for conn in server.connections:
         kinds = conn.kinds
         assert kinds and kinds[0] == "infer"
