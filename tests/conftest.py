@@ -115,12 +115,9 @@ def registry() -> Iterator[None]:
     from plugrl_env_client.envs import registry as registration
 
     discover_envs()
-    envs, configs, gym_registry = dict(registration._ENVS), dict(registration._CONFIGS), dict(gym.registry)
+    before, gym_registry = registration.snapshot(), dict(gym.registry)
     yield
-    registration._ENVS.clear()
-    registration._ENVS.update(envs)
-    registration._CONFIGS.clear()
-    registration._CONFIGS.update(configs)
+    registration.restore(before)
     gym.registry.clear()
     gym.registry.update(gym_registry)
 

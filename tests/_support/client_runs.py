@@ -7,8 +7,9 @@ import json
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
+
+from waiting import wait_until
 
 
 def interrupt_once_collecting(args: list[str], episodes: Path, sig: int = signal.SIGINT,
@@ -18,11 +19,8 @@ def interrupt_once_collecting(args: list[str], episodes: Path, sig: int = signal
     proc = subprocess.Popen([sys.executable, "-m", "plugrl_env_client", *args], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     try:
-        deadline = time.monotonic() + timeout_s
-        while not (episodes.exists() and episodes.stat().st_size):
-            assert time.monotonic() < deadline, f"{episodes} got no episode within {timeout_s} s"
-            assert proc.poll() is None, f"the client ended early: {proc.communicate()[1]}"
-            time.sleep(0.05)
+        wait_until(lambda: episodes.exists() and episodes.stat().st_size, timeout_s, f"episode in {episodes}",
+                   proc=proc)
         proc.send_signal(sig)
         out, err = proc.communicate(timeout=timeout_s)
     finally:

@@ -11,7 +11,6 @@ import gymnasium as gym
 import numpy as np
 import pytest
 
-from plugrl_env_client.envs import registry as registration
 from plugrl_env_client.envs.base_env import BaseEnv, BaseEnvConfig, Observation
 from plugrl_env_client.envs.point.point_env import PointEnv, PointEnvConfig
 from plugrl_env_client.envs.registry import (
@@ -65,7 +64,7 @@ def test_register_non_base_env_class_errors() -> None:
         register_env("NotAnEnv-v1")(NotAnEnv)
     with pytest.raises(ConfigError):
         register_env("NotAnEnv-v1")(gym.vector.SyncVectorEnv)
-    assert "NotAnEnv-v1" not in registration._ENVS
+    assert "NotAnEnv-v1" not in registered_ids()
 
 
 def test_register_non_json_kwargs_tells_to_pass_a_string_key() -> None:
@@ -73,7 +72,7 @@ def test_register_non_json_kwargs_tells_to_pass_a_string_key() -> None:
         register_env("BadKwargs-v1", model=object())
     with pytest.raises(RuntimeError, match="string key"):
         register_env("BadKwargs-v1", table={1: np.zeros(2)})
-    assert "BadKwargs-v1" not in registration._ENVS
+    assert "BadKwargs-v1" not in registered_ids()
 
 
 def test_kwargs_reach_the_constructor() -> None:
@@ -121,7 +120,8 @@ def test_config_field_without_default_names_the_field() -> None:
     with pytest.raises(ConfigError, match="NeedsArgs cannot be built without arguments") as err:
         register_env_config("NeedsArgs-v1")(NeedsArgs)
     assert str(err.value).endswith("give these fields a default: robot_name, scene_id")
-    assert "NeedsArgs-v1" not in registration._CONFIGS
+    register_env("NeedsArgs-v1")(_env_class())
+    assert get_spec("NeedsArgs-v1").config_cls is BaseEnvConfig, "the refused config was not registered"
 
 
 def test_config_must_be_a_dataclass() -> None:
@@ -277,7 +277,7 @@ def test_gymnasium_make_vec_applies_the_registered_time_limit() -> None:
 def test_fixture_restores_registries() -> None:
     # the autouse fixture must undo what earlier tests registered
     for uid in ("Kw-v1", "Dup-v1", "Ovr-v1", "Order-v1", "GymTmp-v1"):
-        assert uid not in registration._ENVS and uid not in gym.registry
+        assert uid not in registered_ids() and uid not in gym.registry
     assert get_spec("Point-v1").env_cls is PointEnv
     assert get_spec("Point-v1").config_cls is PointEnvConfig
 

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 import pytest
+from waiting import wait_until
 
 from plugrl_env_client.app import run_client
 from plugrl_env_client.config import ClientConfig, RayConfig, RunnerConfig
@@ -116,11 +117,7 @@ def wait_for(condition: Callable[[], bool], what: str, proc: subprocess.Popen | 
              timeout_s: float = 300.0) -> None:
     """Wait until ``condition`` holds: an event of the run, not a time (the timeout only keeps a broken run from
     hanging the suite). With ``proc``: fail at once, with its output, when it ends first."""
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert proc is None or proc.poll() is None, (f"the run ended before {what}", proc.communicate())
-        assert time.monotonic() < deadline, f"no {what} within {timeout_s:g} s"
-        time.sleep(0.05)
+    wait_until(condition, timeout_s, what, proc=proc, poll_s=0.05)
 
 
 class Step(NamedTuple):
@@ -469,10 +466,8 @@ def wait_until_idle(cluster: Cluster, timeout_s: float = 60.0) -> None:
 
     ray.init(address=cluster.address, logging_level=logging.WARNING)
     try:
-        deadline = time.monotonic() + timeout_s
-        while ray.available_resources().get("CPU", 0) < ray.cluster_resources().get("CPU", 0):
-            assert time.monotonic() < deadline, (ray.available_resources(), ray.cluster_resources())
-            time.sleep(0.2)
+        wait_until(lambda: ray.available_resources().get("CPU", 0) >= ray.cluster_resources().get("CPU", 0),
+                   timeout_s, "idle cluster (every CPU released)", poll_s=0.2)
     finally:
         ray.shutdown()
 

@@ -6,6 +6,8 @@ import io
 import re
 import time
 
+from waiting import threads_started_by, wait_until
+
 from plugrl_env_client.outputs.progress import Progress, summary_table
 from plugrl_env_client.rollout.budget import EpisodeBudget
 
@@ -53,19 +55,16 @@ def test_non_tty_stream_gets_progress_lines_until_stopped() -> None:
     stream = io.StringIO()
     progress = Progress(budget, stream, period=0.01)
     assert progress.tty is False
-    progress.start()
+    ticking = threads_started_by(progress.start)
     budget.claim()
-    deadline = time.monotonic() + 5
-    while stream.getvalue().count("\n") < 3 and time.monotonic() < deadline:
-        time.sleep(0.01)
+    wait_until(lambda: stream.getvalue().count("\n") >= 3, 5, "three progress lines")
     progress.stop()
     text = stream.getvalue()
     lines = text.splitlines()
     assert len(lines) >= 3
     assert all(line.startswith("progress: [") for line in lines), lines
     assert "\r" not in text
-    # nothing more is written after stop
-    time.sleep(0.05)
+    assert ticking and not any(t.is_alive() for t in ticking), "stop() ended the thread: nothing is written after it"
     assert stream.getvalue() == text
 
 
@@ -137,12 +136,9 @@ def test_periodic_calls_until_stopped() -> None:
     from plugrl_env_client.outputs.progress import Periodic
 
     calls: list[float] = []
-    ticker = Periodic(0.01, lambda: calls.append(time.monotonic())).start()
-    deadline = time.monotonic() + 5
-    while len(calls) < 3 and time.monotonic() < deadline:
-        time.sleep(0.005)
+    ticker = Periodic(0.01, lambda: calls.append(time.monotonic()))
+    ticking = threads_started_by(ticker.start)
+    wait_until(lambda: len(calls) >= 3, 5, "three calls")
     ticker.stop()
-    seen = len(calls)
-    assert seen >= 3
-    time.sleep(0.05)
-    assert len(calls) == seen, "no call after stop()"
+    assert ticking and not any(t.is_alive() for t in ticking), "stop() ended the thread: no call after it"
+    assert len(calls) >= 3

@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
+from waiting import wait_until
 
 from plugrl_env_client.app import run_client
 from plugrl_env_client.config import ClientConfig
@@ -51,10 +52,7 @@ def start_server(port: int, log: Path) -> subprocess.Popen:
     cmd = [sys.executable, "-c", "from plugrl_env_client.server.cli import main; main()", "--port", str(port),
            "--policy.action-dim", str(D), "--policy.action-horizon", "3"]
     proc = subprocess.Popen(cmd, stdout=log.open("a"), stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 30
-    while "listening" not in log.read_text():
-        assert time.monotonic() < deadline and proc.poll() is None, log.read_text()
-        time.sleep(0.05)
+    wait_until(lambda: "listening" in log.read_text(), 30, f"server listening on port {port}", proc=proc)
     return proc
 
 
@@ -63,12 +61,10 @@ def test_server_killed_and_restarted_mid_run(tmp_path):
     servers = [start_server(port, log)]
 
     def kill_and_restart():
-        deadline = time.monotonic() + 60
-        while len(episodes(tmp_path)) < 10 and time.monotonic() < deadline:
-            time.sleep(0.02)
+        wait_until(lambda: len(episodes(tmp_path)) >= 10, 60, "10 episodes before the server is killed")
         servers[0].kill()
         servers[0].wait(timeout=10)
-        time.sleep(0.5)
+        time.sleep(0.5)  # the outage the client rides out: the server stays down a while before it comes back
         servers.append(start_server(port, log))
 
     chaos = threading.Thread(target=kill_and_restart, daemon=True)

@@ -9,6 +9,7 @@ import time
 
 import numpy as np
 import pytest
+from waiting import wait_until
 
 from plugrl_env_client.envs.base_env import Observation
 from plugrl_env_client.errors import ConfigError
@@ -56,7 +57,11 @@ def test_waits_for_a_server_that_comes_up_later_and_says_so_once(harness, caplog
     started = threading.Event()
 
     def bring_up_later():
-        time.sleep(1.0)
+        # Once the client has said it waits (the event), the server stays down a little longer, so the client
+        # retries unanswered (the behaviour under test: saying so once, not on every retry), then comes up.
+        wait_until(lambda: any("waiting for a policy server" in r.getMessage() for r in caplog.records), 30,
+                   "client saying it waits")
+        time.sleep(0.5)
         from websockets.sync.server import serve
 
         from plugrl_env_client.protocol import codec
@@ -75,7 +80,7 @@ def test_waits_for_a_server_that_comes_up_later_and_says_so_once(harness, caplog
 
     holder: list = []
     threading.Thread(target=bring_up_later, daemon=True).start()
-    session = Session(SessionConfig(url=f"ws://127.0.0.1:{port}", backoff_max_s=0.3))
+    session = Session(SessionConfig(url=f"ws://127.0.0.1:{port}", backoff_max_s=0.3, connect_timeout_s=60))
     meta = session.open()
     session.close()
     assert started.is_set() and isinstance(meta, ServerMetadata) and meta.action_horizon == 2

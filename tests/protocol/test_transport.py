@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from waiting import wait_until
 from websockets.sync.server import serve as ws_serve
 
 from plugrl_env_client.errors import ConfigError, ProtocolError
@@ -226,9 +227,7 @@ def test_client_close_reaches_the_server(served, client_kind, server_kind):
     conn = transport.connect(s.url, kind=client_kind)
     conn.close(1000)
     conn.close(1000)  # a second close is a no-op
-    deadline = time.monotonic() + 10
-    while not s.seen and time.monotonic() < deadline:
-        time.sleep(0.01)
+    wait_until(lambda: s.seen, 10, "close seen by the server")
     assert [(e.code, e.reason) for e in s.seen] == [(1000, "")]
 
 
@@ -254,9 +253,7 @@ def test_a_client_that_drops_the_socket_is_a_close_without_code_on_the_server(se
                 b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n")
     assert raw.recv(4096).startswith(b"HTTP/1.1 101")
     raw.close()
-    deadline = time.monotonic() + 10
-    while not s.seen and time.monotonic() < deadline:
-        time.sleep(0.01)
+    wait_until(lambda: s.seen, 10, "close seen by the server")
     assert [e.code for e in s.seen] == [None]
 
 

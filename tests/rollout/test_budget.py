@@ -7,15 +7,16 @@ a small code string through the builtin ``exec`` with the shared objects passed 
 from __future__ import annotations
 
 import multiprocessing as mp
-import time
 
 import pytest
+from waiting import wait_until
 
 from plugrl_env_client.rollout.budget import EpisodeBudget
 
 JOIN_TIMEOUT = 60.0
 
 _RACE = """
+ready.set()
 go.wait(30)
 mine = 0
 while budget.claim():
@@ -68,9 +69,11 @@ def test_claims_are_exact_across_two_racing_processes(ctx: mp.context.BaseContex
     go = ctx.Event()
     counts = ctx.Array("q", 2)
     extra = ctx.Array("q", 2)
-    procs = [_start(ctx, _RACE, budget=budget, go=go, counts=counts, extra=extra, index=i) for i in range(2)]
-    time.sleep(0.05)
-    go.set()
+    ready = [ctx.Event() for _ in range(2)]
+    procs = [_start(ctx, _RACE, budget=budget, go=go, counts=counts, extra=extra, index=i, ready=ready[i])
+             for i in range(2)]
+    assert all(r.wait(JOIN_TIMEOUT) for r in ready), "a child did not start"
+    go.set()  # both are waiting for it: they race from here
     _join(*procs)
     assert sum(counts[:]) == target
     assert list(extra[:]) == [0, 0]  # nothing claimed once the target was reached
@@ -87,10 +90,7 @@ def test_no_target_never_exhausts_and_the_stop_event_ends_a_child(ctx: mp.contex
     seen_exhausted = ctx.Value("q", -1)
     proc = _start(ctx, "import time\n" + _UNTIL_STOPPED, budget=budget, ready=ready, seen_exhausted=seen_exhausted)
     assert ready.wait(JOIN_TIMEOUT)
-    deadline = time.monotonic() + 20
-    while budget.claimed < 500 and time.monotonic() < deadline:
-        time.sleep(0.005)
-    assert budget.claimed >= 500
+    wait_until(lambda: budget.claimed >= 500, 20, "500 episodes claimed by the child")
     assert not budget.exhausted()
     budget.stop.set()
     _join(proc)

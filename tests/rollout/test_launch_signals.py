@@ -6,17 +6,14 @@ import json
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
+from waiting import wait_until
 
 
-def wait_for(path: Path, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not path.exists() or not path.read_text().strip():
-        assert time.monotonic() < deadline, f"{path} never appeared"
-        time.sleep(0.1)
+def wait_for(path: Path, proc: subprocess.Popen, timeout: float = 60.0) -> None:
+    wait_until(lambda: path.exists() and path.read_text().strip(), timeout, f"line in {path}", proc=proc)
 
 
 @pytest.mark.parametrize("sig,num_procs", [(signal.SIGINT, 1), (signal.SIGTERM, 1), (signal.SIGTERM, 2)])
@@ -26,7 +23,7 @@ def test_signal_writes_outputs_and_exits_128_plus_signum(tmp_path, sig, num_proc
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         for p in range(num_procs):  # every process is collecting episodes
-            wait_for(tmp_path / "run" / "rollout" / f"proc_{p:03d}" / "episodes.jsonl")
+            wait_for(tmp_path / "run" / "rollout" / f"proc_{p:03d}" / "episodes.jsonl", proc)
         proc.send_signal(sig)
         out, err = proc.communicate(timeout=60)
     finally:
@@ -44,10 +41,7 @@ def test_ctrl_c_while_processes_start_is_a_clean_interrupt(tmp_path):
            "--local-policy", "random", "--output-dir", str(tmp_path), "--exp-name", "run", "--no-progress"]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        deadline = time.monotonic() + 60
-        while not (tmp_path / "run" / "client_config.json").exists():
-            assert time.monotonic() < deadline
-            time.sleep(0.01)
+        wait_until((tmp_path / "run" / "client_config.json").exists, 60, "client_config.json", proc=proc)
         proc.send_signal(signal.SIGINT)
         out, err = proc.communicate(timeout=60)
     finally:

@@ -8,6 +8,7 @@ import time
 
 import numpy as np
 import pytest
+from waiting import wait_until
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
@@ -123,9 +124,7 @@ def test_max_episodes_ends_the_run_for_every_client(server_factory):
     b.send(infer([0]))
     b.recv(timeout=5)
     a.send(feedback([0, 1], done=True))
-    deadline = time.monotonic() + 5
-    while server.log.episodes < 2 and time.monotonic() < deadline:
-        time.sleep(0.01)
+    wait_until(lambda: server.log.episodes >= 2, 5, "count of a's two episodes")
     b.send(feedback([0], done=True))  # the third episode: b is closed at once
     assert close_of(b) == (1001, messages.REASON_STOP)
     assert server.log.episodes == 3
@@ -322,10 +321,8 @@ def test_a_client_that_drops_the_socket_is_a_note_not_an_error(server_factory, c
     server = server_factory()
     ws, _ = open_client(server)
     ws.socket.close()  # no close frame
-    deadline = time.monotonic() + 5
-    while not any("without a close frame" in r.getMessage() for r in caplog.records):
-        assert time.monotonic() < deadline, [r.getMessage() for r in caplog.records]
-        time.sleep(0.01)
+    wait_until(lambda: any("without a close frame" in r.getMessage() for r in caplog.records), 5,
+               "note of the dropped socket")
     assert not any(r.levelname in ("WARNING", "ERROR") for r in caplog.records if "plugrl" in r.name)
 
 
@@ -492,10 +489,8 @@ def test_picows_server_serves_like_the_websockets_one(picows_server_factory, cap
 
     dropped, _ = open_client(server)
     dropped.socket.close()
-    deadline = time.monotonic() + 5
-    while not any("without a close frame" in r.getMessage() for r in caplog.records):
-        assert time.monotonic() < deadline, [r.getMessage() for r in caplog.records]
-        time.sleep(0.01)
+    wait_until(lambda: any("without a close frame" in r.getMessage() for r in caplog.records), 5,
+               "note of the dropped socket")
 
 
 def test_picows_server_refuses_text_frames(picows_server_factory):
