@@ -23,9 +23,9 @@ from plugrl_env_client.launch.local import launch
 from plugrl_env_client.launch.process import ProcessJob, build_env, group_sizes
 from plugrl_env_client.outputs.logs import setup_logging
 from plugrl_env_client.outputs.progress import Periodic, Progress, summary_table
-from plugrl_env_client.outputs.results import ProcessResult, ProcessStatus
 from plugrl_env_client.outputs.run_dir import RunDir, default_exp_name, write_json_atomic
 from plugrl_env_client.outputs.run_writer import RunWriter
+from plugrl_env_client.records import ProcessResult, ProcessStatus
 from plugrl_env_client.rollout import checks
 from plugrl_env_client.rollout.budget import EpisodeBudget
 from plugrl_env_client.rollout.signals import interrupt_handlers, shielded

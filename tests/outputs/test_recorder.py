@@ -29,7 +29,7 @@ from plugrl_env_client.outputs.recorder import (
     RecorderReport,
     encode_png,
 )
-from plugrl_env_client.outputs.results import EpisodeRecord
+from plugrl_env_client.records import EpisodeRecord
 
 CAM = (16, 16, 3)
 WRIST = (15, 17, 3)  # odd height and width: videos must pad it

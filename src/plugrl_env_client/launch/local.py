@@ -23,8 +23,8 @@ from typing import Any
 from plugrl_env_client.envs.discovery import EnvSources
 from plugrl_env_client.launch.process import ProcessJob, run_process
 from plugrl_env_client.outputs.logs import forward_logging, handle_forwarded
-from plugrl_env_client.outputs.results import EpisodeRecord, ProcessResult, ProcessStatus
 from plugrl_env_client.outputs.run_writer import RunWriter
+from plugrl_env_client.records import EpisodeRecord, ProcessResult, ProcessStatus
 from plugrl_env_client.rollout.budget import EpisodeBudget
 from plugrl_env_client.rollout.signals import Interrupted, deferred_interrupts, interrupt_handlers
 from plugrl_env_client.timing import Timing

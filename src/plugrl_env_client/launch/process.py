@@ -21,8 +21,8 @@ from plugrl_env_client.envs.base_env import BaseEnv
 from plugrl_env_client.envs.registry import get_spec, make_env
 from plugrl_env_client.errors import ConfigError, EnvCrashedError, PlugRLError
 from plugrl_env_client.outputs.recorder import EpisodeRecorder
-from plugrl_env_client.outputs.results import ProcessResult, ProcessStatus
 from plugrl_env_client.protocol.session import Session, SessionConfig
+from plugrl_env_client.records import ProcessResult, ProcessStatus
 from plugrl_env_client.rollout import checks
 from plugrl_env_client.rollout.budget import Budget
 from plugrl_env_client.rollout.group import EnvGroup, LoopSettings

@@ -45,9 +45,9 @@ from plugrl_env_client.launch.ray_budget import Grant, LeaseBook
 from plugrl_env_client.launch.ray_sources import ShippedSources
 from plugrl_env_client.launch.ray_worker import RolloutActor
 from plugrl_env_client.outputs.logs import handle_forwarded
-from plugrl_env_client.outputs.results import ProcessResult, ProcessStatus
 from plugrl_env_client.outputs.run_dir import write_json_atomic
 from plugrl_env_client.outputs.run_writer import RunWriter
+from plugrl_env_client.records import ProcessResult, ProcessStatus
 from plugrl_env_client.rollout.budget import EpisodeBudget
 from plugrl_env_client.rollout.signals import Interrupted, deferred_interrupts, shielded
 from plugrl_env_client.timing import Timing

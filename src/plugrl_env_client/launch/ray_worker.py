@@ -33,7 +33,7 @@ from plugrl_env_client.launch.process import run_process
 from plugrl_env_client.launch.ray_budget import Grant, LeasedBudget
 from plugrl_env_client.launch.ray_sources import ShippedSources
 from plugrl_env_client.outputs.logs import forward_logging
-from plugrl_env_client.outputs.results import EpisodeRecord, ProcessResult, ProcessStatus
+from plugrl_env_client.records import EpisodeRecord, ProcessResult, ProcessStatus
 from plugrl_env_client.timing import Timing
 from plugrl_env_client.version import __version__
 

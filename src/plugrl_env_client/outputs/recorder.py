@@ -59,8 +59,8 @@ import numpy as np
 from plugrl_env_client.config import RecorderConfig
 from plugrl_env_client.envs.base_env import Observation
 from plugrl_env_client.errors import ConfigError
-from plugrl_env_client.outputs.results import EpisodeRecord
 from plugrl_env_client.outputs.run_dir import finite_json
+from plugrl_env_client.records import EpisodeRecord
 
 logger = logging.getLogger(__name__)
 

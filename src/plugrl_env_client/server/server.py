@@ -28,9 +28,9 @@ from typing import Any
 import numpy as np
 
 from plugrl_env_client.errors import ProtocolError
-from plugrl_env_client.outputs.results import EpisodeStats
 from plugrl_env_client.protocol import codec, messages
 from plugrl_env_client.protocol.transport import ServerTransport, TransportClosed, TransportServer, serve
+from plugrl_env_client.records import EpisodeStats
 from plugrl_env_client.server.policies import Policy
 from plugrl_env_client.version import __version__
 
