@@ -282,10 +282,11 @@ def test_flags_before_the_env_id_say_where_the_id_goes(capsys):
     assert "the env id comes first" in capsys.readouterr().err
 
 
-def test_builtin_env_file_runs_directly_without_a_shadowing_warning(tmp_path: Path) -> None:
-    from plugrl_env_client.envs.point import point_env
-
-    res = subprocess.run([sys.executable, point_env.__file__, "point-v1", "--num-episodes", "1", "--local-policy",
+def test_the_template_runs_directly_without_a_shadowing_warning(tmp_path: Path) -> None:
+    """The env file users copy (docs/examples/template_env.py) is a command of its own; its id is its own, so it
+    replaces no built-in. Built-in env files are not run directly: they have no ``__main__`` block."""
+    template = Path(__file__).resolve().parents[1] / "docs" / "examples" / "template_env.py"
+    res = subprocess.run([sys.executable, str(template), "template-v1", "--num-episodes", "1", "--local-policy",
                           "random", "--output-dir", str(tmp_path), "--exp-name", "p", "--no-progress"],
                          capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr
