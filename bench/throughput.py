@@ -44,8 +44,9 @@ from plugrl_env_client.outputs.run_writer import RunWriter
 from plugrl_env_client.protocol.session import Session, SessionConfig
 from plugrl_env_client.rollout import checks
 from plugrl_env_client.rollout.budget import EpisodeBudget
-from plugrl_env_client.rollout.group import EnvGroup, LoopSettings
+from plugrl_env_client.rollout.group import EnvGroup
 from plugrl_env_client.rollout.loop import Rollout
+from plugrl_env_client.rollout.settings import LoopSettings
 from plugrl_env_client.server.embedded import start_local_server
 
 ENV_IDS = ("Dummy-v1", "Point-v1")
@@ -163,7 +164,7 @@ def bench_client(env_id: str, num_envs: int, horizon: int, seconds: float, max_e
 
     with tempfile.TemporaryDirectory(prefix="plugrl-bench-") as tmp:
         writer = RunWriter(RunDir(Path(tmp) / "run").create(), "bench", 1)
-        session = TimedSession(SessionConfig(url=server.url, connect_timeout_s=10))
+        session = TimedSession(SessionConfig(url=server.url, connect_timeout=10))
         settings = LoopSettings(
             env_id=spec.uid,
             process_id=0,

@@ -297,7 +297,7 @@ def test_the_template_runs_directly_without_a_shadowing_warning(tmp_path: Path) 
 @pytest.mark.parametrize("value, expected", [("False", False), ("false", False), ("True", True), ("1", True)])
 def test_bool_flags_take_a_value_as_well(value: str, expected: bool) -> None:
     _, config, _line = cli.parse(["point-v1", "--progress", value, "--reuse-feedback-obs", value])
-    assert config.progress is expected and config.reuse_feedback_obs is expected
+    assert config.progress is expected and config.connection.reuse_feedback_obs is expected
     _, config, _line = cli.parse(["point-v1", "--no-progress"])
     assert config.progress is False
 

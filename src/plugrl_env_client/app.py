@@ -143,8 +143,8 @@ def _recorded_config(config: ClientConfig, env_id: str, env_kwargs: dict[str, An
     """Every flag of the run for ``client_config.json``; the API key is not written to disk."""
     flags = dataclasses.asdict(config)
     flags["output_dir"] = str(config.output_dir)
-    if flags.get("api_key"):
-        flags["api_key"] = "<redacted>"
+    if flags["connection"].get("api_key"):
+        flags["connection"]["api_key"] = "<redacted>"
     return {"env_id": env_id, "env_kwargs": env_kwargs, **flags}
 
 
@@ -175,7 +175,7 @@ def _start_local_policy(config: ClientConfig, env_id: str, env: BaseEnv | None) 
             probe.close()
     assert config.local_policy is not None
     server = start_local_server(config.local_policy, space, config.local_policy_horizon, seed=config.runner.seed,
-                                choices=config.local_policy_choices, transport=config.transport)
+                                choices=config.local_policy_choices, transport=config.connection.transport)
     logger.info("embedded %s policy serving on %s", config.local_policy, server.url)
     return server
 

@@ -248,15 +248,17 @@ def _field_type(cls: type, name: str) -> type:
 def _bool_flags(cls: type, prefix: str) -> list[str]:
     import typing
 
-    hints = typing.get_type_hints(cls)
+    hints = typing.get_type_hints(cls, include_extras=True)
     flags = []
     for field in dataclasses.fields(cls):
-        hint = hints.get(field.name)
+        hint, markers = hints.get(field.name), list[object]()
+        if typing.get_origin(hint) is typing.Annotated:
+            hint, *markers = typing.get_args(hint)
         name = prefix + field.name.replace("_", "-")
         if hint is bool:
             flags.append(name)
         elif isinstance(hint, type) and dataclasses.is_dataclass(hint):
-            flags.extend(_bool_flags(hint, name + "."))
+            flags.extend(_bool_flags(hint, prefix if tyro.conf.OmitArgPrefixes in markers else name + "."))
     return flags
 
 

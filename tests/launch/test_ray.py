@@ -32,7 +32,7 @@ from typing import Any, NamedTuple
 import pytest
 
 from plugrl_env_client.app import run_client
-from plugrl_env_client.config import ClientConfig, RayConfig, RunnerConfig
+from plugrl_env_client.config import ClientConfig, RunnerConfig
 from plugrl_env_client.envs import discover_envs
 from plugrl_env_client.envs import registry as env_registry
 from plugrl_env_client.envs.discovery import EnvSources, user_module_name
@@ -40,6 +40,7 @@ from plugrl_env_client.errors import ConfigError
 from plugrl_env_client.launch import ray_sources
 from plugrl_env_client.launch.process import ProcessJob
 from plugrl_env_client.launch.ray_budget import Grant, LeaseBook, LeasedBudget
+from plugrl_env_client.launch.ray_config import RayConfig
 
 ray = pytest.importorskip("ray")
 from ray.cluster_utils import Cluster  # noqa: E402

@@ -19,13 +19,13 @@ import imageio.v3 as iio
 import numpy as np
 import pytest
 
-from plugrl_env_client.config import RecorderConfig
 from plugrl_env_client.envs.base_env import Observation
 from plugrl_env_client.errors import ConfigError
 from plugrl_env_client.outputs.recorder import (
     AppendableSink,
     DirectorySink,
     EpisodeRecorder,
+    RecorderConfig,
     RecorderReport,
     encode_png,
 )

@@ -239,7 +239,7 @@ def test_run_client_over_picows_against_the_picows_reference_server(tmp_path):
     import json
 
     from plugrl_env_client.app import run_client
-    from plugrl_env_client.config import ClientConfig
+    from plugrl_env_client.config import ClientConfig, ConnectionConfig
     from plugrl_env_client.envs import discover_envs
     from plugrl_env_client.server.policies import PolicyConfig, make_policy
     from plugrl_env_client.server.server import PolicyServer
@@ -250,7 +250,8 @@ def test_run_client_over_picows_against_the_picows_reference_server(tmp_path):
     server = PolicyServer(make_policy(PolicyConfig(action_dim=2, action_horizon=4)), port=0, transport="picows").start()
     try:
         cfg = ClientConfig(server_port=server.port, num_envs=3, num_episodes=5, output_dir=tmp_path, exp_name="run",
-                           progress=False, transport="picows", env=PointEnvConfig())
+                           progress=False, connection=ConnectionConfig(transport="picows"),
+                           env=PointEnvConfig())
         assert run_client(cfg, "Point-v1") == 0
     finally:
         server.shutdown()

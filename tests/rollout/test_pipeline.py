@@ -26,8 +26,8 @@ from plugrl_env_client.errors import ConfigError
 from plugrl_env_client.protocol import codec, messages
 from plugrl_env_client.records import ProcessStatus
 from plugrl_env_client.rollout.budget import EpisodeBudget
-from plugrl_env_client.rollout.group import LoopSettings
 from plugrl_env_client.rollout.loop import Rollout
+from plugrl_env_client.rollout.settings import LoopSettings
 from plugrl_env_client.timing import Timing
 
 discover_envs()

@@ -35,13 +35,13 @@ from collections.abc import Iterator
 from typing import Any
 from urllib.parse import urlsplit
 
-from plugrl_env_client.config import RayConfig
 from plugrl_env_client.envs.discovery import EnvSources
 from plugrl_env_client.envs.registry import get_spec
 from plugrl_env_client.errors import ConfigError
 from plugrl_env_client.launch import ray_sources
 from plugrl_env_client.launch.process import ProcessJob
 from plugrl_env_client.launch.ray_budget import Grant, LeaseBook
+from plugrl_env_client.launch.ray_config import RayConfig
 from plugrl_env_client.launch.ray_sources import ShippedSources
 from plugrl_env_client.launch.ray_worker import RolloutActor
 from plugrl_env_client.outputs.logs import handle_forwarded
