@@ -25,7 +25,9 @@ CLIENT_FLAGS = {
     "--max-reconnects": "{None}|INT", "--connect-timeout": "{None}|FLOAT", "--reconnect-timeout": "{None}|FLOAT",
     "--reuse-feedback-obs": "", "--no-reuse-feedback-obs": "", "--progress": "", "--no-progress": "",
     "--env-path": "STR", "--launcher": "{local,ray}", "--transport": "{websockets,picows}",
-    "--runner.seed": "{None}|INT", "--runner.max-episode-steps": "{None}|INT", "--runner.replan-steps": "{None}|INT",
+    "--runner.seed": "{None}|INT", "--runner.max-episode-steps": "{None}|INT",
+    "--env.max-episode-steps": "{None}|INT",  # PlugRL's spelling of the one above (accepted before it was listed)
+    "--runner.replan-steps": "{None}|INT",
     "--runner.non-finite-actions": "{error,clip}", "--runner.non-finite-rewards": "{error,zero}",
     "--runner.non-finite-observations": "{error,allow}",
     "--runner.pass-proc-id": "", "--runner.no-pass-proc-id": "",
@@ -57,18 +59,19 @@ SERVER_FLAGS = {
 REPORT_FLAGS = {"-h": "", "--help": "", "--window": "K", "--open": "", "--no-open": ""}
 """``plugrl-report --help`` (besides its positional RUN_DIR)."""
 
-_FLAG_CELL = re.compile(r"(?:^|│) (-{1,2}[\w.\-]+(?:, -{1,2}[\w.\-]+)*)( \S[^│]*?)?(?: {2}|│|$)", re.M)
-"""A flag where a help line's cell starts: ``│ --a, --no-a`` or ``│ --name METAVAR   help``; flags that help texts
-mention mid-sentence are indented and never match."""
+_FLAG_CELL = re.compile(r"(?:^|│) (-{1,2}[\w.\-]+(?:[^│]*?))(?: {2}|│|$)", re.M)
+"""A flag where a help line's cell starts: ``│ --a, --no-a``, ``│ --name METAVAR   help`` or, for a flag with an
+alias, ``│ --alias METAVAR, --name METAVAR``; flags that help texts mention mid-sentence are indented and never
+match."""
 
 
 def listed_flags(help_text: str) -> dict[str, str]:
     """Flag -> its metavar ("" for a flag that takes no value) of every option a tyro ``--help`` lists."""
     flags: dict[str, str] = {}
     for match in _FLAG_CELL.finditer(help_text):
-        metavar = (match.group(2) or "").strip()
-        for flag in match.group(1).split(", "):
-            flags[flag] = metavar
+        for item in re.split(r", (?=-)", match.group(1).strip()):
+            flag, _, metavar = item.partition(" ")
+            flags[flag] = metavar.strip()
     return flags
 
 
@@ -98,5 +101,8 @@ def test_help_lists_every_flag_under_its_name(command: tuple[str, ...], expected
 def test_flags_are_read_from_the_start_of_help_cells_only() -> None:
     text = ("│ --a INT                help that mentions --not-a-flag │\n"
             "│       wrapped text with --neither                       │\n"
-            "│ --b, --no-b  help of b                                 ││ --c.d {x,y}       c │\n")
-    assert listed_flags(text) == {"--a": "INT", "--b": "", "--no-b": "", "--c.d": "{x,y}"}
+            "│ --b, --no-b  help of b                                 ││ --c.d {x,y}       c │\n"
+            "│ --e.f {None}|INT, --g.f {None}|INT                     │\n"
+            "│ --h [STR [STR ...]]                                    │\n")
+    assert listed_flags(text) == {"--a": "INT", "--b": "", "--no-b": "", "--c.d": "{x,y}", "--e.f": "{None}|INT",
+                                  "--g.f": "{None}|INT", "--h": "[STR [STR ...]]"}

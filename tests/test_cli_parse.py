@@ -334,6 +334,26 @@ def test_plugrl_dummy_flag_names_and_the_time_limit_alias() -> None:
     assert config.runner.max_episode_steps == 12
 
 
+def test_time_limit_alias_hands_on_a_plain_runner_section() -> None:
+    _, config, _line = cli.parse(["point-v1", "--env.max_episode_steps", "7"])
+    assert type(config.runner) is RunnerConfig and config.runner == RunnerConfig(max_episode_steps=7)
+    assert pickle.loads(pickle.dumps(config)) == config  # what crosses to spawned rollout processes
+
+
+def test_an_env_config_with_max_episode_steps_keeps_its_own_flag(registry: None) -> None:
+    @registration.register_env_config("Timed-v1")
+    @dataclasses.dataclass
+    class TimedConfig(BaseEnvConfig):
+        max_episode_steps: int = 5
+
+    @registration.register_env("Timed-v1")
+    class TimedEnv(BaseEnv[TimedConfig]):
+        pass
+
+    _, config, _line = cli.parse(["timed-v1", "--env.max-episode-steps", "9", "--runner.max-episode-steps", "3"])
+    assert config.env.max_episode_steps == 9 and config.runner.max_episode_steps == 3
+
+
 # ---------------------------------------------------------------------------------------------- env ids and subcommands
 
 
