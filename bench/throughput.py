@@ -16,7 +16,7 @@ For each env (Dummy-v1, Point-v1), batch size (num_envs 1, 16, 256) and server a
   after a time limit or a step cap;
 * the round trip of each infer (pack, send, server decode + policy, reply, parse: from ``send_infer`` to the
   ``receive_actions`` that returns its chunk), timed by instrumenting the session from this script only;
-* bytes sent per env step (infer and feedback frames, from ``session.stats.bytes_sent``).
+* bytes sent per env step (infer and feedback frames, from ``session.timing.bytes_sent``).
 
 Numbers depend on the machine and its load; compare them within one run only.
 """

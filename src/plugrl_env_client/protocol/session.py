@@ -137,7 +137,8 @@ class Session:
                 self._actions_at_open = self.timing.actions_received
                 self._opened_at = time.monotonic()
                 meta = self.connection.read_metadata()
-                logger.info("connected to %s; server metadata: %s", self.config.url, _short(meta.raw))
+                logger.info("connected to %s; server metadata: %s", self.config.url,
+                            messages.short_repr(meta.raw, 400))
                 return meta
             if deadline is not None and time.monotonic() > deadline:
                 hint = (f"start one with `{self.config.server_command}` or use `{self.config.local_flag}`"
@@ -207,8 +208,3 @@ class Session:
                 self.config.server_command,
                 self.config.local_flag,
             )
-
-
-def _short(data: dict[str, Any], limit: int = 400) -> str:
-    text = repr(data)
-    return text if len(text) <= limit else text[:limit] + "..."

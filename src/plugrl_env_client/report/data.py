@@ -121,16 +121,8 @@ class RunData:
         return str(value) if value is not None else None
 
     @property
-    def has_wall_time(self) -> bool:
-        return self.pooled.wall_time_s is not None and len(self.pooled) > 0
-
-    @property
     def steps_recorded(self) -> bool:
         return all(p.steps_recorded for p in self.processes if len(p.episodes))
-
-    @property
-    def without_summary(self) -> list[int]:
-        return [p.process_id for p in self.processes if p.summary is None]
 
 
 # ------------------------------------------------------------------------------------------------ numbers
