@@ -16,7 +16,7 @@ For each env (Dummy-v1, Point-v1), batch size (num_envs 1, 16, 256) and server a
   after a time limit or a step cap;
 * the round trip of each infer (pack, send, server decode + policy, reply, parse: from ``send_infer`` to the
   ``receive_actions`` that returns its chunk), timed by instrumenting the session from this script only;
-* bytes sent per env step (infer and feedback frames, from ``session.stats.bytes_sent``).
+* bytes sent per env step (infer and feedback frames, from ``session.timing.bytes_sent``).
 
 Numbers depend on the machine and its load; compare them within one run only.
 """
@@ -43,8 +43,9 @@ from plugrl_env_client.outputs.run_dir import RunDir
 from plugrl_env_client.outputs.run_writer import RunWriter
 from plugrl_env_client.protocol.session import Session, SessionConfig
 from plugrl_env_client.rollout.budget import EpisodeBudget
-from plugrl_env_client.rollout.group import EnvGroup, LoopSettings
+from plugrl_env_client.rollout.group import EnvGroup
 from plugrl_env_client.rollout.loop import Rollout
+from plugrl_env_client.rollout.settings import LoopSettings
 from plugrl_env_client.server.embedded import start_local_server
 
 ENV_IDS = ("Dummy-v1", "Point-v1")
@@ -162,7 +163,7 @@ def bench_client(env_id: str, num_envs: int, horizon: int, seconds: float, max_e
 
     with tempfile.TemporaryDirectory(prefix="plugrl-bench-") as tmp:
         writer = RunWriter(RunDir(Path(tmp) / "run").create(), "bench", 1)
-        session = TimedSession(SessionConfig(url=server.url, connect_timeout_s=10))
+        session = TimedSession(SessionConfig(url=server.url, connect_timeout=10))
         settings = LoopSettings(
             env_id=spec.uid,
             process_id=0,

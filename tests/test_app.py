@@ -14,7 +14,7 @@ import pytest
 from client_runs import interrupt_once_collecting
 
 from plugrl_env_client.app import run_client
-from plugrl_env_client.config import ClientConfig, RunnerConfig
+from plugrl_env_client.config import ClientConfig, ConnectionConfig, RunnerConfig
 from plugrl_env_client.envs import discover_envs
 from plugrl_env_client.server.policies import PolicyConfig, make_policy
 from plugrl_env_client.server.server import PolicyServer
@@ -187,7 +187,7 @@ def test_no_server_within_connect_timeout(tmp_path, capsys):
     with socket.socket() as s:  # a port nobody listens on
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    cfg = config(tmp_path, env=PointEnvConfig(), server_port=port, connect_timeout=0.5)
+    cfg = config(tmp_path, env=PointEnvConfig(), server_port=port, connection=ConnectionConfig(connect_timeout=0.5))
     assert run_client(cfg, "Point-v1") == 1
     err = capsys.readouterr().err
     assert f"ws://127.0.0.1:{port}" in err
@@ -196,13 +196,13 @@ def test_no_server_within_connect_timeout(tmp_path, capsys):
 
 def test_api_key_is_not_written_to_disk(policy_server, tmp_path):
     server = policy_server(action_dim=2)
-    cfg = config(tmp_path, env=PointEnvConfig(), server_port=server.port, api_key="s3cret", num_episodes=1,
+    cfg = config(tmp_path, env=PointEnvConfig(), server_port=server.port, connection=ConnectionConfig(api_key="s3cret"), num_episodes=1,
                  runner=RunnerConfig(max_episode_steps=3))
     assert run_client(cfg, "Point-v1") == 0
     for path in (tmp_path / "run").rglob("*"):
         if path.is_file():
             assert "s3cret" not in path.read_text(), path
-    assert json.loads((tmp_path / "run" / "client_config.json").read_text())["api_key"] == "<redacted>"
+    assert json.loads((tmp_path / "run" / "client_config.json").read_text())["connection"]["api_key"] == "<redacted>"
 
 
 def test_bad_flag_values_are_refused(tmp_path):
@@ -385,8 +385,8 @@ def test_two_processes_with_static_split_and_random_policy_are_reproducible(tmp_
 def test_recorder_files_come_home_and_are_listed_in_the_manifest(tmp_path):
     """Two processes record every second episode; their files land in their folders, the manifest lists them,
     and the report shows the sampled frames."""
-    from plugrl_env_client.config import RecorderConfig
     from plugrl_env_client.envs.dummy.dummy_env import DummyEnvConfig
+    from plugrl_env_client.outputs.recorder import RecorderConfig
     from plugrl_env_client.report.cli import main as report_main
 
     cfg = config(tmp_path, env=DummyEnvConfig(base_image_size=32, wrist_image_size=16, terminated_prob=0.2),
@@ -415,7 +415,7 @@ def test_a_config_built_in_code_without_env_gets_the_envs_defaults(tmp_path):
 
 
 def test_metric_window_sets_the_window_of_the_summaries(tmp_path):
-    from plugrl_env_client.config import RecorderConfig
+    from plugrl_env_client.outputs.recorder import RecorderConfig
 
     cfg = ClientConfig(num_envs=2, num_episodes=12, local_policy="random", output_dir=tmp_path, exp_name="run",
                        progress=False, env=PointEnvConfig(), recorder=RecorderConfig(metric_window=5),

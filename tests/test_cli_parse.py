@@ -282,10 +282,11 @@ def test_flags_before_the_env_id_say_where_the_id_goes(capsys):
     assert "the env id comes first" in capsys.readouterr().err
 
 
-def test_builtin_env_file_runs_directly_without_a_shadowing_warning(tmp_path: Path) -> None:
-    from plugrl_env_client.envs.point import point_env
-
-    res = subprocess.run([sys.executable, point_env.__file__, "point-v1", "--num-episodes", "1", "--local-policy",
+def test_the_template_runs_directly_without_a_shadowing_warning(tmp_path: Path) -> None:
+    """The env file users copy (docs/examples/template_env.py) is a command of its own; its id is its own, so it
+    replaces no built-in. Built-in env files are not run directly: they have no ``__main__`` block."""
+    template = Path(__file__).resolve().parents[1] / "docs" / "examples" / "template_env.py"
+    res = subprocess.run([sys.executable, str(template), "template-v1", "--num-episodes", "1", "--local-policy",
                           "random", "--output-dir", str(tmp_path), "--exp-name", "p", "--no-progress"],
                          capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr
@@ -296,7 +297,7 @@ def test_builtin_env_file_runs_directly_without_a_shadowing_warning(tmp_path: Pa
 @pytest.mark.parametrize("value, expected", [("False", False), ("false", False), ("True", True), ("1", True)])
 def test_bool_flags_take_a_value_as_well(value: str, expected: bool) -> None:
     _, config, _line = cli.parse(["point-v1", "--progress", value, "--reuse-feedback-obs", value])
-    assert config.progress is expected and config.reuse_feedback_obs is expected
+    assert config.progress is expected and config.connection.reuse_feedback_obs is expected
     _, config, _line = cli.parse(["point-v1", "--no-progress"])
     assert config.progress is False
 
@@ -331,6 +332,26 @@ def test_plugrl_dummy_flag_names_and_the_time_limit_alias() -> None:
     assert obs.states["robot_state"].shape == (2, 6) and obs.states["joint_angles"].shape == (2, 3)
     _, config, _line = cli.parse(["dummy-v1", "--env.max-episode-steps=12"])
     assert config.runner.max_episode_steps == 12
+
+
+def test_time_limit_alias_hands_on_a_plain_runner_section() -> None:
+    _, config, _line = cli.parse(["point-v1", "--env.max_episode_steps", "7"])
+    assert type(config.runner) is RunnerConfig and config.runner == RunnerConfig(max_episode_steps=7)
+    assert pickle.loads(pickle.dumps(config)) == config  # what crosses to spawned rollout processes
+
+
+def test_an_env_config_with_max_episode_steps_keeps_its_own_flag(registry: None) -> None:
+    @registration.register_env_config("Timed-v1")
+    @dataclasses.dataclass
+    class TimedConfig(BaseEnvConfig):
+        max_episode_steps: int = 5
+
+    @registration.register_env("Timed-v1")
+    class TimedEnv(BaseEnv[TimedConfig]):
+        pass
+
+    _, config, _line = cli.parse(["timed-v1", "--env.max-episode-steps", "9", "--runner.max-episode-steps", "3"])
+    assert config.env.max_episode_steps == 9 and config.runner.max_episode_steps == 3
 
 
 # ---------------------------------------------------------------------------------------------- env ids and subcommands

@@ -24,9 +24,9 @@ from plugrl_env_client.launch.local import launch
 from plugrl_env_client.launch.process import ProcessJob, build_env, group_sizes
 from plugrl_env_client.outputs.logs import setup_logging
 from plugrl_env_client.outputs.progress import Periodic, Progress, summary_table
-from plugrl_env_client.outputs.results import ProcessResult, ProcessStatus
 from plugrl_env_client.outputs.run_dir import RunDir, default_exp_name, write_json_atomic
 from plugrl_env_client.outputs.run_writer import RunWriter
+from plugrl_env_client.records import ProcessResult, ProcessStatus
 from plugrl_env_client.rollout.budget import EpisodeBudget
 from plugrl_env_client.rollout.signals import interrupt_handlers, shielded
 from plugrl_env_client.server.server import PolicyServer
@@ -143,8 +143,8 @@ def _recorded_config(config: ClientConfig, env_id: str, env_kwargs: dict[str, An
     """Every flag of the run for ``client_config.json``; the API key is not written to disk."""
     flags = dataclasses.asdict(config)
     flags["output_dir"] = str(config.output_dir)
-    if flags.get("api_key"):
-        flags["api_key"] = "<redacted>"
+    if flags["connection"].get("api_key"):
+        flags["connection"]["api_key"] = "<redacted>"
     return {"env_id": env_id, "env_kwargs": env_kwargs, **flags}
 
 
@@ -175,7 +175,7 @@ def _start_local_policy(config: ClientConfig, env_id: str, env: BaseEnv | None) 
             probe.close()
     assert config.local_policy is not None
     server = start_local_server(config.local_policy, space, config.local_policy_horizon, seed=config.runner.seed,
-                                choices=config.local_policy_choices, transport=config.transport)
+                                choices=config.local_policy_choices, transport=config.connection.transport)
     logger.info("embedded %s policy serving on %s", config.local_policy, server.url)
     return server
 

@@ -4,27 +4,43 @@ Building the parser at call time (not import time) is what lets an env file end 
 ``if __name__ == "__main__": from plugrl_env_client.cli import main; main()`` and be run directly: its envs are
 registered by then, whatever was imported first. Env files outside the package are imported before the parser is
 built, from ``--env-path`` / ``$PLUGRL_ENV_PATH`` or the one-off form ``path/to/my_env.py:My-v1``.
+
+tyro parses the command line; what it is given first, and why tyro cannot do it itself:
+
+* :func:`prepare` reads ``--env-path`` and a ``file.py:Env-Id`` id and imports those files before the parser is
+  built: the subcommands are the registered envs, so the parser can only exist once they are registered;
+* :func:`_normalize_env_id` accepts an env id in any case (``Point-v1`` for ``point-v1``) and says which ids exist
+  when none matches: tyro matches subcommand names exactly (``_`` and ``-`` aside) and only lists the choices;
+* :func:`_normalize_bools` turns ``--env.flag False`` into ``--env.no-flag``: a tyro bool is either a flag pair
+  (``--x`` / ``--no-x``) or an option that needs a value, never both, and PlugRL's commands write both forms.
+
+The rest is tyro's: ``_`` for ``-`` in flag names, and ``--env.max-episode-steps`` as an alias of
+``--runner.max-episode-steps`` for envs whose config has no such field (:func:`config_class`).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
-import signal
 import sys
+import typing
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TypeVar
+from typing import Annotated, Any, TypeVar
 
 import tyro
 
+from plugrl_env_client.cli_support import run_cli
 from plugrl_env_client.config import ClientConfig
 from plugrl_env_client.envs.discovery import EnvSources, unknown_id_help
 from plugrl_env_client.envs.registry import UnknownEnvError, get_spec, registered_ids
-from plugrl_env_client.errors import ConfigError, PlugRLError
-from plugrl_env_client.version import __version__
+from plugrl_env_client.errors import ConfigError
 
 C = TypeVar("C")
+
+TIME_LIMIT_ALIAS = "--env.max-episode-steps"
+"""PlugRL's spelling of ``--runner.max-episode-steps``, for envs whose config has no field of that name."""
 
 _TRUE, _FALSE = ("true", "1", "yes", "on"), ("false", "0", "no", "off")
 
@@ -79,15 +95,31 @@ def prepare(args: Sequence[str]) -> CommandLine:
 
 
 def config_class(uid: str, base: type[C]) -> type[C]:
-    """A subclass of the dataclass ``base`` whose ``env`` field is the env's own config dataclass."""
+    """A subclass of the dataclass ``base`` whose ``env`` field is the env's own config dataclass (and whose
+    ``runner`` section, when ``base`` has one and the env's config has no ``max_episode_steps``, also takes
+    ``--env.max-episode-steps``)."""
     spec = get_spec(uid)
-    cls = dataclasses.make_dataclass(
-        f"{spec.env_cls.__name__}{base.__name__}",
-        [("env", spec.config_cls, dataclasses.field(default_factory=spec.config_cls))],
-        bases=(base,),
-    )
+    fields: list[tuple[str, Any, Any]] = [
+        ("env", spec.config_cls, dataclasses.field(default_factory=spec.config_cls))]
+    runner = typing.get_type_hints(base).get("runner")
+    if runner is not None and "max_episode_steps" not in {f.name for f in dataclasses.fields(spec.config_cls)}:
+        aliased = _with_time_limit_alias(runner)
+        fields.append(("runner", aliased, dataclasses.field(default_factory=aliased)))
+    cls = dataclasses.make_dataclass(f"{spec.env_cls.__name__}{base.__name__}", fields, bases=(base,))
     doc = spec.env_cls.__doc__ or sys.modules[spec.env_cls.__module__].__doc__ or f"Run {uid}."
     cls.__doc__ = doc.strip().splitlines()[0]
+    return cls
+
+
+@functools.cache
+def _with_time_limit_alias(runner: type) -> type:
+    """``runner`` (a frozen dataclass with ``max_episode_steps``) with :data:`TIME_LIMIT_ALIAS` as a tyro alias of
+    that flag; its help text and the section's stay the base class's."""
+    default = next(f.default for f in dataclasses.fields(runner) if f.name == "max_episode_steps")
+    flag = Annotated[int | None, tyro.conf.arg(aliases=(TIME_LIMIT_ALIAS,))]
+    cls = dataclasses.make_dataclass(runner.__name__, [("max_episode_steps", flag, dataclasses.field(default=default))],
+                                     bases=(runner,), frozen=True)
+    cls.__doc__ = runner.__doc__
     return cls
 
 
@@ -149,14 +181,16 @@ def parse_with(base: type[C], args: list[str], prog: str, description: str) -> t
     position = _env_id_position(args)
     if position is not None:
         args = _normalize_bools(args, subcommands[args[position]])
-        args = _time_limit_alias(args, subcommands[args[position]])
     config = tyro.extras.subcommand_cli_from_dict(
         dict[str, Callable[..., C]](subcommands), prog=prog, description=description, args=args)
-    # Hand on a plain instance: the per-env subclass exists only in this process and cannot be pickled for spawned
-    # rollout processes; the env config inside it is an ordinary importable dataclass.
-    plain = base(**{f.name: getattr(config, f.name) for f in dataclasses.fields(base)})  # type: ignore[arg-type]
+    # Hand on plain instances: the per-env classes exist only in this process and cannot be pickled for spawned
+    # rollout processes; the env config inside is an ordinary importable dataclass.
+    values = {f.name: getattr(config, f.name) for f in dataclasses.fields(base)}  # type: ignore[arg-type]
+    runner = typing.get_type_hints(base).get("runner")
+    if runner is not None:
+        values["runner"] = runner(**{f.name: getattr(values["runner"], f.name) for f in dataclasses.fields(runner)})
     env_ids = {cls: ids[name] for name, cls in subcommands.items()}
-    return env_ids[type(config)], plain
+    return env_ids[type(config)], base(**values)
 
 
 def parse(args: Sequence[str] | None = None) -> tuple[str, ClientConfig, CommandLine]:
@@ -204,7 +238,7 @@ def _normalize_env_id(args: list[str], ids: dict[str, str], prog: str) -> list[s
 
 def _normalize_bools(args: list[str], config_cls: type) -> list[str]:
     """``--env.flag False`` works as well as ``--env.no-flag``: a bool flag followed by a truth value becomes the
-    flag form tyro parses."""
+    flag form tyro parses (tyro has no bool that takes both a flag pair and a value)."""
     bools = set(_bool_flags(config_cls, ""))
     out: list[str] = []
     i = 0
@@ -222,68 +256,21 @@ def _normalize_bools(args: list[str], config_cls: type) -> list[str]:
     return out
 
 
-def _time_limit_alias(args: list[str], config_cls: type) -> list[str]:
-    """``--env.max-episode-steps N`` (PlugRL's spelling) means ``--runner.max-episode-steps N`` for an env whose
-    config has no field of that name."""
-    fields = {f.name for f in dataclasses.fields(config_cls)}
-    env_fields = {f.name for f in dataclasses.fields(_field_type(config_cls, "env"))} if "env" in fields else set()
-    if "runner" not in fields or "max_episode_steps" in env_fields:
-        return args
-    out = []
-    for arg in args:
-        if arg in ("--env.max-episode-steps", "--env.max_episode_steps"):
-            arg = "--runner.max-episode-steps"
-        elif arg.startswith(("--env.max-episode-steps=", "--env.max_episode_steps=")):
-            arg = "--runner.max-episode-steps=" + arg.split("=", 1)[1]
-        out.append(arg)
-    return out
-
-
-def _field_type(cls: type, name: str) -> type:
-    import typing
-
-    return typing.get_type_hints(cls)[name]
-
-
 def _bool_flags(cls: type, prefix: str) -> list[str]:
-    import typing
-
-    hints = typing.get_type_hints(cls)
+    """The flag names (without ``--``) of the bool fields of the dataclass ``cls`` and its sections, named as tyro
+    names them (a section marked :data:`tyro.conf.OmitArgPrefixes` adds no prefix)."""
+    hints = typing.get_type_hints(cls, include_extras=True)
     flags = []
     for field in dataclasses.fields(cls):
-        hint = hints.get(field.name)
+        hint, markers = hints.get(field.name), list[object]()
+        if typing.get_origin(hint) is Annotated:
+            hint, *markers = typing.get_args(hint)
         name = prefix + field.name.replace("_", "-")
         if hint is bool:
             flags.append(name)
         elif isinstance(hint, type) and dataclasses.is_dataclass(hint):
-            flags.extend(_bool_flags(hint, name + "."))
+            flags.extend(_bool_flags(hint, prefix if tyro.conf.OmitArgPrefixes in markers else name + "."))
     return flags
-
-
-def run_cli(body: Callable[[], int], args: Sequence[str] | None = None) -> None:
-    """Run a command's body: user errors print one line and exit 1, Ctrl-C exits 130, ``--version`` prints the
-    version, and a closed pipe (``--help | head``) ends quietly."""
-    if "--version" in (sys.argv[1:] if args is None else args):
-        print(f"plugrl-env-client {__version__}")
-        sys.exit(0)
-    try:
-        try:
-            code = body()
-        except PlugRLError as exc:
-            print(f"error: {exc}", file=sys.stderr)
-            code = 1
-        except KeyboardInterrupt as exc:  # before the run had anything to write
-            print("interrupted", file=sys.stderr)
-            code = 128 + getattr(exc, "signum", signal.SIGINT)
-        except SystemExit as exc:  # tyro after --help or a usage error
-            code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-        sys.stdout.flush()
-    except BrokenPipeError:
-        # The reader went away (``--help | head``): silence the interpreter's own flush at exit.
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-        code = 0
-    sys.exit(code)
 
 
 def main(args: Sequence[str] | None = None) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import os
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -34,18 +35,19 @@ from doc_commands import (
 )
 from file_modules import imported
 
-import plugrl_env_client
+from plugrl_env_client.envs.base_env import Observation
+from plugrl_env_client.envs.registry import get_spec
+from plugrl_env_client.utils.registration import make_env
 
 ROOT = Path(__file__).resolve().parents[2]
 GUIDE = ROOT / "docs" / "custom-environments.md"
 EXAMPLES = ROOT / "docs" / "examples"
-PACKAGE = Path(plugrl_env_client.__file__).resolve().parent
 TROUBLESHOOTING = "## 8. Troubleshooting"
 MIN_EXCERPT = 15
 """Shorter excerpts would be found in almost any output."""
 
 SITECUSTOMIZE = '''\
-"""Make this folder a site folder: pip installs the plugin here (PIP_TARGET), and its .pth files must run."""
+"""Make this folder a site folder: pip installs the plugin here (--target), and its .pth files must run."""
 import os
 import site
 
@@ -53,12 +55,17 @@ site.addsitedir(os.path.dirname(os.path.abspath(__file__)))
 '''
 
 
-def pip_environment(site: Path) -> dict[str, str]:
-    """``pip install -e docs/examples`` into ``site`` instead of the shared environment, and ``site`` on the path
-    of the commands after it (a throwaway site folder: the plugin is gone with the test's scratch folder). The
-    plugin's dependencies are installed already."""
-    return {"PIP_TARGET": str(site), "PIP_NO_DEPS": "1", "PIP_DISABLE_PIP_VERSION_CHECK": "1", "PIP_NO_INPUT": "1",
-            "PYTHONPATH": str(site)}
+def pip_into(site: Path) -> dict[str, str]:
+    """What makes the guide's ``pip install -e docs/examples`` install into ``site`` instead of the shared
+    environment (a throwaway site folder: the plugin is gone with the test's scratch folder): ``--target`` on the
+    command line, not ``PIP_TARGET``, which the pip that installs the build dependencies would inherit (and refuse
+    next to its own ``--prefix``). The plugin's dependencies are installed already."""
+    return {"pip install -e": f"pip install --target {site} --no-deps --no-input -e"}
+
+
+def site_environment(site: Path) -> dict[str, str]:
+    """``site`` on the path of the commands of the block that installs into it, in front of what was there."""
+    return {"PYTHONPATH": os.pathsep.join(p for p in (str(site), os.environ.get("PYTHONPATH")) if p)}
 
 
 # ================================================================================================ the commands
@@ -70,13 +77,13 @@ def test_every_command_of_the_guide_runs(tmp_path: Path) -> None:
     site = tmp_path / "site"
     site.mkdir()
     (site / "sitecustomize.py").write_text(SITECUSTOMIZE)
-    replace = {"docs/examples": str(examples), "src/plugrl_env_client/": f"{PACKAGE}/"}
+    replace = {**pip_into(site), "docs/examples": str(examples)}
     blocks = bash_blocks(GUIDE)
     results: list[Result] = []
     with DocShell(tmp_path / "work", tmp_path / "runs", replace=replace) as shell:
         for block in blocks:
             installs = any("pip install" in c.text for c in block.commands)
-            results += shell.run_block(block, pip_environment(site) if installs else None)
+            results += shell.run_block(block, site_environment(site) if installs else None)
     failures = [r.describe() for r in results if not r.ok]
     assert not failures, "\n\n".join(failures)
     assert {r.command for r in results} == {c for b in blocks for c in b.commands}
@@ -346,6 +353,38 @@ def test_cart_partial_reset_keeps_other_rows_and_camera_can_be_left_out(cart: Mo
     blind = cart.CartEnv(cart.CartConfig(camera=False), num_envs=2)
     assert blind.reset(seed=0)[0].images == {}
     assert set(blind.single_observation_space["images"].spaces) == set()
+
+
+def test_the_template_is_point_v1_under_its_own_id(registry: None) -> None:
+    """The file the quick start copies behaves as the built-in Point-v1: same config, spaces, registration, and the
+    same observations, rewards and episode ends for the same seed and actions."""
+    with imported(EXAMPLES / "template_env.py", "template_env_under_test"):
+        template = make_env("Template-v1", num_envs=3)
+    point = make_env("Point-v1", num_envs=3)
+    assert dataclasses.asdict(template.config) == dataclasses.asdict(point.config)
+    assert template.single_action_space == point.single_action_space
+    assert template.single_observation_space == point.single_observation_space
+    mine, builtin = get_spec("Template-v1"), get_spec("Point-v1")
+    assert (mine.max_episode_steps, mine.best_reward_threshold_for_success) == \
+        (builtin.max_episode_steps, builtin.best_reward_threshold_for_success)
+
+    def same_obs(a: Observation, b: Observation) -> None:
+        np.testing.assert_array_equal(a.text, b.text)
+        assert a.states.keys() == b.states.keys() and not a.images and not b.images
+        for key in b.states:
+            np.testing.assert_array_equal(a.states[key], b.states[key])
+
+    same_obs(template.reset(seed=5)[0], point.reset(seed=5)[0])
+    rng = np.random.default_rng(0)
+    for _ in range(40):
+        actions = rng.uniform(-1.0, 1.0, (3, 2)).astype(np.float32)
+        got, want = template.step(actions), point.step(actions)
+        same_obs(got[0], want[0])
+        for a, b in zip(got[1:4], want[1:4]):
+            np.testing.assert_array_equal(a, b)
+        np.testing.assert_array_equal(got[4]["distance"], want[4]["distance"])
+    template.close()
+    point.close()
 
 
 # ================================================================================================ the command helper

@@ -195,7 +195,7 @@ TRIGGERS = (
             ("plugrl-run-env-client guessnumber-v1 --num-episodes 1 --local-policy random",)),
     Trigger("text policy for a numeric env", ("plugrl-run-env-client point-v1 --num-episodes 1 --local-policy text",)),
     Trigger("text policy server without choices", ("plugrl-run-policy-server --port 8000 --policy.name text",),
-            exit_code=2, direct=True),
+            exit_code=1, direct=True),
     Trigger("numeric server for a text env", (
         "plugrl-run-policy-server --port 8000",
         "plugrl-run-env-client guessnumber-v1 --num-episodes 1 --server-port 8000",

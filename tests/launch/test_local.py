@@ -15,9 +15,9 @@ from plugrl_env_client.config import ClientConfig, RunnerConfig
 from plugrl_env_client.envs import discover_envs
 from plugrl_env_client.launch.local import ReportListener
 from plugrl_env_client.launch.reports import EpisodeReport
-from plugrl_env_client.outputs.results import EpisodeRecord
 from plugrl_env_client.outputs.run_dir import RunDir
 from plugrl_env_client.outputs.run_writer import RunWriter
+from plugrl_env_client.records import EpisodeRecord
 
 discover_envs()
 from faulty_env import FaultyConfig  # noqa: E402

@@ -33,7 +33,7 @@ import pytest
 from waiting import wait_until
 
 from plugrl_env_client.app import run_client
-from plugrl_env_client.config import ClientConfig, RayConfig, RunnerConfig
+from plugrl_env_client.config import ClientConfig, RunnerConfig
 from plugrl_env_client.envs import discover_envs
 from plugrl_env_client.envs import registry as env_registry
 from plugrl_env_client.envs.discovery import EnvSources, user_module_name
@@ -41,6 +41,7 @@ from plugrl_env_client.errors import ConfigError
 from plugrl_env_client.launch.process import ProcessJob
 from plugrl_env_client.launch.ray import sources as ray_sources
 from plugrl_env_client.launch.ray.budget import Grant, LeaseBook, LeasedBudget
+from plugrl_env_client.launch.ray.config import RayConfig
 
 ray = pytest.importorskip("ray")
 from ray.cluster_utils import Cluster  # noqa: E402

@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 
 from plugrl_env_client.launch.reports import EpisodeReport, LogReporter, Report, Reporter
-from plugrl_env_client.outputs.results import EpisodeRecord, ProcessResult, ProcessStatus
 from plugrl_env_client.outputs.run_dir import RunDir
 from plugrl_env_client.outputs.run_writer import RunWriter
+from plugrl_env_client.records import EpisodeRecord, ProcessResult, ProcessStatus
 from plugrl_env_client.rollout.interfaces import ResultSink
 from plugrl_env_client.timing import Timing
 

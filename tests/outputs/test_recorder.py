@@ -19,17 +19,17 @@ import imageio.v3 as iio
 import numpy as np
 import pytest
 
-from plugrl_env_client.config import RecorderConfig
 from plugrl_env_client.envs.base_env import Observation
 from plugrl_env_client.errors import ConfigError
 from plugrl_env_client.outputs.recorder import (
     AppendableSink,
     DirectorySink,
     EpisodeRecorder,
+    RecorderConfig,
     RecorderReport,
     encode_png,
 )
-from plugrl_env_client.outputs.results import EpisodeRecord
+from plugrl_env_client.records import EpisodeRecord
 
 CAM = (16, 16, 3)
 WRIST = (15, 17, 3)  # odd height and width: videos must pad it

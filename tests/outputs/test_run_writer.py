@@ -9,9 +9,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from plugrl_env_client.outputs.results import EpisodeRecord, ProcessResult, ProcessStatus
 from plugrl_env_client.outputs.run_dir import RunDir
 from plugrl_env_client.outputs.run_writer import RunWriter
+from plugrl_env_client.records import EpisodeRecord, ProcessResult, ProcessStatus
 from plugrl_env_client.timing import Timing
 
 

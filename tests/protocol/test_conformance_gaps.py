@@ -19,7 +19,7 @@ import pytest
 from websockets.exceptions import ConnectionClosed
 
 from plugrl_env_client.app import run_client
-from plugrl_env_client.config import ClientConfig, RunnerConfig
+from plugrl_env_client.config import ClientConfig, ConnectionConfig, RunnerConfig
 from plugrl_env_client.envs import discover_envs
 from plugrl_env_client.envs.base_env import BaseEnvConfig
 from plugrl_env_client.protocol import messages
@@ -33,7 +33,7 @@ from plugrl_env_client.envs.probe.probe_env import ProbeEnvConfig  # noqa: E402
 
 def config(tmp_path: Path, port: int, env: BaseEnvConfig | None = None, **kwargs: Any) -> ClientConfig:
     kwargs.setdefault("num_envs", 3)
-    kwargs.setdefault("max_reconnects", 0)
+    kwargs.setdefault("connection", ConnectionConfig(max_reconnects=0))
     return ClientConfig(server_port=port, output_dir=tmp_path, exp_name="run", progress=False,
                         env=env if env is not None else ProbeEnvConfig(action_dim=D), **kwargs)
 
@@ -308,7 +308,7 @@ def test_c22_reuses_only_unchanged_rows_and_forgets_them_on_reconnect(harness, t
     resync = reuse_checking_script(counter, stop_after=8, close_reason=messages.REASON_RESYNC)
     stop = reuse_checking_script(counter, stop_after=12, close_reason=messages.REASON_STOP)
     h = harness(lambda conn: (resync if conn.index == 0 else stop)(conn))
-    assert run_client(config(tmp_path, h.port, num_envs=4, max_reconnects=1), "Probe-v1") == 0
+    assert run_client(config(tmp_path, h.port, num_envs=4, connection=ConnectionConfig(max_reconnects=1)), "Probe-v1") == 0
     assert len(h.connections) == 2 and not h.errors, h.errors
     for conn in h.connections:
         infers = [m for m in conn.received if m["message_type"] == "infer"]
@@ -322,7 +322,8 @@ def test_c22_reuses_only_unchanged_rows_and_forgets_them_on_reconnect(harness, t
 @pytest.mark.parametrize("offer, enabled", [(False, True), (True, False)], ids=["not-offered", "disabled"])
 def test_c22_no_reuse_unless_offered_and_enabled(harness, tmp_path, offer, enabled):
     h = harness(reuse_checking_script([0], stop_after=10, close_reason=messages.REASON_STOP, offer=offer))
-    assert run_client(config(tmp_path, h.port, num_envs=4, reuse_feedback_obs=enabled), "Probe-v1") == 0
+    assert run_client(config(tmp_path, h.port, num_envs=4,
+                             connection=ConnectionConfig(max_reconnects=0, reuse_feedback_obs=enabled)), "Probe-v1") == 0
     assert not h.errors
     infers = [m for m in h.connections[0].received if m["message_type"] == "infer"]
     assert infers and not any("reuse" in m for m in infers)

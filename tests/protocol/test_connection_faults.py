@@ -19,7 +19,7 @@ import pytest
 from waiting import wait_until
 
 from plugrl_env_client.app import run_client
-from plugrl_env_client.config import ClientConfig
+from plugrl_env_client.config import ClientConfig, ConnectionConfig
 from plugrl_env_client.envs import discover_envs
 from plugrl_env_client.protocol import messages
 
@@ -176,7 +176,7 @@ def test_max_reconnects_gives_up_with_a_message(harness, tmp_path, capsys):
         conn.close(1001, messages.REASON_RESYNC)
 
     h = harness(script)
-    assert run_client(config(tmp_path, h.port, max_reconnects=2), "Probe-v1") == 1
+    assert run_client(config(tmp_path, h.port, connection=ConnectionConfig(max_reconnects=2)), "Probe-v1") == 1
     assert "more than --max-reconnects=2 times" in capsys.readouterr().err
     assert len(h.connections) == 3
 
@@ -190,7 +190,7 @@ def test_reconnect_on_server_stop_waits_for_the_next_run(harness, tmp_path):
         return probe_script(4, stop_after_feedbacks=None)(conn)
 
     h = harness(script)
-    cfg = config(tmp_path, h.port, num_episodes=20, reconnect_on_server_stop=True)
+    cfg = config(tmp_path, h.port, num_episodes=20, connection=ConnectionConfig(reconnect_on_server_stop=True))
     assert run_client(cfg, "Probe-v1") == 0
     assert len(h.connections) == 2 and len(episodes(tmp_path)) == 20
 
@@ -219,5 +219,5 @@ def test_reconnect_timeout_gives_up_with_a_message(harness, tmp_path, capsys):
         threading.Thread(target=h.shutdown, daemon=True).start()  # and the server stays down
 
     h = harness(script)
-    assert run_client(config(tmp_path, h.port, reconnect_timeout=1.0), "Probe-v1") == 1
+    assert run_client(config(tmp_path, h.port, connection=ConnectionConfig(reconnect_timeout=1.0)), "Probe-v1") == 1
     assert "--reconnect-timeout" in capsys.readouterr().err

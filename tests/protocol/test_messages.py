@@ -409,3 +409,9 @@ def test_text_chunk_as_lists_of_str_becomes_a_wide_enough_array() -> None:
     assert reply.actions.shape == (2, 3) and reply.actions.dtype.kind == "U"
     assert reply.actions[0, 1] == "bb" * 600 and reply.actions[0, 2] == "ü"
     refused(parse_action, action({"env_ids": SENT, "action": [["a", "b", "c"], ["d"]]}), "different lengths", SENT)
+
+
+def test_short_repr_cuts_long_contents_and_keeps_short_ones() -> None:
+    assert messages.short_repr({"a": 1}) == "{'a': 1}"
+    long = messages.short_repr({"rows": np.arange(10_000)}, 50)
+    assert len(long) == 53 and long.endswith("...") and long.startswith("{'rows': array([")

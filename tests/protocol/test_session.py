@@ -80,7 +80,7 @@ def test_waits_for_a_server_that_comes_up_later_and_says_so_once(harness, caplog
 
     holder: list = []
     threading.Thread(target=bring_up_later, daemon=True).start()
-    session = Session(SessionConfig(url=f"ws://127.0.0.1:{port}", backoff_max_s=0.3, connect_timeout_s=60))
+    session = Session(SessionConfig(url=f"ws://127.0.0.1:{port}", backoff_max_s=0.3, connect_timeout=60))
     meta = session.open()
     session.close()
     assert started.is_set() and isinstance(meta, ServerMetadata) and meta.action_horizon == 2
@@ -244,7 +244,7 @@ def test_run_client_over_picows_against_the_picows_reference_server(tmp_path):
     import json
 
     from plugrl_env_client.app import run_client
-    from plugrl_env_client.config import ClientConfig
+    from plugrl_env_client.config import ClientConfig, ConnectionConfig
     from plugrl_env_client.envs import discover_envs
     from plugrl_env_client.server.policies import PolicyConfig, make_policy
     from plugrl_env_client.server.server import PolicyServer
@@ -255,7 +255,8 @@ def test_run_client_over_picows_against_the_picows_reference_server(tmp_path):
     server = PolicyServer(make_policy(PolicyConfig(action_dim=2, action_horizon=4)), port=0, transport="picows").start()
     try:
         cfg = ClientConfig(server_port=server.port, num_envs=3, num_episodes=5, output_dir=tmp_path, exp_name="run",
-                           progress=False, transport="picows", env=PointEnvConfig())
+                           progress=False, connection=ConnectionConfig(transport="picows"),
+                           env=PointEnvConfig())
         assert run_client(cfg, "Point-v1") == 0
     finally:
         server.shutdown()

@@ -201,10 +201,11 @@ def test_not_a_run_folder_is_exit_1_with_a_message(tmp_path, capsys):
     assert "Traceback" not in err
 
 
-@pytest.mark.parametrize("flag", [["--window", "0"], ["--window", "many"], ["--no-such-flag"]])
-def test_bad_flags_are_exit_1(one_proc, tmp_path, flag, capsys):
+@pytest.mark.parametrize("flag, code", [(["--window", "0"], 1), (["--window", "many"], 2), (["--no-such-flag"], 2)])
+def test_bad_flags_exit_as_for_every_command(one_proc, tmp_path, flag, code, capsys):
+    """A value the report refuses is a user error (1); a command line the parser refuses is a usage error (2)."""
     root = copy_of(one_proc, tmp_path)
-    assert main([str(root), *flag]) == 1
+    assert main([str(root), *flag]) == code
     assert "Traceback" not in capsys.readouterr().err
     assert not (root / "report.html").exists()
 

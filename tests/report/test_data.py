@@ -125,7 +125,7 @@ def test_pool_orders_by_wall_time_and_sums_the_processes_counts(tmp_path):
     assert pooled.wall_time_s is not None and pooled.wall_time_s.tolist() == [0.5, 1.0, 2.0, 3.0, 3.0]
     # each point is the sum of every process's last reported count: 20, 20+40, 60+40, 60+80, 100+80
     assert pooled.env_steps.tolist() == [20, 60, 100, 140, 180]
-    assert run.has_wall_time and run.steps_recorded
+    assert run.steps_recorded
 
 
 def test_pool_without_wall_times_orders_by_each_processes_own_steps(tmp_path):
@@ -135,7 +135,7 @@ def test_pool_without_wall_times_orders_by_each_processes_own_steps(tmp_path):
     assert run.processes[1].episodes.env_steps.tolist() == [10, 20, 60], "estimated: cumulative lengths"
     assert run.pooled.returns.tolist() == [10, 20, 1, 2, 30], "a tie at 60 steps goes to the lower process id"
     assert run.pooled.env_steps.tolist() == [10, 20, 50, 80, 120]
-    assert run.pooled.wall_time_s is None and not run.has_wall_time and not run.steps_recorded
+    assert run.pooled.wall_time_s is None and not run.steps_recorded
     assert any("estimated as cumulative episode lengths" in n for n in run.notes)
     assert any("no wall_time_s in the episodes of processes 0, 1" in n for n in run.notes)
 
@@ -192,7 +192,7 @@ def test_processes_promised_by_the_config_are_listed(tmp_path):
     write_episodes(tmp_path, 1, [ep(1, 10)])
     run = load_run(tmp_path)
     assert [p.process_id for p in run.processes] == [0, 1, 2]
-    assert run.without_summary == [0, 1, 2] and run.env_id == "X-v1"
+    assert all(p.summary is None for p in run.processes) and run.env_id == "X-v1"
     assert any("no summary.json for processes 0, 1, 2" in n for n in run.notes)
 
 

@@ -16,6 +16,11 @@ def _chunk(h: int, env_ids: list[int], dim: int) -> np.ndarray:
     return (100 * t + 10 * e + d).astype(np.float32)
 
 
+def needing(plans: ActionPlans) -> np.ndarray:
+    """The envs (ascending) that must ask for a chunk, as the rollout reads them off its plans."""
+    return np.flatnonzero(plans.needing_actions_mask())
+
+
 def _no_reward(n: int) -> np.ndarray:
     return np.zeros(n, np.float32)
 
@@ -26,14 +31,14 @@ def _not_done(n: int) -> np.ndarray:
 
 def test_fresh_plans_need_every_env() -> None:
     plans = ActionPlans(3, (2,), np.float32, None)
-    assert plans.needing_actions().tolist() == [0, 1, 2]
+    assert needing(plans).tolist() == [0, 1, 2]
 
 
 def test_time_major_chunk_is_consumed_per_env_in_order() -> None:
     plans = ActionPlans(3, (2,), np.float32, None)
     chunk = _chunk(4, [0, 1, 2], 2)
     plans.load(np.array([0, 1, 2]), chunk)
-    assert plans.needing_actions().size == 0
+    assert needing(plans).size == 0
     for t in range(4):
         batch = plans.next_actions()
         assert batch.shape == (3, 2)
@@ -43,7 +48,7 @@ def test_time_major_chunk_is_consumed_per_env_in_order() -> None:
         np.testing.assert_array_equal(batch[1], [100 * t + 10, 100 * t + 11])
         ended = plans.advance(_no_reward(3), _not_done(3))
         assert ended.tolist() == ([] if t < 3 else [0, 1, 2])
-    assert plans.needing_actions().tolist() == [0, 1, 2]
+    assert needing(plans).tolist() == [0, 1, 2]
 
 
 def test_env_ids_map_columns_not_positions() -> None:
@@ -66,7 +71,7 @@ def test_replan_steps_cuts_the_chunk() -> None:
     assert plans.advance(_no_reward(2), _not_done(2)).size == 0
     np.testing.assert_array_equal(plans.next_actions(), chunk[1])
     assert plans.advance(_no_reward(2), _not_done(2)).tolist() == [0, 1]
-    assert plans.needing_actions().tolist() == [0, 1]
+    assert needing(plans).tolist() == [0, 1]
 
 
 def test_replan_steps_larger_than_chunk_uses_the_whole_chunk() -> None:
@@ -80,7 +85,7 @@ def test_done_env_ends_its_chunk_early_and_drops_the_rest() -> None:
     plans.load(np.array([0, 1, 2]), _chunk(4, [0, 1, 2], 2))
     ended = plans.advance(_no_reward(3), np.array([False, True, False]))
     assert ended.tolist() == [1]
-    assert plans.needing_actions().tolist() == [1]
+    assert needing(plans).tolist() == [1]
     # a new chunk for env 1 starts from its first step; the others keep going
     fresh = np.full((3, 1, 2), -1.0, np.float32)
     fresh[1] = -2.0
@@ -101,17 +106,17 @@ def test_done_on_the_last_step_of_a_chunk_ends_it_once() -> None:
     plans.advance(_no_reward(2), _not_done(2))
     ended = plans.advance(_no_reward(2), np.array([True, False]))
     assert ended.tolist() == [0, 1]
-    assert plans.needing_actions().tolist() == [0, 1]
+    assert needing(plans).tolist() == [0, 1]
 
 
 def test_needing_actions_is_ascending_with_staggered_chunks() -> None:
     plans = ActionPlans(5, (1,), np.float32, None)
     plans.load(np.array([4, 1, 3]), _chunk(1, [4, 1, 3], 1))
     plans.load(np.array([2, 0]), _chunk(3, [2, 0], 1))
-    assert plans.needing_actions().size == 0
+    assert needing(plans).size == 0
     ended = plans.advance(_no_reward(5), _not_done(5))
     assert ended.tolist() == [1, 3, 4]
-    assert plans.needing_actions().tolist() == [1, 3, 4]
+    assert needing(plans).tolist() == [1, 3, 4]
 
 
 def test_staggered_loads_for_different_env_subsets() -> None:
@@ -170,7 +175,7 @@ def test_drop_all_makes_every_env_ask_again() -> None:
     plans.advance(np.ones(3, np.float32), _not_done(3))
     plans.finish_chunks(np.array([0]), _not_done(3))
     plans.drop_all()
-    assert plans.needing_actions().tolist() == [0, 1, 2]
+    assert needing(plans).tolist() == [0, 1, 2]
     assert plans.chunk_reward.tolist() == [0.0, 0.0, 0.0]
     assert plans.chunk_index.tolist() == [1, 0, 0]  # episodes go on: step ids keep counting
     chunk = _chunk(2, [0, 1, 2], 1) + 0.5
@@ -230,7 +235,7 @@ def test_matches_a_reference_model_of_per_env_queues(replan: int | None) -> None
     rng = np.random.default_rng(0)
     counter = 0
     for _ in range(40):
-        need = plans.needing_actions()
+        need = needing(plans)
         assert need.tolist() == [e for e in range(n) if not queues[e]]
         if need.size:
             chunk = np.arange(counter, counter + h * need.size, dtype=np.float64).reshape(h, need.size, 1)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from plugrl_env_client.outputs.results import EpisodeRecord
+from plugrl_env_client.records import EpisodeRecord
 from plugrl_env_client.rollout.episodes import EpisodeTracker
 
 

@@ -36,9 +36,10 @@ from scripted_env import Reset, ScriptedEnv, Step, by_env, col
 
 from plugrl_env_client.envs.base_env import Observation
 from plugrl_env_client.errors import ConfigError
-from plugrl_env_client.outputs.results import EpisodeRecord, ProcessStatus
+from plugrl_env_client.records import EpisodeRecord, ProcessStatus
 from plugrl_env_client.rollout.group import EnvGroup
-from plugrl_env_client.rollout.loop import LoopSettings, Rollout
+from plugrl_env_client.rollout.loop import Rollout
+from plugrl_env_client.rollout.settings import LoopSettings
 from plugrl_env_client.timing import Timing
 
 LENGTHS = (3, 5, 4)

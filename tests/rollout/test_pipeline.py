@@ -23,11 +23,11 @@ from plugrl_env_client.config import ClientConfig, RunnerConfig
 from plugrl_env_client.envs import discover_envs
 from plugrl_env_client.envs.base_env import Observation
 from plugrl_env_client.errors import ConfigError
-from plugrl_env_client.outputs.results import ProcessStatus
 from plugrl_env_client.protocol import codec, messages
+from plugrl_env_client.records import ProcessStatus
 from plugrl_env_client.rollout.budget import EpisodeBudget
-from plugrl_env_client.rollout.group import LoopSettings
 from plugrl_env_client.rollout.loop import Rollout
+from plugrl_env_client.rollout.settings import LoopSettings
 from plugrl_env_client.timing import Timing
 
 discover_envs()

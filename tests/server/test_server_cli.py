@@ -23,17 +23,38 @@ from plugrl_env_client.server.cli import main
      (["--policy.action-dim", "-1"], "--policy.action-dim must be >= 0"),
      (["--policy.latency-ms", "-5"], "--policy.latency-ms must be a finite number >= 0")],
 )
-def test_bad_values_exit_2_with_a_message(args, words, capsys):
+def test_bad_values_exit_1_with_a_message(args, words, capsys):
+    """As for every plugrl command: a value the user can fix is one line on stderr and exit code 1."""
     with pytest.raises(SystemExit) as info:
         main(args)
-    assert info.value.code == 2
-    assert words in capsys.readouterr().err
+    assert info.value.code == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and words in err and "Traceback" not in err
 
 
 def test_unknown_policy_name_is_refused_by_the_parser(capsys):
     with pytest.raises(SystemExit) as info:
         main(["--policy.name", "greedy"])
-    assert info.value.code != 0
+    assert info.value.code == 2
+
+
+def test_a_taken_port_is_a_one_line_error():
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        done = subprocess.run([sys.executable, "-c", "from plugrl_env_client.server.cli import main; main()",
+                               "--port", str(port)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1, done.stderr
+    assert done.stderr.startswith("error: ") and "Traceback" not in done.stderr
+
+
+def test_version_is_printed_as_by_every_command(capsys):
+    from plugrl_env_client.version import __version__
+
+    with pytest.raises(SystemExit) as info:
+        main(["--version"])
+    assert info.value.code == 0 and capsys.readouterr().out.strip() == f"plugrl-env-client {__version__}"
 
 
 def test_serves_int_actions_from_the_command_line():

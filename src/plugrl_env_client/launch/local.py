@@ -26,8 +26,8 @@ from plugrl_env_client.envs.discovery import EnvSources
 from plugrl_env_client.launch.process import ProcessJob, run_process
 from plugrl_env_client.launch.reports import LogReporter, Report, Reporter
 from plugrl_env_client.outputs.logs import forward_logging
-from plugrl_env_client.outputs.results import ProcessResult, ProcessStatus
 from plugrl_env_client.outputs.run_writer import RunWriter
+from plugrl_env_client.records import ProcessResult, ProcessStatus
 from plugrl_env_client.rollout.budget import EpisodeBudget
 from plugrl_env_client.rollout.signals import Interrupted, deferred_interrupts, interrupt_handlers
 

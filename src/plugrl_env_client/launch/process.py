@@ -22,12 +22,13 @@ from plugrl_env_client.envs.base_env import BaseEnv
 from plugrl_env_client.envs.registry import get_spec, make_env
 from plugrl_env_client.errors import ConfigError, EnvCrashedError, PlugRLError
 from plugrl_env_client.outputs.recorder import EpisodeRecorder
-from plugrl_env_client.outputs.results import ProcessResult, ProcessStatus
 from plugrl_env_client.protocol.session import Session, SessionConfig
+from plugrl_env_client.records import ProcessResult, ProcessStatus
 from plugrl_env_client.rollout.budget import Budget
-from plugrl_env_client.rollout.group import EnvGroup, LoopSettings
+from plugrl_env_client.rollout.group import EnvGroup
 from plugrl_env_client.rollout.interfaces import ResultSink
 from plugrl_env_client.rollout.loop import Rollout
+from plugrl_env_client.rollout.settings import LoopSettings
 from plugrl_env_client.rollout.signals import shielded
 from plugrl_env_client.server.embedded import local_policy_flag, server_command
 from plugrl_env_client.timing import Timing
@@ -98,21 +99,15 @@ def run_process(job: ProcessJob, budget: Budget, sink: ResultSink, env_lock: Any
         hooks = recorder if recorder.enabled else None
         while len(envs) < len(sizes):
             envs.append(build_env(job, env_lock, sizes[len(envs)]))
-        settings = LoopSettings(
-            env_id=spec.uid,
-            process_id=job.process_id,
+        settings = LoopSettings.of(
+            cfg.runner,
             seed=process_seed(cfg.runner.seed, job.process_id, cfg.num_envs),
             max_episode_steps=spec.max_episode_steps if cfg.runner.max_episode_steps is None else cfg.runner.max_episode_steps,
-            replan_steps=cfg.runner.replan_steps,
+            env_id=spec.uid,
+            process_id=job.process_id,
             success_threshold=spec.best_reward_threshold_for_success,
-            non_finite_actions=cfg.runner.non_finite_actions,
-            non_finite_rewards=cfg.runner.non_finite_rewards,
-            non_finite_observations=cfg.runner.non_finite_observations,
+            reuse_feedback_obs=cfg.connection.reuse_feedback_obs,
             progress_period_s=PROGRESS_PERIOD_S,
-            reuse_feedback_obs=cfg.reuse_feedback_obs,
-            instruction=cfg.runner.instruction,
-            group_size=cfg.runner.group_size,
-            align_chunks=cfg.runner.align_chunks,
         )
         groups = []
         for g, group_env in enumerate(envs):
@@ -143,19 +138,15 @@ def run_process(job: ProcessJob, budget: Budget, sink: ResultSink, env_lock: Any
 
 def session_config(job: ProcessJob, env: BaseEnv, group: int) -> SessionConfig:
     """How group ``group`` of the process connects: the run's server flags, and hints that fit the env."""
-    cfg = job.config
+    connection = job.config.connection
     space = contract.action_space_of(env)
-    return SessionConfig(
+    return SessionConfig.of(
+        connection,
+        api_key=connection.api_key or os.environ.get("PLUGRL_API_KEY") or None,
         url=job.url,
         server_command=server_command(space, _port_of(job.url)),
         local_flag=local_policy_flag(space),
-        api_key=cfg.api_key or os.environ.get("PLUGRL_API_KEY") or None,
-        reconnect_on_stop=cfg.reconnect_on_server_stop,
-        max_reconnects=cfg.max_reconnects,
-        connect_timeout_s=cfg.connect_timeout,
-        reconnect_timeout_s=cfg.reconnect_timeout,
         stream=(job.process_id, group),
-        transport=cfg.transport,
     )
 
 

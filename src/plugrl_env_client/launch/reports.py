@@ -18,7 +18,7 @@ from collections.abc import Callable
 from typing import Any
 
 from plugrl_env_client.outputs.logs import ForwardHandler
-from plugrl_env_client.outputs.results import EpisodeRecord, ProcessResult, ProcessStatus
+from plugrl_env_client.records import EpisodeRecord, ProcessResult, ProcessStatus
 from plugrl_env_client.rollout.interfaces import ResultSink
 from plugrl_env_client.timing import Timing
 

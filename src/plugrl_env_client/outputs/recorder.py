@@ -56,11 +56,10 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
-from plugrl_env_client.config import RecorderConfig
 from plugrl_env_client.envs.base_env import Observation
 from plugrl_env_client.errors import ConfigError
-from plugrl_env_client.outputs.results import EpisodeRecord
 from plugrl_env_client.outputs.run_dir import finite_json
+from plugrl_env_client.records import DEFAULT_METRIC_WINDOW, EpisodeRecord
 
 logger = logging.getLogger(__name__)
 
@@ -80,6 +79,31 @@ EPISODE_METRICS_FILE = "metrics/episode_metrics.jsonl"
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 _PNG_COLOR_TYPE = {1: 0, 2: 4, 3: 2, 4: 6}  # channels -> gray, gray+alpha, RGB, RGBA
+
+
+# ---------------------------------------------------------------------------------------------------- config
+
+
+@dataclasses.dataclass
+class RecorderConfig:
+    """What is recorded of the episodes, besides episodes.jsonl (names as PlugRL's client has them)."""
+
+    episode_freq: int = 0
+    """Record every K-th episode of each process, counted as episodes start (0: record nothing)."""
+    thread0_only: bool = False
+    """Record in process 0 only."""
+    record_video: bool = False
+    """An MP4 of each recorded episode's images (extra video)."""
+    video_fps: int = 30
+    record_full_rollout: bool = False
+    """Every step's observation, action and reward of each recorded episode, as NPZ."""
+    record_obs_stats: bool = False
+    """Per-key statistics (min, max, mean, std) of each recorded episode's observations, as JSON lines."""
+    record_episode_metrics: bool = False
+    """Each recorded episode's return, length, success and metrics, as JSON lines."""
+    metric_window: int = DEFAULT_METRIC_WINDOW
+    """Episodes the summaries' windowed means (mean_return, mean_success_rate) are taken over."""
+
 
 
 # ---------------------------------------------------------------------------------------------------- sinks

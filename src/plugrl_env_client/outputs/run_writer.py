@@ -21,14 +21,8 @@ from collections.abc import Iterable
 from typing import IO, Any
 
 from plugrl_env_client.outputs.recorder import DirectorySink
-from plugrl_env_client.outputs.results import (
-    DEFAULT_METRIC_WINDOW,
-    EpisodeRecord,
-    EpisodeStats,
-    ProcessResult,
-    ProcessStatus,
-)
 from plugrl_env_client.outputs.run_dir import RunDir, write_json_atomic
+from plugrl_env_client.records import DEFAULT_METRIC_WINDOW, EpisodeRecord, EpisodeStats, ProcessResult, ProcessStatus
 from plugrl_env_client.timing import Timing
 
 logger = logging.getLogger(__name__)

@@ -121,11 +121,6 @@ class Connection:
         self._asked = np.asarray(env_indices, dtype=np.int64)
         self._sent_at = sent
 
-    @property
-    def awaiting_actions(self) -> bool:
-        """Whether an infer was sent and its action chunk has not been received yet."""
-        return self._asked is not None
-
     def receive_actions(self, timeout: float | None = None) -> ActionReply | None:
         """The action chunk answering the infer on the wire; None when it has not arrived within ``timeout``
         seconds (0: only look; None: wait for it). Raises :class:`ConnectionLost` when the connection closes."""

@@ -148,6 +148,13 @@ def _i8(values: np.ndarray) -> np.ndarray:
 # ----------------------------------------------------------------------------------------------- parsers
 
 
+def short_repr(value: Any, limit: int = 300) -> str:
+    """``repr(value)`` cut to ``limit`` characters (then ``...``): a message's content in a log line or an error
+    stays readable when it holds large arrays."""
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
 def message_type(msg: Any) -> str:
     if not isinstance(msg, dict) or not isinstance(msg.get("message_type"), str):
         got = type(msg).__name__ if not isinstance(msg, dict) else f"a map with keys {sorted(map(str, msg))}"

@@ -18,7 +18,7 @@ import logging
 import random
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
@@ -35,14 +35,33 @@ RETRYABLE_STATUS = (408, 429)  # request timeout, too many requests: worth anoth
 STEADY_CONNECTION_S = 1.0  # a connection that lived this long and completed an exchange resets the backoff
 
 
-@dataclasses.dataclass
-class SessionConfig:
-    url: str
+@dataclasses.dataclass(frozen=True)
+class ConnectionConfig:
+    """How the client connects to its server, and what it does when the server goes away."""
+
+    # The user's choices: on the command line they are flags without a section prefix (--connect-timeout).
+
     api_key: str | None = None
-    reconnect_on_stop: bool = False
+    """Sent as 'Authorization: Api-Key <key>'. Default: $PLUGRL_API_KEY if set."""
+    reconnect_on_server_stop: bool = False
+    """After the server ends a run, wait for its next run instead of exiting."""
     max_reconnects: int | None = None
-    connect_timeout_s: float | None = None
-    reconnect_timeout_s: float | None = None
+    """Give up after this many reconnects. Default: keep reconnecting while the server comes back."""
+    connect_timeout: float | None = None
+    """Seconds to wait for the first connection. Default: wait until a server is up."""
+    reconnect_timeout: float | None = None
+    """Seconds to wait for the server to come back after a lost connection. Default: wait until it does."""
+    reuse_feedback_obs: bool = True
+    """When the server offers reuse-feedback-obs, do not upload an observation the server already holds."""
+    transport: Literal["websockets", "picows"] = "websockets"
+    """The WebSocket implementation: websockets, or picows (extra fast; the same bytes, faster for large frames)."""
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SessionConfig(ConnectionConfig):
+    """One connection's settings: the user's :class:`ConnectionConfig` and where and as whom it connects."""
+
+    url: str
     backoff_initial_s: float = 0.1
     backoff_max_s: float = 5.0
     server_command: str = "plugrl-run-policy-server --port <port>"
@@ -52,9 +71,13 @@ class SessionConfig:
     stream: tuple[int, int] | None = None
     """(process id, env group) of this connection, sent as the STREAM_HEADER handshake header: servers that know it
     (the reference server) give each stream its own reproducible random policy; others ignore it."""
-    transport: str = "websockets"
-    """The WebSocket implementation (one of :data:`~plugrl_env_client.protocol.transport.TRANSPORTS`): the same
-    bytes on the wire either way; picows (extra fast) moves large frames faster."""
+
+    @classmethod
+    def of(cls, config: ConnectionConfig, **added: Any) -> SessionConfig:
+        """``config``'s choices (every field of :class:`ConnectionConfig`), with ``added`` (``url`` and the hints
+        that fit the env, or a resolved ``api_key``)."""
+        chosen = {f.name: getattr(config, f.name) for f in dataclasses.fields(ConnectionConfig)}
+        return cls(**{**chosen, **added})
 
 
 class Session:
@@ -98,8 +121,8 @@ class Session:
         return self.connection
 
     def open(self) -> ServerMetadata:
-        """First connection: wait for the server (up to ``connect_timeout_s``, if set) and read its metadata."""
-        return self._open(self.config.connect_timeout_s, "--connect-timeout")
+        """First connection: wait for the server (up to ``connect_timeout``, if set) and read its metadata."""
+        return self._open(self.config.connect_timeout, "--connect-timeout")
 
     def _open(self, timeout_s: float | None, flag: str) -> ServerMetadata:
         attempt, deadline = 0, None
@@ -110,11 +133,12 @@ class Session:
                 raise ConnectionLost(STOPPED_LOCALLY)
             opened = self._try_connect(attempt)
             if opened is not None:
-                self.connection = Connection(opened, self.timing, self.config.reconnect_on_stop)
+                self.connection = Connection(opened, self.timing, self.config.reconnect_on_server_stop)
                 self._actions_at_open = self.timing.actions_received
                 self._opened_at = time.monotonic()
                 meta = self.connection.read_metadata()
-                logger.info("connected to %s; server metadata: %s", self.config.url, _short(meta.raw))
+                logger.info("connected to %s; server metadata: %s", self.config.url,
+                            messages.short_repr(meta.raw, 400))
                 return meta
             if deadline is not None and time.monotonic() > deadline:
                 hint = (f"start one with `{self.config.server_command}` or use `{self.config.local_flag}`"
@@ -137,7 +161,7 @@ class Session:
         self.close()
         time.sleep(self._backoff(self._failed_reconnects))
         # A restarting server may take a while: wait for it, up to --reconnect-timeout if set.
-        return self._open(self.config.reconnect_timeout_s, "--reconnect-timeout")
+        return self._open(self.config.reconnect_timeout, "--reconnect-timeout")
 
     def close(self) -> None:
         if self.connection is not None:
@@ -184,8 +208,3 @@ class Session:
                 self.config.server_command,
                 self.config.local_flag,
             )
-
-
-def _short(data: dict[str, Any], limit: int = 400) -> str:
-    text = repr(data)
-    return text if len(text) <= limit else text[:limit] + "..."

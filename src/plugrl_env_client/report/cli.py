@@ -1,7 +1,8 @@
 """``plugrl-report runs/<exp> [--window K] [--open]``: write a run's report.html and figures, say where they went.
 
-Exit codes: 0 when the report was written, 1 on a user error (a folder that is not a run, a bad flag, matplotlib
-not installed, a folder the report cannot be written into), with a one-line message on stderr and no traceback.
+Exit codes, as for every plugrl command (:mod:`plugrl_env_client.cli_support`): 0 when the report was written, 1 on
+a user error (a folder that is not a run, a bad ``--window``, matplotlib not installed, a folder the report cannot
+be written into) with a one-line message on stderr and no traceback, 2 on a command line the parser refuses.
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ from typing import Annotated
 
 import tyro
 
-from plugrl_env_client.errors import PlugRLError
+from plugrl_env_client.cli_support import exit_code
+from plugrl_env_client.errors import ConfigError
 
 
 @dataclasses.dataclass
@@ -36,20 +38,16 @@ def parse(args: Sequence[str] | None = None) -> ReportArgs:
 
 def main(args: Sequence[str] | None = None) -> int:
     """Run the command; returns the exit code (the console script exits with it)."""
-    try:
-        parsed = parse(args)
-    except SystemExit as exc:  # --help exits 0; a malformed command line is a user error like any other
-        return 0 if exc.code in (0, None) else 1
+    return exit_code(lambda: _report(parse(args)), args)
+
+
+def _report(parsed: ReportArgs) -> int:
     from plugrl_env_client.report.build import build_report
 
     try:
         report = build_report(parsed.run, parsed.window)
-    except PlugRLError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
     except OSError as exc:  # a read-only run folder, a full disk
-        print(f"error: could not write the report into {parsed.run}: {exc}", file=sys.stderr)
-        return 1
+        raise ConfigError(f"could not write the report into {parsed.run}: {exc}") from exc
     print(f"report: {report.page} ({len(report.figures)} figures in {report.page.parent / 'report'})")
     if parsed.open:
         _open(report.page)

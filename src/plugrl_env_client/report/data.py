@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from plugrl_env_client.errors import ConfigError
+from plugrl_env_client.records import finite_or_none
 
 PROC_DIR = re.compile(r"^proc_(\d+)$")
 MIN_WINDOW = 5
@@ -120,16 +121,8 @@ class RunData:
         return str(value) if value is not None else None
 
     @property
-    def has_wall_time(self) -> bool:
-        return self.pooled.wall_time_s is not None and len(self.pooled) > 0
-
-    @property
     def steps_recorded(self) -> bool:
         return all(p.steps_recorded for p in self.processes if len(p.episodes))
-
-    @property
-    def without_summary(self) -> list[int]:
-        return [p.process_id for p in self.processes if p.summary is None]
 
 
 # ------------------------------------------------------------------------------------------------ numbers
@@ -363,12 +356,12 @@ def _episode_row(line: str) -> dict[str, Any] | None:
         return None
     if "return" not in raw:
         return None
-    ret, length = _finite(raw["return"]), raw.get("length")
+    ret, length = finite_or_none(raw["return"]), raw.get("length")
     if not isinstance(length, (int, float)) or isinstance(length, bool) or not math.isfinite(length):
         return None
     success = raw.get("success")
-    wall = _finite(raw.get("wall_time_s"))
-    steps = _finite(raw.get("env_steps"))
+    wall = finite_or_none(raw.get("wall_time_s"))
+    steps = finite_or_none(raw.get("env_steps"))
     metrics = raw.get("metrics")
     instruction = raw.get("instruction")
     return {
@@ -379,18 +372,10 @@ def _episode_row(line: str) -> dict[str, Any] | None:
         "truncated": bool(raw.get("truncated", False)),
         "wall_time_s": wall if wall is not None and wall >= 0 else None,
         "env_steps": steps if steps is not None and steps >= 0 else None,
-        "metrics": {str(k): v for k, v in metrics.items() if _finite(v) is not None} if isinstance(metrics, dict) else {},
+        "metrics": ({str(k): v for k, v in metrics.items() if finite_or_none(v) is not None}
+                    if isinstance(metrics, dict) else {}),
         "instruction": instruction if isinstance(instruction, str) else None,
     }
-
-
-def _finite(value: Any) -> float | None:
-    """A finite number as float (bools count as 0/1), else None."""
-    if isinstance(value, bool):
-        return float(value)
-    if isinstance(value, (int, float)) and math.isfinite(value):
-        return float(value)
-    return None
 
 
 def _series_from_rows(rows: list[dict[str, Any]], process_id: int, wall_times: bool,
@@ -398,8 +383,8 @@ def _series_from_rows(rows: list[dict[str, Any]], process_id: int, wall_times: b
     n = len(rows)
     lengths = np.array([r["length"] for r in rows], np.int64)
     names = sorted({name for r in rows for name in r["metrics"]})
-    metrics = {name: np.array([_finite(r["metrics"].get(name)) if name in r["metrics"] else np.nan for r in rows],
-                              np.float64) for name in names}
+    metrics = {name: np.array([finite_or_none(r["metrics"].get(name)) if name in r["metrics"] else np.nan
+                               for r in rows], np.float64) for name in names}
     return EpisodeSeries(
         process_ids=np.full(n, process_id, np.int64),
         returns=np.array([r["return"] for r in rows], np.float64),
@@ -471,8 +456,9 @@ def _status(summary: dict[str, Any]) -> str:
 
 def _summary_row(label: str, s: dict[str, Any]) -> SummaryRow:
     means = _overall_means(s)
-    return SummaryRow(label, _status(s), int(s.get("completed_episodes") or 0), _finite(means.get("mean_return")),
-                      _finite(means.get("mean_success_rate")), _finite((s.get("timing") or {}).get("effective_fps")))
+    return SummaryRow(label, _status(s), int(s.get("completed_episodes") or 0),
+                      finite_or_none(means.get("mean_return")), finite_or_none(means.get("mean_success_rate")),
+                      finite_or_none((s.get("timing") or {}).get("effective_fps")))
 
 
 def _process_row(p: ProcessRun) -> SummaryRow:

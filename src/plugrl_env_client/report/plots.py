@@ -75,7 +75,7 @@ def _save(fig: Any, path: Path) -> None:
     fig.savefig(path, dpi=DPI)
 
 
-def _finite(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _finite_pairs(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The (x, y) pairs where both are finite: the only values a figure is ever given."""
     x, y = np.asarray(x, np.float64), np.asarray(y, np.float64)
     keep = np.isfinite(x) & np.isfinite(y)
@@ -120,7 +120,7 @@ def draw_pooled(run: RunData, quantity: str, axis: str, window: int, out: Path) 
     xs = _x_of(run.pooled, axis)
     if xs is None or len(run.pooled) == 0:
         return None
-    x, y = _finite(xs, column(run.pooled))
+    x, y = _finite_pairs(xs, column(run.pooled))
     if x.size == 0:
         return None
     fig = _figure()
@@ -150,7 +150,7 @@ def draw_by_process(run: RunData, quantity: str, axis: str, window: int, out: Pa
     for p, color in zip(ran, _colors(len(ran))):
         xs = _x_of(p.episodes, axis)
         assert xs is not None
-        x, y = _finite(xs, column(p.episodes))
+        x, y = _finite_pairs(xs, column(p.episodes))
         if x.size:
             ax.plot(x, moving_average(y, window), color=color, linewidth=1.5, label=f"process {p.process_id}")
             drew = True
@@ -267,7 +267,7 @@ def draw_time_split(run: RunData, out: Path) -> PlotFile | None:
 
 def draw_metric(run: RunData, metric: str, window: int, out: Path, name: str) -> PlotFile | None:
     """One episode metric against the run's env steps, raw and averaged."""
-    x, y = _finite(run.pooled.env_steps, run.pooled.metrics[metric])
+    x, y = _finite_pairs(run.pooled.env_steps, run.pooled.metrics[metric])
     if x.size == 0:
         return None
     fig = _figure()

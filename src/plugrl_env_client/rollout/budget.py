@@ -78,9 +78,6 @@ class EpisodeBudget:
     def claimed(self) -> int:
         return int(self._claimed.value)
 
-    def claimed_by(self, process_id: int) -> int:
-        return int(self._per_process[process_id])
-
     def exhausted(self, process_id: int = 0) -> bool:
         """True when ``process_id`` can claim no more (its share is used, or the target is reached)."""
         if self.target is None:

@@ -25,10 +25,6 @@ class ActionPlans:
         self.chunk_index = np.zeros(num_envs, np.int64)  # completed chunks in the current episode (step_ids)
         self._all = np.arange(num_envs)
 
-    def needing_actions(self) -> np.ndarray:
-        """Envs (ascending) whose chunk is used up or was dropped."""
-        return np.flatnonzero(self.needing_actions_mask())
-
     def needing_actions_mask(self) -> np.ndarray:
         """Per env: its chunk is used up or was dropped."""
         return self.cursor >= self.length

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from plugrl_env_client.errors import EnvContractError
-from plugrl_env_client.outputs.results import EpisodeRecord
+from plugrl_env_client.records import EpisodeRecord
 
 AGG_MODES = ("sum", "mean", "min", "max", "first", "last")
 DEFAULT_AGG_MODE = "mean"

@@ -41,36 +41,11 @@ from plugrl_env_client.rollout.chunks import ActionPlans
 from plugrl_env_client.rollout.episodes import EpisodeTracker
 from plugrl_env_client.rollout.interfaces import EpisodeHooks, ResultSink, ServerSession
 from plugrl_env_client.rollout.seeds import GroupSeeds
+from plugrl_env_client.rollout.settings import LoopSettings
 from plugrl_env_client.rollout.signals import deferred_interrupts
 from plugrl_env_client.timing import Timing
 
 logger = logging.getLogger(__name__)
-
-
-@dataclasses.dataclass(frozen=True)
-class LoopSettings:
-    """What a rollout needs to know besides its env and session (one value per process)."""
-
-    env_id: str
-    process_id: int
-    seed: int | None
-    max_episode_steps: int | None
-    replan_steps: int | None
-    success_threshold: float | None
-    non_finite_actions: str = "error"
-    non_finite_rewards: str = "error"
-    non_finite_observations: str = "error"
-    progress_period_s: float = 2.0
-    """How often the rollout reports its timing to the run's writer."""
-    reuse_feedback_obs: bool = True
-    """Leave out of infers the rows the server already holds from feedback (when the server offers it)."""
-    instruction: str = "prepend"
-    """prepend: put ``info["env_instruction"]`` in front of each episode's first observation text; off: don't."""
-    group_size: int = 1
-    """Envs per seed-sharing group (GRPO-style); 1: every env on its own."""
-    align_chunks: int = 0
-    """When some chunks end on a step, also end those with at most this many steps left (0: never), so the envs
-    ask for actions together instead of one round trip each."""
 
 
 _TAKEN = Observation(states={"taken": np.zeros((0, 0), np.float32)})

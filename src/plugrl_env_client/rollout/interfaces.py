@@ -9,9 +9,9 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 
 from plugrl_env_client.envs.base_env import Observation
-from plugrl_env_client.outputs.results import EpisodeRecord, ProcessResult, ProcessStatus
 from plugrl_env_client.protocol.connection import Closed
 from plugrl_env_client.protocol.messages import ActionReply, ServerMetadata
+from plugrl_env_client.records import EpisodeRecord, ProcessResult, ProcessStatus
 from plugrl_env_client.timing import Timing
 
 if TYPE_CHECKING:

@@ -27,11 +27,12 @@ from collections.abc import Callable
 from typing import Any
 
 from plugrl_env_client.envs.base_env import Observation
-from plugrl_env_client.outputs.results import ProcessStatus
 from plugrl_env_client.protocol.connection import ConnectionLost
+from plugrl_env_client.records import ProcessStatus
 from plugrl_env_client.rollout.budget import Budget
-from plugrl_env_client.rollout.group import EnvGroup, LoopSettings, RunEnded, StepResult
+from plugrl_env_client.rollout.group import EnvGroup, RunEnded, StepResult
 from plugrl_env_client.rollout.interfaces import ResultSink
+from plugrl_env_client.rollout.settings import LoopSettings
 from plugrl_env_client.timing import Timing
 
 logger = logging.getLogger(__name__)

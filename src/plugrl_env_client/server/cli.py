@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import sys
 from collections.abc import Sequence
 from typing import Literal
 
 import tyro
 
+from plugrl_env_client.cli_support import run_cli
 from plugrl_env_client.errors import ConfigError
 from plugrl_env_client.server.policies import PolicyConfig, make_policy
 from plugrl_env_client.server.server import PolicyServer
@@ -32,16 +32,20 @@ class ServerArgs:
 
 
 def main(args: Sequence[str] | None = None) -> None:
-    cfg = tyro.cli(ServerArgs, args=args, prog="plugrl-run-policy-server")
+    """Serve until Ctrl-C (exit 0); a bad ``--policy.*`` value or a port that is taken is a one-line error (exit 1),
+    as for every plugrl command (:mod:`plugrl_env_client.cli_support`)."""
+    run_cli(lambda: _serve(tyro.cli(ServerArgs, args=args, prog="plugrl-run-policy-server")), args)
+
+
+def _serve(cfg: ServerArgs) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         policy = make_policy(cfg.policy)
         server = PolicyServer(policy, host=cfg.host, port=cfg.port, max_episodes=cfg.max_episodes,
                               reuse_feedback_obs=cfg.reuse_feedback_obs, seed=cfg.policy.seed,
                               transport=cfg.transport, latency_ms=cfg.policy.latency_ms)
-    except (TypeError, ValueError, OSError, ConfigError) as exc:  # a bad --policy.* value, the port is taken, no picows
-        print(f"error: {exc}", file=sys.stderr)
-        sys.exit(2)
+    except (TypeError, ValueError, OSError) as exc:  # a bad --policy.* value, the port is taken
+        raise ConfigError(str(exc)) from exc
     shape = (f"{len(cfg.policy.choices)} choices" if cfg.policy.name == "text"
              else f"action_dim={cfg.policy.action_dim}")
     latency = f", latency={cfg.policy.latency_ms:g} ms" if cfg.policy.latency_ms else ""
@@ -49,7 +53,8 @@ def main(args: Sequence[str] | None = None) -> None:
           f"listening on ws://{cfg.host}:{server.port}", flush=True)
     try:
         server.serve_forever()
-    except KeyboardInterrupt:
+    except KeyboardInterrupt:  # Ctrl-C is how a server is stopped: not an error
         pass
     finally:
         server.shutdown()
+    return 0

@@ -28,9 +28,9 @@ from typing import Any
 import numpy as np
 
 from plugrl_env_client.errors import ProtocolError
-from plugrl_env_client.outputs.results import EpisodeStats
 from plugrl_env_client.protocol import codec, messages
 from plugrl_env_client.protocol.transport import ServerTransport, TransportClosed, TransportServer, serve
+from plugrl_env_client.records import EpisodeStats
 from plugrl_env_client.server.policies import Policy
 from plugrl_env_client.version import __version__
 
@@ -337,8 +337,8 @@ def _check_info(info: dict[str, Any], m: int) -> None:
                 raise _Violation(f"feedback info['episode'][{key!r}] has shape {list(value.shape)}; it needs one "
                                  f"row per env of the feedback ({m})")
     if m > 1 and info and not _has_rows(info, m):
-        raise _Violation(f"feedback info {_short(info)} cannot be split per env: for {m} envs it needs arrays with "
-                         f"leading dim {m}")
+        raise _Violation(f"feedback info {messages.short_repr(info, 200)} cannot be split per env: for {m} envs it "
+                         f"needs arrays with leading dim {m}")
 
 
 def _check_keys(info: dict[str, Any], path: str) -> None:
@@ -359,11 +359,6 @@ def _shows_success_rule(info: dict[str, Any], m: int) -> bool:
     success, so the ``s`` of its episodes is a verdict, not a default."""
     return any(isinstance(v := info.get(key), np.ndarray) and v.ndim == 1 and v.shape[0] == m
                for key in SUCCESS_INFO_KEYS)
-
-
-def _short(value: Any, limit: int = 200) -> str:
-    text = repr(value)
-    return text if len(text) <= limit else text[:limit] + "..."
 
 
 def _episode_rows(episode: Any, envs: list[int], skip: set[int]) -> Any:

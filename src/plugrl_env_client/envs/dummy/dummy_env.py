@@ -104,8 +104,3 @@ class DummyEnv(BaseEnv[DummyEnvConfig]):
         terminated = self.np_random.random(self.num_envs) < self.config.terminated_prob
         return self._observe(), reward, terminated, np.zeros(self.num_envs, dtype=bool), {}
 
-
-if __name__ == "__main__":
-    from plugrl_env_client.cli import main
-
-    main()

@@ -499,8 +499,3 @@ def _as_frame(image: Any) -> np.ndarray:
             arr = arr * 255.0
     return np.clip(arr, 0, 255).astype(np.uint8)
 
-
-if __name__ == "__main__":
-    from plugrl_env_client.cli import main
-
-    main()

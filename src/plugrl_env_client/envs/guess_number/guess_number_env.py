@@ -178,8 +178,3 @@ class GuessNumberEnv(BaseEnv[GuessNumberConfig]):
         }
         return Observation(text=list(self.text)), reward, terminated, timeout.copy(), info
 
-
-if __name__ == "__main__":
-    from plugrl_env_client.cli import main
-
-    main()

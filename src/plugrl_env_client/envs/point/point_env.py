@@ -1,6 +1,7 @@
-"""Point-v1: a point on the plane moves toward a goal. The smallest useful env, and a template to copy.
+"""Point-v1: a point on the plane moves toward a goal. The smallest useful env.
 
-Run it directly: ``python point_env.py point-v1 --num-episodes 3 --local-policy random``.
+Run it with ``plugrl-run-env-client point-v1 --num-episodes 3 --local-policy random``. The env file to copy when
+writing one's own is this env under another id: ``docs/examples/template_env.py`` (docs/custom-environments.md).
 """
 
 from __future__ import annotations
@@ -60,8 +61,3 @@ class PointEnv(BaseEnv[PointEnvConfig]):
         reward = np.where(terminated, 1.0, -distance).astype(np.float32)
         return self._observe(), reward, terminated, np.zeros(self.num_envs, dtype=bool), {"distance": distance}
 
-
-if __name__ == "__main__":
-    from plugrl_env_client.cli import main
-
-    main()

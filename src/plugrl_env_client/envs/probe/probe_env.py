@@ -59,8 +59,3 @@ class ProbeEnv(BaseEnv[ProbeEnvConfig]):
         reward = np.ones(self.num_envs, dtype=np.float32)
         return self._observe(), reward, terminated, np.zeros(self.num_envs, dtype=bool), {}
 
-
-if __name__ == "__main__":
-    from plugrl_env_client.cli import main
-
-    main()

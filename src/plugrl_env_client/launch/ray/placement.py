@@ -11,8 +11,8 @@ import math
 import time
 from typing import Any
 
-from plugrl_env_client.config import RayConfig
 from plugrl_env_client.errors import ConfigError
+from plugrl_env_client.launch.ray.config import RayConfig
 from plugrl_env_client.rollout.signals import shielded
 
 logger = logging.getLogger(__name__)

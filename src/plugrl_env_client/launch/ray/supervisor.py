@@ -18,16 +18,16 @@ import uuid
 from typing import Any
 from urllib.parse import urlsplit
 
-from plugrl_env_client.config import RayConfig
 from plugrl_env_client.launch.process import ProcessJob
 from plugrl_env_client.launch.ray.budget import Grant, LeaseBook
+from plugrl_env_client.launch.ray.config import RayConfig
 from plugrl_env_client.launch.ray.nodes import NODES_PERIOD_S, Epoch, write_nodes
 from plugrl_env_client.launch.ray.placement import PLACEMENT_WARNING_S, Demand, Placement
 from plugrl_env_client.launch.ray.sources import ShippedSources
 from plugrl_env_client.launch.ray.worker import LeaseRequest, Message, RolloutActor, StepsReport
 from plugrl_env_client.launch.reports import EpisodeReport, LogReport, ProgressReport, ResultReport
-from plugrl_env_client.outputs.results import ProcessResult, ProcessStatus
 from plugrl_env_client.outputs.run_writer import RunWriter
+from plugrl_env_client.records import ProcessResult, ProcessStatus
 from plugrl_env_client.rollout.budget import EpisodeBudget
 from plugrl_env_client.rollout.signals import deferred_interrupts, shielded
 from plugrl_env_client.timing import Timing

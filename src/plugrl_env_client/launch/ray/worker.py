@@ -35,7 +35,7 @@ from plugrl_env_client.launch.ray.budget import Grant, LeasedBudget
 from plugrl_env_client.launch.ray.sources import ShippedSources
 from plugrl_env_client.launch.reports import LogReporter, Report, Reporter, ResultReport
 from plugrl_env_client.outputs.logs import forward_logging
-from plugrl_env_client.outputs.results import ProcessResult, ProcessStatus
+from plugrl_env_client.records import ProcessResult, ProcessStatus
 from plugrl_env_client.version import __version__
 
 logger = logging.getLogger(__name__)

@@ -1,0 +1,23 @@
+"""The Ray launcher's section of the command line (``--ray.*``), apart from the launcher so that reading the
+command line never imports Ray: ``launch/ray.py`` imports it when a run asks for ``--launcher ray``."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Literal
+
+
+@dataclasses.dataclass
+class RayConfig:
+    """Where and how --launcher ray places the processes (extra ray)."""
+
+    address: str = "auto"
+    """auto (a running cluster), ray://host:port, or local (start a private instance on this machine)."""
+    num_cpus_per_proc: float = 1.0
+    num_gpus_per_proc: float = 0.0
+    resources: str = "{}"
+    """Custom resources each process needs, as a JSON object, e.g. '{"sim": 1}'."""
+    placement: Literal["spread", "pack"] = "spread"
+    """spread: processes on as many nodes as possible; pack: on as few as possible."""
+    max_restarts: int = 3
+    """How often Ray restarts a process whose actor died (killed, node lost) before the run goes on without it."""

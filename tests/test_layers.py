@@ -1,0 +1,112 @@
+"""Imports run one way: from the command fronts down to the plain records, never back up.
+
+Every import statement of the package is read (those inside functions too, which the lazy imports are), so a
+module that reaches upward, even only at call time, fails here with the line that does it.
+"""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import plugrl_env_client
+
+PACKAGE = Path(plugrl_env_client.__file__).resolve().parent
+NAME = "plugrl_env_client"
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imports_of(path: Path) -> list[tuple[int, str]]:
+    """(line, module) of every import of the package's own modules in ``path``, relative ones resolved."""
+    tree = ast.parse(path.read_text(), str(path))
+    inside = PACKAGE in path.resolve().parents
+    name = module_name(path) if inside else path.stem
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1] + ([base] if base else []))
+            found += [(node.lineno, f"{base}.{alias.name}") for alias in node.names]
+            found.append((node.lineno, base))
+    return [(line, name) for line, name in found if name == NAME or name.startswith(NAME + ".")]
+
+
+def modules_under(*parts: str) -> list[Path]:
+    root = PACKAGE.joinpath(*parts)
+    return sorted(root.rglob("*.py")) if root.is_dir() else [root.with_suffix(".py")]
+
+
+def violations(paths: list[Path], forbidden: tuple[str, ...]) -> list[str]:
+    out = []
+    for path in paths:
+        for line, name in imports_of(path):
+            if any(name == f or name.startswith(f + ".") for f in forbidden):
+                out.append(f"{path.relative_to(PACKAGE.parent)}:{line} imports {name}")
+    return out
+
+
+CLIENT_FRONT = (f"{NAME}.cli",)
+UPPER = (f"{NAME}.cli", f"{NAME}.app", f"{NAME}.config", f"{NAME}.launch")
+
+
+@pytest.mark.parametrize("layer, forbidden", [
+    (("records",), (NAME + ".",)),
+    (("envs",), (*UPPER, f"{NAME}.protocol", f"{NAME}.rollout", f"{NAME}.server", f"{NAME}.outputs",
+                 f"{NAME}.check", f"{NAME}.report")),
+    (("protocol",), (*UPPER, f"{NAME}.envs", f"{NAME}.rollout", f"{NAME}.server", f"{NAME}.outputs")),
+    (("rollout",), (*UPPER, f"{NAME}.server", f"{NAME}.check", f"{NAME}.report")),
+    (("outputs",), (*UPPER, f"{NAME}.rollout", f"{NAME}.server", f"{NAME}.check", f"{NAME}.report")),
+    (("server",), (*UPPER, f"{NAME}.rollout", f"{NAME}.check", f"{NAME}.report")),
+    (("report",), (*UPPER, f"{NAME}.rollout", f"{NAME}.server", f"{NAME}.check")),
+    (("launch",), (*CLIENT_FRONT, f"{NAME}.app", f"{NAME}.check", f"{NAME}.report")),
+    (("app",), (*CLIENT_FRONT, f"{NAME}.check")),
+    (("config",), (*CLIENT_FRONT, f"{NAME}.app", f"{NAME}.launch.process", f"{NAME}.launch.local")),
+], ids=lambda v: "/".join(v) if isinstance(v, tuple) and not v[0].startswith(NAME) else "")
+def test_no_layer_imports_a_layer_above_it(layer: tuple[str, ...], forbidden: tuple[str, ...]) -> None:
+    paths = modules_under(*layer)
+    assert paths and all(p.exists() for p in paths), layer
+    if forbidden == (NAME + ".",):  # the bottom: nothing of the package at all
+        bad = [f"{p.relative_to(PACKAGE.parent)}:{line} imports {name}" for p in paths for line, name in imports_of(p)]
+    else:
+        bad = violations(paths, forbidden)
+    assert not bad, "\n".join(bad)
+
+
+def test_only_command_fronts_import_the_client_cli() -> None:
+    """``cli.py`` is on top: below the command fronts (``__main__.py`` and each command's ``cli.py``) nothing
+    imports it; the built-in env files run through ``plugrl-run-env-client``, not through a ``__main__`` block."""
+    paths = [p for p in PACKAGE.rglob("*.py") if p.name not in ("cli.py", "__main__.py")]
+    assert not violations(paths, CLIENT_FRONT), "\n".join(violations(paths, CLIENT_FRONT))
+
+
+def test_the_reader_of_imports_sees_lazy_and_relative_imports(tmp_path: Path) -> None:
+    fake = PACKAGE / "envs" / "point" / "point_env.py"
+    found = dict((name, line) for line, name in imports_of(fake))
+    assert f"{NAME}.envs.base_env" in found and f"{NAME}.envs.registry.register_env" in found
+    assert not any(name.startswith(f"{NAME}.cli") for name in found), "built-in env files do not run the CLI"
+    tree = "def f():\n    from plugrl_env_client.cli import main\n"
+    sample = tmp_path / "sample.py"
+    sample.write_text(tree)
+    assert imports_of(sample) == [(2, f"{NAME}.cli.main"), (2, f"{NAME}.cli")]
+
+
+def test_importing_the_config_tree_imports_no_heavy_extra() -> None:
+    """``plugrl_env_client.config`` is imported by every command line; Ray (and the other extras) must wait until a
+    run asks for them."""
+    code = ("import sys, plugrl_env_client.config; "
+            "print(' '.join(m for m in ('ray', 'matplotlib', 'mujoco', 'imageio', 'picows', 'gem') if m in sys.modules))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == []
