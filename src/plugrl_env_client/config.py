@@ -102,7 +102,7 @@ class ClientConfig:
     """ws://host:port or wss://host:port; overrides --server-host/--server-port."""
     api_key: str | None = None
     """Sent as 'Authorization: Api-Key <key>'. Default: $PLUGRL_API_KEY if set."""
-    local_policy: Literal["random", "zero", "text"] | None = None
+    local_policy: Literal["random", "zero", "text", "ars"] | None = None
     """Start the reference policy server in this process (matched to the env's action space) and use it; text is
     for envs whose single_action_space is a gymnasium Text space."""
     local_policy_choices: tuple[str, ...] = ()
