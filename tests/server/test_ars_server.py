@@ -7,6 +7,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import logging
+import re
 import socket
 import subprocess
 import sys
@@ -368,3 +369,31 @@ def test_local_policy_ars_needs_a_box_of_floats(tmp_path, env_id, registry):
     assert run_client(cfg, env_id) == 1
     error = json.dumps(json.loads((tmp_path / "t" / "summary.json").read_text())["errors"])
     assert "needs a gymnasium Box action space of floats" in error
+
+
+def test_the_readme_training_commands_run(tmp_path):
+    """The README's Swimmer commands (train, report, train embedded, evaluate the saved policy),
+    as a reader runs them, each client cut to 4 episodes of 50 steps: one iteration, so there is a policy to
+    evaluate."""
+    pytest.importorskip("mujoco")
+    from doc_commands import Command, DocShell, fenced_blocks
+
+    readme = ROOT / "README.md"
+    fences = [f for f in fenced_blocks(readme) if (f.comment or "").startswith("long-running:")]
+    assert len(fences) == 2
+    ran = 0
+    with DocShell(tmp_path, tmp_path / "runs") as shell:
+        for fence in fences:
+            for k, line in enumerate(fence.body.splitlines()):
+                if not line.strip() or line.startswith("#"):
+                    continue
+                if line.startswith("plugrl-run-env-client"):
+                    line = re.sub(r" --num-episodes \d+", "", line) + " --num-episodes 4 --runner.max-episode-steps 50"
+                result = shell.run(Command(readme, fence.line + 1 + k, line))
+                assert result.ok, result.describe()
+                ran += 1
+            for result in shell.stop_background():
+                assert result.ok, result.describe()
+    assert ran == 6
+    assert (tmp_path / "runs" / "swimmer" / "report.html").exists()
+    assert json.loads((tmp_path / "swimmer" / "ars.jsonl").read_text().splitlines()[0])["iteration"] == 1

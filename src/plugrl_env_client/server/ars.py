@@ -2,8 +2,8 @@
 
 The learner knows nothing about sockets or envs. Whoever drives it (the reference server's ARS policy, or a plain
 loop that steps an env itself) does four things: it asks :meth:`ArsLearner.start_episode` for the :class:`Rollout`
-an env runs when that env's episode starts, computes the env's actions with :meth:`Rollout.act`, adds each step's
-reward and observed state to the env's :class:`Episode`, and hands finished episodes back with
+an env runs when that env's episode starts, computes the envs' actions with :meth:`ArsLearner.actions`, adds each
+step's reward and observed state to the env's :class:`Episode`, and hands finished episodes back with
 :meth:`ArsLearner.finish`. Nothing else reaches the learner, so two drivers that feed it the same episodes in the
 same order get the same policy, bit for bit: that is what ``bench/learning.py`` checks.
 
@@ -22,8 +22,9 @@ An episode that starts while every rollout of the iteration is handed out runs t
 an evaluation episode, reported but not used for the update. An episode whose start the driver did not see (an env
 that joins mid-episode after a reconnect) runs the current policy too and is reported nowhere.
 
-Results never depend on the order episodes finish in: the update ranks by direction, and the state statistics take
-in the iteration's episodes in rollout order. What can depend on arrival order is which env gets which rollout.
+The policy never depends on the order an iteration's episodes finish in: the update ranks by direction, and the
+state statistics take in the iteration's episodes in rollout order. What arrival order can change is which env
+gets which rollout (with several connections), and so which episode each return comes from.
 """
 
 from __future__ import annotations
