@@ -19,8 +19,8 @@ CLIENT_FLAGS = {
     "-h": "", "--help": "",
     "--num-envs": "INT", "--num-procs": "INT", "--num-episodes": "{None}|INT", "--exp-name": "{None}|STR",
     "--output-dir": "PATH", "--server-host": "STR", "--server-port": "INT", "--server-url": "{None}|STR",
-    "--api-key": "{None}|STR", "--local-policy": "{None,random,zero,text}", "--local-policy-choices": "[STR [STR ...]]",
-    "--local-policy-horizon": "INT",
+    "--api-key": "{None}|STR", "--local-policy": "{None,random,zero,text,ars}", "--local-policy-choices": "[STR [STR ...]]",
+    "--local-policy-horizon": "{None}|INT",
     "--reconnect-on-server-stop": "", "--no-reconnect-on-server-stop": "",
     "--max-reconnects": "{None}|INT", "--connect-timeout": "{None}|FLOAT", "--reconnect-timeout": "{None}|FLOAT",
     "--reuse-feedback-obs": "", "--no-reuse-feedback-obs": "", "--progress": "", "--no-progress": "",
@@ -50,9 +50,12 @@ CLIENT_FLAGS = {
 SERVER_FLAGS = {
     "-h": "", "--help": "", "--host": "STR", "--port": "INT", "--max-episodes": "{None}|INT",
     "--reuse-feedback-obs": "", "--no-reuse-feedback-obs": "", "--transport": "{websockets,picows}",
-    "--policy.name": "{random,zero,text}", "--policy.action-dim": "INT", "--policy.action-horizon": "INT",
+    "--policy.name": "{random,zero,text,ars}", "--policy.action-dim": "INT", "--policy.action-horizon": "{None}|INT",
     "--policy.dtype": "STR", "--policy.low": "FLOAT", "--policy.high": "FLOAT", "--policy.seed": "{None}|INT",
     "--policy.choices": "[STR [STR ...]]", "--policy.latency-ms": "FLOAT",
+    "--policy.directions": "INT", "--policy.top-directions": "INT", "--policy.step-size": "FLOAT",
+    "--policy.noise": "FLOAT", "--policy.save": "{None}|PATH", "--policy.load": "{None}|PATH", "--policy.eval": "",
+    "--policy.no-eval": "",
 }
 """``plugrl-run-policy-server --help``."""
 

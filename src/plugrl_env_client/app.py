@@ -62,7 +62,7 @@ def run_client(config: ClientConfig, env_id: str, sources: EnvSources | None = N
             jobs = [ProcessJob(spec.uid, config, p, "") for p in range(config.num_procs)]
             if config.num_procs == 1 and config.runner.pipeline == 1 and config.launcher == "local":
                 env = build_env(jobs[0])
-            server = _start_local_policy(config, spec.uid, env) if config.local_policy else None
+            server = _start_local_policy(config, spec.uid, env, run_dir) if config.local_policy else None
             url = server.url if server is not None else config.resolved_url()
             jobs = [dataclasses.replace(job, url=url) for job in jobs]
             _run(config, spec.uid, run_dir, writer, jobs, sources, env)
@@ -88,7 +88,11 @@ def run_client(config: ClientConfig, env_id: str, sources: EnvSources | None = N
                 if server is not None:
                     server.shutdown()
                 summary = writer.close()
-    return _report(spec.uid, run_dir, summary, writer.failures(), signum)
+    code = _report(spec.uid, run_dir, summary, writer.failures(), signum)
+    if server is not None and server.failure is not None:  # the embedded policy could not serve this env
+        print(f"error: --local-policy {config.local_policy} stopped the run: {server.failure}", file=sys.stderr)
+        return 1
+    return code
 
 
 def _run(config: ClientConfig, uid: str, run_dir: RunDir, writer: RunWriter, jobs: list[ProcessJob],
@@ -162,9 +166,11 @@ def _validate(config: ClientConfig) -> None:
     group_sizes(config)  # pipeline and seed groups must split the envs evenly
 
 
-def _start_local_policy(config: ClientConfig, env_id: str, env: BaseEnv | None) -> PolicyServer:
+def _start_local_policy(config: ClientConfig, env_id: str, env: BaseEnv | None, run_dir: RunDir) -> PolicyServer:
     """The embedded reference server, matched to the env's action space (read from ``env`` when it is built
-    already; otherwise from a one-env probe, for runs whose envs are built in other processes)."""
+    already; otherwise from a one-env probe, for runs whose envs are built in other processes). ARS saves its
+    policy into the run folder and answers one action per step unless --local-policy-horizon says otherwise (the
+    flag's default, 4, is the other policies' horizon)."""
     from plugrl_env_client.server.embedded import start_local_server
 
     probe = env if env is not None else build_env(ProcessJob(env_id, dataclasses.replace(config, num_envs=1), 0, ""))
@@ -175,7 +181,8 @@ def _start_local_policy(config: ClientConfig, env_id: str, env: BaseEnv | None) 
             probe.close()
     assert config.local_policy is not None
     server = start_local_server(config.local_policy, space, config.local_policy_horizon, seed=config.runner.seed,
-                                choices=config.local_policy_choices, transport=config.connection.transport)
+                                choices=config.local_policy_choices, transport=config.connection.transport,
+                                run_root=run_dir.root)
     logger.info("embedded %s policy serving on %s", config.local_policy, server.url)
     return server
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import threading
 from collections.abc import Sequence
 from typing import Literal
 
@@ -49,12 +50,21 @@ def _serve(cfg: ServerArgs) -> int:
     shape = (f"{len(cfg.policy.choices)} choices" if cfg.policy.name == "text"
              else f"action_dim={cfg.policy.action_dim}")
     latency = f", latency={cfg.policy.latency_ms:g} ms" if cfg.policy.latency_ms else ""
-    print(f"Policy server ({cfg.policy.name}, {shape}, horizon={cfg.policy.action_horizon}{latency}, {cfg.transport}) "
+    print(f"Policy server ({cfg.policy.name}, {shape}, horizon={policy.horizon}{latency}, {cfg.transport}) "
           f"listening on ws://{cfg.host}:{server.port}", flush=True)
+    # A policy that cannot serve the clients' env ends the run; then this process ends too, with the reason.
+    threading.Thread(target=_stop_on_failure, args=(server,), name="plugrl-failure-watch", daemon=True).start()
     try:
         server.serve_forever()
     except KeyboardInterrupt:  # Ctrl-C is how a server is stopped: not an error
         pass
     finally:
         server.shutdown()
+    if server.failure is not None:  # a user error like any other: one line, exit 1
+        raise ConfigError(str(server.failure))
     return 0
+
+
+def _stop_on_failure(server: PolicyServer) -> None:
+    server.failed.wait()
+    server.shutdown()

@@ -8,11 +8,16 @@ one of a few strings per env and step. Given no choices it makes up :data:`DEFAU
 space's own character set (seeded, at most :data:`DEFAULT_TEXT_LENGTH` characters each), so any text env runs with
 no flags; such gibberish exercises the text path (and an env's handling of malformed answers) but plays no game.
 Pass ``choices`` to answer in the env's format (e.g. ``"<answer>3</answer>"``).
+
+``--local-policy ars`` learns (Augmented Random Search, :mod:`~plugrl_env_client.server.ars`): its action shape and
+bounds come from the env's Box action space, its seed from ``--runner.seed``, and it saves its policy and iteration
+log into the run folder (:data:`LOCAL_ARS_POLICY`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
@@ -26,14 +31,27 @@ DEFAULT_TEXT_CHOICES = 8
 """How many strings ``--local-policy text`` makes up when it is given none."""
 DEFAULT_TEXT_LENGTH = 16
 """Longest made-up string (a Text space's max_length can be huge; a smoke-test answer need not be)."""
+LOCAL_ARS_POLICY = "policy/ars.npz"
+"""Where ``--local-policy ars`` saves its policy, in the run folder (its iteration log: ``policy/ars.jsonl``)."""
 
 
-def policy_for_space(name: str, space: gym.Space, horizon: int, seed: int | None = None,
-                     choices: Sequence[str] = ()) -> Policy:
-    """A reference policy whose actions fit ``space`` (Box, Discrete, MultiDiscrete, or Text with ``"text"``).
+def policy_for_space(name: str, space: gym.Space, horizon: int | None, seed: int | None = None,
+                     choices: Sequence[str] = (), save: Path | None = None) -> Policy:
+    """A reference policy whose actions fit ``space`` (Box, Discrete, MultiDiscrete, or Text with ``"text"``; a
+    float Box for ``"ars"``). ``horizon`` None: the policy's own default.
 
-    ``choices`` are the strings the text policy answers with (default: made up from the space's charset).
+    ``choices`` are the strings the text policy answers with (default: made up from the space's charset); ``save``
+    is where ARS saves its policy.
     """
+    if name == "ars":
+        if not (isinstance(space, gym.spaces.Box) and np.dtype(space.dtype).kind == "f"):
+            raise ConfigError(
+                f"--local-policy ars learns a linear map from the env's state arrays to continuous actions, so it "
+                f"needs a gymnasium Box action space of floats; the env's action space is {describe_space(space)}. "
+                "Use --local-policy random or zero (or text for Text spaces)"
+            )
+        config = PolicyConfig(name="ars", action_horizon=horizon, dtype=np.dtype(space.dtype).name, seed=seed)
+        return make_policy(config, action_shape=tuple(space.shape), low=space.low, high=space.high, save=save)
     if isinstance(space, gym.spaces.Text):
         if name != "text":
             raise ConfigError(
@@ -94,9 +112,12 @@ def default_text_choices(space: gym.spaces.Text, seed: int | None = None) -> tup
     return tuple("".join(charset[i] for i in rng.integers(len(charset), size=int(k))) for k in lengths)
 
 
-def start_local_server(name: str, space: gym.Space, horizon: int, seed: int | None = None,
-                       choices: Sequence[str] = (), transport: str = "websockets") -> PolicyServer:
+def start_local_server(name: str, space: gym.Space, horizon: int | None, seed: int | None = None,
+                       choices: Sequence[str] = (), transport: str = "websockets",
+                       run_root: Path | None = None) -> PolicyServer:
     """Start the reference server on a free loopback port, serving in a daemon thread (over the client's
-    ``transport``, so ``--transport picows`` speeds up both ends)."""
-    return PolicyServer(policy_for_space(name, space, horizon, seed, choices), host="127.0.0.1", port=0,
+    ``transport``, so ``--transport picows`` speeds up both ends). ``run_root``: the run folder, where ARS saves
+    its policy (:data:`LOCAL_ARS_POLICY`)."""
+    save = run_root / LOCAL_ARS_POLICY if name == "ars" and run_root is not None else None
+    return PolicyServer(policy_for_space(name, space, horizon, seed, choices, save), host="127.0.0.1", port=0,
                         seed=seed, transport=transport).start()

@@ -10,6 +10,12 @@ every finished episode, and for an env with no success rule that flag is simply 
 "failed" look the same. So a connection's False flags count as failures only once its feedback shows that its env
 has a rule (see :class:`SuccessJudging`); until then the log says ``success_rate=n/a`` rather than 0.
 
+The policy sees each connection through ``policy.for_connection()``: every infer of it (with the env indices),
+every feedback, and its end, so a learner can tell the envs of every connection apart. A policy that cannot serve
+the client's env at all (a :class:`~plugrl_env_client.errors.ConfigError`, e.g. ARS for an env without state
+arrays) ends the run: the error is logged, every client is closed with ``plugrl-server-stop``, and
+:attr:`PolicyServer.failure` holds the message (``plugrl-run-policy-server`` then exits with it).
+
 One thread per connection, whichever WebSocket library accepted it (``transport``: websockets' threading server,
 or picows with its loop in a thread of its own, see :mod:`~plugrl_env_client.protocol.transport`); episode
 counters are shared under a lock. ``latency_ms`` holds each action back that long, as a model's inference would:
@@ -27,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from plugrl_env_client.errors import ProtocolError
+from plugrl_env_client.errors import ConfigError, ProtocolError
 from plugrl_env_client.protocol import codec, messages
 from plugrl_env_client.protocol.transport import ServerTransport, TransportClosed, TransportServer, serve
 from plugrl_env_client.records import EpisodeStats
@@ -142,6 +148,9 @@ class PolicyServer:
         self.max_episodes = max_episodes
         self.log = EpisodeLog()
         self.stopping = threading.Event()
+        self.failed = threading.Event()
+        self.failure: str | None = None
+        """Why the policy could not serve a client's env (the run was ended), or None."""
         self._lock = threading.Lock()
         self._clients: set[ServerTransport] = set()
         self._last_log = -LOG_PERIOD_S
@@ -180,6 +189,7 @@ class PolicyServer:
         self._server.shutdown()
         if self._thread is not None:
             self._thread.join(timeout=5)
+        self.policy.close()
 
     # ------------------------------------------------------------------------------------------ one connection
 
@@ -188,9 +198,13 @@ class PolicyServer:
         logger.info("client connected: %s", peer)
         with self._lock:
             self._clients.add(ws)
+        policy: Policy | None = None
         try:
             ws.send(codec.packb(messages.metadata_message(self.metadata())))
-            self._serve_connection(ws, self._policy_for(ws))
+            policy = self._policy_for(ws).for_connection()
+            self._serve_connection(ws, policy)
+        except ConfigError as exc:  # the policy cannot serve this env at all: no reconnect can help
+            self._fail(exc)
         except _Violation as exc:
             logger.warning("protocol violation by %s, closing with %s: %s", peer, messages.REASON_RESYNC, exc)
             ws.close(messages.CLOSE_GOING_AWAY, messages.REASON_RESYNC)
@@ -203,8 +217,25 @@ class PolicyServer:
             logger.exception("internal error while serving %s", peer)
             ws.close(messages.CLOSE_INTERNAL, messages.REASON_INTERNAL)
         finally:
+            if policy is not None:
+                policy.disconnect()
             with self._lock:
                 self._clients.discard(ws)
+
+    def _fail(self, exc: ConfigError) -> None:
+        """End the run because the policy cannot serve a client's env: say why, once, and close every client."""
+        with self._lock:
+            first = self.failure is None
+            if first:
+                self.failure = str(exc)
+            clients = list(self._clients)
+        if first:
+            logger.error("the %s policy cannot serve this env, so the run ends: %s", self.policy.metadata()["policy"],
+                         exc)
+        self.stopping.set()
+        for ws in clients:
+            ws.close(messages.CLOSE_GOING_AWAY, messages.REASON_STOP)
+        self.failed.set()
 
     def _policy_for(self, ws: ServerTransport) -> Policy:
         """The policy of one connection: a client that names its stream (process, env group) in the handshake
@@ -241,7 +272,7 @@ class PolicyServer:
                 if stale:
                     raise _Violation(f"infer for envs {sorted(stale)} whose previous chunk got no feedback yet")
                 obs = self._with_reused_rows(request, held)
-                actions = policy.act(obs, len(request.env_indices))
+                actions = policy.infer(obs, request.env_indices, request.step_ids)
                 if self.latency_s:
                     time.sleep(self.latency_s)
                 ws.send(codec.packb(messages.action_message(request.env_indices, actions)))
@@ -263,6 +294,7 @@ class PolicyServer:
                     raise _Violation(f"feedback for envs {repeated} whose chunk already got its feedback")
                 outstanding.difference_update(envs)
                 _hold_rows(held, feedback, skip=set(stateless))
+                policy.feedback(feedback)
                 episode = _episode_rows(feedback.info.get("episode"), envs, set(stateless))
                 shows_rule = not judging.known and _shows_success_rule(feedback.info, len(envs))
                 if self._record(episode, judging, shows_rule):

@@ -1,0 +1,57 @@
+"""bench/learning.py's parity check, short enough for CI: ARS stepping Point-v1 itself vs. ARS through the real
+client and server (separate processes, loopback) must agree on every episode."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from plugrl_env_client.envs import discover_envs
+
+BENCH = Path(__file__).resolve().parents[2] / "bench"
+
+
+@pytest.fixture(scope="module")
+def learning():
+    sys.path.insert(0, str(BENCH))  # the bench scripts import their helper module `machine` by name
+    try:
+        spec = importlib.util.spec_from_file_location("bench_learning", BENCH / "learning.py")
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = module  # dataclasses look their module up there
+        spec.loader.exec_module(module)
+        discover_envs()
+        yield module
+    finally:
+        sys.modules.pop("bench_learning", None)
+        sys.path.remove(str(BENCH))
+
+
+def test_the_client_changes_nothing_the_learner_sees(learning, tmp_path):
+    """Point-v1 with 4 envs and 6 rollouts per iteration: rollouts take turns, evaluations run in between, episodes
+    end at different steps (at the goal, or at the registered limit of 100 steps); six iterations of it."""
+    plain = learning.plain_run(learning.POINT, 6, 3)
+    lengths = {e[2] for e in plain.episodes}
+    assert len(lengths) > 3 and 100 in lengths, "the check needs episodes of different lengths"
+    assert sum(r["eval_episodes"] for r in plain.iterations) > 0, "and evaluation episodes"
+    client = learning.client_run(learning.POINT, 6, len(plain.episodes), 3, tmp_path)
+    ok, line = learning.compare(plain, client, 6)
+    assert ok, line
+    assert line.startswith(f"parity: identical (6 iterations, {len(plain.episodes)} episodes")
+
+
+def test_the_check_reports_the_first_episode_that_differs(learning):
+    plain = learning.Run([(0, -3.5, 10), (1, -2.0, 7), (0, 1.25, 3)], [], np.zeros((1, 2)))
+    off = dataclasses.replace(plain, episodes=[(0, -3.5, 10), (1, -2.001, 7), (0, 1.25, 3)])
+    ok, line = learning.compare(plain, off, 1)
+    assert not ok and "episode 1 differs" in line and "differs by 0.001" in line
+    swapped = dataclasses.replace(plain, episodes=[(1, -2.0, 7), (0, -3.5, 10), (0, 1.25, 3)])
+    assert "episode 0 differs" in learning.compare(plain, swapped, 1)[1]
+    weights = dataclasses.replace(plain, weights=np.ones((1, 2)))
+    assert "final weights differ" in learning.compare(plain, weights, 1)[1]
+    assert learning.compare(plain, dataclasses.replace(plain), 1)[0]
