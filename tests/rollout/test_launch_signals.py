@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
+from children import sigint_default
 
 
 def wait_for(path: Path, timeout: float = 60.0) -> None:
@@ -23,7 +24,7 @@ def wait_for(path: Path, timeout: float = 60.0) -> None:
 def test_signal_writes_outputs_and_exits_128_plus_signum(tmp_path, sig, num_procs):
     cmd = [sys.executable, "-m", "plugrl_env_client", "probe-v1", "--num-envs", "2", "--num-procs", str(num_procs),
            "--local-policy", "random", "--output-dir", str(tmp_path), "--exp-name", "run", "--no-progress"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(sigint_default(cmd), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         for p in range(num_procs):  # every process is collecting episodes
             wait_for(tmp_path / "run" / "rollout" / f"proc_{p:03d}" / "episodes.jsonl")
@@ -42,7 +43,7 @@ def test_signal_writes_outputs_and_exits_128_plus_signum(tmp_path, sig, num_proc
 def test_ctrl_c_while_processes_start_is_a_clean_interrupt(tmp_path):
     cmd = [sys.executable, "-m", "plugrl_env_client", "probe-v1", "--num-envs", "2", "--num-procs", "2",
            "--local-policy", "random", "--output-dir", str(tmp_path), "--exp-name", "run", "--no-progress"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(sigint_default(cmd), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 60
         while not (tmp_path / "run" / "client_config.json").exists():
