@@ -319,6 +319,7 @@ class _Context:
         self.construction: list[_Finding] | None = None  # rule 1's findings when the checker built the env
         self.results: dict[int, CheckResult] = {}
         self.space: gym.Space | None = None
+        self.observation_space_declared = True  # whether the env came with its single_observation_space (rule 3)
         self._sampler: gym.Space | None = None
         self._trajectory: _Trajectory | None = None
         self._trajectory_error: str | None = None
@@ -414,6 +415,7 @@ class _Rule:
 
 def _run_rules(ctx: _Context, subject: str) -> CheckReport:
     report = CheckReport(subject)
+    ctx.observation_space_declared = _declares_observation_space(ctx.env)  # before any rule resets the env
     for rule in RULES:
         title = rule.title
         if rule.number == 1 and ctx.config is not None:
@@ -718,7 +720,21 @@ def rule_reset_returns(ctx: _Context) -> _Outcome:
     if not isinstance(info, dict):
         findings.append(_Finding("fail", f"info is {checks.describe_value(info)}, not a dict",
                                  "return a dict as info ({} when there is nothing to report)"))
-    return _judge(findings)
+    return _judge(findings, "" if ctx.observation_space_declared else UNDECLARED_OBSERVATION_SPACE)
+
+
+UNDECLARED_OBSERVATION_SPACE = (
+    "single_observation_space is not declared in __init__ (the first reset derives it): a Gymnasium wrapper that "
+    "reads it when it is made, like NormalizeObservation, fails on an env not reset yet; declare it in __init__, "
+    "self.single_observation_space = observation_space(images={...}, states={...})")
+"""Rule 3's note for an env that leaves its observation space to the first reset (the client copes)."""
+
+
+def _declares_observation_space(env: Any) -> bool:
+    """Whether ``env`` (a BaseEnv, possibly inside Gymnasium wrappers) has its observation space before any reset;
+    other envs are taken to have one."""
+    base = getattr(env, "unwrapped", env)
+    return not isinstance(base, BaseEnv) or "_single_observation_space" in vars(base)
 
 
 def rule_seeding(ctx: _Context) -> _Outcome:
