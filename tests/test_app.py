@@ -68,6 +68,12 @@ def test_multi_process_run_aggregates_exactly(policy_server, tmp_path):
     client_config = json.loads((tmp_path / "run" / "client_config.json").read_text())
     assert client_config["env_id"] == "Point-v1" and client_config["num_procs"] == 2
     assert client_config["output_dir"] == str(tmp_path) and client_config["env"]["step_size"] == 0.1
+    assert client_config["uid"] == "Point-v1" and client_config["env"]["max_episode_steps"] == 7, "PlugRL's keys"
+    for p in (0, 1):
+        manifest = json.loads((tmp_path / "run" / f"rollout/proc_{p:03d}/manifest.json").read_text())
+        assert (manifest["num_envs"], manifest["metric_window"]) == (3, 100)
+        assert manifest["args"]["episode_freq"] == 0 and manifest["args"]["metric_window"] == 100
+        assert isinstance(manifest["command_line"], list)
 
 
 def test_crashed_process_stops_the_others_and_is_named(policy_server, tmp_path, capsys):
@@ -411,7 +417,8 @@ def test_a_config_built_in_code_without_env_gets_the_envs_defaults(tmp_path):
     cfg = ClientConfig(num_episodes=2, local_policy="random", output_dir=tmp_path, exp_name="run", progress=False)
     assert run_client(cfg, "Point-v1") == 0
     recorded = json.loads((tmp_path / "run" / "client_config.json").read_text())
-    assert recorded["env"] == json.loads(json.dumps(vars(PointEnvConfig())))
+    assert recorded["env"] == {**json.loads(json.dumps(vars(PointEnvConfig()))), "max_episode_steps": 100}, \
+        "the env's defaults, and its registered time limit under PlugRL's name"
 
 
 def test_metric_window_sets_the_window_of_the_summaries(tmp_path):

@@ -234,7 +234,7 @@ def test_env_file_run_uses_the_users_class(user_file: Path, tmp_path: Path) -> N
     assert summary["mean_return"] == 42.0  # the user's reward, not the built-in's
     client_config = json.loads((out / "x" / "client_config.json").read_text())
     assert client_config["env_id"] == "Point-v1"
-    assert client_config["env"] == {"marker_file": str(marker)}
+    assert client_config["env"] == {"marker_file": str(marker), "max_episode_steps": 7}  # + PlugRL's time limit
 
 
 def test_env_file_run_with_spawned_processes(user_file: Path, tmp_path: Path) -> None:
@@ -259,7 +259,8 @@ def test_env_file_new_env_runs(user_file: Path, tmp_path: Path) -> None:
     assert res.returncode == 0, res.stdout + res.stderr
     summary = json.loads((out / "t" / "summary.json").read_text())
     assert summary["completed_episodes"] == 2 and summary["mean_return"] == 1.0
-    assert json.loads((out / "t" / "client_config.json").read_text())["env"] == {"flavour": "spicy"}
+    assert json.loads((out / "t" / "client_config.json").read_text())["env"] == {"flavour": "spicy",
+                                                                              "max_episode_steps": None}
 
 
 def test_env_id_in_any_case_is_accepted():

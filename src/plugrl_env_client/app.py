@@ -24,7 +24,7 @@ from plugrl_env_client.launch.local import launch
 from plugrl_env_client.launch.process import ProcessJob, build_env, group_sizes
 from plugrl_env_client.outputs.logs import setup_logging
 from plugrl_env_client.outputs.progress import Periodic, Progress, summary_table
-from plugrl_env_client.outputs.run_dir import RunDir, default_exp_name, write_json_atomic
+from plugrl_env_client.outputs.run_dir import RunDir, default_exp_name, with_plugrl_config_keys, write_json_atomic
 from plugrl_env_client.outputs.run_writer import RunWriter
 from plugrl_env_client.records import ProcessResult, ProcessStatus
 from plugrl_env_client.rollout.budget import EpisodeBudget
@@ -49,8 +49,11 @@ def run_client(config: ClientConfig, env_id: str, sources: EnvSources | None = N
     exp_name = config.exp_name or default_exp_name(spec.uid, config.num_envs)
     run_dir = _new_run_dir(config, exp_name)
     setup_logging(run_dir.log_file)
-    write_json_atomic(run_dir.client_config, _recorded_config(config, spec.uid, spec.kwargs))
-    writer = RunWriter(run_dir, exp_name, config.num_procs, config.recorder.metric_window)
+    limit = spec.max_episode_steps if config.runner.max_episode_steps is None else config.runner.max_episode_steps
+    write_json_atomic(run_dir.client_config,
+                      with_plugrl_config_keys(_recorded_config(config, spec.uid, spec.kwargs), spec.uid, limit))
+    writer = RunWriter(run_dir, exp_name, config.num_procs, config.recorder.metric_window, num_envs=config.num_envs,
+                       recorder_args=dataclasses.asdict(config.recorder))
     env: BaseEnv | None = None
     server: PolicyServer | None = None
     signum = None

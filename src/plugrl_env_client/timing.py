@@ -4,8 +4,8 @@ The rollout counts env steps and times the env; the connection counts messages a
 waiting. Both write into the same :class:`Timing`, so a summary is one object serialised; a process's env groups
 are combined with :meth:`Timing.total` (one clock, side by side) and a run's processes with
 :meth:`Timing.across_processes` (each with a clock of its own). The names follow PlugRL's client where we measure the
-same thing (``infer_wait_s``, ``infer_obs_pack_s``, ``env_step_s``, ``feedback_s``, their ``*_frac`` and
-``effective_fps``).
+same thing (``infer_wait_s``, ``infer_obs_pack_s``, ``env_step_s``, ``feedback_s`` with its parts
+``feedback_obs_pack_s`` and ``feedback_info_pack_s``, the stages' ``*_frac`` and ``effective_fps``).
 """
 
 from __future__ import annotations
@@ -42,6 +42,13 @@ class Timing:
     """From sending an infer to holding its decoded action chunk: the round trip and the server's inference."""
     feedback_s: float = 0.0
     """Building, packing and sending feedback messages."""
+    feedback_obs_pack_s: float = 0.0
+    """Of feedback_s: putting the feedback's observation rows into the frame (their wire map, and msgpack copying
+    their bytes in). As PlugRL's client names it; its client also counts selecting the rows, which the rollout does
+    here before the feedback is built."""
+    feedback_info_pack_s: float = 0.0
+    """Of feedback_s: putting the feedback's ``info`` into the frame (the env's info rows, ``info["episode"]``,
+    ``is_step_success``), msgpack encoding. Both parts are inside feedback_s and pack_s, so they are no stage."""
     pack_s: float = 0.0
     """msgpack encoding alone, infers and feedbacks together (part of infer_obs_pack_s and feedback_s)."""
     collect_time_s: float = 0.0

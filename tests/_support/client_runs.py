@@ -9,14 +9,16 @@ import subprocess
 import sys
 from pathlib import Path
 
+from children import sigint_default
 from waiting import wait_until
 
 
 def interrupt_once_collecting(args: list[str], episodes: Path, sig: int = signal.SIGINT,
                               timeout_s: float = 60.0) -> subprocess.CompletedProcess:
     """Start ``plugrl-run-env-client <args>``, send ``sig`` once ``episodes`` (an episodes.jsonl) has a line, and
-    return how it ended. The process is killed if it outlives the timeout."""
-    proc = subprocess.Popen([sys.executable, "-m", "plugrl_env_client", *args], stdout=subprocess.PIPE,
+    return how it ended. The process is killed if it outlives the timeout; it starts with SIGINT at its default
+    action, as from a terminal."""
+    proc = subprocess.Popen(sigint_default([sys.executable, "-m", "plugrl_env_client", *args]), stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     try:
         wait_until(lambda: episodes.exists() and episodes.stat().st_size, timeout_s, f"episode in {episodes}",

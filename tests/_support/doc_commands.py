@@ -10,6 +10,11 @@ the line it starts on), and :class:`DocShell` runs them in a scratch folder, cha
   run folders land in the scratch folder and no progress bar is drawn; ``--help`` and ``--version`` runs do not;
 * ``plugrl-run-policy-server`` (which a reader starts in a second terminal) is started in the background, waited
   for until its port accepts connections, and stopped with Ctrl-C (SIGINT) when its block is done;
+* with a ``pip_target`` folder, ``pip install ...`` gets ``--target <folder> --no-deps`` on its command line, so it
+  installs there and not into the running environment. On the command line, not as ``PIP_TARGET``: pip passes
+  its environment on to the pip it runs to fill a build environment, and some versions (23.2, which
+  ``python3 -m venv`` brings with Python 3.11) then refuse that install ("Cannot set --home and --prefix
+  together");
 * ``replace`` maps text of the doc to what it stands for here (``docs/examples`` -> a copy of that folder).
 
 Conventions of the docs, which these helpers read:
@@ -21,7 +26,9 @@ Conventions of the docs, which these helpers read:
   command prints on stdout.
 
 Every process started here ends: foreground commands are killed (with their process group) after ``timeout_s``,
-background ones when their block ends or the shell closes.
+background ones when their block ends or the shell closes. Each command starts with SIGINT at its default action
+(:func:`children.sigint_default`), so Ctrl-C stops a server even when the shell that started the tests ignores it
+(``nohup pytest &``).
 """
 
 from __future__ import annotations
@@ -44,12 +51,15 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import IO
 
+from children import sigint_default
+
 PORT_PLACEHOLDER = "8000"
 """The port the docs write; each shell runs them on a free one instead."""
 CLIENT_PROGRAMS = ("plugrl-run-env-client",)
 CLIENT_MODULES = ("plugrl_env_client", "plugrl_env_client.cli")
 SERVER_PROGRAMS = ("plugrl-run-policy-server",)
 PYTHONS = ("python", "python3")
+PIPS = ("pip", "pip3")
 NO_RUN_FLAGS = ("-h", "--help", "--version")
 """Flags that make a client print something and exit: such runs get no run folder flags."""
 OUTPUT_INFO = "text output"
@@ -305,13 +315,15 @@ def _words(segment: str) -> list[str]:
 
 
 def _kind(segment: str) -> str:
-    """``client``, ``server``, ``state`` (cd, export, assignments alone) or ``other``."""
+    """``client``, ``server``, ``pip`` (``pip install``), ``state`` (cd, export, assignments alone) or ``other``."""
     words = _words(segment)
     if not words:
         return "state"
     program, args = os.path.basename(words[0]), words[1:]
     if program in ("cd", "export"):
         return "state"
+    if program in PIPS and args[:1] == ["install"] or program in PYTHONS and args[:3] == ["-m", "pip", "install"]:
+        return "pip"
     if any(a in NO_RUN_FLAGS for a in args):
         return "other"
     if program in SERVER_PROGRAMS:
@@ -331,7 +343,7 @@ class Prepared:
     command: Command
     script: str
     kind: str
-    """``client``, ``server`` (run in the background), ``state`` (cd/export: carried over) or ``other``."""
+    """``client``, ``server`` (run in the background), ``pip``, ``state`` (cd/export: carried over) or ``other``."""
     port: int | None = None
     """For a server: the port it listens on."""
 
@@ -399,13 +411,16 @@ class DocShell:
     ``cwd`` is where commands run, ``runs`` where client runs write their run folders. ``env`` is added to the
     environment of every command (``PLUGRL_ENV_PATH`` and ``PLUGRL_API_KEY`` of the calling process are not passed
     on, and the running Python's ``bin`` folder comes first on ``PATH``, so ``python`` and the ``plugrl-*``
-    commands are this installation's).
+    commands are this installation's). ``pip_target``, when given, is where ``pip install`` commands install
+    (without dependencies); putting it on the import path of the commands that use what they installed is the
+    caller's part.
     """
 
     def __init__(self, cwd: Path, runs: Path, *, replace: Mapping[str, str] | None = None,
                  env: Mapping[str, str] | None = None, timeout_s: float = 120.0, port: int | None = None,
-                 server_start_timeout_s: float = 60.0) -> None:
+                 server_start_timeout_s: float = 60.0, pip_target: Path | None = None) -> None:
         self.cwd, self.runs = Path(cwd), Path(runs)
+        self.pip_target = pip_target
         self.replace = dict(replace or {})
         self.port = port if port is not None else free_port()
         self.timeout_s = timeout_s
@@ -434,6 +449,8 @@ class DocShell:
             end = a + len(segment)
             if kind == "client":
                 text = text[:end] + _client_flags(_words(segment), self.runs, self.port) + text[end:]
+            elif kind == "pip" and self.pip_target is not None:
+                text = text[:end] + f" --target {shlex.quote(str(self.pip_target))} --no-deps" + text[end:]
             elif kind == "server" and _server_port(_words(segment)) is None:
                 text = text[:end] + f" --port {self.port}" + text[end:]
         kind = kinds[0] if len(kinds) == 1 else ("state" if kinds and all(k == "state" for k in kinds) else "other")
@@ -495,7 +512,8 @@ class DocShell:
         return {**self.env, **(env or {})}
 
     def _run_foreground(self, prepared: Prepared, env: Mapping[str, str] | None) -> Result:
-        process = subprocess.Popen(["bash", "-c", prepared.script], cwd=self.cwd, env=self._environment(env),
+        process = subprocess.Popen(sigint_default(["bash", "-c", prepared.script]), cwd=self.cwd,
+                                   env=self._environment(env),
                                    stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                    start_new_session=True)
         try:
@@ -509,7 +527,8 @@ class DocShell:
 
     def _start(self, prepared: Prepared, env: Mapping[str, str] | None) -> Result:
         out, err = tempfile.TemporaryFile(), tempfile.TemporaryFile()
-        process = subprocess.Popen(["bash", "-c", prepared.script], cwd=self.cwd, env=self._environment(env),
+        process = subprocess.Popen(sigint_default(["bash", "-c", prepared.script]), cwd=self.cwd,
+                                   env=self._environment(env),
                                    stdin=subprocess.DEVNULL, stdout=out, stderr=err, start_new_session=True)
         bg = _Background(prepared, process, out, err)
         self._background.append(bg)

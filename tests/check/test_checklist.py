@@ -41,6 +41,22 @@ def test_check_env_on_a_good_env_passes_and_leaves_the_rollout_to_registered_env
     assert report.ok and report.subject == "GoodEnv (num_envs=3, seed=0)"
 
 
+def test_rule3_notes_an_observation_space_left_to_the_first_reset(registry) -> None:
+    """Gymnasium wrappers that read the space when they are made need it declared up front: rule 3 says so (the
+    client copes, so it stays a pass), for an env object and for a registered one; a declared space gets no note."""
+    from plugrl_env_client.check.rules.returns import UNDECLARED_OBSERVATION_SPACE
+
+    report = check_env(b.GoodEnv(num_envs=2))
+    assert report.result(3).status == "pass" and report.result(3).seen == UNDECLARED_OBSERVATION_SPACE
+    assert "NormalizeObservation" in UNDECLARED_OBSERVATION_SPACE and "declare it in __init__" in UNDECLARED_OBSERVATION_SPACE
+    uid = b.register("Undeclared-v1", b.GoodEnv)
+    assert check_registered_env(uid, rollout=False).result(3).seen == UNDECLARED_OBSERVATION_SPACE
+    assert check_registered_env("Point-v1", rollout=False).result(3).seen == ""
+    reset_first = b.GoodEnv(num_envs=2)
+    reset_first.reset(seed=0)  # derived before the check: nothing left to note
+    assert check_env(reset_first).result(3).seen == ""
+
+
 def test_check_env_finds_the_registered_spec_of_an_env_made_by_make_env(registry) -> None:
     from plugrl_env_client.envs.registry import make_env
 

@@ -12,14 +12,18 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import json
 import os
 import shutil
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 
 import numpy as np
 import pytest
+from children import sigint_default
 from doc_commands import (
     Command,
     DocShell,
@@ -47,7 +51,8 @@ MIN_EXCERPT = 15
 """Shorter excerpts would be found in almost any output."""
 
 SITECUSTOMIZE = '''\
-"""Make this folder a site folder: pip installs the plugin here (--target), and its .pth files must run."""
+"""Make this folder a site folder: pip installs the plugin here (pip install --target), and its .pth files must
+run."""
 import os
 import site
 
@@ -55,17 +60,12 @@ site.addsitedir(os.path.dirname(os.path.abspath(__file__)))
 '''
 
 
-def pip_into(site: Path) -> dict[str, str]:
-    """What makes the guide's ``pip install -e docs/examples`` install into ``site`` instead of the shared
-    environment (a throwaway site folder: the plugin is gone with the test's scratch folder): ``--target`` on the
-    command line, not ``PIP_TARGET``, which the pip that installs the build dependencies would inherit (and refuse
-    next to its own ``--prefix``). The plugin's dependencies are installed already."""
-    return {"pip install -e": f"pip install --target {site} --no-deps --no-input -e"}
-
-
-def site_environment(site: Path) -> dict[str, str]:
-    """``site`` on the path of the commands of the block that installs into it, in front of what was there."""
-    return {"PYTHONPATH": os.pathsep.join(p for p in (str(site), os.environ.get("PYTHONPATH")) if p)}
+def pip_environment(site: Path) -> dict[str, str]:
+    """What the block that installs the plugin runs with: ``site`` (where the shell's ``pip install`` puts it,
+    a throwaway folder gone with the test's) first on the import path of its commands, and pip quiet about its
+    own version. The plugin's dependencies are installed already."""
+    path = os.pathsep.join(p for p in (str(site), os.environ.get("PYTHONPATH", "")) if p)
+    return {"PYTHONPATH": path, "PIP_DISABLE_PIP_VERSION_CHECK": "1", "PIP_NO_INPUT": "1"}
 
 
 # ================================================================================================ the commands
@@ -77,13 +77,13 @@ def test_every_command_of_the_guide_runs(tmp_path: Path) -> None:
     site = tmp_path / "site"
     site.mkdir()
     (site / "sitecustomize.py").write_text(SITECUSTOMIZE)
-    replace = {**pip_into(site), "docs/examples": str(examples)}
+    replace = {"docs/examples": str(examples)}
     blocks = bash_blocks(GUIDE)
     results: list[Result] = []
-    with DocShell(tmp_path / "work", tmp_path / "runs", replace=replace) as shell:
+    with DocShell(tmp_path / "work", tmp_path / "runs", replace=replace, pip_target=site) as shell:
         for block in blocks:
             installs = any("pip install" in c.text for c in block.commands)
-            results += shell.run_block(block, site_environment(site) if installs else None)
+            results += shell.run_block(block, pip_environment(site) if installs else None)
     failures = [r.describe() for r in results if not r.ok]
     assert not failures, "\n\n".join(failures)
     assert {r.command for r in results} == {c for b in blocks for c in b.commands}
@@ -457,3 +457,59 @@ def test_doc_shell_carries_cd_and_export_and_ends_what_it_starts(tmp_path: Path)
     assert results[2].stdout.split() == [str(tmp_path / "work" / "sub"), "hello"]
     assert [r.ok for r in results] == [True, True, True, True, False]
     assert "killed after 1 s" in results[4].describe()
+
+
+def test_doc_shell_gives_pip_installs_a_target_on_the_command_line(tmp_path: Path) -> None:
+    md = tmp_path / "sample.md"
+    md.write_text("```bash\npip install -e docs/examples\npython -m pip install cart-env && echo ok\n"
+                  "pip --version\n```\n")
+    site = tmp_path / "site dir"
+    shell = DocShell(tmp_path / "work", tmp_path / "runs", pip_target=site)
+    (block,) = bash_blocks(md)
+    scripts = [shell.prepare(c).script for c in block.commands]
+    assert scripts == [f"pip install -e docs/examples --target '{site}' --no-deps",
+                       f"python -m pip install cart-env --target '{site}' --no-deps && echo ok", "pip --version"]
+    assert shell.prepare(block.commands[0]).kind == "pip"
+    plain = DocShell(tmp_path / "work", tmp_path / "runs")
+    assert plain.prepare(block.commands[0]).script == "pip install -e docs/examples"
+
+
+IGNORING_SIGINT = ("import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_IGN); "
+                   "os.execvp(sys.argv[1], sys.argv[1:])")
+"""Starts a command with SIGINT ignored, as a shell without job control starts ``nohup pytest &``."""
+
+SHOW_SIGINT = "import signal; print(signal.getsignal(signal.SIGINT) is signal.SIG_IGN)"
+
+
+def test_children_start_with_sigint_at_its_default_even_when_their_parent_ignores_it() -> None:
+    def ignored_in(argv: list[str]) -> bool:
+        res = subprocess.run([sys.executable, "-c", IGNORING_SIGINT, *argv], capture_output=True, text=True,
+                             timeout=60)
+        assert res.returncode == 0, res.stderr
+        return res.stdout.strip() == "True"
+
+    assert ignored_in([sys.executable, "-c", SHOW_SIGINT]), "a plain child inherits the ignored SIGINT"
+    assert not ignored_in(sigint_default([sys.executable, "-c", SHOW_SIGINT]))
+
+
+SHELL_RUN = '''\
+import json, sys
+from pathlib import Path
+from doc_commands import DocShell, bash_blocks
+
+(block,) = bash_blocks(Path(sys.argv[1]))
+with DocShell(Path(sys.argv[2]), Path(sys.argv[2]) / "runs") as shell:
+    print(json.dumps([[r.returncode, r.note] for r in shell.run_block(block)]))
+'''
+
+
+def test_doc_shell_stops_its_server_with_ctrl_c_when_the_tests_ignore_it(tmp_path: Path) -> None:
+    """Under ``nohup pytest &`` the tests' process ignores SIGINT; the server a doc starts still ends on it."""
+    md = tmp_path / "sample.md"
+    md.write_text("```bash\nplugrl-run-policy-server --policy.action-dim 2\n```\n")
+    support = str(Path(__file__).resolve().parents[1] / "_support")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (support, os.environ.get("PYTHONPATH")) if p)}
+    res = subprocess.run([sys.executable, "-c", IGNORING_SIGINT, sys.executable, "-c", SHELL_RUN, str(md),
+                          str(tmp_path / "work")], capture_output=True, text=True, timeout=120, env=env)
+    assert res.returncode == 0, res.stderr
+    assert json.loads(res.stdout) == [[0, "started in the background"], [0, ""]]

@@ -327,6 +327,93 @@ def test_observation_wrappers_construct_from_the_declared_space(registry: None) 
     np.testing.assert_allclose(obs.states["pos"], 10.0 * raw.states["pos"])
 
 
+class _Undeclared(BaseEnv[BaseEnvConfig]):
+    """Declares no observation space (as the README's shortest env does)."""
+
+    def __init__(self, config: BaseEnvConfig | None = None, num_envs: int = 1, **kwargs: Any) -> None:
+        super().__init__(config or BaseEnvConfig(), num_envs=num_envs, **kwargs)
+        self.single_action_space = gym.spaces.Box(-1.0, 1.0, (2,), np.float32)
+        self.pos = np.zeros((num_envs, 2))
+
+    def reset(self, *, seed: Any = None, options: dict[str, Any] | None = None) -> tuple[Observation, dict]:
+        self.seed_rngs(seed)
+        mask = self.reset_mask(options)
+        self.pos[mask] = self.np_random.uniform(-1, 1, (int(mask.sum()), 2))
+        return Observation(states={"pos": self.pos.copy()}, text="go"), {}
+
+    def step(self, actions: np.ndarray) -> tuple:
+        self.pos += 0.1 * actions
+        n = self.num_envs
+        return (Observation(states={"pos": self.pos.copy()}, text="go"), np.zeros(n, np.float32), np.zeros(n, bool),
+                np.zeros(n, bool), {})
+
+
+class _RunningMeanStates(gym.vector.VectorObservationWrapper):
+    """Like Gymnasium's NormalizeObservation: its running statistics are shaped by the space when it is made."""
+
+    def __init__(self, env: gym.vector.VectorEnv) -> None:
+        super().__init__(env)
+        self.stats = {k: gym.wrappers.utils.RunningMeanStd(shape=space.shape)
+                      for k, space in env.single_observation_space["states"].items()}
+
+    def observations(self, observations: Observation) -> Observation:
+        states = {}
+        for k, v in observations.states.items():
+            self.stats[k].update(v)
+            states[k] = (v - self.stats[k].mean) / np.sqrt(self.stats[k].var + 1e-8)
+        return Observation(images=observations.images, states=states, text=observations.text)
+
+
+def test_make_vec_env_without_a_declared_space_has_one_after_its_first_reset(registry: None) -> None:
+    from plugrl_env_client.envs.registry import register_env
+
+    register_env("Undeclared-v1", max_episode_steps=20)(_Undeclared)
+    env = gym.make_vec("Undeclared-v1", num_envs=4)
+    with pytest.raises(AttributeError, match="declare it in __init__"):
+        _ = env.single_observation_space  # nothing to derive it from yet
+    env.reset(seed=0)
+    assert env.single_observation_space["states"]["pos"] == gym.spaces.Box(-np.inf, np.inf, (2,), np.float64)
+    assert env.observation_space["states"]["pos"].shape == (4, 2)
+    wrapped = _RunningMeanStates(env)  # built after the reset: the space is there
+    assert wrapped.stats["pos"].mean.shape == (2,)
+    obs, _ = wrapped.reset(seed=1)
+    for _ in range(3):
+        obs, *_ = wrapped.step(np.ones((4, 2), np.float32))
+    assert obs.states["pos"].shape == (4, 2) and np.isfinite(obs.states["pos"]).all()
+    assert wrapped.stats["pos"].count > 4
+
+
+def test_the_first_reset_derives_the_space_on_every_path_and_keeps_a_declared_one() -> None:
+    from plugrl_env_client.envs.base_env import observation_space
+
+    direct = _Undeclared(num_envs=2)
+    direct.reset(seed=0)
+    assert list(direct.single_observation_space["states"]) == ["pos"]
+    declared = _Undeclared(num_envs=2)
+    mine = observation_space(states={"pos": gym.spaces.Box(-1.0, 1.0, (2,), np.float64)})
+    declared.single_observation_space = mine
+    declared.reset(seed=0)
+    assert declared.single_observation_space is mine
+
+    class Extended(_Undeclared):  # a subclass whose reset adds to what its parent's returned
+        def reset(self, *, seed: Any = None, options: dict[str, Any] | None = None) -> tuple[Observation, dict]:
+            obs, info = super().reset(seed=seed, options=options)
+            return Observation(states={**obs.states, "speed": np.zeros((self.num_envs, 1), np.float32)}), info
+
+    extended = Extended(num_envs=2)
+    extended.reset(seed=0)
+    assert set(extended.single_observation_space["states"]) == {"pos", "speed"}, "the outermost reset's obs"
+    assert extended.single_observation_space["states"]["speed"].dtype == np.float32
+
+    class Broken(_Undeclared):
+        def reset(self, *, seed: Any = None, options: dict[str, Any] | None = None) -> Any:
+            return super().reset(seed=seed, options=options)[0]  # no info: the contract checks say so, not this
+
+    broken = Broken(num_envs=2)
+    assert isinstance(broken.reset(seed=0), Observation)
+    assert "_single_observation_space" not in vars(broken)
+
+
 def test_select_of_one_ascending_run_is_a_view() -> None:
     """Packing rows 1..3 of a camera batch must not copy tens of MB first: a run of rows is a view."""
     obs = _obs(5, ["t0", "t1", "t2", "t3", "t4"])

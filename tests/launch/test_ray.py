@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 import pytest
+from children import sigint_default
 from waiting import wait_until
 
 from plugrl_env_client.app import run_client
@@ -439,7 +440,7 @@ def test_signal_on_the_driver_stops_every_actor_and_writes_outputs(cluster, tmp_
            "--env.hold-after-steps", "4", "--runner.pass-proc-id", "--num-envs", "2", "--num-procs", "2",
            "--local-policy", "random", "--output-dir", str(tmp_path), "--exp-name", "run", "--no-progress",
            "--launcher", "ray", "--ray.address", cluster.address]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(sigint_default(cmd), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     run = tmp_path / "run"
     files = [run / "rollout" / f"proc_{p:03d}" / "episodes.jsonl" for p in (0, 1)]
     try:

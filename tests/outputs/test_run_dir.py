@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from plugrl_env_client.outputs.run_dir import RunDir, default_exp_name, write_json_atomic
+from plugrl_env_client.outputs.run_dir import RunDir, default_exp_name, with_plugrl_config_keys, write_json_atomic
 
 
 def test_write_json_atomic_replaces_content_and_leaves_no_temp_files(tmp_path: Path) -> None:
@@ -73,3 +73,13 @@ def test_write_json_atomic_never_writes_nan_or_infinity(tmp_path: Path) -> None:
     text = target.read_text()
     assert "NaN" not in text and "Infinity" not in text
     assert json.loads(text) == {"a": None, "b": [1.0, None, None], "c": {"d": None}, "e": 2.5}
+
+
+def test_client_config_gets_plugrls_uid_and_time_limit_without_losing_the_envs_own() -> None:
+    record = {"env_id": "Point-v1", "num_envs": 2, "env": {"step_size": 0.1}}
+    out = with_plugrl_config_keys(record, "Point-v1", 100)
+    assert list(out)[0] == "uid" and out["uid"] == "Point-v1" and out["env_id"] == "Point-v1"
+    assert out["env"] == {"step_size": 0.1, "max_episode_steps": 100} and record["env"] == {"step_size": 0.1}
+    assert with_plugrl_config_keys(record, "Point-v1", None)["env"]["max_episode_steps"] is None
+    own = {"env_id": "X-v1", "env": {"max_episode_steps": 30}}
+    assert with_plugrl_config_keys(own, "X-v1", 500)["env"]["max_episode_steps"] == 30, "the field the env got"

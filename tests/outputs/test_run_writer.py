@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 import threading
 from pathlib import Path
 
@@ -53,7 +54,53 @@ def test_process_summary_is_a_superset_of_plugrls(tmp_path: Path) -> None:
     assert s["all_episodes"]["mean_length"] == pytest.approx(5.0)
     assert s["status"] == "finished" and s["error"] is None
     assert s["timing"]["env_steps"] == 15 and s["timing"]["effective_fps"] == pytest.approx(10.0)
-    assert _read(tmp_path, 0)["completed_episodes"] == 0 and _read(tmp_path, 0)["mean_return"] is None
+    idle = _read(tmp_path, 0)
+    assert idle["completed_episodes"] == 0 and idle["window_episodes"] == 0
+    assert idle["mean_return"] == 0.0 and idle["mean_success_rate"] == 0.0, "PlugRL's floats over no episode"
+    assert idle["has_success_rule"] is False and idle["all_episodes"]["mean_return"] is None
+
+
+def test_plugrls_file_has_plugrls_types_and_the_aggregate_keeps_null(tmp_path: Path) -> None:
+    """An env without a success rule: PlugRL's per-process file says 0.0 with has_success_rule false beside it (a
+    script reading it as a float works); our aggregate says null; an env with one says true in both."""
+    writer = _writer(tmp_path, procs=2)
+    for r in [_rec(0, 1.0, 2, None), _rec(0, 3.0, 4, None), _rec(1, 5.0, 6, False), _rec(1, 7.0, 8, True)]:
+        writer.episode(r)
+    total = writer.close()
+    unjudged, judged = _read(tmp_path, 0), _read(tmp_path, 1)
+    assert unjudged["mean_success_rate"] == 0.0 and type(unjudged["mean_success_rate"]) is float
+    assert unjudged["has_success_rule"] is False and unjudged["mean_return"] == pytest.approx(2.0)
+    assert unjudged["all_episodes"]["mean_success_rate"] is None, "all_episodes is ours"
+    assert judged["mean_success_rate"] == pytest.approx(0.5) and judged["has_success_rule"] is True
+    for key in ("exp_name", "process_id", "total_processes", "completed_episodes", "total_episode_count",
+                "metric_window", "mean_return", "mean_success_rate"):
+        assert all(s[key] is not None for s in (unjudged, judged)), key
+    assert total["has_success_rule"] is True and total["mean_success_rate"] == pytest.approx(0.5)
+    alone = RunWriter(RunDir(tmp_path / "alone").create(), "alone", 1)
+    assert alone.write_summaries()["mean_return"] is None, "the aggregate is ours: null over nothing"
+    alone.episode(_rec(0, 1.0, 2, None))
+    aggregate = alone.close()
+    assert aggregate["mean_success_rate"] is None and aggregate["has_success_rule"] is False
+
+
+def test_manifest_has_plugrls_keys_and_the_command_line(tmp_path: Path) -> None:
+    recorder = {"episode_freq": 3, "thread0_only": False, "record_video": True, "video_fps": 30,
+                "record_full_rollout": False, "record_obs_stats": False, "record_episode_metrics": True,
+                "metric_window": 50}
+    writer = RunWriter(RunDir(tmp_path / "run").create(), "run", 2, metric_window=50, num_envs=8,
+                       recorder_args=recorder, command_line=["plugrl-run-env-client", "point-v1", "--num-envs", "8"])
+    writer.episode(_rec(1, 1.0, 2, True))
+    writer.close()
+    for pid in (0, 1):
+        manifest = json.loads((tmp_path / f"run/rollout/proc_{pid:03d}/manifest.json").read_text())
+        assert (manifest["num_envs"], manifest["metric_window"], manifest["process_id"]) == (8, 50, pid)
+        assert manifest["args"] == recorder, "PlugRL's args: the recorder's settings, a map"
+        assert manifest["command_line"] == ["plugrl-run-env-client", "point-v1", "--num-envs", "8"]
+        assert "episodes.jsonl" in manifest["files"] and "summary.json" in manifest["files"]
+    default = RunWriter(RunDir(tmp_path / "b").create(), "b", 1)
+    default.close()
+    manifest = json.loads((tmp_path / "b/rollout/proc_000/manifest.json").read_text())
+    assert manifest["command_line"] == sys.argv and manifest["args"] == {}
 
 
 def test_window_means_are_over_the_latest_episodes_and_all_episodes_are_exact(tmp_path: Path) -> None:

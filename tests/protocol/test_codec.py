@@ -430,3 +430,48 @@ def test_encoder_frame_must_be_released_before_the_next() -> None:
     frame.release()
     with encoder.encode({"y": 1}) as frame:
         assert codec.unpackb(frame) == {"y": 1}
+
+
+def _feedback_like(obs_bytes: int, info_bytes: int) -> dict:
+    return {"message_type": "feedback", "env_indices": np.arange(2), "step_ids": np.zeros(2, np.int64),
+            "data": {"obs": {"images": {"cam": np.ones(obs_bytes, np.uint8)}, "states": {}, "text": np.array(["a"])},
+                     "rewards": np.zeros(2, np.float32), "terminated": np.zeros(2, bool),
+                     "info": {"episode": {"r": np.ones(2)}, "blob": np.ones(info_bytes, np.uint8), "n": [1, "x"]}}}
+
+
+TIMED = {("data", "obs"): "obs", ("data", "info"): "info"}
+
+
+@pytest.mark.parametrize("obs_bytes, info_bytes", [(0, 0), (10, 1 << 20), (1 << 20, 10)])
+def test_encode_timed_writes_encodes_bytes_and_times_each_part(obs_bytes: int, info_bytes: int) -> None:
+    msg = _feedback_like(obs_bytes, info_bytes)
+    encoder = codec.Encoder()
+    frame, seconds = encoder.encode_timed(msg, TIMED, obs_bytes)
+    with frame:
+        assert frame.tobytes() == codec.packb(msg)
+    assert set(seconds) == {"obs", "info"} and all(s >= 0.0 for s in seconds.values())
+    untimed, none = encoder.encode_timed(msg, {("data", "missing"): "x", ("nowhere", "deep"): "y"})
+    with untimed:
+        assert untimed.tobytes() == codec.packb(msg) and none == {"x": 0.0, "y": 0.0}
+
+
+def test_encode_timed_puts_a_parts_cost_on_that_part() -> None:
+    """32 MB in one part and a few bytes in the other, three times over: the big part's copy into the frame is
+    where the time went (each copy takes milliseconds; the small part, microseconds)."""
+    encoder = codec.Encoder()
+    totals = {"obs": 0.0, "info": 0.0}
+    for obs_bytes, info_bytes, big in [(32 << 20, 8, "obs"), (8, 32 << 20, "info")] * 3:
+        frame, seconds = encoder.encode_timed(_feedback_like(obs_bytes, info_bytes), TIMED, 32 << 20)
+        frame.release()
+        totals[big] += seconds[big] - seconds["info" if big == "obs" else "obs"]
+    assert totals["obs"] > 0 and totals["info"] > 0
+
+
+def test_encode_timed_refuses_as_encode_does_and_recovers() -> None:
+    encoder = codec.Encoder()
+    with pytest.raises(ProtocolError, match="complex128"):
+        encoder.encode_timed({"data": {"info": {"x": np.array([1j])}}}, TIMED)
+    with pytest.raises(ProtocolError, match="limited to 64 bits"):
+        encoder.encode_timed({"data": {"obs": 2**64}}, TIMED)
+    with encoder.encode({"x": 1}) as frame:
+        assert frame.tobytes() == codec.packb({"x": 1})

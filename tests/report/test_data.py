@@ -180,6 +180,33 @@ def test_a_summary_with_a_null_success_rate_makes_success_undefined(tmp_path):
     assert not load_run(tmp_path).success_defined
 
 
+def test_a_plugrl_typed_summary_says_no_success_rule_by_its_flag_not_by_a_null(tmp_path):
+    """A per-process summary writes PlugRL's 0.0 rate without a success rule; its has_success_rule decides,
+    whatever the episode lines carry, and the table shows no rate."""
+    write_episodes(tmp_path, 0, [ep(1, 10), ep(2, 10)])
+    plugrl_typed = {"completed_episodes": 2, "mean_return": 1.5, "mean_success_rate": 0.0, "has_success_rule": False,
+                    "timing": {}}
+    (tmp_path / "rollout/proc_000/summary.json").write_text(json.dumps(plugrl_typed))
+    run = load_run(tmp_path)
+    assert not run.success_defined and [r.success_rate for r in summary_rows(run)] == [None]
+    (tmp_path / "rollout/proc_000/summary.json").write_text(json.dumps({**plugrl_typed, "has_success_rule": True}))
+    assert load_run(tmp_path).success_defined and summary_rows(load_run(tmp_path))[0].success_rate == 0.0
+
+
+def test_success_is_undefined_in_a_run_the_writer_wrote_without_a_success_rule(tmp_path):
+    from plugrl_env_client.outputs.results import EpisodeRecord
+    from plugrl_env_client.outputs.run_dir import RunDir
+    from plugrl_env_client.outputs.run_writer import RunWriter
+
+    writer = RunWriter(RunDir(tmp_path).create(), "run", 1)
+    for k in range(3):
+        writer.episode(EpisodeRecord(0, float(k), 5, None, terminated=True, truncated=False))
+    writer.close()
+    assert json.loads((tmp_path / "rollout/proc_000/summary.json").read_text())["mean_success_rate"] == 0.0
+    run = load_run(tmp_path)
+    assert not run.success_defined and all(r.success_rate is None for r in summary_rows(run))
+
+
 def test_some_lines_without_env_steps_estimate_all_and_say_so(tmp_path):
     write_episodes(tmp_path, 0, [ep(1, 10, env_steps=40), ep(1, 10)])
     run = load_run(tmp_path)

@@ -27,7 +27,7 @@ import numpy as np
 
 from plugrl_env_client.check.report import CheckReport, CheckResult, Status
 from plugrl_env_client.envs import contract
-from plugrl_env_client.envs.base_env import BaseEnvConfig, Observation
+from plugrl_env_client.envs.base_env import BaseEnv, BaseEnvConfig, Observation
 from plugrl_env_client.envs.contract import Problem, StepOutput
 from plugrl_env_client.envs.registry import EnvSpec
 
@@ -166,6 +166,7 @@ class Context:
         self.construction: list[Finding] | None = None  # rule 1's findings when the checker built the env
         self.results: dict[int, CheckResult] = {}
         self.space: gym.Space | None = None
+        self.observation_space_declared = True  # whether the env came with its single_observation_space (rule 3)
         self._sampler: gym.Space | None = None
         self._trajectory: Trajectory | None = None
         self._trajectory_error: str | None = None
@@ -283,6 +284,7 @@ class Rule:
 def run_rules(ctx: Context, rules: Iterable[Rule], subject: str) -> CheckReport:
     """Each rule in order on ``ctx``'s env, into one report."""
     report = CheckReport(subject)
+    ctx.observation_space_declared = _declares_observation_space(ctx.env)  # before any rule resets the env
     for rule in rules:
         title = rule.title
         if rule.number == 1 and ctx.config is not None:
@@ -292,6 +294,13 @@ def run_rules(ctx: Context, rules: Iterable[Rule], subject: str) -> CheckReport:
         ctx.results[rule.number] = result
         report.results.append(result)
     return report
+
+
+def _declares_observation_space(env: Any) -> bool:
+    """Whether ``env`` (a BaseEnv, possibly inside Gymnasium wrappers) has its observation space before any reset;
+    other envs are taken to have one."""
+    base = getattr(env, "unwrapped", env)
+    return not isinstance(base, BaseEnv) or "_single_observation_space" in vars(base)
 
 
 def _run_one(ctx: Context, rule: Rule) -> Outcome:

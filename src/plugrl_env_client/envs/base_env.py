@@ -7,14 +7,19 @@ vector API already fixes the batch-as-leading-axis convention. The differences f
 * an env never resets inside ``step``. A done env's row holds its terminal observation, and the caller resets
   finished envs explicitly with ``reset(options={"reset_mask": mask, "reset_indices": idx})``. Gymnasium calls
   this ``AutoresetMode.DISABLED`` ("the caller resets with a mask"), which is what ``metadata`` declares, so that
-  Gymnasium's vector wrappers (``RecordEpisodeStatistics`` and friends) treat a partial reset as one.
+  Gymnasium's vector wrappers (``RecordEpisodeStatistics`` and friends) treat a partial reset as one;
+* an env that declares no observation space gets one from its first reset (:func:`observation_space_of`),
+  however it was built (the class itself, ``gymnasium.make_vec``, the runner), so Gymnasium wrappers made after
+  that reset find it. Wrappers that read it when they are made (``NormalizeObservation`` and the like) need it
+  declared in ``__init__``; ``plugrl-check-env`` warns when it is not.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import string
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Generic, TypeVar
 
 import gymnasium as gym
@@ -185,6 +190,28 @@ def observation_space(
     })
 
 
+def _deriving_observation_space(reset: Callable[..., Any]) -> Callable[..., Any]:
+    """``reset``, which then sets ``single_observation_space`` from the observation it returns while the env has
+    none. Only the most derived ``reset`` does: a subclass's reset may change what its parent's returned.
+
+    A reset that returns something other than ``(Observation, info)``, or an observation the space cannot be
+    built from, is left to the contract checks, which say what is wrong (the space stays undeclared)."""
+
+    @functools.wraps(reset)
+    def reset_deriving_space(self: BaseEnv, *args: Any, **kwargs: Any) -> Any:
+        result = reset(self, *args, **kwargs)
+        if "_single_observation_space" not in self.__dict__ and type(self).reset is reset_deriving_space:
+            obs = result[0] if isinstance(result, tuple) and result else None
+            if isinstance(obs, Observation):
+                try:
+                    self.single_observation_space = observation_space_of(obs)
+                except Exception:  # a malformed observation: the checks report it
+                    pass
+        return result
+
+    return reset_deriving_space
+
+
 def observation_space_of(obs: Observation) -> gym.spaces.Dict:
     """The single-env observation space an observation batch implies (shapes and dtypes of its rows)."""
     states: dict[str, gym.spaces.Box] = {}
@@ -218,6 +245,12 @@ class BaseEnv(gym.vector.VectorEnv[Observation, np.ndarray, np.ndarray], Generic
 
     metadata: dict[str, Any] = {"autoreset_mode": AutoresetMode.DISABLED}
     config: ConfigT
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """A subclass's ``reset`` also derives the observation space on the first reset, when none is declared."""
+        super().__init_subclass__(**kwargs)
+        if "reset" in cls.__dict__:
+            cls.reset = _deriving_observation_space(cls.__dict__["reset"])  # type: ignore[method-assign]
 
     def __init__(
         self,
@@ -287,8 +320,9 @@ class BaseEnv(gym.vector.VectorEnv[Observation, np.ndarray, np.ndarray], Generic
     @property
     def single_observation_space(self) -> gym.Space:
         """The unbatched observation space: a Dict with ``images``, ``states`` and ``text`` (see
-        :func:`observation_space`). Declare it in ``__init__``, or let the runner derive it from the first reset
-        (:func:`observation_space_of`); setting it also defines the batched ``observation_space``."""
+        :func:`observation_space`). Declare it in ``__init__``, or leave it to the first reset, which derives it
+        from the observation it returns (:func:`observation_space_of`); setting it also defines the batched
+        ``observation_space``."""
         space = self.__dict__.get("_single_observation_space")
         if space is None:
             raise AttributeError(

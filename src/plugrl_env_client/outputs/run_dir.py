@@ -22,6 +22,17 @@ def default_exp_name(uid: str, num_envs: int) -> str:
     return f"{uid.lower()}-nenv{num_envs}-{stamp}-{secrets.token_hex(4)}"
 
 
+def with_plugrl_config_keys(record: dict[str, Any], uid: str, max_episode_steps: int | None) -> dict[str, Any]:
+    """``client_config.json``'s record with the keys PlugRL's client writes there too: ``uid`` (the env id, first,
+    as PlugRL has it) and ``env.max_episode_steps`` (the run's time limit, null for none), unless the env's config
+    has a field of that name already (its value is then the one the env got)."""
+    out = {"uid": uid, **record}
+    if isinstance(out.get("env"), dict):
+        out["env"] = {**out["env"]}
+        out["env"].setdefault("max_episode_steps", max_episode_steps)
+    return out
+
+
 def write_json_atomic(path: Path, data: Any) -> None:
     """Write ``data`` as strict JSON to ``path`` via a temp file in the same folder and a rename.
 

@@ -6,18 +6,24 @@ machines), and this writer turns them into files. So the per-process ``summary.j
 ``summary.json`` are always written together, from the same numbers; and a process that crashes loses nothing it
 already reported: its episodes are on disk and its statistics live here.
 
-Per-process summaries are a superset of PlugRL's client's (``exp_name``, ``process_id``, ``total_processes``,
-``completed_episodes``, ``total_episode_count``, ``metric_window`` as an int, and ``mean_return`` /
-``mean_success_rate`` over the latest ``metric_window`` episodes), plus exact means over every episode under
-``all_episodes`` and the run's timing.
+A per-process ``summary.json`` is PlugRL's file: a superset of PlugRL's client's, and PlugRL's keys keep PlugRL's
+types, so a script written for PlugRL's file reads ours (``exp_name``, ``process_id``, ``total_processes``,
+``completed_episodes``, ``total_episode_count``, ``metric_window`` as ints, and ``mean_return`` /
+``mean_success_rate`` over the latest ``metric_window`` episodes as floats: 0.0 over no episode, and a success rate
+of 0.0 when no episode was judged by a success rule, with ``has_success_rule`` beside it to tell which). Our own
+keys follow our rule, null for what is undefined: exact means over every episode under ``all_episodes``, the
+timing, and the whole aggregate ``summary.json``, whose ``mean_success_rate`` is null without a success rule.
+The per-process ``manifest.json`` has PlugRL's keys too (``num_envs``, ``metric_window``, and ``args``: the
+recorder's settings), and the command line that started the run.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import sys
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
 from typing import IO, Any
 
 from plugrl_env_client.outputs.recorder import DirectorySink
@@ -60,14 +66,21 @@ class RunWriter:
 
     It is the rollout's :class:`~plugrl_env_client.rollout.interfaces.ResultSink`: a process in this one reports
     to it directly, others through the launcher that delivers their reports to it.
+
+    ``num_envs`` (each process's env count), ``recorder_args`` (the recorder's settings, by PlugRL's names) and
+    ``command_line`` (default: this process's ``sys.argv``) go into each process's ``manifest.json``.
     """
 
     def __init__(self, run_dir: RunDir, exp_name: str, num_procs: int,
-                 metric_window: int = DEFAULT_METRIC_WINDOW) -> None:
+                 metric_window: int = DEFAULT_METRIC_WINDOW, *, num_envs: int | None = None,
+                 recorder_args: Mapping[str, Any] | None = None, command_line: Sequence[str] | None = None) -> None:
         self.run_dir = run_dir
         self.exp_name = exp_name
         self.num_procs = num_procs
         self.metric_window = metric_window
+        self.num_envs = num_envs
+        self.recorder_args = dict(recorder_args or {})
+        self.command_line = list(sys.argv if command_line is None else command_line)
         self._lock = threading.Lock()
         self._procs = {pid: _ProcessState(run_dir, pid, metric_window) for pid in range(num_procs)}
         for state in self._procs.values():  # every process has its files from the start, episodes or not
@@ -135,11 +148,13 @@ class RunWriter:
         return summary
 
     def _manifest(self, state: _ProcessState) -> dict[str, Any]:
-        """The files the process wrote (relative to its folder), and the recorder's report."""
+        """The files the process wrote (relative to its folder), the recorder's report, and what PlugRL's manifest
+        holds: the process's env count, the metric window and the recorder's settings (``args``)."""
         files = sorted(str(p.relative_to(state.dir)) for p in state.dir.rglob("*")
                        if p.is_file() and not p.name.startswith(".") and p.name != "manifest.json")
         return {"exp_name": self.exp_name, "process_id": state.process_id, "total_processes": self.num_procs,
-                "files": [*files, "manifest.json"], "recorder": state.recorder}
+                "num_envs": self.num_envs, "metric_window": self.metric_window, "args": self.recorder_args,
+                "command_line": self.command_line, "files": [*files, "manifest.json"], "recorder": state.recorder}
 
     def unfinished(self) -> list[int]:
         """Processes that have not reported how they ended."""
@@ -159,7 +174,7 @@ class RunWriter:
             "total_processes": self.num_procs,
             "status": state.status.value,
             "error": state.error,
-            **_statistics(self.metric_window, [state.stats]),
+            **_with_plugrl_types(_statistics(self.metric_window, [state.stats])),
             "timing": state.timing.to_json(),
         }
 
@@ -183,7 +198,8 @@ def _statistics(window: int, parts: list[EpisodeStats]) -> dict[str, Any]:
 
     ``mean_return`` / ``mean_length`` / ``mean_success_rate`` are over the latest ``metric_window`` episodes of each
     process (pooled for the aggregate), as PlugRL's client reports them; ``all_episodes`` holds the exact means over
-    every episode and the sums they come from; ``metrics`` the mean of each per-episode metric.
+    every episode and the sums they come from; ``metrics`` the mean of each per-episode metric;
+    ``has_success_rule`` whether some episode was judged by a success rule (false until one is).
     """
     pooled = EpisodeStats.pooled(parts, window)
     return {
@@ -192,9 +208,20 @@ def _statistics(window: int, parts: list[EpisodeStats]) -> dict[str, Any]:
         "metric_window": window,
         "window_episodes": len(pooled.recent),
         **pooled.window_means(),
+        "has_success_rule": pooled.success_judged > 0,
         "all_episodes": pooled.all_episodes(),
         "metrics": pooled.metric_means(),
     }
+
+
+PLUGRL_FLOATS = ("mean_return", "mean_success_rate")
+"""The means PlugRL's client writes as floats whatever the episodes were (0.0 over none)."""
+
+
+def _with_plugrl_types(statistics: dict[str, Any]) -> dict[str, Any]:
+    """``statistics`` for PlugRL's file: PlugRL's means as floats, 0.0 where ours are null (``completed_episodes``
+    and ``has_success_rule`` say which 0.0 means nothing to average)."""
+    return {k: (0.0 if v is None else v) if k in PLUGRL_FLOATS else v for k, v in statistics.items()}
 
 
 def _overall(statuses: Iterable[ProcessStatus]) -> str:

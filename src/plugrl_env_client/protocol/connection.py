@@ -143,8 +143,14 @@ class Connection:
         start = time.perf_counter()
         try:
             wire = messages.wire_observation(obs)
-            with self._pack(messages.feedback_message(env_indices, step_ids, wire, rewards, terminated, truncated, info),
-                            _payload_bytes(wire)) as frame:
+            wired = time.perf_counter()
+            msg = messages.feedback_message(env_indices, step_ids, wire, rewards, terminated, truncated, info)
+            packing = time.perf_counter()
+            frame, parts = self._encoder.encode_timed(msg, _FEEDBACK_PARTS, _payload_bytes(wire))
+            self._timing.pack_s += time.perf_counter() - packing
+            self._timing.feedback_obs_pack_s += wired - start + parts["obs"]
+            self._timing.feedback_info_pack_s += parts["info"]
+            with frame:
                 self._send(frame)
         except ConnectionLost as lost:
             self._lost = lost.close
@@ -188,6 +194,9 @@ class Connection:
         logger.info("connection closed by the server (%s)", closed.describe())
         return closed
 
+
+_FEEDBACK_PARTS: dict[tuple[str, ...], str] = {("data", "obs"): "obs", ("data", "info"): "info"}
+"""The parts of a feedback whose encoding is timed (Timing.feedback_obs_pack_s and feedback_info_pack_s)."""
 
 _NOTHING = object()
 """What :meth:`Connection._recv` returns when no message arrived within its timeout."""

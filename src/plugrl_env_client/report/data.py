@@ -400,11 +400,19 @@ def _series_from_rows(rows: list[dict[str, Any]], process_id: int, wall_times: b
 
 
 def _success_defined(processes: Sequence[ProcessRun], summary: dict[str, Any] | None) -> bool:
-    """Success is plotted only when the env reports it: a summary's null rate (with episodes) says it does not."""
+    """Success is plotted only when the env reports it: a summary with episodes says it does not by
+    ``has_success_rule: false`` (a per-process summary writes PlugRL's 0.0 rate then, not a null), and older
+    summaries without that key by a null rate."""
     summaries = [s for s in [summary, *(p.summary for p in processes)] if s is not None]
-    if any(_overall_means(s).get("mean_success_rate", 0) is None and s.get("completed_episodes") for s in summaries):
+    if any(_no_success_rule(s) and s.get("completed_episodes") for s in summaries):
         return False
     return any(p.success_reported for p in processes)
+
+
+def _no_success_rule(summary: dict[str, Any]) -> bool:
+    if "has_success_rule" in summary:
+        return summary["has_success_rule"] is False
+    return _overall_means(summary).get("mean_success_rate", 0) is None
 
 
 def _note_fallbacks(processes: Sequence[ProcessRun], pooled: EpisodeSeries, summary: dict[str, Any] | None,
@@ -456,9 +464,9 @@ def _status(summary: dict[str, Any]) -> str:
 
 def _summary_row(label: str, s: dict[str, Any]) -> SummaryRow:
     means = _overall_means(s)
-    return SummaryRow(label, _status(s), int(s.get("completed_episodes") or 0),
-                      finite_or_none(means.get("mean_return")), finite_or_none(means.get("mean_success_rate")),
-                      finite_or_none((s.get("timing") or {}).get("effective_fps")))
+    rate = None if _no_success_rule(s) else finite_or_none(means.get("mean_success_rate"))
+    return SummaryRow(label, _status(s), int(s.get("completed_episodes") or 0), finite_or_none(means.get("mean_return")),
+                      rate, finite_or_none((s.get("timing") or {}).get("effective_fps")))
 
 
 def _process_row(p: ProcessRun) -> SummaryRow:

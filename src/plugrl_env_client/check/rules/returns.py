@@ -21,7 +21,14 @@ from plugrl_env_client.envs.contract import read_reset, read_step
 def rule_reset_returns(ctx: Context) -> Outcome:
     """3. ``reset(seed=...)`` returns ``(Observation, dict)`` with one row per env."""
     _, problems = read_reset(ctx.n, ctx.reset(ctx.seed))
-    return judge(findings_of(problems))
+    return judge(findings_of(problems), "" if ctx.observation_space_declared else UNDECLARED_OBSERVATION_SPACE)
+
+
+UNDECLARED_OBSERVATION_SPACE = (
+    "single_observation_space is not declared in __init__ (the first reset derives it): a Gymnasium wrapper that "
+    "reads it when it is made, like NormalizeObservation, fails on an env not reset yet; declare it in __init__, "
+    "self.single_observation_space = observation_space(images={...}, states={...})")
+"""Rule 3's note for an env that leaves its observation space to the first reset (the client copes)."""
 
 
 def rule_seeding(ctx: Context) -> Outcome:
