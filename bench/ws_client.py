@@ -217,6 +217,18 @@ def status(field: str) -> int:
     raise RuntimeError(f"no {field} in /proc/self/status")
 
 
+def runqueue_wait_s() -> float:
+    """Seconds this process's threads spent runnable but waiting for a CPU (/proc schedstat): on a shared core,
+    the share of a round trip that is other processes' doing, not the client's."""
+    total = 0
+    for path in Path("/proc/self/task").glob("*/schedstat"):
+        try:
+            total += int(path.read_text().split()[1])
+        except (OSError, IndexError, ValueError):  # a thread that just ended
+            pass
+    return total / 1e9
+
+
 def client_cell(kind: str, size: str, port: int, seconds: float, max_rounds: int) -> dict[str, Any]:
     """One cell in this (fresh) process: connect, then round trips for ``seconds``; the figures as a dict."""
     pin(0)
@@ -266,7 +278,7 @@ def client_cell(kind: str, size: str, port: int, seconds: float, max_rounds: int
     for _ in range(2):
         round_trip()
     rounds, times = 0, []
-    cpu0, start = time.process_time(), time.perf_counter()
+    cpu0, wait0, start = time.process_time(), runqueue_wait_s(), time.perf_counter()
     at = start
     while True:
         round_trip()
@@ -277,13 +289,13 @@ def client_cell(kind: str, size: str, port: int, seconds: float, max_rounds: int
         elapsed = now - start
         if elapsed >= seconds or rounds >= max_rounds:
             break
-    cpu = time.process_time() - cpu0
+    cpu, waited = time.process_time() - cpu0, runqueue_wait_s() - wait0
     peak = status("VmHWM") - baseline
     close()
     frame_bytes = len(codec.packb(msg))  # after the peak is read: this frame's memory is not the client's
     return {"kind": kind, "size": size, "frame_bytes": frame_bytes, "rounds": rounds, "rt_per_s": rounds / elapsed,
             "mb_per_s": rounds * frame_bytes / elapsed / 1e6, "cpu_us_per_rt": cpu / rounds * 1e6,
-            "p50_us": float(np.percentile(times, 50)) * 1e6, "p90_us": float(np.percentile(times, 90)) * 1e6,
+            "runq_us_per_rt": waited / rounds * 1e6, "p50_us": float(np.percentile(times, 50)) * 1e6, "p90_us": float(np.percentile(times, 90)) * 1e6,
             "peak_mb": peak / 1e6, "peak_frames": peak / frame_bytes}
 
 
@@ -348,23 +360,26 @@ def main() -> None:
                     results[(size, kind)].append(run_cell(kind, size, port, args.quick))
     finally:
         server.communicate("", timeout=30)
-    header = (f"{'frame':>10}  {'client':<17} {'rt/s':>8} {'MB/s':>8} {'p50 us':>8} {'p90 us':>8} {'cpu us/rt':>10} "
-              f"{'peak MB':>8} {'peak frames':>11}   {'rt/s x websockets':>17} {'cpu x websockets':>16}")
+    header = (f"{'frame':>10}  {'client':<17} {'rt/s':>7} {'MB/s':>7} {'p50 us':>8} {'p90 us':>8} {'cpu us/rt':>9} "
+              f"{'runq us/rt':>10} {'peak MB':>7} {'frames':>7}   {'rt/s x ws':>9} {'p50 x ws':>8} {'cpu x ws':>8}")
     print(header)
     for size in SIZES:
         reference = results[(size, "websockets")]
         ref_rt = median([r["rt_per_s"] for r in reference])
         ref_cpu = median([r["cpu_us_per_rt"] for r in reference])
+        ref_p50 = median([r["p50_us"] for r in reference])
         for kind in kinds:
             cells = results[(size, kind)]
             rt, mb = median([c["rt_per_s"] for c in cells]), median([c["mb_per_s"] for c in cells])
             cpu = median([c["cpu_us_per_rt"] for c in cells])
             p50, p90 = median([c["p50_us"] for c in cells]), median([c["p90_us"] for c in cells])
+            runq = median([c["runq_us_per_rt"] for c in cells])
             peak_mb, peak_frames = median([c["peak_mb"] for c in cells]), median([c["peak_frames"] for c in cells])
             size_b = cells[0]["frame_bytes"]
             frame = f"{size_b} B" if size == "small" else f"{size_b / 1e6:.2f} MB"
-            print(f"{frame:>10}  {kind:<17} {rt:>8.0f} {mb:>8.1f} {p50:>8.0f} {p90:>8.0f} {cpu:>10.1f} {peak_mb:>8.1f} {peak_frames:>11.2f}   "
-                  f"{rt / ref_rt:>17.2f} {cpu / ref_cpu:>16.2f}", flush=True)
+            print(f"{frame:>10}  {kind:<17} {rt:>7.0f} {mb:>7.1f} {p50:>8.0f} {p90:>8.0f} {cpu:>9.1f} {runq:>10.1f} "
+                  f"{peak_mb:>7.1f} {peak_frames:>7.2f}   {rt / ref_rt:>9.2f} {p50 / ref_p50:>8.2f} {cpu / ref_cpu:>8.2f}",
+                  flush=True)
     if server_kind == "picows":
         print(f"picows 1-thread, keepalive: {picows_keepalive_probe()}")
     print(f"# {time.perf_counter() - started:.0f} s; load avg {load_avg()}")
