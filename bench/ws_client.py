@@ -2,8 +2,8 @@
 
 Run from the repo root (Linux: it reads /proc)::
 
-    python bench/ws_client.py            # about 3 minutes on 2 cores
-    python bench/ws_client.py --quick    # about a minute: one round, shorter cells
+    python bench/ws_client.py            # 3-4 minutes on 2 cores
+    python bench/ws_client.py --quick    # 1-1.5 minutes: one round, shorter cells
 
 Every cell is a fresh client process talking to one server process (both started here; with two or more usable
 CPUs the server is pinned to one and every client to another, ``os.sched_setaffinity``, so the client's figures are
