@@ -14,10 +14,11 @@ What a one-thread loop needs, and what it gets:
 * :meth:`~WebSocketClient.fileno` (and :func:`wait_any`) lets a pipelined loop wait on several connections at once.
 * :meth:`~WebSocketClient.service` reads what is there and answers pings, between env calls.
 * While a single env call runs for longer than a quarter second, a
-  :class:`~plugrl_env_client.protocol.keepalive.Keepalive` answers pings for the caller and hands the socket back when the call returns.
+  :class:`~plugrl_env_client.protocol.keepalive.Keepalive` answers pings for the caller and hands the socket back
+  when the call returns.
 
-One send path: every byte goes out through one write loop (``send``/``sendmsg`` of memoryviews, never a copy
-into fresh ``bytes``). A binary message is framed once into a buffer the connection keeps
+One send path: every byte goes out through one write loop (non-blocking ``send`` of memoryviews, waiting with
+``poll`` when the socket is full; never a copy into fresh ``bytes``). A binary message is framed once into a buffer the connection keeps
 (:class:`~plugrl_env_client.protocol.framing.MaskedFramer`), or arrives already framed from a
 :class:`~plugrl_env_client.protocol.frame_packer.FramePacker` (:meth:`~WebSocketClient.send_frame`), which encodes
 the arrays straight into the frame. The data frames PlugRL sends are never fragmented, so writing them past the
@@ -42,7 +43,7 @@ import socket
 import ssl
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 from websockets.client import ClientProtocol
 from websockets.exceptions import InvalidStatus, InvalidURI
@@ -323,7 +324,7 @@ class WebSocketClient:
             else:
                 self._wait_select(wait_for_read, stall_until - now)
 
-    def _broken(self, why: str) -> None:
+    def _broken(self, why: str) -> NoReturn:
         logger.info("%s", why)
         self._protocol.receive_eof()  # the protocol learns the stream is over
         self._protocol.events_received()
