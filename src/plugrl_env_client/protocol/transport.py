@@ -72,8 +72,9 @@ __all__ = [
     "serve",
 ]
 
-TRANSPORTS = ("websockets", "picows")
-"""The WebSocket implementations :func:`connect` and :func:`serve` know."""
+TRANSPORTS = ("websockets", "picows", "sansio")
+"""The WebSocket implementations :func:`connect` and :func:`serve` know ("sansio", a client only: websockets'
+Sans-I/O protocol on the caller's thread, see ``ws_client.py``; its servers are websockets')."""
 RECV_BUFSIZE = 1 << 20
 """Bytes websockets asks the socket for per read (its default is 64 KiB). A 3 MB frame then takes a handful of
 reads instead of ~50, each of which costs a trip through websockets' Python-level protocol machinery."""
@@ -206,6 +207,10 @@ def connect(url: str, headers: Mapping[str, str] | None = None, kind: str = "web
     headers = dict(headers or {})
     if kind == "picows":
         return _connect_picows(url, headers, open_timeout, close_timeout)
+    if kind == "sansio":
+        from plugrl_env_client.protocol.ws_client import connect_transport
+
+        return connect_transport(url, headers, open_timeout, close_timeout)
     return _connect_websockets(url, headers, open_timeout, close_timeout)
 
 

@@ -1,0 +1,527 @@
+"""A WebSocket client on which the caller's own thread does all the socket work.
+
+:class:`WebSocketClient` drives websockets' Sans-I/O protocol (:class:`websockets.client.ClientProtocol`, public
+API only) over a socket it owns. Nothing runs in the background: bytes are read when the caller asks for a message
+(:meth:`~WebSocketClient.recv`) or services the socket (:meth:`~WebSocketClient.service`), and the server's pings
+are answered then. That is the point of it. The threading client (``transport.py``) parses every frame in a reader
+thread that takes the GIL while the caller steps envs; picows runs an asyncio loop in a bridge thread. Here a
+rollout's thread pays for exactly the frames it reads, when it reads them.
+
+What a one-thread loop needs, and what it gets:
+
+* ``recv(timeout)`` returns None when no message came within ``timeout`` (0: only look). An empty poll costs one
+  ``poll`` system call and raises nothing.
+* :meth:`~WebSocketClient.fileno` (and :func:`wait_any`) lets a pipelined loop wait on several connections at once.
+* :meth:`~WebSocketClient.service` reads what is there and answers pings, between env calls.
+* While a single env call runs for longer than a quarter second, a
+  :class:`~plugrl_env_client.protocol.keepalive.Keepalive` answers pings for the caller and hands the socket back
+  when the call returns.
+
+One send path: every byte goes out through one write loop (non-blocking ``send`` of memoryviews, waiting with
+``poll`` when the socket is full; never a copy into fresh ``bytes``). A binary message is framed once into a buffer the connection keeps
+(:class:`~plugrl_env_client.protocol.framing.MaskedFramer`), or arrives already framed from a
+:class:`~plugrl_env_client.protocol.frame_packer.FramePacker` (:meth:`~WebSocketClient.send_frame`), which encodes
+the arrays straight into the frame. The data frames PlugRL sends are never fragmented, so writing them past the
+Sans-I/O protocol object leaves its state exact (it tracks only fragmentation and the closing handshake for
+outgoing frames); pongs and closes come from the protocol (``data_to_send``) and go through the same write loop.
+
+Failures are the exceptions of :mod:`~plugrl_env_client.protocol.transport` (the callers handle them once,
+whatever the library): :class:`TransportClosed` with the peer's close code and reason, or ``code=None`` when the
+socket dropped without one; :class:`HandshakeRefused`, :class:`CertificateNotVerified`, :class:`InvalidServerURL`,
+:class:`ConnectFailed` when opening.
+
+Not thread-safe: one thread owns a client. The only other thread that ever touches it is a ``Keepalive``'s, and
+only while the owner is inside a call the keepalive guards.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import select
+import socket
+import ssl
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, NoReturn
+
+from websockets.client import ClientProtocol
+from websockets.exceptions import InvalidStatus, InvalidURI
+from websockets.frames import Opcode
+from websockets.http11 import USER_AGENT
+from websockets.protocol import State
+from websockets.uri import parse_uri
+
+from plugrl_env_client.protocol.framing import MaskedFramer
+from plugrl_env_client.protocol.keepalive import GRACE_S, Keepalive
+from plugrl_env_client.protocol.transport import (
+    CertificateNotVerified,
+    ConnectFailed,
+    Data,
+    HandshakeRefused,
+    InvalidServerURL,
+    Transport,
+    TransportClosed,
+    retain_freed_memory,
+)
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["KIND", "SansIOTransport", "WebSocketClient", "connect", "wait_any"]
+
+KIND = "sansio"
+"""This client's name among :data:`~plugrl_env_client.protocol.transport.TRANSPORTS`."""
+RECV_BUFSIZE = 1 << 20
+"""Bytes asked of the socket per read. Each read is one trip through websockets' Python parser, so a multi-MB frame
+should take a handful of reads, not one per 64 KiB; a small reply still costs one read."""
+SEND_STALL_S = 60.0
+"""A send that moves no byte for this long fails the connection (a peer that stopped reading): the frame is half
+written and the connection cannot be used any more. Progress restarts the clock, so slow links are fine."""
+_WAKE_BLOCKED = (BlockingIOError, InterruptedError, ssl.SSLWantReadError, ssl.SSLWantWriteError)
+_HAS_POLL = hasattr(select, "poll")
+
+Received = bytes | bytearray | str
+"""A message: bytes-like for a binary message (one buffer, not copied again), str for a text message."""
+
+
+class WebSocketClient:
+    """One client WebSocket over a socket this object owns (see the module docstring). Open one with
+    :func:`connect`."""
+
+    kind = KIND
+
+    def __init__(self, sock: socket.socket, protocol: ClientProtocol, close_timeout: float = 2.0) -> None:
+        self._sock = sock
+        self._fd = sock.fileno()
+        self._tls = isinstance(sock, ssl.SSLSocket)
+        self._protocol = protocol
+        self._close_timeout = close_timeout
+        self._framer = MaskedFramer()
+        self._messages: collections.deque[Received] = collections.deque()
+        self._parts: list[bytes | bytearray] = []  # a fragmented message being assembled
+        self._text = False
+        self._closed: TransportClosed | None = None  # set once nothing more can be read
+        self._released = False  # close() ran: the socket is gone
+        self.lent = False
+        """True while a :class:`~plugrl_env_client.protocol.keepalive.Keepalive` services this client for its owner
+        (who then must not use it: the owner is inside the call the keepalive guards)."""
+        if _HAS_POLL:
+            self._readable = select.poll()
+            self._readable.register(self._fd, select.POLLIN)
+            self._writable = select.poll()
+            self._writable.register(self._fd, select.POLLOUT)
+
+    # ------------------------------------------------------------------------------------------ what callers use
+
+    def fileno(self) -> int:
+        """The socket's file descriptor, for ``selectors``/``select`` (see :func:`wait_any`; check
+        :attr:`has_message` first: a message may already be parsed, or TLS may hold decrypted bytes)."""
+        return self._fd
+
+    @property
+    def has_message(self) -> bool:
+        """Whether :meth:`recv` would return (or raise) without waiting for the network."""
+        return bool(self._messages) or self._closed is not None or self.tls_pending()
+
+    @property
+    def closed(self) -> bool:
+        """Whether the connection is closed for reading (messages received before the close may still wait)."""
+        return self._closed is not None
+
+    def send(self, data: Data) -> None:
+        """Send ``data`` as one binary message, framed into the connection's kept buffer (the caller's buffer is
+        free when this returns). Raises :class:`TransportClosed` when the connection is closed."""
+        self._check_owner()
+        self._check_open()
+        self._write(self._framer.frame(data))
+
+    def send_frame(self, frame: Data) -> None:
+        """Send a whole masked client frame built by a
+        :class:`~plugrl_env_client.protocol.frame_packer.FramePacker` (header, key and masked payload)."""
+        self._check_owner()
+        self._check_open()
+        self._write(frame)
+
+    def recv(self, timeout: float | None = None) -> Received | None:
+        """The next message, or None when none arrived within ``timeout`` seconds (0: only look at what is
+        there; None: wait for one). Answers the server's pings on the way. Raises :class:`TransportClosed` once
+        the connection is closed and every message received before the close was returned."""
+        if self.lent:
+            self._check_owner()
+        messages = self._messages
+        if messages:
+            return messages.popleft()
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            if self._closed is not None:
+                if messages:
+                    return messages.popleft()
+                raise self._closed
+            if self.tls_pending():
+                ready = True
+            elif deadline is None:
+                ready = self._wait(self._readable if _HAS_POLL else None, None)
+            else:
+                ready = self._wait(self._readable if _HAS_POLL else None, max(0.0, deadline - time.monotonic()))
+            if ready:
+                self._pump()
+                if messages:
+                    return messages.popleft()
+            elif deadline is not None and time.monotonic() >= deadline:
+                return None
+
+    def service(self) -> bool:
+        """Read what the socket holds without waiting: queue its messages, answer its pings, note a close.
+        Returns :attr:`has_message`. Never raises for a closed connection (the next :meth:`recv` or
+        :meth:`send` does): a loop calls this between env calls and handles closes in one place."""
+        self._check_owner()
+        return self._pump()
+
+    def close(self, code: int = 1000, reason: str = "") -> None:
+        """Send a close frame, wait (up to the close timeout) for the server's answer, and end the TCP
+        connection. A no-op on a released connection; messages not yet read are dropped."""
+        if self._released:
+            return
+        self._check_owner()
+        try:
+            if self._protocol.state is State.OPEN:
+                self._protocol.send_close(code, reason)
+                self._flush_protocol()
+            deadline = time.monotonic() + self._close_timeout
+            while not self._released:  # until the server's close came (then _note_close releases)
+                left = deadline - time.monotonic()
+                if left <= 0 or not self._wait(self._readable if _HAS_POLL else None, left):
+                    break
+                self._take_in()
+        except TransportClosed:
+            pass  # the socket broke while closing: nothing left to say
+        finally:
+            self._release()
+        if self._closed is None:
+            self._closed = TransportClosed(None)
+
+    # ------------------------------------------------------------------------------------------ reading
+
+    def _pump(self) -> bool:
+        """Read once without waiting (TLS: every decrypted record at hand), feed the protocol, answer it."""
+        if self._closed is None:
+            self._take_in()
+        return self.has_message
+
+    def _take_in(self) -> None:
+        try:
+            if self._read_into_protocol():
+                self._dispatch(self._protocol.events_received())
+                self._flush_protocol()
+                self._note_close()
+        except TransportClosed:
+            pass  # the pong or close echo could not be written: _closed says so, the next recv or send raises
+
+    def _read_into_protocol(self) -> bool:
+        """One non-blocking read fed to the protocol; False when the socket had nothing."""
+        if self._released:
+            return False
+        try:
+            data = self._sock.recv(RECV_BUFSIZE)
+            if self._tls:
+                while data and self.tls_pending():  # records already decrypted: take them in the same pass
+                    data += self._sock.recv(RECV_BUFSIZE)
+        except _WAKE_BLOCKED:
+            return False
+        except OSError:  # reset by the peer, or the like: the end of the stream
+            data = b""
+        if data:
+            self._protocol.receive_data(data)
+        else:
+            self._protocol.receive_eof()
+        return True
+
+    def _dispatch(self, events: Sequence[Any]) -> None:
+        for frame in events:
+            opcode = frame.opcode
+            if opcode is Opcode.BINARY or opcode is Opcode.TEXT:
+                if frame.fin:
+                    self._messages.append(frame.data.decode("utf-8", "replace") if opcode is Opcode.TEXT
+                                          else frame.data)
+                else:
+                    self._text = opcode is Opcode.TEXT
+                    self._parts = [frame.data]
+            elif opcode is Opcode.CONT:  # the protocol checked that a fragmented message is in progress
+                self._parts.append(frame.data)
+                if frame.fin:
+                    whole, self._parts = b"".join(self._parts), []
+                    self._messages.append(whole.decode("utf-8", "replace") if self._text else whole)
+            # PING: the protocol queued the pong (flushed by the caller); PONG: nothing; CLOSE: see _note_close
+
+    def _note_close(self) -> None:
+        protocol = self._protocol
+        # Not OPEN: a close came in, the stream ended, or the protocol failed the connection (a broken frame):
+        # no data frame is delivered after any of those.
+        if self._closed is None and protocol.state is not State.OPEN:
+            rcvd = protocol.close_rcvd
+            self._closed = TransportClosed(None) if rcvd is None else TransportClosed(int(rcvd.code), rcvd.reason)
+            # Whatever could still come is discarded by the protocol, and the close (or its echo) is written: end
+            # the TCP connection now. Waiting for the server's end first, as a client may, needs someone to read
+            # the socket, and here nobody does until the owner's next call, while the server waits for us.
+            self._release()
+
+    def tls_pending(self) -> bool:
+        """Whether TLS holds decrypted bytes not read yet (a select on the socket does not see them)."""
+        return self._tls and not self._released and self._sock.pending() > 0  # type: ignore[attr-defined]
+
+    # ------------------------------------------------------------------------------------------ writing
+
+    def _check_open(self) -> None:
+        if self._protocol.state is not State.OPEN:
+            self._note_close()
+            raise self._closed if self._closed is not None else TransportClosed(None)
+
+    def _check_owner(self) -> None:
+        if self.lent:
+            raise RuntimeError("this connection is serviced by its keepalive while the owner is inside a guarded "
+                               "call: use it after the call returns")
+
+    def _flush_protocol(self) -> None:
+        for data in self._protocol.data_to_send():
+            if data:
+                self._write(data)
+            else:  # SEND_EOF: our half of the TCP connection ends here
+                try:
+                    self._sock.shutdown(socket.SHUT_WR)
+                except OSError:
+                    pass
+
+    def _write(self, data: Data) -> None:
+        """The one write loop: everything sent goes through here, whole, in order."""
+        if self._released:
+            raise self._closed if self._closed is not None else TransportClosed(None)
+        view = memoryview(data)
+        if view.itemsize != 1 or view.ndim != 1:
+            view = view.cast("B")
+        sock = self._sock
+        stall_until = 0.0
+        while view.nbytes:
+            wait_for_read = False
+            try:
+                sent = sock.send(view)
+            except ssl.SSLWantReadError:
+                sent, wait_for_read = 0, True
+            except _WAKE_BLOCKED:
+                sent = 0
+            except OSError as exc:
+                self._broken(f"the connection broke while sending ({exc})")
+            if sent:
+                view = view[sent:]
+                stall_until = 0.0
+                continue
+            now = time.monotonic()
+            if not stall_until:
+                stall_until = now + SEND_STALL_S
+            elif now >= stall_until:
+                self._broken(f"a send made no progress for {SEND_STALL_S:g} s (the server stopped reading)")
+            if _HAS_POLL:
+                self._wait(self._readable if wait_for_read else self._writable, stall_until - now)
+            else:
+                self._wait_select(wait_for_read, stall_until - now)
+
+    def _broken(self, why: str) -> NoReturn:
+        logger.info("%s", why)
+        self._protocol.receive_eof()  # the protocol learns the stream is over
+        self._protocol.events_received()
+        self._protocol.data_to_send()
+        self._note_close()
+        self._release()
+        raise self._closed if self._closed is not None else TransportClosed(None)
+
+    # ------------------------------------------------------------------------------------------ waiting
+
+    def _wait(self, poller: Any, timeout: float | None) -> bool:
+        """Wait until the socket is ready (readable unless ``poller`` says otherwise), up to ``timeout`` s."""
+        if self._released:
+            return False
+        if not _HAS_POLL:
+            return self._wait_select(True, timeout)
+        ms = -1 if timeout is None else timeout * 1000.0
+        return bool(poller.poll(ms))
+
+    def _wait_select(self, for_read: bool, timeout: float | None) -> bool:
+        fds = [self._fd]
+        ready = select.select(fds, [], [], timeout) if for_read else select.select([], fds, [], timeout)
+        return bool(ready[0] or ready[1])
+
+    def _release(self) -> None:
+        if self._released:
+            return
+        self._released = True
+        try:
+            self._sock.shutdown(socket.SHUT_WR)  # a FIN after what was written, not a reset
+        except OSError:
+            pass
+        if _HAS_POLL:
+            self._readable.unregister(self._fd)
+            self._writable.unregister(self._fd)
+        try:
+            self._sock.close()
+        except OSError:
+            pass
+
+
+def wait_any(clients: Iterable[WebSocketClient], timeout: float | None = None) -> list[WebSocketClient]:
+    """The clients among ``clients`` that have a message (or a close) to hand out, waiting up to ``timeout``
+    seconds for the first one (0: only look; None: wait). Reads what arrives on the way: a pipelined loop waits on
+    all its connections at once with this."""
+    clients = list(clients)
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while True:
+        ready = [c for c in clients if c.has_message]
+        if ready:
+            return ready
+        left = None if deadline is None else max(0.0, deadline - time.monotonic())
+        readable = _readable(clients, left)
+        for client in readable:
+            client.service()
+        if not readable and deadline is not None and time.monotonic() >= deadline:
+            return []
+
+
+def _readable(clients: list[WebSocketClient], timeout: float | None) -> list[WebSocketClient]:
+    if not _HAS_POLL:
+        return select.select(clients, [], [], timeout)[0]
+    poller = select.poll()  # no fd limit (select's is 1024)
+    by_fd = {}
+    for client in clients:
+        by_fd[client.fileno()] = client
+        poller.register(client.fileno(), select.POLLIN)
+    return [by_fd[fd] for fd, _ in poller.poll(-1 if timeout is None else timeout * 1000.0)]
+
+
+# ------------------------------------------------------------------------------------------------ opening
+
+
+def connect(url: str, headers: Mapping[str, str] | None = None, open_timeout: float = 10.0,
+            close_timeout: float = 2.0) -> WebSocketClient:
+    """Open a WebSocket to ``url`` (ws:// or wss://, verified against the system trust store, ``SSL_CERT_FILE``
+    honoured), sending ``headers`` in the opening handshake; the TCP connect, the TLS handshake and the HTTP
+    upgrade together take at most ``open_timeout`` seconds. Raises the transport errors named in the module
+    docstring."""
+    try:
+        uri = parse_uri(url)
+    except (InvalidURI, ValueError) as exc:
+        raise InvalidServerURL(str(exc)) from None
+    retain_freed_memory()
+    deadline = time.monotonic() + open_timeout
+    sock = _open_socket(uri.host, uri.port, uri.secure, deadline, open_timeout)
+    try:
+        protocol = ClientProtocol(uri, max_size=None)
+        request = protocol.connect()
+        if headers:
+            request.headers.update(headers)
+        request.headers.setdefault("User-Agent", USER_AGENT)
+        protocol.send_request(request)
+        client = WebSocketClient(sock, protocol, close_timeout)
+        client._flush_protocol()
+        _read_handshake(client, protocol, deadline, open_timeout)
+    except TransportClosed:
+        sock.close()
+        raise ConnectFailed("the connection broke during the WebSocket handshake") from None
+    except BaseException:
+        sock.close()
+        raise
+    return client
+
+
+def _open_socket(host: str, port: int, secure: bool, deadline: float, open_timeout: float) -> socket.socket:
+    try:
+        sock = socket.create_connection((host, port), timeout=open_timeout)
+    except OSError as exc:  # refused, unreachable, timed out, name not resolved
+        raise ConnectFailed(str(exc) or type(exc).__name__) from None
+    try:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if secure:
+            sock.settimeout(max(0.001, deadline - time.monotonic()))
+            context = ssl.create_default_context()
+            sock = context.wrap_socket(sock, server_hostname=host)
+        sock.setblocking(False)
+        return sock
+    except ssl.SSLCertVerificationError as exc:  # before OSError: it is one
+        sock.close()
+        raise CertificateNotVerified(str(exc.verify_message)) from None
+    except OSError as exc:
+        sock.close()
+        raise ConnectFailed(f"TLS handshake failed: {exc}" if secure else str(exc)) from None
+
+
+def _read_handshake(client: WebSocketClient, protocol: ClientProtocol, deadline: float, open_timeout: float) -> None:
+    """Read until the server's HTTP answer; frames that came with it are queued as messages."""
+    while True:
+        left = deadline - time.monotonic()
+        ready = client.tls_pending()
+        if not ready and (left <= 0 or not client._wait(client._readable if _HAS_POLL else None, left)):
+            raise ConnectFailed(f"the server did not answer the WebSocket handshake within {open_timeout:g} s")
+        if not client._read_into_protocol():
+            continue
+        events = protocol.events_received()
+        if protocol.handshake_exc is not None:
+            exc = protocol.handshake_exc
+            if isinstance(exc, InvalidStatus):
+                raise HandshakeRefused(exc.response.status_code, str(exc)) from None
+            raise ConnectFailed(f"the WebSocket handshake failed: {exc}") from None
+        if events:  # the first event is the response (101): the connection is open
+            client._dispatch(events[1:])
+            client._flush_protocol()
+            client._note_close()
+            return
+
+
+# ------------------------------------------------------------------------------------------------ Transport
+
+
+class SansIOTransport(Transport):
+    """A :class:`WebSocketClient` behind today's :class:`~plugrl_env_client.protocol.transport.Transport`
+    interface (``--transport sansio``), so the current connection and session run over it unchanged.
+
+    The interface has ``recv`` raise :class:`TimeoutError` for "nothing yet", so this adapter does; code written
+    for the client itself uses :attr:`client` (``recv`` returns None). Callers of the interface know nothing of env
+    calls, so a :class:`~plugrl_env_client.protocol.keepalive.Keepalive` here treats the time between two transport
+    calls as the owner's call: after ``GRACE_S`` away, it answers the server's pings until the owner comes back.
+    """
+
+    kind = KIND
+
+    def __init__(self, client: WebSocketClient, keepalive_grace_s: float = GRACE_S) -> None:
+        self.client = client
+        self._keepalive = Keepalive([client], grace_s=keepalive_grace_s)
+        self._keepalive.enter()  # the owner is away until its first call
+
+    def send(self, data: Data) -> None:
+        keepalive = self._keepalive
+        keepalive.exit()
+        try:
+            self.client.send(data)
+        finally:
+            keepalive.enter()
+
+    def recv(self, timeout: float | None = None) -> bytes | str:
+        keepalive = self._keepalive
+        keepalive.exit()
+        try:
+            message = self.client.recv(timeout)
+        finally:
+            keepalive.enter()
+        if message is None:
+            raise TimeoutError(f"no message within {timeout:g} s")
+        # A binary message may be the bytearray websockets parsed it into: bytes-like, which is all the interface's
+        # callers need of it (copying it into bytes would cost a copy per multi-MB frame).
+        return message  # type: ignore[return-value]
+
+    def close(self, code: int = 1000, reason: str = "") -> None:
+        self._keepalive.exit()
+        self._keepalive.close()
+        self.client.close(code, reason)
+
+
+def connect_transport(url: str, headers: Mapping[str, str] | None = None, open_timeout: float = 10.0,
+                      close_timeout: float = 2.0) -> Transport:
+    """:func:`connect` behind the :class:`~plugrl_env_client.protocol.transport.Transport` interface (what
+    ``transport.connect(..., kind="sansio")`` returns)."""
+    return SansIOTransport(connect(url, headers, open_timeout, close_timeout))

@@ -1,0 +1,105 @@
+"""FramePacker: the codec's exact bytes, framed and masked as MaskedFramer frames them, from one kept buffer."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from plugrl_env_client.errors import ProtocolError
+from plugrl_env_client.protocol import codec
+from plugrl_env_client.protocol.frame_packer import BIG_ARRAY, WALK_MIN, FramePacker
+from plugrl_env_client.protocol.framing import MaskedFramer
+
+KEY = bytes([0x37, 0xFA, 0x21, 0x3D])
+
+
+def expected(msg: object) -> bytes:
+    return bytes(MaskedFramer().frame(codec.packb(msg), key=KEY))
+
+
+def camera(n: int, h: int, w: int, seed: int = 0) -> np.ndarray:
+    return np.random.default_rng(seed).integers(0, 256, (n, h, w, 3), dtype=np.uint8)
+
+
+def observation_message(lead: int) -> dict:
+    """A feedback-like message whose big arrays start at every offset modulo 8 as ``lead`` varies."""
+    return {
+        "message_type": "feedback",
+        "lead": "x" * lead,
+        "data": {
+            "obs": {"images": {"base": camera(4, 96, 96), "wrist": camera(4, 33, 35, seed=1)},
+                    "states": {"q": np.linspace(0, 1, 4 * 7).reshape(4, 7)}, "text": np.array(["a", "bc", "", "d"])},
+            "rewards": np.arange(4, dtype=np.float32),
+            "info": {"episode": {"r": np.ones(4, np.float32), "mask": np.array([True, False, True, False])},
+                     "many": [np.arange(BIG_ARRAY // 8 + 3, dtype=np.float64), 7, None, "ü"]},
+        },
+    }
+
+
+@pytest.mark.parametrize("lead", range(8))
+def test_a_laid_out_frame_is_the_codecs_bytes_masked(lead):
+    msg = observation_message(lead)
+    frame = FramePacker().pack(msg, size_hint=WALK_MIN, key=KEY)
+    assert bytes(frame) == expected(msg)
+
+
+def test_a_small_message_is_packed_whole_with_the_same_bytes():
+    msg = {"message_type": "infer", "x": np.arange(10), "t": np.array(["hi"])}
+    assert bytes(FramePacker().pack(msg, size_hint=0, key=KEY)) == expected(msg)
+
+
+@pytest.mark.parametrize("array", [
+    camera(8, 64, 64)[:, ::2],  # not contiguous: the codec copies it (tobytes) and the copy is masked
+    np.ma.masked_array(np.zeros((64, 64, 8))),  # a subclass goes through the codec's default hook unchanged
+    np.full((70_000,), True),
+    np.array(["\u00fcber" * 2000] * 3),  # a big text array (<U8000)
+    np.frombuffer(bytes(range(256)) * 300, np.dtype("S300")),
+    np.arange(30_000, dtype=">i4"),  # big-endian
+], ids=["strided", "masked", "bool", "unicode", "bytes", "big-endian"])
+def test_every_kind_of_big_array_gives_the_codecs_bytes(array):
+    msg = {"a": [1, {"deep": array}], "b": array}
+    assert bytes(FramePacker().pack(msg, size_hint=WALK_MIN, key=KEY)) == expected(msg)
+
+
+def test_a_message_holding_the_marker_falls_back_to_plain_packing():
+    packer = FramePacker()
+    msg = {"images": camera(4, 96, 96), "sly": packer._marker, "more": camera(2, 96, 96, seed=3)}
+    assert bytes(packer.pack(msg, size_hint=WALK_MIN, key=KEY)) == expected(msg)
+
+
+def test_a_message_without_big_arrays_is_packed_whole_even_when_hinted_big():
+    msg = {"x": np.arange(5)}
+    assert bytes(FramePacker().pack(msg, size_hint=10 * WALK_MIN, key=KEY)) == expected(msg)
+
+
+def test_frames_come_from_one_kept_buffer_and_each_gets_a_fresh_key():
+    """The memory property: a frame the size of the largest one so far is written into the same buffer again."""
+    packer = FramePacker()
+    msg = {"images": camera(8, 128, 128)}
+    first = packer.pack(msg, size_hint=WALK_MIN)
+    buffer, key = first.obj, bytes(first[10:14])
+    del first
+    second = packer.pack(msg, size_hint=WALK_MIN)
+    assert second.obj is buffer
+    assert bytes(second[10:14]) != key
+    smaller = packer.pack({"images": camera(2, 128, 128)}, size_hint=WALK_MIN)
+    assert smaller.obj is buffer
+
+
+def test_a_frame_still_held_is_not_overwritten_by_a_bigger_one():
+    packer = FramePacker()
+    held = packer.pack({"images": camera(2, 96, 96)}, size_hint=WALK_MIN, key=KEY)
+    before = bytes(held)
+    bigger = packer.pack({"images": camera(8, 96, 96)}, size_hint=WALK_MIN, key=KEY)
+    assert bigger.obj is not held.obj and bytes(held) == before
+
+
+@pytest.mark.parametrize("hint", [0, WALK_MIN])
+@pytest.mark.parametrize("bad, match", [
+    (np.array([object()], dtype=object), "dtype object"),
+    (1 << 70, "limited to 64 bits"),
+    ("\ud800", "cannot encode the message"),
+])
+def test_what_the_codec_refuses_is_a_protocol_error_either_way(hint, bad, match):
+    with pytest.raises(ProtocolError, match=match):
+        FramePacker().pack({"images": camera(4, 96, 96), "bad": bad}, size_hint=hint)

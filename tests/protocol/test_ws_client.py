@@ -1,0 +1,479 @@
+"""The one-thread WebSocket client over real loopback sockets: websockets' own server (which misbehaves on purpose
+where a test needs it: fragments, drops, refuses, pings) and the project's reference policy server."""
+
+from __future__ import annotations
+
+import os
+import select
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+from websockets.sync.server import serve as ws_serve
+
+from plugrl_env_client.envs.base_env import Observation
+from plugrl_env_client.protocol import codec, messages, transport, ws_client
+from plugrl_env_client.protocol.connection import ConnectionLost
+from plugrl_env_client.protocol.frame_packer import FramePacker
+from plugrl_env_client.protocol.session import Session, SessionConfig
+from plugrl_env_client.protocol.transport import (
+    CertificateNotVerified,
+    ConnectFailed,
+    HandshakeRefused,
+    InvalidServerURL,
+    TransportClosed,
+)
+from plugrl_env_client.server.policies import PolicyConfig, make_policy
+from plugrl_env_client.server.server import PolicyServer
+
+
+@pytest.fixture
+def bare() -> Iterator[Callable[..., str]]:
+    """A websockets server running ``handler(ws)`` in a thread per connection; returns its URL."""
+    made = []
+
+    def start(handler: Callable[[Any], None], **kwargs: Any) -> str:
+        kwargs.setdefault("compression", None)
+        kwargs.setdefault("max_size", None)
+        server = ws_serve(handler, "127.0.0.1", 0, **kwargs)
+        thread = threading.Thread(target=server.serve_forever, daemon=True)
+        thread.start()
+        made.append((server, thread))
+        return f"ws://127.0.0.1:{server.socket.getsockname()[1]}"
+
+    yield start
+    for server, thread in made:
+        server.shutdown()
+        thread.join(timeout=10)
+
+
+@pytest.fixture
+def reference() -> Iterator[PolicyServer]:
+    server = PolicyServer(make_policy(PolicyConfig(action_dim=2, action_horizon=4, seed=0)), port=0).start()
+    yield server
+    server.shutdown()
+
+
+def echo(ws: Any) -> None:
+    for message in ws:
+        ws.send(message)
+
+
+# ------------------------------------------------------------------------------------------------ opening
+
+
+def test_handshake_sends_the_callers_headers(bare):
+    seen: dict[str, Any] = {}
+
+    def handler(ws):
+        seen.update(ws.request.headers.raw_items())
+        ws.send(b"hello")  # sent right after the 101: may arrive in the same read as the handshake answer
+        ws.recv()
+
+    client = ws_client.connect(bare(handler), {"Authorization": "Api-Key s3cret", messages.STREAM_HEADER: "3.1"})
+    try:
+        assert client.recv(timeout=10) == b"hello"
+        client.send(b"done")
+    finally:
+        client.close()
+    assert seen["Authorization"] == "Api-Key s3cret" and seen[messages.STREAM_HEADER] == "3.1"
+    assert "websockets" in seen["User-Agent"]
+
+
+@pytest.mark.parametrize("status", [401, 403, 404, 429, 500, 503])
+def test_an_http_refusal_is_handshake_refused_with_its_status(bare, status):
+    url = bare(lambda ws: None, process_request=lambda conn, req: conn.respond(status, "no\n"))
+    with pytest.raises(HandshakeRefused) as info:
+        ws_client.connect(url, open_timeout=10)
+    assert info.value.status == status
+
+
+def test_a_server_that_never_answers_the_handshake_is_a_connect_failure_within_the_open_timeout():
+    with socket.create_server(("127.0.0.1", 0)) as silent:  # accepts (backlog) but never speaks
+        start = time.monotonic()
+        with pytest.raises(ConnectFailed, match="did not answer the WebSocket handshake within 0.5 s"):
+            ws_client.connect(f"ws://127.0.0.1:{silent.getsockname()[1]}", open_timeout=0.5)
+        assert time.monotonic() - start < 0.5 + 2  # the open timeout, plus scheduling on a loaded machine
+
+
+def test_nobody_listening_is_a_connect_failure():
+    with socket.socket() as bound:  # bound but never listening: the port stays ours and every connect is refused
+        bound.bind(("127.0.0.1", 0))
+        with pytest.raises(ConnectFailed):
+            ws_client.connect(f"ws://127.0.0.1:{bound.getsockname()[1]}", open_timeout=5)
+
+
+def test_a_server_that_hangs_up_during_the_handshake_is_a_connect_failure():
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        def hang_up():
+            conn, _ = listener.accept()
+            conn.recv(4096)
+            conn.close()
+
+        thread = threading.Thread(target=hang_up)
+        thread.start()
+        with pytest.raises(ConnectFailed, match="handshake failed"):
+            ws_client.connect(f"ws://127.0.0.1:{listener.getsockname()[1]}", open_timeout=10)
+        thread.join(timeout=10)
+
+
+@pytest.mark.parametrize("url", ["ws://[::1", "ws://127.0.0.1:99999", "http://127.0.0.1:8000", "ws://h/#frag"])
+def test_malformed_urls(url):
+    with pytest.raises(InvalidServerURL):
+        ws_client.connect(url)
+
+
+def test_wss_with_a_trusted_certificate(bare, tls, monkeypatch):
+    cert, context = tls
+    url = bare(echo, ssl=context).replace("ws://", "wss://")
+    monkeypatch.setenv("SSL_CERT_FILE", str(cert))
+    client = ws_client.connect(url)
+    try:
+        for n in (0, 126, 70_000, 3 << 20):  # the big one spans many TLS records
+            payload = os.urandom(n)
+            client.send(payload)
+            assert bytes(client.recv(timeout=20)) == payload
+    finally:
+        client.close()
+
+
+def test_wss_with_an_untrusted_certificate(bare, tls, monkeypatch):
+    _, context = tls
+    url = bare(lambda ws: None, ssl=context).replace("ws://", "wss://")
+    monkeypatch.delenv("SSL_CERT_FILE", raising=False)
+    with pytest.raises(CertificateNotVerified) as info:
+        ws_client.connect(url)
+    assert "certificate" in info.value.verify_message
+
+
+# ------------------------------------------------------------------------------------------------ bytes
+
+
+@pytest.mark.parametrize("n", [0, 1, 125, 126, 65535, 65536, 5 << 20])
+def test_binary_messages_of_every_length_encoding_keep_every_byte(bare, n):
+    """0-125 B (7-bit length), 126-65535 B (16-bit), 65536 B and up (64-bit); 5 MiB takes several reads."""
+    client = ws_client.connect(bare(echo))
+    try:
+        payload = os.urandom(n)
+        client.send(payload)
+        assert bytes(client.recv(timeout=20)) == payload
+        client.send(memoryview(payload)[n // 2:])  # any contiguous buffer, a view included
+        assert bytes(client.recv(timeout=20)) == payload[n // 2:]
+    finally:
+        client.close()
+
+
+def test_many_messages_in_one_read_come_out_one_by_one_in_order(bare):
+    def handler(ws):
+        ws.recv()
+        for i in range(50):
+            ws.send(i.to_bytes(2, "big"))
+        ws.recv()
+
+    client = ws_client.connect(bare(handler))
+    try:
+        client.send(b"go")
+        assert [int.from_bytes(client.recv(timeout=10), "big") for _ in range(50)] == list(range(50))
+        client.send(b"done")
+    finally:
+        client.close()
+
+
+def test_fragmented_and_text_messages_from_the_server(bare):
+    def handler(ws):
+        ws.send([b"ab", b"cd", b"ef"])  # one binary message in three frames (continuations)
+        ws.send(["hel", "lo"])  # one text message in two frames
+        ws.send(os.urandom(1) * (3 << 20))
+        ws.send([b"x" * (1 << 20), b"y" * (2 << 20)])  # multi-MB fragments
+        ws.recv()
+
+    client = ws_client.connect(bare(handler))
+    try:
+        assert bytes(client.recv(timeout=10)) == b"abcdef"
+        assert client.recv(timeout=10) == "hello"
+        assert len(client.recv(timeout=10)) == 3 << 20
+        assert bytes(client.recv(timeout=10)) == b"x" * (1 << 20) + b"y" * (2 << 20)
+        client.send(b"done")
+    finally:
+        client.close()
+
+
+def test_frames_from_the_packer_reach_the_server_as_the_codecs_bytes(bare):
+    got: list[bytes] = []
+
+    def handler(ws):
+        for frame in ws:
+            got.append(frame)
+            ws.send(b"ok")
+
+    client = ws_client.connect(bare(handler))
+    packer = FramePacker()
+    images = np.arange(16 * 64 * 64 * 3, dtype=np.uint8).reshape(16, 64, 64, 3)
+    msg = {"small": np.arange(3), "images": {"cam": images}, "text": "über"}
+    try:
+        for hint in (0, images.nbytes):  # packed whole, and laid out around the array
+            client.send_frame(packer.pack(msg, size_hint=hint))
+            assert client.recv(timeout=10) == b"ok"
+    finally:
+        client.close()
+    assert got == [codec.packb(msg)] * 2
+
+
+# ------------------------------------------------------------------------------------------------ polling
+
+
+def test_recv_with_timeout_zero_returns_nothing_yet_without_raising(bare):
+    client = ws_client.connect(bare(echo))
+    try:
+        assert client.recv(timeout=0) is None
+        assert client.service() is False
+        start = time.monotonic()
+        assert client.recv(timeout=0.2) is None
+        assert time.monotonic() - start >= 0.2
+        client.send(b"back")
+        assert client.recv(timeout=10) == b"back"
+    finally:
+        client.close()
+
+
+def test_service_reads_what_arrived_and_recv_zero_then_hands_it_out(bare):
+    sent = threading.Event()
+
+    def handler(ws):
+        ws.recv()
+        ws.send(b"reply")
+        sent.set()
+        ws.recv()
+
+    client = ws_client.connect(bare(handler))
+    try:
+        client.send(b"ask")
+        assert sent.wait(10)
+        assert select.select([client], [], [], 10)[0] == [client]  # the reply is in the socket, not read yet
+        assert client.service() is True and client.has_message
+        assert client.recv(timeout=0) == b"reply"
+        client.send(b"done")
+    finally:
+        client.close()
+
+
+def test_wait_any_returns_the_connections_with_a_message(bare):
+    release = threading.Event()
+
+    def handler(ws):
+        name = ws.recv()
+        if name == b"slow":
+            release.wait(10)
+        ws.send(name)
+        ws.recv()
+
+    url = bare(handler)
+    fast, slow = ws_client.connect(url), ws_client.connect(url)
+    try:
+        assert ws_client.wait_any([fast, slow], timeout=0) == []
+        slow.send(b"slow")
+        fast.send(b"fast")
+        assert ws_client.wait_any([fast, slow], timeout=10) == [fast]
+        assert fast.recv(timeout=0) == b"fast"
+        release.set()
+        assert ws_client.wait_any([fast, slow], timeout=10) == [slow]
+        assert slow.recv(timeout=0) == b"slow"
+    finally:
+        for client in (fast, slow):
+            client.send(b"done")
+            client.close()
+
+
+ECHO_SERVER = """
+import sys, threading
+from websockets.sync.server import serve
+def echo(ws):
+    for message in ws:
+        ws.send(message)
+server = serve(echo, "127.0.0.1", 0, compression=None, max_size=None)
+threading.Thread(target=server.serve_forever, daemon=True).start()
+print(server.socket.getsockname()[1], flush=True)
+sys.stdin.read()  # ends with the test (or when the test process dies and the pipe closes)
+"""
+
+
+def test_no_thread_reads_the_socket_but_the_callers():
+    """The server is another process, so every thread of this one is the client's: there is none but ours."""
+    server = subprocess.Popen([sys.executable, "-c", ECHO_SERVER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              text=True)
+    try:
+        assert server.stdout is not None
+        port = int(server.stdout.readline())
+        before = set(threading.enumerate())
+        client = ws_client.connect(f"ws://127.0.0.1:{port}")
+        for n in (10, 1 << 20):
+            client.send(b"x" * n)
+            assert len(client.recv(timeout=10)) == n
+            assert client.recv(timeout=0) is None
+        assert set(threading.enumerate()) - before == set()  # (threads of earlier tests may end meanwhile)
+        client.close()
+    finally:
+        server.communicate("", timeout=10)
+
+
+# ------------------------------------------------------------------------------------------------ pings, closes
+
+
+def test_server_pings_are_answered_while_the_client_waits_or_services(bare):
+    pongs: list[bool] = []
+    done = threading.Event()
+
+    def handler(ws):
+        ws.recv()
+        pongs.extend(ws.ping().wait(10) for _ in range(3))  # the client is inside recv(): it answers
+        ws.send(b"pinged")
+        ws.recv()
+        pongs.append(ws.ping().wait(10))  # the client calls service() in a loop: it answers
+        done.set()
+        ws.recv()
+
+    client = ws_client.connect(bare(handler, ping_interval=None))
+    try:
+        client.send(b"start")
+        assert client.recv(timeout=30) == b"pinged"
+        client.send(b"next")
+        deadline = time.monotonic() + 30
+        while not done.is_set() and time.monotonic() < deadline:
+            client.service()
+            client.recv(timeout=0.01)
+        client.send(b"done")
+    finally:
+        client.close()
+    assert pongs == [True, True, True, True]
+
+
+@pytest.mark.parametrize("code, reason", [(1000, ""), (1001, "plugrl-server-stop"), (1011, "Internal server error."),
+                                          (4000, "über")])
+def test_a_close_comes_out_as_transport_closed_with_its_code_and_reason_after_the_messages_before_it(bare, code, reason):
+    def handler(ws):
+        ws.recv()
+        ws.send(b"last words")
+        ws.close(code, reason)
+
+    client = ws_client.connect(bare(handler))
+    client.send(b"bye")
+    assert client.recv(timeout=10) == b"last words"
+    with pytest.raises(TransportClosed) as info:
+        client.recv(timeout=10)
+    assert (info.value.code, info.value.reason) == (code, reason)
+    with pytest.raises(TransportClosed) as again:  # it stays closed, and says so the same way
+        client.send(b"more")
+    assert again.value.code == code
+    assert client.closed and client.has_message  # recv would raise at once
+    client.close()
+    client.close()  # a no-op
+
+
+def test_a_dropped_socket_is_transport_closed_without_a_code(bare):
+    def handler(ws):
+        ws.recv()
+        ws.socket.shutdown(socket.SHUT_RDWR)  # no close frame
+
+    client = ws_client.connect(bare(handler))
+    client.send(b"x")
+    with pytest.raises(TransportClosed) as info:
+        client.recv(timeout=10)
+    assert info.value.code is None and "without a close frame" in str(info.value)
+    client.close()
+
+
+def test_the_clients_close_reaches_the_server_with_its_code(bare):
+    seen: list[tuple[Any, Any]] = []
+    closed = threading.Event()
+
+    def handler(ws):
+        try:
+            ws.recv()
+        except Exception:
+            seen.append((ws.close_code, ws.close_reason))
+            closed.set()
+
+    client = ws_client.connect(bare(handler))
+    client.close(4001, "done here")
+    assert closed.wait(10)
+    assert seen == [(4001, "done here")]
+    with pytest.raises(TransportClosed):
+        client.send(b"after close")
+
+
+# ------------------------------------------------------------------------------------------------ reference server
+
+
+def test_the_reference_server_over_the_client_directly(reference):
+    client = ws_client.connect(reference.url, {messages.STREAM_HEADER: "3.1"})
+    packer = FramePacker()
+    try:
+        meta = messages.parse_metadata(codec.unpackb(client.recv(timeout=10)))
+        assert meta.action_horizon == 4
+        ids = np.arange(2, dtype=np.int64)
+        obs = {"images": {"cam": np.zeros((2, 96, 96, 3), np.uint8)}, "states": {"x": np.zeros((2, 3))},
+               "text": np.array(["", ""])}
+        client.send_frame(packer.pack(messages.infer_message(obs, ids, np.zeros(2, np.int64)), 2 * 96 * 96 * 3))
+        reply = messages.parse_action(codec.unpackb(client.recv(timeout=10)), ids)
+        assert reply.actions.shape == (4, 2, 2)
+    finally:
+        client.close()
+    assert reference._streams == {(3, 1): 1}  # the stream header reached the server
+
+
+def test_session_and_connection_run_over_the_sansio_transport(reference):
+    """The current protocol layer, unchanged, over ``transport.connect(kind="sansio")``: lockstep infers, a
+    pipelined poll (recv with timeout 0: the adapter raises TimeoutError as the interface says), feedback, and the
+    server's shutdown as a close the session reports."""
+    session = Session(SessionConfig(url=reference.url, transport="sansio", stream=(0, 0)))
+    meta = session.open()
+    assert meta.action_horizon == 4
+    assert isinstance(session.connection._transport, ws_client.SansIOTransport)  # type: ignore[union-attr]
+    ids, steps = np.arange(3, dtype=np.int64), np.zeros(3, np.int64)
+    obs = Observation(states={"x": np.zeros((3, 2))}, text="a")
+    reply = session.infer(obs, ids, steps)
+    assert reply.actions.shape == (4, 3, 2)
+    session.feedback(ids, steps, obs, np.zeros(3, np.float32), np.zeros(3, bool), np.zeros(3, bool), {})
+    session.send_infer(obs, ids, steps)
+    deadline = time.monotonic() + 10
+    got = None
+    while got is None and time.monotonic() < deadline:
+        got = session.receive_actions(0)
+    assert got is not None and got.actions.shape == (4, 3, 2)
+    session.feedback(ids, steps, obs, np.zeros(3, np.float32), np.zeros(3, bool), np.zeros(3, bool), {})
+    reference.shutdown()
+    with pytest.raises(ConnectionLost) as info:
+        session.infer(obs, ids, steps)
+    assert (info.value.close.code, info.value.close.reason) == (1001, messages.REASON_SHUTDOWN)
+    session.close()
+
+
+def test_transport_connect_knows_the_sansio_kind_and_its_errors(bare):
+    assert "sansio" in transport.TRANSPORTS
+    conn = transport.connect(bare(echo), kind="sansio")
+    try:
+        with pytest.raises(TimeoutError):
+            conn.recv(timeout=0)
+        conn.send(b"ping")
+        assert conn.recv(timeout=10) == b"ping"
+    finally:
+        conn.close()
+    with pytest.raises(InvalidServerURL):
+        transport.connect("ws://127.0.0.1:99999", kind="sansio")
+
+
+def test_the_sansio_transport_keeps_the_connection_alive_between_calls(bare):
+    """Callers of the interface do not say when they are inside an env call; the time between two calls counts."""
+    conn = transport.connect(bare(echo, ping_interval=1.0, ping_timeout=1.0), kind="sansio")
+    try:
+        time.sleep(3.0)  # the caller is away (stepping envs) for longer than ping interval plus timeout
+        conn.send(b"after")
+        assert conn.recv(timeout=10) == b"after"
+    finally:
+        conn.close()
