@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import logging
+import subprocess
+import sys
 import time
 
 import numpy as np
@@ -642,3 +644,24 @@ def test_a_valid_stream_header_gets_a_reproducible_generator(server_factory):
     assert np.array_equal(first_chunk(a, "3.1"), first_chunk(b, "3.1"))
     assert not np.array_equal(first_chunk(a, "3.1"), first_chunk(b, "3.2"))
     assert not np.array_equal(first_chunk(a, "3.1"), first_chunk(b, "3.1"))  # a's 3rd connection of 3.1, b's 2nd
+
+
+# ------------------------------------------------------------------------------------------------ many clients
+
+
+def test_32_client_processes_of_16_envs_against_one_server_give_exact_counts(server_factory, tmp_path):
+    """One ``--num-procs 32`` run of 16 envs each (512 envs on one server's loop): every episode it was asked for
+    recorded exactly once, in the summary and the episode lines, and counted by the server."""
+    server = server_factory(policy={"action_dim": 2})
+    episodes = 32 * 16 * 2
+    cmd = [sys.executable, "-c", "from plugrl_env_client.cli import main; main()", "point-v1", "--num-envs", "16",
+           "--num-procs", "32", "--num-episodes", str(episodes), "--runner.max-episode-steps", "8",
+           "--server-port", str(server.port), "--no-progress", "--output-dir", str(tmp_path), "--exp-name", "many"]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    summary = json.loads((tmp_path / "many" / "summary.json").read_text())
+    assert summary["completed_episodes"] == episodes
+    files = sorted((tmp_path / "many" / "rollout").glob("proc_*/episodes.jsonl"))
+    assert len(files) == 32
+    assert sum(len(f.read_text().splitlines()) for f in files) == episodes
+    wait_until(lambda: server.log.episodes >= episodes, 10, "the server to count the last feedbacks")
