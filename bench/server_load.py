@@ -41,6 +41,7 @@ import json
 import os
 import random
 import re
+import signal
 import socket
 import struct
 import subprocess
@@ -94,6 +95,8 @@ class ServerProcess:
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         self.lines: list[str] = []
         self.episodes = 0
+        """The highest count the server logged (its final one once the ``with`` block is left)."""
+        self._reader: threading.Thread | None = None
 
     def __enter__(self) -> ServerProcess:
         assert self.proc.stdout is not None
@@ -101,7 +104,8 @@ class ServerProcess:
         if "listening" not in line:
             self.proc.kill()
             raise RuntimeError(f"the reference server did not start: {line}{self.proc.stdout.read()}")
-        threading.Thread(target=self._read, daemon=True).start()
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
         return self
 
     def _read(self) -> None:
@@ -113,12 +117,15 @@ class ServerProcess:
                 self.episodes = max(self.episodes, int(found.group(1)))
 
     def __exit__(self, *exc: object) -> None:
-        self.proc.terminate()
+        """Ctrl-C, as a user stops it: the server closes its clients and logs its final count."""
+        self.proc.send_signal(signal.SIGINT)
         try:
             self.proc.wait(timeout=15)
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
+        if self._reader is not None:
+            self._reader.join(timeout=10)
 
     def status(self, field: str) -> int:
         """A field of /proc/<pid>/status (Threads; VmRSS in kB)."""
@@ -398,8 +405,8 @@ def memory_bench(transport: str, env: str, clients: int, warmup: int, runs: int)
         for _ in range(runs):
             counts.append(client_run(server.port, clients, EPISODES_PER_RUN, Path(tmp), transport, env))
             after.append(settle_rss(server))
-        counted = server.episodes
-        tracebacks = server.tracebacks()
+    counted = server.episodes  # the server's final line, logged as it stopped
+    tracebacks = server.tracebacks()
     asked = [warmup] + [EPISODES_PER_RUN] * runs
     exact = all(c["completed"] == a and c["lines"] == a for c, a in zip(counts, asked))
     growth = [b - a for a, b in zip(after, after[1:])]

@@ -130,7 +130,10 @@ def test_max_episodes_ends_the_run_for_every_client(server_factory):
     b.send(feedback([0], done=True))  # the third episode: b is closed at once
     assert close_of(b) == (1001, messages.REASON_STOP)
     assert server.log.episodes == 3
-    a.send(infer([0, 1]))  # a learns of the end with its next message
+    try:  # a learns of the end with its next message, or sooner: the close shows on this send or the next recv
+        a.send(infer([0, 1]))
+    except ConnectionClosed:
+        pass
     assert close_of(a) == (1001, messages.REASON_STOP)
 
 

@@ -142,6 +142,7 @@ class PolicyServer:
         except (TimeoutError, RuntimeError):  # the loop is gone or stuck: the listener's shutdown drops what is left
             pass
         self._server.shutdown()
+        logger.info("stopped: %s", self.log.line())  # the periodic line may be older than the last episodes
         if self._thread is not None:
             self._thread.join(timeout=5)
         self.log.close()
