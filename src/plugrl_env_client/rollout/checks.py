@@ -7,7 +7,7 @@ feedback is about. A failure is one error whose message says what was expected, 
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NoReturn
 
 import gymnasium as gym
 import numpy as np
@@ -131,7 +131,8 @@ def _check_fits(actions: np.ndarray, target: np.dtype, space: gym.Space) -> None
 
 
 def _does_not_fit(sent: np.ndarray, outside: np.ndarray, target: np.dtype, space: gym.Space, limits: str,
-                  clip_hint: str = "") -> None:
+                  clip_hint: str = "") -> NoReturn:
+    """The error for values of ``sent`` (where ``outside`` is true) that the cast to ``target`` cannot hold."""
     value = _number(sent[tuple(np.argwhere(outside)[0])])
     raise ProtocolError(
         f"the server's policy sent {value} (for the infer's envs at positions {rows_text(_positions(outside))}), which "
