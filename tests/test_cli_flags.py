@@ -29,7 +29,7 @@ CLIENT_FLAGS = {
     "--env.max-episode-steps": "{None}|INT",  # PlugRL's spelling of the one above (accepted before it was listed)
     "--runner.replan-steps": "{None}|INT",
     "--runner.non-finite-actions": "{error,clip}", "--runner.non-finite-rewards": "{error,zero}",
-    "--runner.non-finite-observations": "{error,allow}",
+    "--runner.non-finite-observations": "{error,allow}", "--runner.check-partial-reset": "{on,off}",
     "--runner.pass-proc-id": "", "--runner.no-pass-proc-id": "",
     "--runner.use-env-lock": "", "--runner.no-use-env-lock": "",
     "--runner.start-method": "{spawn,forkserver,fork}", "--runner.pipeline": "INT",
