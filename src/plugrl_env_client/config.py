@@ -61,16 +61,19 @@ class ClientConfig:
     output_dir: Path = Path("runs")
     """Folder that holds the run folders."""
     server_host: str = "127.0.0.1"
+    """Host of the policy server to connect to."""
     server_port: int = 8000
+    """Port of the policy server to connect to."""
     server_url: str | None = None
     """ws://host:port or wss://host:port; overrides --server-host/--server-port."""
     local_policy: Literal["random", "zero", "text", "ars"] | None = None
     """Start the reference policy server in this process (matched to the env's action space) and use it; text is
     for envs whose single_action_space is a gymnasium Text space; ars learns a linear policy (Augmented Random
     Search) from the episodes' returns, for envs with a float Box action space and state arrays."""
-    local_policy_choices: tuple[str, ...] = ()
-    """Strings --local-policy text answers with, one picked per env and step (default: short strings made up from
-    the Text space's characters), e.g. --local-policy-choices "<answer>3</answer>" "hello"."""
+    local_policy_choices: Annotated[tuple[str, ...], tyro.conf.arg(
+        help_behavior_hint="(default: short strings made up from the Text space's characters)")] = ()
+    """Strings --local-policy text answers with, one picked per env and step, e.g. --local-policy-choices
+    "<answer>3</answer>" "hello"."""
     local_policy_horizon: int | None = None
     """Action horizon of the embedded policy (with --local-policy). Default: the policy's own (1 for ars, 4 for the
     others)."""

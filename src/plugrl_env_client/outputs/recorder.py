@@ -95,6 +95,7 @@ class RecorderConfig:
     record_video: bool = False
     """An MP4 of each recorded episode's images (extra video)."""
     video_fps: int = 30
+    """Frames per second of the videos (--recorder.record-video)."""
     record_full_rollout: bool = False
     """Every step's observation, action and reward of each recorded episode, as NPZ."""
     record_obs_stats: bool = False

@@ -60,7 +60,7 @@ RENDER_KEY = "render"
 @dataclasses.dataclass
 class GymEnvConfig(BaseEnvConfig):
     id: str = "Pendulum-v1"
-    """Gymnasium env id. ``package:Env-v0`` imports ``package`` first (e.g. ``gym_pusht:gym_pusht/PushT-v0``)."""
+    """Gymnasium env id; package:Env-v0 imports package first (e.g. gym_pusht:gym_pusht/PushT-v0)."""
     vectorization: Literal["sync", "async"] = "sync"
     """sync: all copies in this process, stepped one after another; async: one subprocess per copy (for envs
     whose step is slow enough to pay for the inter-process traffic)."""
