@@ -8,6 +8,7 @@ import dataclasses
 import io
 import json
 import re
+import subprocess
 import sys
 import threading
 import tracemalloc
@@ -18,6 +19,7 @@ from typing import Any
 import imageio.v3 as iio
 import numpy as np
 import pytest
+from children import sigint_default
 
 from plugrl_env_client.envs.base_env import Observation
 from plugrl_env_client.errors import ConfigError
@@ -592,3 +594,52 @@ def test_directory_sink_writes_inside_its_folder_only(tmp_path: Path) -> None:
     for bad in ("../escape.bin", "/etc/passwd", "a/../../b", ""):
         with pytest.raises(ValueError, match="must be relative"):
             sink.write_bytes(bad, b"")
+
+
+# ------------------------------------------------------------------------------------------------ flags that do nothing
+
+
+def _warnings(caplog: pytest.LogCaptureFixture, text: str) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.levelname == "WARNING" and text in r.getMessage()]
+
+
+def test_record_flags_without_an_episode_freq_are_named_once_by_process_zero(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level("WARNING", logger="plugrl_env_client.outputs.recorder")
+    for pid in (0, 1, 2):
+        recorder(MemorySink(), k=0, process_id=pid, record_video=True, record_episode_metrics=True).close()
+    (message,) = _warnings(caplog, "--recorder.episode-freq")
+    assert message.startswith("--recorder.record-video, --recorder.record-episode-metrics record nothing without")
+    assert "add --recorder.episode-freq 1" in message
+    caplog.clear()
+    recorder(MemorySink(), k=0, process_id=0).close()  # nothing asked for: nothing to say
+    recorder(MemorySink(), k=2, process_id=0, record_full_rollout=True).close()
+    assert _warnings(caplog, "--recorder.episode-freq") == []
+
+
+def test_video_of_an_env_without_images_is_named_once(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level("WARNING", logger="plugrl_env_client.outputs.recorder")
+    states_only = Observation(states={"pos": np.zeros((4, 2), np.float32)})
+    for pid in (0, 1):
+        rec = recorder(MemorySink(), k=1, process_id=pid, record_video=True)
+        for _ in range(3):
+            rec.on_reset(states_only, np.arange(4), np.arange(4))
+        rec.close()
+    (message,) = _warnings(caplog, "hold no image")
+    assert "--env.render" in message
+    caplog.clear()
+    with_images = recorder(MemorySink(), k=1, process_id=0, record_video=True)
+    Group(with_images, [0, 1, 2, 3], Log()).reset([0, 1, 2, 3])
+    with_images.close()
+    assert _warnings(caplog, "hold no image") == []
+
+
+def test_a_run_of_two_processes_warns_once(tmp_path: Path) -> None:
+    """Both processes record every episode of an env without images: the run's console says so once."""
+    done = subprocess.run(sigint_default([
+        sys.executable, "-m", "plugrl_env_client", "point-v1", "--num-procs", "2", "--num-envs", "2",
+        "--num-episodes", "4", "--local-policy", "random", "--env.max-episode-steps", "5", "--no-progress",
+        "--recorder.episode-freq", "1", "--recorder.record-video", "--output-dir", str(tmp_path),
+        "--exp-name", "run"]), capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.count("hold no image") == 1, done.stderr
+    assert (tmp_path / "run/logs/client.log").read_text().count("hold no image") == 1

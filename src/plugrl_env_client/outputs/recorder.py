@@ -35,6 +35,10 @@ observations per recorded episode.
 
 JSON lines are strict JSON (NaN and infinities become null); ``.npy`` and ``.npz`` files hold the arrays as the
 env produced them.
+
+Flags that would do nothing say so, once per run, from process 0 (every run has one; the others stay quiet, so
+``--num-procs 4`` warns once, not four times): a record flag without ``--recorder.episode-freq`` (nothing is
+recorded), and ``--recorder.record-video`` for an env whose observations hold no image (no video can be made).
 """
 
 from __future__ import annotations
@@ -75,6 +79,9 @@ VIDEO_QUALITY = 6
 
 OBS_STATS_FILE = "metrics/obs_stats.jsonl"
 EPISODE_METRICS_FILE = "metrics/episode_metrics.jsonl"
+
+RECORD_FLAGS = ("record_video", "record_full_rollout", "record_obs_stats", "record_episode_metrics", "thread0_only")
+"""The recorder's flags that take effect only on recorded episodes (with ``--recorder.episode-freq K``)."""
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -333,6 +340,10 @@ class EpisodeRecorder:
         self._lines: dict[str, list[bytes]] = {}  # JSON lines so far, for sinks that cannot append
         self._handoff = _HandOff(queue_episodes, queue_bytes)
         self._thread: threading.Thread | None = None
+        # Process 0 speaks for the run (see the module docstring); the image check waits for the first observation.
+        self._check_images = self.process_id == 0 and self.enabled and config.record_video
+        if self.process_id == 0:
+            _warn_inert_flags(config)
         if self.enabled:
             self._thread = threading.Thread(target=self._serve, name=f"recorder-proc{self.process_id}", daemon=True)
             self._thread.start()
@@ -358,6 +369,12 @@ class EpisodeRecorder:
                 if self._running.pop(env, None) is not None:
                     self._unfinished += 1
             self._recording[ids] = False
+            if self._check_images:
+                self._check_images = False
+                if not obs.images:
+                    logger.warning("--recorder.record-video: this env's observations hold no image, so no video is "
+                                   "written; envs that can render send their frames with --env.render (gym-v1, "
+                                   "mujoco-v1), others need images in their observations")
             chosen = np.flatnonzero((first + np.arange(ids.size)) % self.config.episode_freq == 0)
             for k in chosen.tolist():
                 env, frame = int(ids[k]), _copy_row(obs, int(rows_[k]))
@@ -605,6 +622,18 @@ def encode_mp4(images: list[np.ndarray], fps: int) -> bytes:
             writer.close()
         with open(path, "rb") as f:
             return f.read()
+
+
+def _warn_inert_flags(config: RecorderConfig) -> None:
+    """One warning naming the record flags given without ``--recorder.episode-freq``, which then record nothing."""
+    if config.episode_freq != 0:
+        return
+    given = [name for name in RECORD_FLAGS if getattr(config, name)]
+    if given:
+        flags = ", ".join("--recorder." + name.replace("_", "-") for name in given)
+        logger.warning("%s record%s nothing without --recorder.episode-freq K (record every K-th episode of each "
+                       "process); add --recorder.episode-freq 1 to record every episode, or a larger K for fewer",
+                       flags, "s" if len(given) == 1 else "")
 
 
 def _require_video() -> None:
