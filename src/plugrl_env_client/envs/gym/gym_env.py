@@ -22,6 +22,12 @@ The inner env's own time limit (the TimeLimit of its registration) shows up as `
 time limit of its own. ``--env.render`` adds each copy's ``render()`` frame as ``images["render"]``. The step
 info is Gymnasium's vector info (an array per key, with a ``_key`` mask of the copies that reported it); an
 ``is_success`` key, the Gymnasium convention, is also given as ``success``, which the client counts.
+
+Rendering without a display: :func:`headless_rendering` picks an OpenGL platform (``MUJOCO_GL=egl``) before the
+env's package is imported, since some packages (dm_control, and so gym-aloha and Shimmy's dm_control envs) choose
+theirs when they are imported. Rendering on the CPU (Mesa's software EGL on a machine without a GPU) can cost tens
+of milliseconds per frame: :class:`RenderCost` measures it and warns once per run when a frame costs more than
+:data:`SLOW_FRAME_S`, with the cost and what makes it cheaper.
 """
 
 from __future__ import annotations
@@ -33,6 +39,8 @@ import importlib
 import json
 import logging
 import os
+import threading
+import time
 from collections.abc import Sequence
 from typing import Any, Literal
 
@@ -47,6 +55,34 @@ from plugrl_env_client.errors import ConfigError
 
 logger = logging.getLogger(__name__)
 
+
+class OncePerRun(logging.Filter):
+    """Lets a record logged with ``extra={"once": key}`` through the first time ``key`` comes by, and drops the
+    others; records without a key pass.
+
+    On a module's logger it makes a warning once per run, whichever process logs it: each rollout process logs it
+    once, and the launching process hands the records its processes forward to the logger of the same name
+    (:class:`~plugrl_env_client.launch.reports.LogReport`), whose filter lets the first one through.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._seen: set[str] = set()
+        self._lock = threading.Lock()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        key = getattr(record, "once", None)
+        if key is None:
+            return True
+        with self._lock:
+            if key in self._seen:
+                return False
+            self._seen.add(key)
+            return True
+
+
+logger.addFilter(OncePerRun())
+
 Vectorization = Literal["sync", "async"]
 
 IMAGE_CHANNELS = (1, 3, 4)
@@ -54,6 +90,55 @@ IMAGE_CHANNELS = (1, 3, 4)
 
 RENDER_KEY = "render"
 """``images`` key of the frames ``--env.render`` adds."""
+
+SLOW_FRAME_S = 0.010
+"""A rendered frame that costs more than this (10 ms; a GPU renders a 128x128 MuJoCo frame in well under 1 ms, a
+CPU in about 70) is worth a warning: at 8 envs it is already most of a step's time."""
+RENDER_SAMPLE = (5, 0.5)
+""":class:`RenderCost` judges the cost over its first renders after the first one: 5 of them, or 0.5 s of them."""
+
+
+class RenderCost:
+    """The measured cost of an env's frames, and one warning per run when it is high (see the module docstring).
+
+    The first render is not counted (it makes the renderer: the OpenGL context, the buffers); the next ones are,
+    until :data:`RENDER_SAMPLE` is reached, then the cost per frame is judged once. ``smaller`` says how to ask the
+    env for smaller frames (the flags of the env at hand).
+    """
+
+    def __init__(self, env_id: str, smaller: str) -> None:
+        self.env_id, self.smaller = env_id, smaller
+        self.calls = self.frames = 0
+        self.seconds = 0.0
+        self.judged = False
+
+    def add(self, frames: np.ndarray, seconds: float) -> None:
+        """One render call that made ``frames`` (k, h, w, c) in ``seconds``."""
+        self.calls += 1
+        if self.judged or self.calls == 1:
+            return
+        self.frames += len(frames)
+        self.seconds += seconds
+        calls, budget = RENDER_SAMPLE
+        if self.calls - 1 >= calls or self.seconds >= budget:
+            self.judged = True
+            self._judge(frames.shape[1:3])
+
+    @property
+    def per_frame_s(self) -> float:
+        return self.seconds / self.frames if self.frames else 0.0
+
+    def _judge(self, size: tuple[int, ...]) -> None:
+        per_frame = self.per_frame_s
+        logger.info("%s: rendering costs %.1f ms per %s frame", self.env_id, per_frame * 1e3, "x".join(map(str, size)))
+        if per_frame <= SLOW_FRAME_S:
+            return
+        gl = f", MUJOCO_GL={os.environ['MUJOCO_GL']}" if os.environ.get("MUJOCO_GL") else ""
+        logger.warning(
+            "%s: rendering costs %.0f ms per frame here (%s pixels%s, measured over %d frames): with --env.render "
+            "the envs spend most of their time drawing. Smaller frames cost less (%s); leave --env.render off when "
+            "the policy does not need images", self.env_id, per_frame * 1e3, "x".join(map(str, size)), gl,
+            self.frames, self.smaller, extra={"once": "render-cost"})
 
 
 @register_env_config("Gym-v1")
@@ -78,12 +163,14 @@ class GymEnv(BaseEnv[GymEnvConfig]):
 
     def __init__(self, config: GymEnvConfig, num_envs: int = 1, **kwargs: Any) -> None:
         super().__init__(config, num_envs=num_envs, **kwargs)
+        headless_rendering()  # before the env's package is imported: some choose their OpenGL platform on import
         spec = resolve_gym_spec(config.id)
         env_kwargs = parse_kwargs(config.kwargs)
         if config.render:
             env_kwargs["render_mode"] = "rgb_array"
-            headless_rendering()
         self.gym_id = spec.id
+        self.render_cost = RenderCost(spec.id, 'the env\'s size arguments in --env.kwargs, e.g. \'{"width": 64, '
+                                               '"height": 64}\' for MuJoCo tasks')
         self.vector_env = make_vector_env(spec, self.num_envs, config.vectorization, env_kwargs, config.kwargs)
         try:
             self.single_action_space = check_action_space(spec.id, self.vector_env.single_action_space)
@@ -147,8 +234,11 @@ class GymEnv(BaseEnv[GymEnvConfig]):
     def _rendered(self, rows: np.ndarray | None) -> np.ndarray:
         """A new frame batch: fresh frames for the copies in ``rows`` (a bool mask; all when None), the previous
         frames for the others, so the rows of copies that were not reset stay unchanged."""
+        start = time.perf_counter()
         if rows is None or self._frames is None or rows.all():
-            return _stack_frames(self.gym_id, self.vector_env.render(), range(self.num_envs))
+            frames = _stack_frames(self.gym_id, self.vector_env.render(), range(self.num_envs))
+            self.render_cost.add(frames, time.perf_counter() - start)
+            return frames
         idx = np.flatnonzero(rows)
         if isinstance(self.vector_env, gym.vector.SyncVectorEnv):
             fresh = [self.vector_env.envs[i].render() for i in idx]
@@ -157,6 +247,7 @@ class GymEnv(BaseEnv[GymEnvConfig]):
             fresh = [every[i] for i in idx]
         frames = self._frames.copy()
         frames[idx] = _stack_frames(self.gym_id, fresh, idx)
+        self.render_cost.add(frames[idx], time.perf_counter() - start)
         return frames
 
 
@@ -252,8 +343,9 @@ def headless_rendering() -> dict[str, str]:
 
     Only when there is no display, and never over a value the user set: ``SDL_VIDEODRIVER=dummy`` for envs that
     draw with pygame (classic control, PushT), and ``MUJOCO_GL=egl`` for MuJoCo envs (``osmesa`` when there is
-    no EGL library; MuJoCo's default, GLFW, needs a display). Set before the envs are made, so async workers
-    inherit them.
+    no EGL library; MuJoCo's default, GLFW, needs a display). Set before the env's package is imported (dm_control
+    picks its OpenGL platform when it is imported, and gym-aloha renders its camera in every step, ``--env.render``
+    or not) and before the envs are made, so async workers inherit them.
     """
     if os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY"):
         return {}
