@@ -45,6 +45,7 @@ CLIENT_FLAGS = {
     "--ray.resources": "STR", "--ray.placement": "{spread,pack}", "--ray.max-restarts": "INT",
     "--env.step-size": "FLOAT", "--env.goal-radius": "FLOAT",
     "--version": "",  # answered before parsing by every command; listed since its help shows it
+    "--tracking": "{none,tensorboard}",
 }
 """``plugrl-run-env-client point-v1 --help``: the client's flags and Point-v1's ``--env.*`` ones."""
 

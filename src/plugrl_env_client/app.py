@@ -27,6 +27,7 @@ from plugrl_env_client.outputs.logs import setup_logging
 from plugrl_env_client.outputs.progress import Periodic, Progress, summary_table
 from plugrl_env_client.outputs.run_dir import RunDir, default_exp_name, with_plugrl_config_keys, write_json_atomic
 from plugrl_env_client.outputs.run_writer import RunWriter
+from plugrl_env_client.outputs.tracking import make_tracker, require
 from plugrl_env_client.records import ProcessResult, ProcessStatus
 from plugrl_env_client.rollout.budget import EpisodeBudget
 from plugrl_env_client.rollout.signals import interrupt_handlers, shielded
@@ -53,7 +54,8 @@ def run_client(config: ClientConfig, env_id: str, sources: EnvSources | None = N
     limit = spec.max_episode_steps if config.runner.max_episode_steps is None else config.runner.max_episode_steps
     _write_client_config(run_dir, config, spec.uid, spec.kwargs, limit)
     writer = RunWriter(run_dir, exp_name, config.num_procs, config.recorder.metric_window, num_envs=config.num_envs,
-                       recorder_args=dataclasses.asdict(config.recorder))
+                       recorder_args=dataclasses.asdict(config.recorder),
+                       tracker=make_tracker(config.tracking, run_dir.root))
     env: BaseEnv | None = None
     server: PolicyServer | None = None
     signum = None
@@ -181,6 +183,7 @@ def _validate(config: ClientConfig) -> None:
         if value is not None and value < 1:
             raise ConfigError(f"{flag} must be >= 1, got {value}")
     group_sizes(config)  # pipeline and seed groups must split the envs evenly
+    require(config.tracking)  # its library, before the run folder exists
 
 
 def _start_local_policy(config: ClientConfig, env_id: str, env: BaseEnv | None, run_dir: RunDir) -> PolicyServer:

@@ -24,6 +24,7 @@ import tyro
 from plugrl_env_client.envs.base_env import BaseEnvConfig
 from plugrl_env_client.launch.ray.config import RayConfig
 from plugrl_env_client.outputs.recorder import RecorderConfig
+from plugrl_env_client.outputs.tracking import TrackingKind
 from plugrl_env_client.protocol.session import ConnectionConfig
 from plugrl_env_client.rollout.settings import LoopConfig
 
@@ -84,6 +85,10 @@ class ClientConfig:
     also $PLUGRL_ENV_PATH, os.pathsep-separated)."""
     launcher: Literal["local", "ray"] = "local"
     """Where the processes run: local processes, or Ray actors on a cluster (extra ray)."""
+    tracking: TrackingKind = "none"
+    """Live tracking: tensorboard writes each episode's return, length and success, the env steps per second, the
+    infer round-trip time and the reconnects to runs/<exp>/tensorboard/ as the run goes (extra tensorboard; watch
+    with tensorboard --logdir runs)."""
     connection: Annotated[ConnectionConfig, tyro.conf.OmitArgPrefixes] = dataclasses.field(
         default_factory=ConnectionConfig)
     runner: RunnerConfig = dataclasses.field(default_factory=RunnerConfig)
