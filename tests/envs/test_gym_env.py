@@ -307,6 +307,23 @@ def test_render_adds_frames_and_keeps_rows_of_envs_not_reset() -> None:
         env.close()
 
 
+def test_frames_for_the_recorder_only_are_drawn_on_request_and_not_sent() -> None:
+    env = make(2, id="CartPole-v1", render_for_recorder_only=True)
+    try:
+        obs, _ = env.reset(seed=0)
+        for _ in range(4):
+            obs, *_ = env.step(np.array([0, 1]))
+        assert obs.images == {} and env.frames_for_recorder
+        inner = env.vector_env.envs  # type: ignore[attr-defined]
+        drawn = env.render_frames(np.array([1]))["render"]
+        assert drawn.shape == (1, 400, 600, 3)
+        np.testing.assert_array_equal(drawn[0], inner[1].render())
+    finally:
+        env.close()
+    with pytest.raises(ConfigError, match="--env.render sends every frame to the policy already"):
+        make(1, id="CartPole-v1", render=True, render_for_recorder_only=True)
+
+
 def test_without_render_there_are_no_frames() -> None:
     env = make(1, id="CartPole-v1")
     try:
@@ -486,3 +503,26 @@ def test_run_through_the_client(tmp_path: Any, registry: None) -> None:
                           exp_name="gym-e2e", env=GymEnvConfig(id="CartPole-v1"))
     assert run_client(config, "Gym-v1") == 0
     check_run_of_one_process(tmp_path / "gym-e2e", episodes=5, max_length=500)  # the env's own time limit
+
+
+def test_a_run_renders_only_the_episodes_it_records(tmp_path: Path, registry: None) -> None:
+    """--env.render-for-recorder-only with --recorder.episode-freq 3: the recorded episodes have their frames
+    (samples and a video), the policy's observations none, and only recorded envs were rendered."""
+    from plugrl_env_client.app import run_client
+    from plugrl_env_client.config import ClientConfig, RecorderConfig, RunnerConfig
+
+    config = ClientConfig(num_envs=2, num_episodes=6, local_policy="random", output_dir=tmp_path, progress=False,
+                          exp_name="rec", env=GymEnvConfig(id="CartPole-v1", render_for_recorder_only=True),
+                          runner=RunnerConfig(max_episode_steps=4),
+                          recorder=RecorderConfig(episode_freq=3, record_video=True))
+    assert run_client(config, "Gym-v1") == 0
+    proc = tmp_path / "rec/rollout/proc_000"
+    videos = sorted(p.name for p in (proc / "videos").iterdir())
+    assert videos and all(name.endswith("_render.mp4") for name in videos)
+    firsts = sorted((proc / "sampled").glob("*_first_render.png"))
+    assert [p.name.replace("_first_render.png", "_render.mp4") for p in firsts] == videos
+    episodes = [json.loads(line) for line in (proc / "episodes.jsonl").read_text().splitlines()]
+    assert len(videos) < len(episodes), "not every episode was rendered"
+    timing = json.loads((proc / "summary.json").read_text())["timing"]
+    assert timing["bytes_sent"] / (timing["infer_calls"] + timing["feedback_calls"]) < 10_000, \
+        "no 400x600 frame (720 kB) went to the policy"

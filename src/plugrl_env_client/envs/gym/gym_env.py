@@ -28,6 +28,12 @@ env's package is imported, since some packages (dm_control, and so gym-aloha and
 theirs when they are imported. Rendering on the CPU (Mesa's software EGL on a machine without a GPU) can cost tens
 of milliseconds per frame: :class:`RenderCost` measures it and warns once per run when a frame costs more than
 :data:`SLOW_FRAME_S`, with the cost and what makes it cheaper.
+
+Frames for the recorder only: with ``--env.render-for-recorder-only`` the envs are made able to render, but their
+observations carry no frames (the policy gets none, the wire carries none); the episode recorder asks for the
+frames of the envs whose episodes it records, step by step, through :meth:`GymEnv.render_frames`, so only those
+envs pay for rendering (with ``--recorder.episode-freq 10``, a tenth of the episodes). The copies of an async
+vector env render all together, so there every copy pays whenever one is recorded.
 """
 
 from __future__ import annotations
@@ -106,8 +112,8 @@ class RenderCost:
     env for smaller frames (the flags of the env at hand).
     """
 
-    def __init__(self, env_id: str, smaller: str) -> None:
-        self.env_id, self.smaller = env_id, smaller
+    def __init__(self, env_id: str, smaller: str, for_recorder_only: bool = False) -> None:
+        self.env_id, self.smaller, self.for_recorder_only = env_id, smaller, for_recorder_only
         self.calls = self.frames = 0
         self.seconds = 0.0
         self.judged = False
@@ -134,11 +140,14 @@ class RenderCost:
         if per_frame <= SLOW_FRAME_S:
             return
         gl = f", MUJOCO_GL={os.environ['MUJOCO_GL']}" if os.environ.get("MUJOCO_GL") else ""
-        logger.warning(
-            "%s: rendering costs %.0f ms per frame here (%s pixels%s, measured over %d frames): with --env.render "
-            "the envs spend most of their time drawing. Smaller frames cost less (%s); leave --env.render off when "
-            "the policy does not need images", self.env_id, per_frame * 1e3, "x".join(map(str, size)), gl,
-            self.frames, self.smaller, extra={"once": "render-cost"})
+        advice = ("each step of a recorded episode waits for its frame; record fewer episodes (a larger "
+                  "--recorder.episode-freq) or" if self.for_recorder_only else
+                  "with --env.render the envs spend most of their time drawing. When the policy does not need "
+                  "images, leave --env.render off (--env.render-for-recorder-only renders only the episodes the "
+                  "recorder keeps); otherwise")
+        logger.warning("%s: rendering costs %.0f ms per frame here (%s pixels%s, measured over %d frame%s): %s ask "
+                       "for smaller frames (%s)", self.env_id, per_frame * 1e3, "x".join(map(str, size)), gl,
+                       self.frames, "" if self.frames == 1 else "s", advice, self.smaller, extra={"once": "render-cost"})
 
 
 @register_env_config("Gym-v1")
@@ -153,6 +162,9 @@ class GymEnvConfig(BaseEnvConfig):
     """JSON object of keyword arguments for the env's constructor, e.g. '{"g": 9.81}'."""
     render: bool = False
     """Make the envs with render_mode="rgb_array" and send each copy's frame as images["render"]."""
+    render_for_recorder_only: bool = False
+    """Render only the frames the episode recorder keeps (--recorder.episode-freq K), for its images and videos;
+    the policy gets no frames. For a policy that does not need images: other envs never render."""
 
 
 @register_env("Gym-v1")
@@ -163,14 +175,19 @@ class GymEnv(BaseEnv[GymEnvConfig]):
 
     def __init__(self, config: GymEnvConfig, num_envs: int = 1, **kwargs: Any) -> None:
         super().__init__(config, num_envs=num_envs, **kwargs)
+        if config.render and config.render_for_recorder_only:
+            raise ConfigError("--env.render sends every frame to the policy already; drop it to render only the "
+                              "recorded episodes' frames with --env.render-for-recorder-only")
         headless_rendering()  # before the env's package is imported: some choose their OpenGL platform on import
         spec = resolve_gym_spec(config.id)
         env_kwargs = parse_kwargs(config.kwargs)
-        if config.render:
+        if config.render or config.render_for_recorder_only:
             env_kwargs["render_mode"] = "rgb_array"
         self.gym_id = spec.id
+        self.frames_for_recorder = config.render_for_recorder_only
+        """Whether the recorder is to ask :meth:`render_frames` for its frames (they are not in the observations)."""
         self.render_cost = RenderCost(spec.id, 'the env\'s size arguments in --env.kwargs, e.g. \'{"width": 64, '
-                                               '"height": 64}\' for MuJoCo tasks')
+                                               '"height": 64}\' for MuJoCo tasks', config.render_for_recorder_only)
         self.vector_env = make_vector_env(spec, self.num_envs, config.vectorization, env_kwargs, config.kwargs)
         try:
             self.single_action_space = check_action_space(spec.id, self.vector_env.single_action_space)
@@ -231,23 +248,33 @@ class GymEnv(BaseEnv[GymEnvConfig]):
             observation.images[RENDER_KEY] = self._frames
         return observation
 
+    def render_frames(self, rows: np.ndarray) -> dict[str, np.ndarray]:
+        """``{"render": frames}``: the current frames of the copies ``rows`` (batch rows), uint8 (k, h, w, 3); for
+        the recorder, with ``--env.render-for-recorder-only`` (see the module docstring)."""
+        rows = np.asarray(rows, dtype=np.intp).reshape(-1)
+        return {RENDER_KEY: self._render_copies(rows) if rows.size else np.zeros((0, 0, 0, 3), np.uint8)}
+
     def _rendered(self, rows: np.ndarray | None) -> np.ndarray:
         """A new frame batch: fresh frames for the copies in ``rows`` (a bool mask; all when None), the previous
         frames for the others, so the rows of copies that were not reset stay unchanged."""
-        start = time.perf_counter()
         if rows is None or self._frames is None or rows.all():
-            frames = _stack_frames(self.gym_id, self.vector_env.render(), range(self.num_envs))
-            self.render_cost.add(frames, time.perf_counter() - start)
-            return frames
+            return self._render_copies(np.arange(self.num_envs))
         idx = np.flatnonzero(rows)
-        if isinstance(self.vector_env, gym.vector.SyncVectorEnv):
-            fresh = [self.vector_env.envs[i].render() for i in idx]
+        frames = self._frames.copy()
+        frames[idx] = self._render_copies(idx)
+        return frames
+
+    def _render_copies(self, idx: np.ndarray) -> np.ndarray:
+        """Fresh frames of the copies ``idx``, in that order (timed, for :class:`RenderCost`)."""
+        start = time.perf_counter()
+        if np.array_equal(idx, np.arange(self.num_envs)):
+            frames = _stack_frames(self.gym_id, self.vector_env.render(), idx)
+        elif isinstance(self.vector_env, gym.vector.SyncVectorEnv):
+            frames = _stack_frames(self.gym_id, [self.vector_env.envs[i].render() for i in idx], idx)
         else:  # AsyncVectorEnv renders every copy (one call per worker)
             every = self.vector_env.render() or ()
-            fresh = [every[i] for i in idx]
-        frames = self._frames.copy()
-        frames[idx] = _stack_frames(self.gym_id, fresh, idx)
-        self.render_cost.add(frames[idx], time.perf_counter() - start)
+            frames = _stack_frames(self.gym_id, [every[i] for i in idx], idx)
+        self.render_cost.add(frames, time.perf_counter() - start)
         return frames
 
 
