@@ -414,8 +414,9 @@ class EpisodeRecorder:
                 self._check_images = False
                 if not obs.images and not self._sources:
                     logger.warning("--recorder.record-video: this env's observations hold no image, so no video is "
-                                   "written; envs that can render send their frames with --env.render (gym-v1, "
-                                   "mujoco-v1), others need images in their observations")
+                                   "written; envs that can render (gym-v1, mujoco-v1) draw frames with --env.render, "
+                                   "or for the recorder alone with --env.render-for-recorder-only; others need "
+                                   "images in their observations")
             chosen = np.flatnonzero((first + np.arange(ids.size)) % self.config.episode_freq == 0)
             started = [(k, int(ids[k]), _copy_row(obs, int(rows_[k]))) for k in chosen.tolist()]
             if self._sources:
