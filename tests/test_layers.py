@@ -105,8 +105,8 @@ def test_the_reader_of_imports_sees_lazy_and_relative_imports(tmp_path: Path) ->
 def test_importing_the_config_tree_imports_no_heavy_extra() -> None:
     """``plugrl_env_client.config`` is imported by every command line; Ray (and the other extras) must wait until a
     run asks for them."""
-    code = ("import sys, plugrl_env_client.config; "
-            "print(' '.join(m for m in ('ray', 'matplotlib', 'mujoco', 'imageio', 'picows', 'gem') if m in sys.modules))")
+    heavy = ("ray", "matplotlib", "mujoco", "imageio", "picows", "gem", "tensorboardX", "tensorboard")
+    code = f"import sys, plugrl_env_client.config; print(' '.join(m for m in {heavy!r} if m in sys.modules))"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == []

@@ -15,7 +15,10 @@ tyro parses the command line; what it is given first, and why tyro cannot do it 
   (``--x`` / ``--no-x``) or an option that needs a value, never both, and PlugRL's commands write both forms.
 
 The rest is tyro's: ``_`` for ``-`` in flag names, and ``--env.max-episode-steps`` as an alias of
-``--runner.max-episode-steps`` for envs whose config has no such field (:func:`config_class`).
+``--runner.max-episode-steps`` for envs whose config has no such field (:func:`config_class`). The help texts are
+the config dataclasses' field docstrings, joined into paragraphs (:data:`~plugrl_env_client.cli_support.HELP_RULES`);
+each env's line in the list of envs is the first paragraph of its class docstring, without reST markup
+(:func:`summary_line`).
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
+import re
 import sys
 import typing
 from collections.abc import Callable, Sequence
@@ -31,7 +35,7 @@ from typing import Annotated, Any, TypeVar
 
 import tyro
 
-from plugrl_env_client.cli_support import run_cli
+from plugrl_env_client.cli_support import HELP_RULES, VERSION_FLAG, VERSION_HELP, joined_help, run_cli
 from plugrl_env_client.config import ClientConfig
 from plugrl_env_client.envs.discovery import EnvSources, unknown_id_help
 from plugrl_env_client.envs.registry import UnknownEnvError, get_spec, registered_ids
@@ -105,10 +109,26 @@ def config_class(uid: str, base: type[C]) -> type[C]:
     if runner is not None and "max_episode_steps" not in {f.name for f in dataclasses.fields(spec.config_cls)}:
         aliased = _with_time_limit_alias(runner)
         fields.append(("runner", aliased, dataclasses.field(default_factory=aliased)))
+    # --version is answered before parsing (cli_support.exit_code); the field only lists it in the env's --help,
+    # and parse_with hands on the base's fields alone.
+    version = Annotated[bool, tyro.conf.FlagCreatePairsOff, tyro.conf.arg(help=VERSION_HELP, help_behavior_hint="")]
+    fields.append(("version", version, dataclasses.field(default=False)))
     cls = dataclasses.make_dataclass(f"{spec.env_cls.__name__}{base.__name__}", fields, bases=(base,))
     doc = spec.env_cls.__doc__ or sys.modules[spec.env_cls.__module__].__doc__ or f"Run {uid}."
-    cls.__doc__ = doc.strip().splitlines()[0]
+    cls.__doc__ = summary_line(doc)
     return cls
+
+
+_ROLE = re.compile(r":[\w:]+:`~?([^`<]*?)(?:\s*<[^>]*>)?`")
+_LITERAL = re.compile(r"``([^`]+)``")
+
+
+def summary_line(doc: str) -> str:
+    """What the list of envs shows for a docstring: its first paragraph as one line, reST markup taken off
+    (````num_envs```` and ``:class:`~a.b.C``` read ``num_envs`` and ``C``)."""
+    first = re.split(r"\n\s*\n", doc.strip(), maxsplit=1)[0]
+    text = _ROLE.sub(lambda m: m.group(1).rsplit(".", 1)[-1], _LITERAL.sub(r"\1", first))
+    return joined_help(text).replace("\n", " ")
 
 
 @functools.cache
@@ -182,7 +202,8 @@ def parse_with(base: type[C], args: list[str], prog: str, description: str) -> t
     if position is not None:
         args = _normalize_bools(args, subcommands[args[position]])
     config = tyro.extras.subcommand_cli_from_dict(
-        dict[str, Callable[..., C]](subcommands), prog=prog, description=description, args=args)
+        dict[str, Callable[..., C]](subcommands), prog=prog, description=_with_version_hint(description, prog),
+        args=args, registry=HELP_RULES)
     # Hand on plain instances: the per-env classes exist only in this process and cannot be pickled for spawned
     # rollout processes; the env config inside is an ordinary importable dataclass.
     values = {f.name: getattr(config, f.name) for f in dataclasses.fields(base)}  # type: ignore[arg-type]
@@ -191,6 +212,12 @@ def parse_with(base: type[C], args: list[str], prog: str, description: str) -> t
         values["runner"] = runner(**{f.name: getattr(values["runner"], f.name) for f in dataclasses.fields(runner)})
     env_ids = {cls: ids[name] for name, cls in subcommands.items()}
     return env_ids[type(config)], base(**values)
+
+
+def _with_version_hint(description: str, prog: str) -> str:
+    """The command's description and where to look next, for the list of envs (an env's own help lists
+    ``--version`` with its options)."""
+    return f"{description}\n\n{prog} <env-id> --help lists an env's flags; {prog} {VERSION_FLAG} prints the version."
 
 
 def parse(args: Sequence[str] | None = None) -> tuple[str, ClientConfig, CommandLine]:

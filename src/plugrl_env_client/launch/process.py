@@ -99,6 +99,7 @@ def run_process(job: ProcessJob, budget: Budget, sink: ResultSink, env_lock: Any
         hooks = recorder if recorder.enabled else None
         while len(envs) < len(sizes):
             envs.append(build_env(job, env_lock, sizes[len(envs)]))
+        recorder.render_for(envs)  # envs that render only the recorded episodes' frames, when asked for them
         settings = LoopSettings.of(
             cfg.runner,
             seed=process_seed(cfg.runner.seed, job.process_id, cfg.num_envs),
