@@ -52,7 +52,7 @@ HINT = re.compile(r"\s*\((?:default: |repeatable|required|fixed)[^()]*(?:\([^()]
 HELPS_SCRIPT = r"""
 import contextlib, io, json, os, sys
 os.environ["COLUMNS"] = sys.argv[1]
-from plugrl_env_client import cli
+from plugrl_env_client import cli, env_commands
 from plugrl_env_client.check import cli as check_cli
 from plugrl_env_client.envs.discovery import discover_envs
 from plugrl_env_client.envs.registry import get_spec, registered_ids
@@ -64,7 +64,7 @@ ids = [uid for uid in registered_ids() if get_spec(uid).module.startswith("plugr
 commands = {"plugrl-run-env-client": cli.main, "plugrl-check-env": check_cli.main,
             "plugrl-run-policy-server": server_cli.main, "plugrl-report": report_cli.main}
 runs = [(name, []) for name in commands]
-runs += [(name, [cli.subcommand_name(uid)]) for name in ("plugrl-run-env-client", "plugrl-check-env") for uid in ids]
+runs += [(name, [env_commands.subcommand_name(uid)]) for name in ("plugrl-run-env-client", "plugrl-check-env") for uid in ids]
 configs = {uid: f"{get_spec(uid).config_cls.__module__}:{get_spec(uid).config_cls.__qualname__}" for uid in ids}
 out = {"ids": ids, "configs": configs, "helps": {}}
 for name, args in runs:
