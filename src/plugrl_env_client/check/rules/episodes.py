@@ -18,7 +18,6 @@ from plugrl_env_client.check.harness import (
     Outcome,
     Skip,
     Trajectory,
-    copy_obs,
     judge,
     passed,
     steps_text,
@@ -58,7 +57,7 @@ def rule_partial_reset(ctx: Context) -> Outcome:
     if values is None:  # the reset contract, for a partial reset (rule 3 saw a full one)
         return judge([Finding("fail", f"resetting envs {rows_text(rows)}: {p.seen}", p.fix)
                       for p in problems if p.severity == "error"])
-    after = copy_obs(values[0])
+    after = values[0].copy()
     kept = np.setdiff1d(np.arange(n), rows)
     changed = differences(before, after, kept)
     if changed:  # the words a run stops with when an env does this (one rule, two callers)
