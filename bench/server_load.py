@@ -2,9 +2,9 @@
 
 Run from the repo root (Linux: it reads /proc)::
 
-    python bench/server_load.py                  # full scale, about 4 min on 2 cores
-    python bench/server_load.py --quick          # the scale CI runs, about 1 min
-    python bench/server_load.py --only storm     # or: memory
+    python bench/server_load.py                  # full scale: 3 storm waves, 32 clients over 40,000 episodes (30 min)
+    python bench/server_load.py --quick          # one wave of 200, 8 clients over 14,000 episodes (5 min)
+    python bench/server_load.py --only storm     # or: memory; --runs 1 for one run of 12,000 after the warm-up
     python bench/server_load.py --transport picows
 
 The server is ``plugrl-run-policy-server`` (random policy, action dim 3) in a subprocess of its own; its threads,
