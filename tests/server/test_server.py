@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import logging
+import subprocess
+import sys
 import time
 
 import numpy as np
@@ -128,7 +130,10 @@ def test_max_episodes_ends_the_run_for_every_client(server_factory):
     b.send(feedback([0], done=True))  # the third episode: b is closed at once
     assert close_of(b) == (1001, messages.REASON_STOP)
     assert server.log.episodes == 3
-    a.send(infer([0, 1]))  # a learns of the end with its next message
+    try:  # a learns of the end with its next message, or sooner: the close shows on this send or the next recv
+        a.send(infer([0, 1]))
+    except ConnectionClosed:
+        pass
     assert close_of(a) == (1001, messages.REASON_STOP)
 
 
@@ -497,3 +502,169 @@ def test_picows_server_refuses_text_frames(picows_server_factory):
     ws, _ = open_client(picows_server_factory())
     ws.send("hello")
     assert close_of(ws) == (1001, messages.REASON_RESYNC)
+
+
+# ------------------------------------------------------------------------------------------ values a server cannot use
+
+
+def violation_of(caplog, port: int) -> str:
+    """The protocol violation the server logged for the client connection from local ``port``."""
+    found = [r.getMessage() for r in caplog.records
+             if "protocol violation" in r.getMessage() and f", {port})" in r.getMessage()]
+    assert len(found) == 1, f"expected one violation logged for port {port}, got {found}"
+    return found[0]
+
+
+def no_internal_errors(caplog) -> None:
+    errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert not errors, f"the server logged errors: {errors}"
+
+
+def still_serves(server) -> None:
+    """Another client gets an action: the server goes on serving."""
+    other, _ = open_client(server)
+    other.send(infer([0]))
+    assert messages.parse_action(codec.unpackb(other.recv(timeout=5)), np.array([0])).actions.shape[1] == 1
+    other.close()
+
+
+def deep_map(levels: int) -> dict:
+    out: dict = {}
+    inner = out
+    for _ in range(levels - 1):
+        inner["a"] = {}
+        inner = inner["a"]
+    return out
+
+
+ROWS = {"rows": np.zeros(2)}  # something m-shaped, so that info can be split per env
+BAD_INFOS = [
+    ({"episode": {"r": "abc", "mask": np.ones(2, bool)}}, "['r']"),
+    ({"episode": {"r": np.array(["a", "b"]), "mask": np.ones(2, bool)}}, "['r']"),
+    ({"episode": {"r": np.ones(2, np.float32), "mask": np.ones(3, bool)}}, "['mask']"),
+    ({"episode": {"r": np.ones(2, np.float32), "mask": [True, True, True]}}, "['mask']"),
+    ({"episode": {"r": np.ones(2, np.float32), "l": {"a": 1}}}, "['l']"),
+    ({"episode": {"r": np.ones(2, np.float32), "l": np.array([3, -1])}}, "['l']"),
+    ({"episode": {"r": np.ones(2, np.float32), "l": np.array([3.5, 2.0])}}, "['l']"),
+    ({"episode": {"r": np.ones(2, np.float32), "l": np.array([2**63, 1], np.uint64)}}, "['l']"),
+    ({"episode": {"r": np.ones(2, np.float32), "s": np.array([1, 0])}}, "['s']"),
+    ({"episode": {"r": np.ones(2, np.float32), "mask": np.ones(2, np.float32)}}, "['mask']"),
+    ({"episode": {"r": True}}, "['r']"),
+    ({"episode": {"r": None, "mask": np.ones(2, bool)}}, "['r']"),
+    ({**ROWS, "deep": deep_map(990)}, "deeper than"),
+    ({**ROWS, "nested": {"x": {b"bytes-key": 1}}}, "non-str key"),
+]
+
+
+@pytest.mark.parametrize("info, field", BAD_INFOS, ids=[
+    "r-str", "r-text-array", "mask-longer-than-r", "mask-list", "l-map", "l-negative", "l-fraction", "l-beyond-int64",
+    "s-ints", "mask-floats", "r-bool", "r-nil", "nested-990-deep", "bytes-key"])
+def test_an_unusable_info_value_is_a_resync_naming_the_field(server_factory, caplog, info, field):
+    """Each of these made the server fail the connection with 1011 and a traceback (a client repeating them
+    reconnected forever); now a resync whose log line names the field, and the server serves on."""
+    server = server_factory()
+    ws, _ = open_client(server)
+    port = ws.local_address[1]
+    ws.send(infer([0, 1]))
+    ws.recv(timeout=5)
+    ws.send(feedback([0, 1], done=True, info=info))
+    assert close_of(ws) == (1001, messages.REASON_RESYNC)
+    assert field in violation_of(caplog, port)
+    still_serves(server)
+    no_internal_errors(caplog)
+
+
+@pytest.mark.parametrize("episode, counted", [
+    ({"r": 2.5, "l": 4, "s": True, "mask": True}, (2, 5.0, 8, 2)),  # one value stands for every row
+    ({"r": np.float32(1.0), "l": np.int32(3), "mask": np.array([True, False])}, (1, 1.0, 3, 0)),
+    ({"r": np.array([1, 2], np.int64), "l": np.array([3.0, 4.0]), "s": np.array([False, True])}, (2, 3.0, 7, 1)),
+    ({"r": np.ones(2, np.float16), "l": np.array([5, 6], np.uint16), "mean_success_rate": "any value"}, (2, 2.0, 11, 0)),
+], ids=["scalars", "numpy-scalars", "int-returns-whole-float-lengths", "float16-uint16"])
+def test_usable_episode_values_of_other_types_are_counted(server_factory, caplog, episode, counted):
+    """What a value of another type still means is counted as it means (no resync): one value for every row,
+    numbers of any numeric dtype for r, whole numbers of any dtype for l."""
+    server = server_factory()
+    ws, _ = open_client(server)
+    ws.send(infer([0, 1]))
+    ws.recv(timeout=5)
+    ws.send(feedback([0, 1], done=True, info={"rows": np.zeros(2), "episode": episode}))
+    ws.send(infer([0, 1]))
+    assert ws.recv(timeout=5)
+    stats = server.log.stats
+    assert (stats.count, stats.return_sum, stats.length_sum, stats.success_count) == counted
+    assert not [r for r in caplog.records if "protocol violation" in r.getMessage()]
+    ws.close()
+
+
+@pytest.mark.parametrize("obs_map, said", [
+    ({"images": {}, "states": {b"x": np.zeros((1, 2))}, "text": np.array(["hi"])}, "['states'] has a non-str key b'x'"),
+    ({"images": {7: np.zeros((1, 2, 2, 3), np.uint8)}, "states": {"x": np.zeros((1, 2))}, "text": np.array(["hi"])},
+     "map keys must be str or bytes, got 7"),
+], ids=["bytes-state-key", "int-image-key"])
+def test_observation_arrays_need_str_names(server_factory, caplog, obs_map, said):
+    """A bytes state key made the ARS policy's sort of the state names fail (a 1011); now a resync for any policy."""
+    server = server_factory()
+    ws, _ = open_client(server)
+    port = ws.local_address[1]
+    ws.send(codec.packb({"message_type": "infer", "data": obs_map, "env_indices": np.arange(1),
+                         "step_ids": np.zeros(1, np.int64)}))
+    assert close_of(ws) == (1001, messages.REASON_RESYNC)
+    assert said in violation_of(caplog, port)
+    no_internal_errors(caplog)
+
+
+@pytest.mark.parametrize("header", ["-1.0", "1.-1", "1", "a.b", "1.2.3", "1_0.2", "+1.2", "0x1.2", "1. 2",
+                                    "99999999999999999999.1", ""])
+def test_a_malformed_stream_header_is_ignored_with_one_warning(server_factory, caplog, header):
+    """``-1.0`` and ``1.-1`` failed every connection with 1011 (a SeedSequence error) before any message. The
+    header is optional: the server serves such a client with its shared generator and says so once."""
+    server = server_factory()
+    for _ in range(2):
+        ws = connect(server.url, compression=None, max_size=None, proxy=None,
+                     additional_headers={messages.STREAM_HEADER: header}).__enter__()
+        assert messages.parse_metadata(codec.unpackb(ws.recv(timeout=5))).protocol_version == 1
+        ws.send(infer([0]))
+        assert messages.parse_action(codec.unpackb(ws.recv(timeout=5)), np.array([0]))
+        ws.close()
+    warnings = [r.getMessage() for r in caplog.records if messages.STREAM_HEADER in r.getMessage()]
+    assert len(warnings) == 1 and "ignoring" in warnings[0] and repr(header) in warnings[0]
+    no_internal_errors(caplog)
+
+
+def test_a_valid_stream_header_gets_a_reproducible_generator(server_factory):
+    """Two servers with one seed answer the same stream's first infer alike, and the stream's second connection
+    differently (its generator is seeded with how often the stream connected)."""
+    def first_chunk(server, stream):
+        ws = connect(server.url, compression=None, max_size=None, proxy=None,
+                     additional_headers={messages.STREAM_HEADER: stream}).__enter__()
+        ws.recv(timeout=5)
+        ws.send(infer([0]))
+        actions = messages.parse_action(codec.unpackb(ws.recv(timeout=5)), np.array([0])).actions
+        ws.close()
+        return actions
+
+    a, b = server_factory(seed=7), server_factory(seed=7)
+    assert np.array_equal(first_chunk(a, "3.1"), first_chunk(b, "3.1"))
+    assert not np.array_equal(first_chunk(a, "3.1"), first_chunk(b, "3.2"))
+    assert not np.array_equal(first_chunk(a, "3.1"), first_chunk(b, "3.1"))  # a's 3rd connection of 3.1, b's 2nd
+
+
+# ------------------------------------------------------------------------------------------------ many clients
+
+
+def test_32_client_processes_of_16_envs_against_one_server_give_exact_counts(server_factory, tmp_path):
+    """One ``--num-procs 32`` run of 16 envs each (512 envs on one server's loop): every episode it was asked for
+    recorded exactly once, in the summary and the episode lines, and counted by the server."""
+    server = server_factory(policy={"action_dim": 2})
+    episodes = 32 * 16 * 2
+    cmd = [sys.executable, "-c", "from plugrl_env_client.cli import main; main()", "point-v1", "--num-envs", "16",
+           "--num-procs", "32", "--num-episodes", str(episodes), "--runner.max-episode-steps", "8",
+           "--server-port", str(server.port), "--no-progress", "--output-dir", str(tmp_path), "--exp-name", "many"]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    summary = json.loads((tmp_path / "many" / "summary.json").read_text())
+    assert summary["completed_episodes"] == episodes
+    files = sorted((tmp_path / "many" / "rollout").glob("proc_*/episodes.jsonl"))
+    assert len(files) == 32
+    assert sum(len(f.read_text().splitlines()) for f in files) == episodes
+    wait_until(lambda: server.log.episodes >= episodes, 10, "the server to count the last feedbacks")

@@ -241,35 +241,41 @@ def _text_chunk(rows: list[Any]) -> np.ndarray:
     return np.array(rows, dtype=str) if rows and rows[0] else np.zeros((len(rows), 0), dtype="<U1")
 
 
-def _observation(obs: Any, where: str) -> int:
-    """Check an observation map's structure; returns its batch size (-1 when it has no arrays)."""
+def _observation(obs: Any, where: str) -> tuple[int, str]:
+    """Check an observation map's structure; returns its batch size (-1 when it has no arrays) and which arrays it
+    read that from (for messages)."""
     if not isinstance(obs, dict) or set(obs) != set(OBS_KEYS):
         keys = sorted(map(str, obs)) if isinstance(obs, dict) else type(obs).__name__
         raise ProtocolError(f"{where} must be a map with exactly the keys images, states, text; got {keys}")
-    sizes = set()
+    rows: dict[str, int] = {}
     for group in ("images", "states"):
         if not isinstance(obs[group], dict):
             raise ProtocolError(f"{where}[{group!r}] must be a map of arrays")
         for name, arr in obs[group].items():
+            if type(name) is not str:
+                raise ProtocolError(f"{where}[{group!r}] has a non-str key {short_repr(name, 80)}; name arrays with "
+                                    "str keys")
             if not isinstance(arr, np.ndarray) or arr.ndim == 0:
                 raise ProtocolError(f"{where}[{group!r}][{name!r}] must be an array with the env batch leading")
             if group == "images" and arr.dtype != np.uint8:
                 raise ProtocolError(f"{where}['images'][{name!r}] must be uint8, got {arr.dtype.str}")
             if group == "states" and arr.dtype.kind not in "biuf":
                 raise ProtocolError(f"{where}['states'][{name!r}] must be numeric, got {arr.dtype.str}")
-            sizes.add(arr.shape[0])
+            rows[f"{group}[{name!r}]"] = arr.shape[0]
     text = obs["text"]
     # np.array([]) is float64: an empty text batch may come with any dtype
     if isinstance(text, np.ndarray) and text.ndim == 1 and (text.dtype.kind == "U" or text.size == 0):
-        sizes.add(text.shape[0])
+        rows["text"] = text.shape[0]
     elif isinstance(text, list) and all(isinstance(t, str) for t in text):
-        sizes.add(len(text))
+        rows["text"] = len(text)
     elif text is not None:
         got = f"{text.dtype.str} {list(text.shape)}" if isinstance(text, np.ndarray) else type(text).__name__
         raise ProtocolError(f"{where}['text'] must be a 1-d '<U' array or a list of str, got {got}")
+    sizes = set(rows.values())
     if len(sizes) > 1:
-        raise ProtocolError(f"{where} arrays disagree on the batch size: {sorted(sizes)}")
-    return sizes.pop() if sizes else -1
+        each = ", ".join(f"{name}: {n}" for name, n in rows.items())
+        raise ProtocolError(f"{where} arrays disagree on the batch size: {sorted(sizes)} ({each})")
+    return (sizes.pop() if sizes else -1), ", ".join(rows)
 
 
 def _unique(env_indices: np.ndarray, kind: str) -> None:
@@ -287,11 +293,13 @@ def parse_infer(msg: Any) -> InferRequest:
     reuse = msg.get("reuse")
     if reuse is not None and (not isinstance(reuse, np.ndarray) or reuse.dtype != bool or reuse.shape != env_indices.shape):
         raise ProtocolError("infer 'reuse' must be a bool array with one entry per env index")
-    n = _observation(msg.get("data"), "infer data")
+    n, names = _observation(msg.get("data"), "infer data")
     expected = len(env_indices) if reuse is None else int((~reuse).sum())
     if n != expected and not (n == -1 and expected == 0):
         held = "no arrays" if n == -1 else f"{n} rows"
-        raise ProtocolError(f"infer data holds {held} but {expected} rows are expected")
+        per = "one per env index" if reuse is None else "one per env index not marked in 'reuse'"
+        raise ProtocolError(f"infer data holds {held} but {expected} rows are expected ({per}; the rows of "
+                            f"{names or 'no array'})")
     return InferRequest(obs=msg["data"], env_indices=env_indices, step_ids=step_ids, reuse=reuse)
 
 
@@ -305,10 +313,11 @@ def parse_feedback(msg: Any) -> FeedbackMessage:
         raise ProtocolError(f"feedback data must have exactly the keys {', '.join(FEEDBACK_KEYS)}; got {keys}")
     _unique(env_indices, "feedback")
     m = len(env_indices)
-    n = _observation(data["obs"], "feedback obs")
+    n, names = _observation(data["obs"], "feedback obs")
     if (n != m and not (n == -1 and m == 0)) or len(step_ids) != m:
         held = "no arrays" if n == -1 else f"{n} rows"
-        raise ProtocolError(f"feedback obs has {held} and {len(step_ids)} step ids for {m} env indices")
+        raise ProtocolError(f"feedback obs has {held} and {len(step_ids)} step ids for {m} env indices (the rows "
+                            f"of {names or 'no array'}, 'step_ids', 'env_indices')")
     for key, kind in (("rewards", "f"), ("terminated", "b"), ("truncated", "b")):
         arr = data[key]
         if not isinstance(arr, np.ndarray) or arr.shape != (m,) or arr.dtype.kind != kind:

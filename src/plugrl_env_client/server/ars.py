@@ -312,6 +312,8 @@ class ArsLearner:
     def abandon(self, episodes: Iterable[Episode]) -> None:
         """Episodes that will not finish (their connection closed): their rollouts are handed out again first."""
         with self._lock:
+            if self.layout is None:  # no iteration has begun (the connection closed before its first infer)
+                return
             back = [e.rollout.key for e in episodes if e.rollout.trains and e.rollout.iteration == self.iteration]
             self._pending[:0] = sorted((key for key in back if key not in self._results), key=lambda ks: (ks[0], -ks[1]))
 

@@ -8,7 +8,10 @@ space), picking one of a fixed set of strings per env and step. ``ars`` learns: 
 A policy sees one connection through :meth:`Policy.for_connection`: the server asks it once per connection, then
 calls :meth:`Policy.infer` for each infer and :meth:`Policy.feedback` for each feedback of that connection, and
 :meth:`Policy.disconnect` when it closes. Stateless policies answer from ``act`` and ignore the rest; a learner
-keeps per-env state there (env indices are private to a connection).
+keeps per-env state there (env indices are private to a connection). A value the client sent that a policy cannot
+use (ARS: a NaN state) is a :class:`~plugrl_env_client.errors.ProtocolError`, which the server answers with a
+resync. The server calls a policy on its event loop: a policy must answer promptly (the reference ones take
+microseconds), or every connection waits.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 import numpy as np
 import tyro
 
+from plugrl_env_client.errors import ProtocolError
 from plugrl_env_client.server.ars import ArsLearner, ArsSettings, Episode, state_layout, state_matrix
 
 if TYPE_CHECKING:
@@ -231,11 +235,22 @@ class ArsPolicy(Policy):
         return _ArsConnection(self, next(self._numbers))
 
     def act(self, obs: dict[str, Any], n: int) -> np.ndarray:
+        rollout = self.learner.start_episode(whole=False)
+        return self.chunk(self.learner.actions([rollout] * n, self.states(obs, n)))
+
+    def states(self, obs: dict[str, Any], n: int) -> np.ndarray:
+        """The ``[n, state size]`` matrix of an observation's states (binding the learner's layout to the first);
+        a NaN or infinite state is a :class:`ProtocolError` (the client's value: it would poison the state
+        statistics every client shares)."""
         states = obs["states"]
         layout = state_layout(states)
         self.learner.bind(layout)
-        rollout = self.learner.start_episode(whole=False)
-        return self.chunk(self.learner.actions([rollout] * n, state_matrix(states, layout, n)))
+        x = state_matrix(states, layout, n)
+        if not np.isfinite(x).all():
+            bad = sorted({key for key, _ in layout if not np.isfinite(np.asarray(states[key], np.float64)).all()})
+            raise ProtocolError(f"infer data['states'] {bad} hold NaN or infinite values; ARS acts on finite states "
+                                "only")
+        return x
 
     def chunk(self, actions: np.ndarray) -> np.ndarray:
         """``[horizon, n, *shape]`` in the policy's dtype: the same action at every step of the chunk."""
@@ -262,10 +277,7 @@ class _ArsConnection(Policy):
         return self.policy.act(obs, n)
 
     def infer(self, obs: dict[str, Any], env_indices: np.ndarray, step_ids: np.ndarray) -> np.ndarray:
-        states, n = obs["states"], len(env_indices)
-        layout = state_layout(states)
-        self.learner.bind(layout)
-        x = state_matrix(states, layout, n)
+        x = self.policy.states(obs, len(env_indices))
         rollouts = []
         for j, (env, step) in enumerate(zip(env_indices.tolist(), step_ids.tolist())):
             episode = self.episodes.get(env)
