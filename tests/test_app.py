@@ -21,6 +21,7 @@ from plugrl_env_client.server.server import PolicyServer
 
 ROOT = Path(__file__).resolve().parents[1]
 discover_envs()
+from exiting_env import ExitingConfig  # noqa: E402
 from faulty_env import FaultyConfig  # noqa: E402
 
 from plugrl_env_client.envs.point.point_env import PointEnvConfig  # noqa: E402
@@ -480,3 +481,51 @@ def test_a_process_that_cannot_load_the_env_file_says_why_in_its_summary(tmp_pat
     assert set(total["process_status"].values()) == {"failed"}
     assert "could not load the env sources or the job" in total["errors"]["0"]
     assert "could not load the env sources or the job" in capsys.readouterr().err
+
+
+EXITING_ENV = str(ROOT / "tests" / "_support" / "exiting_env.py")
+SAYS = {
+    "exit0": "called sys.exit(0) in {call}() (an env that cannot go on should raise an exception",
+    "exit2": "called sys.exit(2) in {call}() (exit code 2 is how argparse refuses a command line",
+    "keyboard": "raised KeyboardInterrupt in {call}() (env code raised it: no Ctrl-C or SIGTERM reached the client)",
+    "base": "raised in {call}(): SimulatorAbort: the simulator gave up (a BaseException, not an Exception",
+}
+
+
+@pytest.mark.parametrize("call, how", [("step", "exit0"), ("__init__", "exit2")])
+def test_env_code_that_ends_the_process_fails_the_run_on_the_command_line(tmp_path, call, how):
+    """sys.exit(0) in step() used to end the client with 0, nothing printed and a summary stuck at "starting";
+    SystemExit(2) in __init__ (argparse refusing the client's argv) with 2 and an empty stderr."""
+    result = _cli(["exiting-v1", "--env-path", EXITING_ENV, "--env.call", call, "--env.how", how, "--num-episodes",
+                   "20", "--local-policy", "random", "--no-progress", "--output-dir", str(tmp_path), "--exp-name",
+                   "run"], cwd=tmp_path)
+    said = f"error: process 0 failed: env Exiting-v1 {SAYS[how].format(call=call)}"
+    assert result.returncode == 1 and said in result.stderr, (result.returncode, result.stderr)
+    assert "Traceback" not in result.stderr
+    total = summary(tmp_path)
+    assert total["status"] == "failed" and SAYS[how].format(call=call) in total["errors"]["0"]
+    episodes = (tmp_path / "run" / "rollout/proc_000/episodes.jsonl").read_text().splitlines()
+    assert total["completed_episodes"] == len(episodes) == (2 if call == "step" else 0), "what came before is kept"
+
+
+@pytest.mark.parametrize("call, how, procs, pipeline", [
+    ("step", "keyboard", 1, 1), ("reset", "base", 1, 1), ("close", "exit0", 1, 1),
+    ("step", "exit0", 2, 1), ("__init__", "keyboard", 2, 1),
+    ("step", "keyboard", 1, 2), ("__init__", "exit2", 1, 2),
+])
+def test_env_code_that_ends_the_process_is_the_envs_failure(tmp_path, capsys, call, how, procs, pipeline):
+    """In one process, in spawned ones, and with pipelined groups: the run fails with the env, the call and what it
+    did, in the summary and on stderr; a KeyboardInterrupt of the env's is not taken for the user's Ctrl-C."""
+    failing = procs - 1  # with two processes only the second one's env fails; the first one is stopped
+    cfg = config(tmp_path, env=ExitingConfig(call=call, how=how, process=failing), num_envs=2, num_procs=procs,
+                 num_episodes=40, local_policy="random", runner=RunnerConfig(pipeline=pipeline, pass_proc_id=True))
+    assert run_client(cfg, "Exiting-v1") == 1
+    said = f"env Exiting-v1 {SAYS[how].format(call=call)}"
+    assert f"error: process {failing} failed: {said}" in capsys.readouterr().err
+    total = summary(tmp_path)
+    assert total["status"] == "failed" and said in total["errors"][str(failing)]
+    assert total["failed_processes"] == [failing]
+    if procs == 2:
+        assert total["process_status"]["0"] == "interrupted", "the healthy process was stopped, not failed"
+    if call == "close":
+        assert total["completed_episodes"] == 40, "the episodes came before the close, and are all kept"

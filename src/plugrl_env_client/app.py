@@ -17,11 +17,12 @@ from typing import Any
 from plugrl_env_client.config import ClientConfig
 from plugrl_env_client.envs import contract
 from plugrl_env_client.envs.base_env import BaseEnv, BaseEnvConfig
+from plugrl_env_client.envs.calls import what_it_did
 from plugrl_env_client.envs.discovery import EnvSources
 from plugrl_env_client.envs.registry import get_spec
-from plugrl_env_client.errors import ConfigError, PlugRLError
+from plugrl_env_client.errors import ConfigError, EnvExitError, PlugRLError
 from plugrl_env_client.launch.local import launch
-from plugrl_env_client.launch.process import ProcessJob, build_env, group_sizes
+from plugrl_env_client.launch.process import ProcessJob, build_env, close_env, group_sizes
 from plugrl_env_client.outputs.logs import setup_logging
 from plugrl_env_client.outputs.progress import Periodic, Progress, summary_table
 from plugrl_env_client.outputs.run_dir import RunDir, default_exp_name, with_plugrl_config_keys, write_json_atomic
@@ -74,18 +75,19 @@ def run_client(config: ClientConfig, env_id: str, sources: EnvSources | None = N
             for p in range(config.num_procs):
                 writer.result(ProcessResult(p, ProcessStatus.FAILED, str(exc)))
             if env is not None:
-                env.close()
+                close_env(env, spec.uid)
         except KeyboardInterrupt as exc:
             signum = getattr(exc, "signum", signal.SIGINT)
             print(f"\ninterrupted ({signal.Signals(signum).name}); writing outputs", file=sys.stderr)
             for p in writer.unfinished():  # interrupted before it got going
                 writer.result(ProcessResult(p, ProcessStatus.INTERRUPTED))
-        except Exception as exc:  # a bug or an environment problem nobody foresaw: still a summary that says so
+        except (Exception, SystemExit) as exc:  # a bug or a problem nobody foresaw: still a summary that says so
             logger.debug("internal error: %s: %s", type(exc).__name__, exc, exc_info=True)  # the traceback, in the log
+            why = f"{type(exc).__name__}: {exc}" if isinstance(exc, Exception) else f"something {what_it_did(exc)}"
             for p in writer.unfinished():
-                writer.result(ProcessResult(p, ProcessStatus.FAILED, f"internal error: {type(exc).__name__}: {exc}"))
+                writer.result(ProcessResult(p, ProcessStatus.FAILED, f"internal error: {why}"))
             if env is not None:
-                env.close()
+                close_env(env, spec.uid)
         finally:
             with shielded():  # the outputs are written whatever else arrives
                 if server is not None:
@@ -180,8 +182,9 @@ def _start_local_policy(config: ClientConfig, env_id: str, env: BaseEnv | None, 
     try:
         space = contract.action_space_of(probe)
     finally:
-        if probe is not env:
-            probe.close()
+        ended = close_env(probe, env_id) if probe is not env else None
+    if ended is not None:
+        raise EnvExitError(ended)
     assert config.local_policy is not None
     server = start_local_server(config.local_policy, space, config.local_policy_horizon, seed=config.runner.seed,
                                 choices=config.local_policy_choices, transport=config.connection.transport,

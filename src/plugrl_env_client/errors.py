@@ -24,5 +24,10 @@ class EnvCrashedError(PlugRLError):
     """An env's own ``reset``/``step`` raised; the run stops with the env id, the call and the exception."""
 
 
+class EnvExitError(EnvCrashedError):
+    """Env code tried to end the process (``SystemExit``, its own ``KeyboardInterrupt``, another
+    ``BaseException``): a failure of the env even where an ordinary exception would only be logged (``close``)."""
+
+
 class ProtocolError(PlugRLError):
     """Bytes or messages that do not follow the PlugRL wire protocol v1 (see SPEC.md)."""

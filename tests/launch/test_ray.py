@@ -396,6 +396,18 @@ def test_env_defined_in_the_script_that_was_run_reaches_the_workers(cluster, tmp
     assert summary["completed_episodes"] == 4 and summary["status"] == "finished"
 
 
+def test_env_code_that_calls_sys_exit_in_an_actor_fails_the_run_with_its_message(cluster, tmp_path):
+    """In an actor the rollout runs in a thread, where a SystemExit would only end that thread: the process fails
+    with the env's message, the other one is stopped, and the run exits 1."""
+    cfg = ray_config(tmp_path, cluster, "run", num_envs=2, num_procs=2, num_episodes=40, local_policy="zero",
+                     env_path=(GATED_ENV,), env=gated_env(tmp_path, exit_process=1, kill_after_steps=4),
+                     runner=RunnerConfig(pass_proc_id=True))
+    assert run_client(cfg, "RayGated-v1") == 1
+    summary = read(tmp_path / "run", "summary.json")
+    assert summary["status"] == "failed" and summary["failed_processes"] == [1]
+    assert summary["errors"]["1"].startswith("env RayGated-v1 called sys.exit(0) in step()"), summary["errors"]
+
+
 @pytest.mark.parametrize("split,max_restarts", [("static", 3), ("shared", 3), ("shared", 0)])
 def test_killed_actor_is_restarted_and_the_total_stays_exact(cluster, tmp_path, split, max_restarts):
     """Process 0 kills itself in its 4th step; process 1 holds in its 4th step until the driver has taken in the
