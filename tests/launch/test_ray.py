@@ -473,6 +473,35 @@ def test_signal_on_the_driver_stops_every_actor_and_writes_outputs(cluster, tmp_
     assert "Traceback" not in err
 
 
+def test_sigkill_of_the_driver_leaves_no_actor_process_of_the_run(cluster, tmp_path):
+    """SIGKILL of the driver (preemption, the OOM killer) while both actors hold in a step: Ray ends the actors of
+    a job whose driver died (they are not detached), so none of the run's actor processes is left 30 s later."""
+    from process_tree import kill_all, wait_all_gone
+
+    env = gated_env(tmp_path, hold_after_steps=4)
+    cmd = [sys.executable, "-m", "plugrl_env_client", "RayGated-v1", "--env-path", GATED_ENV, "--env.gate", env.gate,
+           "--env.hold-after-steps", "4", "--runner.pass-proc-id", "--num-envs", "2", "--num-procs", "2",
+           "--local-policy", "random", "--output-dir", str(tmp_path), "--exp-name", "run", "--no-progress",
+           "--launcher", "ray", "--ray.address", cluster.address]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    actors: set[tuple[int, int]] = set()
+    try:
+        wait_for(files_exist(env.held_file(0), env.held_file(1)), "hold of both processes", proc)
+        for p in (0, 1):
+            pid = int(env.held_file(p).read_text())
+            actors.add((pid, int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])))
+        proc.kill()
+        proc.wait()
+        waited, left = wait_all_gone(actors, 30.0)
+        print(f"the actors were gone {waited:.1f} s after the driver")
+    finally:
+        proc.kill()
+        proc.wait()
+        kill_all(actors)  # none, unless the test fails
+        open_gate(env)
+    assert len(actors) == 2 and not left, f"actor processes {sorted(left)} outlived their driver by 30 s"
+
+
 def wait_until_idle(cluster: Cluster, timeout_s: float = 60.0) -> None:
     """Wait until no CPU of the cluster is held (actors of an earlier run release theirs asynchronously): PACK is
     best effort, so a node still partly held would make Ray spread the bundles."""
