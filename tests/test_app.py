@@ -529,3 +529,40 @@ def test_env_code_that_ends_the_process_is_the_envs_failure(tmp_path, capsys, ca
         assert total["process_status"]["0"] == "interrupted", "the healthy process was stopped, not failed"
     if call == "close":
         assert total["completed_episodes"] == 40, "the episodes came before the close, and are all kept"
+
+
+# ---------------------------------------------------------------------------------------------- the run's folder
+
+
+def _one_error_line(result: subprocess.CompletedProcess) -> str:
+    """The run failed with one ``error:`` line on stderr and nothing else there (no traceback, no logging noise)."""
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert result.returncode == 1, (result.returncode, result.stderr)
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    return lines[0]
+
+
+@pytest.mark.parametrize("exp_name", ["../escape", "a/b", "..", ".", "<absolute>"])
+def test_an_exp_name_that_is_a_path_is_refused(tmp_path, exp_name):
+    """--exp-name ../escape used to write the run outside --output-dir."""
+    out = tmp_path / "out"
+    exp_name = str(tmp_path / "escape") if exp_name == "<absolute>" else exp_name
+    result = _cli(["point-v1", "--local-policy", "random", "--num-episodes", "1", "--output-dir", str(out),
+                   "--exp-name", exp_name], cwd=tmp_path)
+    line = _one_error_line(result)
+    assert f"--exp-name {exp_name!r} must be a folder name" in line and "--output-dir" in line, line
+    assert not out.exists() and not (tmp_path / "escape").exists(), "nothing is written"
+
+
+@pytest.mark.parametrize("flags", [["--server-port", "0"], ["--server-url", "ws://127.0.0.1:0"]])
+def test_port_0_of_an_external_server_is_refused(tmp_path, flags):
+    """--server-port 0 without --local-policy used to wait for ever for ws://127.0.0.1:0."""
+    result = _cli(["point-v1", *flags, "--output-dir", str(tmp_path / "out")], cwd=tmp_path)
+    line = _one_error_line(result)
+    assert f"{' '.join(flags)}: the server's port must be from 1 to 65535" in line, line
+    assert "--local-policy random" in line
+
+
+def test_port_0_with_the_embedded_server_is_any_free_port(tmp_path):
+    cfg = config(tmp_path, server_port=0, local_policy="random", num_episodes=1, runner=RunnerConfig(max_episode_steps=3))
+    assert run_client(cfg, "Point-v1") == 0

@@ -10,9 +10,11 @@ from __future__ import annotations
 import dataclasses
 import logging
 import multiprocessing as mp
+import os
 import signal
 import sys
 from typing import Any
+from urllib.parse import urlsplit
 
 from plugrl_env_client.config import ClientConfig
 from plugrl_env_client.envs import contract
@@ -158,6 +160,10 @@ def _recorded_config(config: ClientConfig, env_id: str, env_kwargs: dict[str, An
 
 
 def _validate(config: ClientConfig) -> None:
+    if config.exp_name is not None:
+        _check_exp_name(config.exp_name)
+    if not config.local_policy:
+        _check_server_port(config)
     for name in ("num_envs", "num_procs"):
         if getattr(config, name) < 1:
             raise ConfigError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(config, name)}")
@@ -169,6 +175,37 @@ def _validate(config: ClientConfig) -> None:
         if value is not None and value < 1:
             raise ConfigError(f"{flag} must be >= 1, got {value}")
     group_sizes(config)  # pipeline and seed groups must split the envs evenly
+
+
+def _check_exp_name(name: str) -> None:
+    """A run folder's name, never a path: ``--exp-name ../x`` (or ``a/b``, or an absolute path) would write outside
+    --output-dir."""
+    separators = {"/", os.sep, os.altsep or "/"}
+    if name in ("", ".", "..") or any(sep in name for sep in separators):
+        last = name.replace(os.altsep or "/", "/").replace(os.sep, "/").rstrip("/").rsplit("/", 1)[-1]
+        raise ConfigError(
+            f"--exp-name {name!r} must be a folder name, without '/' and other than '.' or '..': the run goes to "
+            "--output-dir/<exp-name>; to write somewhere else, set --output-dir (e.g. --output-dir ../elsewhere "
+            f"--exp-name {last if last not in ('', '.', '..') else 'my-run'})"
+        )
+
+
+def _check_server_port(config: ClientConfig) -> None:
+    """The port of an external server: 1..65535 (port 0 is "any free port" to a server, and no address to
+    connect to: the client would wait for ever)."""
+    if config.server_url is not None:
+        try:
+            port, flag = urlsplit(config.server_url).port, f"--server-url {config.server_url}"
+        except ValueError:  # a port that is no number, or out of range
+            port, flag = -1, f"--server-url {config.server_url}"
+    else:
+        port, flag = config.server_port, f"--server-port {config.server_port}"
+    if port is not None and not 1 <= port <= 65535:
+        raise ConfigError(
+            f"{flag}: the server's port must be from 1 to 65535; give the port the server listens on (the one "
+            "plugrl-run-policy-server --port N was started with), or use --local-policy random to start a server "
+            "in this process"
+        )
 
 
 def _start_local_policy(config: ClientConfig, env_id: str, env: BaseEnv | None, run_dir: RunDir) -> PolicyServer:
