@@ -517,8 +517,9 @@ def test_env_code_that_ends_the_process_is_the_envs_failure(tmp_path, capsys, ca
     """In one process, in spawned ones, and with pipelined groups: the run fails with the env, the call and what it
     did, in the summary and on stderr; a KeyboardInterrupt of the env's is not taken for the user's Ctrl-C."""
     failing = procs - 1  # with two processes only the second one's env fails; the first one is stopped
+    episodes = 40 if procs == 1 else 1_000_000  # the healthy process must not finish its share before it is stopped
     cfg = config(tmp_path, env=ExitingConfig(call=call, how=how, process=failing), num_envs=2, num_procs=procs,
-                 num_episodes=40, local_policy="random", runner=RunnerConfig(pipeline=pipeline, pass_proc_id=True))
+                 num_episodes=episodes, local_policy="random", runner=RunnerConfig(pipeline=pipeline, pass_proc_id=True))
     assert run_client(cfg, "Exiting-v1") == 1
     said = f"env Exiting-v1 {SAYS[how].format(call=call)}"
     assert f"error: process {failing} failed: {said}" in capsys.readouterr().err
