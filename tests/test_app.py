@@ -567,3 +567,66 @@ def test_port_0_of_an_external_server_is_refused(tmp_path, flags):
 def test_port_0_with_the_embedded_server_is_any_free_port(tmp_path):
     cfg = config(tmp_path, server_port=0, local_policy="random", num_episodes=1, runner=RunnerConfig(max_episode_steps=3))
     assert run_client(cfg, "Point-v1") == 0
+
+
+@pytest.mark.parametrize("where", ["file", "under-a-file"])
+def test_an_output_dir_that_is_a_file_is_one_error_line(tmp_path, where):
+    """It used to be a NotADirectoryError / FileExistsError traceback."""
+    (tmp_path / "afile").write_text("not a folder\n")
+    output_dir = tmp_path / "afile" if where == "file" else tmp_path / "afile" / "runs"
+    result = _cli(["point-v1", "--local-policy", "random", "--num-episodes", "1", "--output-dir", str(output_dir)],
+                  cwd=tmp_path)
+    line = _one_error_line(result)
+    assert f"--output-dir {output_dir}: cannot write the run folder: {tmp_path / 'afile'} is a file, not a folder" in line
+    assert (tmp_path / "afile").read_text() == "not a folder\n"
+
+
+def test_an_output_dir_on_a_read_only_disk_is_one_error_line(tmp_path):
+    """It used to be an ``OSError: [Errno 30]`` traceback."""
+    from small_disk import small_tmpfs
+
+    with small_tmpfs(tmp_path / "ro", "100k", read_only=True) as ro:
+        result = _cli(["point-v1", "--local-policy", "random", "--num-episodes", "1", "--output-dir", str(ro),
+                       "--exp-name", "run"], cwd=tmp_path)
+    line = _one_error_line(result)
+    assert f"cannot write the run folder: {ro / 'run'} is on a read-only file system" in line, line
+    assert "pick another --output-dir" in line
+
+
+def test_an_output_dir_with_no_room_for_the_run_folder_is_one_error_line(tmp_path):
+    from small_disk import small_tmpfs
+
+    with small_tmpfs(tmp_path / "tiny", "16k") as tiny:
+        result = _cli(["point-v1", "--local-policy", "random", "--num-episodes", "1", "--num-procs", "2",
+                       "--output-dir", str(tiny), "--exp-name", "run"], cwd=tmp_path)
+    line = _one_error_line(result)
+    assert f"cannot write the run folder: no space left on device in {tiny / 'run'}" in line, line
+
+
+@pytest.mark.parametrize("procs", [1, 2])
+def test_a_full_disk_stops_the_run_and_loses_nothing_written(tmp_path, procs):
+    """On a 200 KiB disk that fills during the run: it used to be a thousand lines of tracebacks and ``--- Logging
+    error ---`` blocks and no summary.json. Now the run stops, every episode line is whole and counted in the summary,
+    and one message names the folder."""
+    from small_disk import small_tmpfs
+
+    with small_tmpfs(tmp_path / "disk", "200k") as disk:
+        result = _cli(["point-v1", "--local-policy", "random", "--num-episodes", "1000000", "--num-envs", "32",
+                       "--num-procs", str(procs), "--no-progress", "--output-dir", str(disk), "--exp-name", "run"],
+                      cwd=tmp_path)
+        line = _one_error_line(result)
+        assert f"error: no space left on device in {disk / 'run'} (writing rollout/proc_" in line, line
+        assert "every episode written before is whole" in line
+        assert "Logging error" not in result.stdout + result.stderr and "Traceback" not in result.stdout
+        lines = []
+        for pid in range(procs):
+            text = (disk / "run" / f"rollout/proc_{pid:03d}/episodes.jsonl").read_text()
+            assert text == "" or text.endswith("\n"), "no line is cut short"
+            lines += [json.loads(line) for line in text.splitlines()]
+            assert json.loads((disk / "run" / f"rollout/proc_{pid:03d}/manifest.json").read_text())
+        total = json.loads((disk / "run" / "summary.json").read_text())
+        assert not (disk / "run" / ".plugrl-space-reserve").exists(), "the reserve is given back"
+    assert total["completed_episodes"] == len(lines) > 0, "the summary counts every episode on disk"
+    assert total["status"] == "failed" and set(total["failed_processes"]) == set(range(procs))
+    assert "no space left on device" in total["errors"]["0"]
+    assert f"Point-v1: {len(lines)} episodes" in result.stdout

@@ -13,6 +13,7 @@ import multiprocessing as mp
 import os
 import signal
 import sys
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -22,12 +23,18 @@ from plugrl_env_client.envs.base_env import BaseEnv, BaseEnvConfig
 from plugrl_env_client.envs.calls import what_it_did
 from plugrl_env_client.envs.discovery import EnvSources
 from plugrl_env_client.envs.registry import get_spec
-from plugrl_env_client.errors import ConfigError, EnvExitError, PlugRLError
+from plugrl_env_client.errors import ConfigError, EnvExitError, OutputError, PlugRLError
 from plugrl_env_client.launch.local import launch
 from plugrl_env_client.launch.process import ProcessJob, build_env, close_env, group_sizes
-from plugrl_env_client.outputs.logs import setup_logging
+from plugrl_env_client.outputs.logs import run_log, setup_logging, stop_file_logging
 from plugrl_env_client.outputs.progress import Periodic, Progress, summary_table
-from plugrl_env_client.outputs.run_dir import RunDir, default_exp_name, with_plugrl_config_keys, write_json_atomic
+from plugrl_env_client.outputs.run_dir import (
+    RunDir,
+    default_exp_name,
+    describe_write_error,
+    with_plugrl_config_keys,
+    write_json_atomic,
+)
 from plugrl_env_client.outputs.run_writer import RunWriter
 from plugrl_env_client.records import ProcessResult, ProcessStatus
 from plugrl_env_client.rollout.budget import EpisodeBudget
@@ -50,13 +57,7 @@ def run_client(config: ClientConfig, env_id: str, sources: EnvSources | None = N
         config = dataclasses.replace(config, env=spec.config_cls())
     _validate(config)
     exp_name = config.exp_name or default_exp_name(spec.uid, config.num_envs)
-    run_dir = _new_run_dir(config, exp_name)
-    setup_logging(run_dir.log_file)
-    limit = spec.max_episode_steps if config.runner.max_episode_steps is None else config.runner.max_episode_steps
-    write_json_atomic(run_dir.client_config,
-                      with_plugrl_config_keys(_recorded_config(config, spec.uid, spec.kwargs), spec.uid, limit))
-    writer = RunWriter(run_dir, exp_name, config.num_procs, config.recorder.metric_window, num_envs=config.num_envs,
-                       recorder_args=dataclasses.asdict(config.recorder))
+    run_dir, writer = _start_run_folder(config, exp_name, spec.uid, spec.kwargs, spec.max_episode_steps)
     env: BaseEnv | None = None
     server: PolicyServer | None = None
     signum = None
@@ -95,7 +96,7 @@ def run_client(config: ClientConfig, env_id: str, sources: EnvSources | None = N
                 if server is not None:
                     server.shutdown()
                 summary = writer.close()
-    code = _report(spec.uid, run_dir, summary, writer.failures(), signum)
+    code = _report(spec.uid, run_dir, summary, writer, signum)
     if server is not None and server.failure is not None:  # the embedded policy could not serve this env
         print(f"error: --local-policy {config.local_policy} stopped the run: {server.failure}", file=sys.stderr)
         return 1
@@ -111,6 +112,7 @@ def _run(config: ClientConfig, uid: str, run_dir: RunDir, writer: RunWriter, job
                        "ends a run)")
     ctx = mp.get_context(config.runner.start_method)
     budget = EpisodeBudget(config.num_episodes, ctx, config.num_procs, config.runner.episode_split)
+    writer.when_failed(budget.stop.set)  # a full disk stops every process
     progress = Progress(budget).start() if config.progress else None
     refresher = Periodic(SUMMARY_PERIOD_S, writer.write_summaries).start()
     try:
@@ -127,25 +129,50 @@ def _run(config: ClientConfig, uid: str, run_dir: RunDir, writer: RunWriter, job
                 progress.stop()
 
 
-def _new_run_dir(config: ClientConfig, exp_name: str) -> RunDir:
+def _start_run_folder(config: ClientConfig, exp_name: str, uid: str, env_kwargs: dict[str, Any],
+                      registered_limit: int | None) -> tuple[RunDir, RunWriter]:
+    """The run folder, its log and ``client_config.json``, and the writer of its results; a folder that cannot be
+    written (a file in the way, a read-only or full disk) is an :class:`OutputError` that says so."""
     run_dir = RunDir(config.output_dir / exp_name)
     if run_dir.client_config.exists():
         raise ConfigError(
             f"{run_dir.root} already holds a run; pick another --exp-name (or leave it out for a fresh name), "
             "or delete that folder"
         )
-    return run_dir.create()
+    try:
+        run_dir.create()
+        setup_logging(run_dir.log_file)
+        limit = registered_limit if config.runner.max_episode_steps is None else config.runner.max_episode_steps
+        write_json_atomic(run_dir.client_config,
+                          with_plugrl_config_keys(_recorded_config(config, uid, env_kwargs), uid, limit))
+        writer = RunWriter(run_dir, exp_name, config.num_procs, config.recorder.metric_window,
+                           num_envs=config.num_envs, recorder_args=dataclasses.asdict(config.recorder))
+    except OSError as exc:
+        where = Path(exc.filename) if isinstance(exc.filename, str) else None
+        raise OutputError(f"--output-dir {config.output_dir}: cannot write the run folder: "
+                          f"{describe_write_error(exc, run_dir.root, where)}; pick another --output-dir (a folder on "
+                          "a writable disk with free space)") from None
+    writer.when_failed(lambda: stop_file_logging("the run folder's disk can take no more"))
+    return run_dir, writer
 
 
-def _report(uid: str, run_dir: RunDir, summary: dict[str, Any], failed: dict[int, str], signum: int | None) -> int:
-    """Print the end-of-run table and errors; returns the exit code."""
+def _report(uid: str, run_dir: RunDir, summary: dict[str, Any], writer: RunWriter, signum: int | None) -> int:
+    """Print the end-of-run table and errors; returns the exit code. A run folder that could not be written is one
+    message (each process stopped by it would only repeat it)."""
     episodes = summary["completed_episodes"]
     print(f"\n{uid}: {episodes} episode{'' if episodes == 1 else 's'}\n{summary_table(summary)}\n"
           f"summary: {run_dir.summary}")
+    if writer.failure is not None:
+        print(f"error: {writer.failure_message()}", file=sys.stderr)
+    log = run_log()
+    if log is not None and log.failure is not None and writer.failure is None:
+        print(f"warning: {run_dir.log_file} stops short: {log.failure}", file=sys.stderr)
+    failed = {pid: why for pid, why in writer.failures().items() if why != writer.failure_message()}
     if failed:
         for pid in sorted(failed):
             print(f"error: process {pid} failed: {failed[pid]}", file=sys.stderr)
         print(f"details (tracebacks included) are in {run_dir.log_file}", file=sys.stderr)
+    if failed or writer.failure is not None:
         return 1
     return 0 if signum is None else 128 + signum
 

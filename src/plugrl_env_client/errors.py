@@ -29,5 +29,9 @@ class EnvExitError(EnvCrashedError):
     ``BaseException``): a failure of the env even where an ordinary exception would only be logged (``close``)."""
 
 
+class OutputError(PlugRLError):
+    """The run folder cannot be written: a file where a folder should be, a read-only or a full disk."""
+
+
 class ProtocolError(PlugRLError):
     """Bytes or messages that do not follow the PlugRL wire protocol v1 (see SPEC.md)."""

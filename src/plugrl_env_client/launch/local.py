@@ -23,6 +23,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from plugrl_env_client.envs.discovery import EnvSources
+from plugrl_env_client.errors import OutputError
 from plugrl_env_client.launch.lifeline import Lifeline
 from plugrl_env_client.launch.process import ProcessJob, run_process
 from plugrl_env_client.launch.reports import LogReporter, Report, Reporter
@@ -73,6 +74,8 @@ class ReportListener(logging.handlers.QueueListener):
     def handle(self, report: Report) -> None:  # type: ignore[override]  # its records are reports
         try:
             report.deliver(self._writer)
+        except OutputError:  # the run folder can take no more: the writer says so once, and the run stops
+            pass
         except Exception:  # a report that cannot be written must not stop the others from being written
             logger.exception("could not record a report from a rollout process")
 
