@@ -38,10 +38,16 @@ def _episodes_written(path: Path) -> bool:
     return path.exists() and path.stat().st_size > 0
 
 
-def kill_and_follow(proc: subprocess.Popen, expect: int) -> tuple[float, set]:
-    """SIGKILL ``proc`` once it has at least ``expect`` descendants; (seconds until its last one was gone, those
-    still alive after 30 s: killed here, so that none outlives the test)."""
-    wait_until(lambda: len(descendants(proc.pid)) >= expect, 60, f"{expect} processes below the launcher", proc=proc)
+def kill_and_follow(proc: subprocess.Popen, expect: int, named: tuple[str, ...] = ()) -> tuple[float, set]:
+    """SIGKILL ``proc`` once it has at least ``expect`` descendants, among them one whose command line holds each of
+    ``named``; (seconds until its last one was gone, those still alive after 30 s: killed here, so that none
+    outlives the test)."""
+    def ready() -> bool:
+        below = descendants(proc.pid)
+        commands = " ".join(command_line(p) for p in below)
+        return len(below) >= expect and all(name in commands for name in named)
+
+    wait_until(ready, 60, f"{expect} processes below the launcher ({', '.join(named) or 'any'})", proc=proc)
     below = descendants(proc.pid)
     proc.kill()
     proc.wait()
@@ -77,7 +83,10 @@ def test_sigkill_of_a_two_process_launcher_ends_every_process_it_started(tmp_pat
     files = [tmp_path / "run" / "rollout" / f"proc_{p:03d}" / "episodes.jsonl" for p in (0, 1)]
     try:
         wait_until(lambda: all(map(_episodes_written, files)), 120, "episodes of both processes", proc=proc)
-        waited, left = kill_and_follow(proc, expect=2)  # the rollout processes, the resource tracker, the fork server
+        named = ("multiprocessing.resource_tracker",) + (("forkserver",) if start_method == "forkserver" else ())
+        if start_method == "fork":  # forked children need no tracker of their own
+            named = ()
+        waited, left = kill_and_follow(proc, expect=2 + len(named), named=named)
     finally:
         proc.kill()
         proc.wait()
