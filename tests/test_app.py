@@ -492,10 +492,12 @@ SAYS = {
 }
 
 
-@pytest.mark.parametrize("call, how", [("step", "exit0"), ("__init__", "exit2")])
+@pytest.mark.parametrize("call, how", [("step", "exit0"), ("__init__", "exit2"), ("step", "keyboard"),
+                                       ("close", "keyboard")])
 def test_env_code_that_ends_the_process_fails_the_run_on_the_command_line(tmp_path, call, how):
     """sys.exit(0) in step() used to end the client with 0, nothing printed and a summary stuck at "starting";
-    SystemExit(2) in __init__ (argparse refusing the client's argv) with 2 and an empty stderr."""
+    SystemExit(2) in __init__ (argparse refusing the client's argv) with 2 and an empty stderr; the env's own
+    KeyboardInterrupt with 130, as if the user had pressed Ctrl-C."""
     result = _cli(["exiting-v1", "--env-path", EXITING_ENV, "--env.call", call, "--env.how", how, "--num-episodes",
                    "20", "--local-policy", "random", "--no-progress", "--output-dir", str(tmp_path), "--exp-name",
                    "run"], cwd=tmp_path)
@@ -505,11 +507,13 @@ def test_env_code_that_ends_the_process_fails_the_run_on_the_command_line(tmp_pa
     total = summary(tmp_path)
     assert total["status"] == "failed" and SAYS[how].format(call=call) in total["errors"]["0"]
     episodes = (tmp_path / "run" / "rollout/proc_000/episodes.jsonl").read_text().splitlines()
-    assert total["completed_episodes"] == len(episodes) == (2 if call == "step" else 0), "what came before is kept"
+    expected = {"step": 2, "__init__": 0, "close": 20}[call]
+    assert total["completed_episodes"] == len(episodes) == expected, "what came before is kept"
 
 
 @pytest.mark.parametrize("call, how, procs, pipeline", [
     ("step", "keyboard", 1, 1), ("reset", "base", 1, 1), ("close", "exit0", 1, 1),
+    ("reset", "keyboard", 1, 1), ("close", "keyboard", 1, 1), ("step", "base", 1, 1),
     ("step", "exit0", 2, 1), ("__init__", "keyboard", 2, 1),
     ("step", "keyboard", 1, 2), ("__init__", "exit2", 1, 2),
 ])
