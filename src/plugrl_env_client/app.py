@@ -36,6 +36,7 @@ from plugrl_env_client.outputs.run_dir import (
     write_json_atomic,
 )
 from plugrl_env_client.outputs.run_writer import RunWriter
+from plugrl_env_client.outputs.tracking import make_tracker, require
 from plugrl_env_client.records import ProcessResult, ProcessStatus
 from plugrl_env_client.rollout.budget import EpisodeBudget
 from plugrl_env_client.rollout.signals import interrupt_handlers, shielded
@@ -57,7 +58,8 @@ def run_client(config: ClientConfig, env_id: str, sources: EnvSources | None = N
         config = dataclasses.replace(config, env=spec.config_cls())
     _validate(config)
     exp_name = config.exp_name or default_exp_name(spec.uid, config.num_envs)
-    run_dir, writer = _start_run_folder(config, exp_name, spec.uid, spec.kwargs, spec.max_episode_steps)
+    limit = spec.max_episode_steps if config.runner.max_episode_steps is None else config.runner.max_episode_steps
+    run_dir, writer = _start_run_folder(config, exp_name, spec.uid, spec.kwargs, limit)
     env: BaseEnv | None = None
     server: PolicyServer | None = None
     signum = None
@@ -71,6 +73,8 @@ def run_client(config: ClientConfig, env_id: str, sources: EnvSources | None = N
                 env = build_env(jobs[0])
             server = _start_local_policy(config, spec.uid, env, run_dir) if config.local_policy else None
             url = server.url if server is not None else config.resolved_url()
+            if server is not None:  # its port is known only now: the file says where the run's server really was
+                _write_client_config(run_dir, _served_at(config, url), spec.uid, spec.kwargs, limit)
             jobs = [dataclasses.replace(job, url=url) for job in jobs]
             _run(config, spec.uid, run_dir, writer, jobs, sources, env)
         except PlugRLError as exc:  # the run could not start: say why in its summary
@@ -130,7 +134,7 @@ def _run(config: ClientConfig, uid: str, run_dir: RunDir, writer: RunWriter, job
 
 
 def _start_run_folder(config: ClientConfig, exp_name: str, uid: str, env_kwargs: dict[str, Any],
-                      registered_limit: int | None) -> tuple[RunDir, RunWriter]:
+                      limit: int | None) -> tuple[RunDir, RunWriter]:
     """The run folder, its log and ``client_config.json``, and the writer of its results; a folder that cannot be
     written (a file in the way, a read-only or full disk) is an :class:`OutputError` that says so."""
     run_dir = RunDir(config.output_dir / exp_name)
@@ -142,11 +146,15 @@ def _start_run_folder(config: ClientConfig, exp_name: str, uid: str, env_kwargs:
     try:
         run_dir.create()
         setup_logging(run_dir.log_file)
-        limit = registered_limit if config.runner.max_episode_steps is None else config.runner.max_episode_steps
-        write_json_atomic(run_dir.client_config,
-                          with_plugrl_config_keys(_recorded_config(config, uid, env_kwargs), uid, limit))
-        writer = RunWriter(run_dir, exp_name, config.num_procs, config.recorder.metric_window,
-                           num_envs=config.num_envs, recorder_args=dataclasses.asdict(config.recorder))
+        _write_client_config(run_dir, config, uid, env_kwargs, limit)
+        tracker = make_tracker(config.tracking, run_dir.root)
+        try:
+            writer = RunWriter(run_dir, exp_name, config.num_procs, config.recorder.metric_window,
+                               num_envs=config.num_envs, recorder_args=dataclasses.asdict(config.recorder),
+                               tracker=tracker)
+        except BaseException:
+            tracker.close()  # its timer thread would keep the command alive
+            raise
     except OSError as exc:
         where = Path(exc.filename) if isinstance(exc.filename, str) else None
         raise OutputError(f"--output-dir {config.output_dir}: cannot write the run folder: "
@@ -177,6 +185,18 @@ def _report(uid: str, run_dir: RunDir, summary: dict[str, Any], writer: RunWrite
     return 0 if signum is None else 128 + signum
 
 
+def _write_client_config(run_dir: RunDir, config: ClientConfig, uid: str, env_kwargs: dict[str, Any],
+                         limit: int | None) -> None:
+    write_json_atomic(run_dir.client_config, with_plugrl_config_keys(_recorded_config(config, uid, env_kwargs), uid, limit))
+
+
+def _served_at(config: ClientConfig, url: str) -> ClientConfig:
+    """``config`` with the server flags of the server at ``url`` (the embedded one, on a port of its own)."""
+    parts = urlsplit(url)
+    return dataclasses.replace(config, server_url=url, server_host=parts.hostname or config.server_host,
+                               server_port=parts.port or config.server_port)
+
+
 def _recorded_config(config: ClientConfig, env_id: str, env_kwargs: dict[str, Any]) -> dict[str, Any]:
     """Every flag of the run for ``client_config.json``; the API key is not written to disk."""
     flags = dataclasses.asdict(config)
@@ -202,6 +222,7 @@ def _validate(config: ClientConfig) -> None:
         if value is not None and value < 1:
             raise ConfigError(f"{flag} must be >= 1, got {value}")
     group_sizes(config)  # pipeline and seed groups must split the envs evenly
+    require(config.tracking)  # its library, before the run folder exists
 
 
 def _check_exp_name(name: str) -> None:

@@ -59,15 +59,6 @@ Timeline = list[tuple[str, Any, Any]]
 so a test can see e.g. that a feedback went out before its env was reset, or that groups interleaved."""
 
 
-def copy_obs(obs: Observation) -> Observation:
-    """A copy that owns its arrays (the loop may hand the server views of the env's buffers)."""
-    out = Observation.__new__(Observation)
-    out.images = {k: np.array(v, copy=True) for k, v in obs.images.items()}
-    out.states = {k: np.array(v, copy=True) for k, v in obs.states.items()}
-    out.text = np.array(obs.text, copy=True)
-    return out
-
-
 def concat_obs(rows: Sequence[Observation]) -> Observation:
     """Observation batches one after the other (rows of one layout)."""
     out = Observation.__new__(Observation)
@@ -235,7 +226,7 @@ class FakeConnection:
         holding = sorted(set(ids.tolist()) & set(self._chunks))
         if holding:
             raise self._violation(f"envs {holding} ask for actions while they hold a chunk of this connection")
-        seen = copy_obs(obs)
+        seen = obs.copy()
         if reuse is not None:
             reuse = np.asarray(reuse)
             if not self.metadata.supports(FEATURE_REUSE_FEEDBACK_OBS):
@@ -248,7 +239,7 @@ class FakeConnection:
             seen = self._rebuild(ids, reuse, seen)
         elif seen.batch_size != len(ids):
             raise self._violation(f"an infer with {seen.batch_size} rows for {len(ids)} envs")
-        infer = Infer(ids, steps, copy_obs(obs), None if reuse is None else reuse.copy(), seen,
+        infer = Infer(ids, steps, obs.copy(), None if reuse is None else reuse.copy(), seen,
                       self.server.infer_count, self.session, self.index)
         self.server.infer_count += 1
         self._receive(infer)
@@ -300,7 +291,7 @@ class FakeConnection:
                       truncated: Any, info: dict[str, Any]) -> None:
         self._check_open()
         if self.closed is not None:  # as over a socket: it never arrives, and the next infer learns of the close
-            self.lost.append(Feedback(_ids(env_indices, "env_indices"), _ids(step_ids, "step_ids"), copy_obs(obs),
+            self.lost.append(Feedback(_ids(env_indices, "env_indices"), _ids(step_ids, "step_ids"), obs.copy(),
                                       np.array(rewards), np.array(terminated), np.array(truncated), _copy_info(info),
                                       self.session, self.index))
             return
@@ -328,7 +319,7 @@ class FakeConnection:
                 raise self._violation(f"feedback {name} must be [{m}] of kind {kind!r}, got {arr.dtype} {arr.shape}")
         if obs.batch_size != m:
             raise self._violation(f"a feedback with {obs.batch_size} observation rows for {m} envs")
-        feedback = Feedback(ids, steps, copy_obs(obs), rewards.copy(), terminated.copy(), truncated.copy(),
+        feedback = Feedback(ids, steps, obs.copy(), rewards.copy(), terminated.copy(), truncated.copy(),
                             _copy_info(info), self.session, self.index)
         for j, env in enumerate(ids.tolist()):
             del self._chunks[env]

@@ -115,6 +115,18 @@ def test_select_copies_rows() -> None:
     assert obs.images["cam"].max() > 0
 
 
+def test_copy_owns_every_array() -> None:
+    obs = _obs(3, ["a", "b", "c"])
+    copied = obs.copy()
+    for kind in ("images", "states"):
+        for key, arr in getattr(obs, kind).items():
+            np.testing.assert_array_equal(getattr(copied, kind)[key], arr)
+            assert not np.shares_memory(getattr(copied, kind)[key], arr), f"{kind}[{key!r}] is shared"
+    obs.states["pos"][:] = -7.0
+    obs.text[0] = "z"
+    assert (copied.states["pos"] != -7.0).all() and list(copied.text) == ["a", "b", "c"]
+
+
 def test_select_with_empty_and_bool_mask() -> None:
     obs = _obs(4, ["t0", "t1", "t2", "t3"])
     empty = obs.select(np.array([], dtype=np.int64))

@@ -193,7 +193,7 @@ class Context:
         values, problems = contract.read_reset(self.n, self.call(what, self.env.reset, seed=seed, options=options))
         if values is None:
             raise ContractBroken(what, _first_error(problems))
-        return copy_obs(values[0])
+        return values[0].copy()
 
     def step(self, actions: np.ndarray, what: str = "step(actions)") -> StepOutput:
         """A step's values as the client reads them (rewards float32, flags bool), copied: envs may overwrite their
@@ -201,7 +201,7 @@ class Context:
         out, problems = contract.read_step(self.n, self.call(what, self.env.step, actions), warnings=False)
         if out is None:
             raise ContractBroken(what, _first_error(problems))
-        return StepOutput(copy_obs(out.obs), out.rewards.copy(), out.terminated.copy(), out.truncated.copy(), out.info,
+        return StepOutput(out.obs.copy(), out.rewards.copy(), out.terminated.copy(), out.truncated.copy(), out.info,
                           out.zeroed_rewards)
 
     def actions(self) -> np.ndarray:
@@ -328,15 +328,6 @@ def _run_one(ctx: Context, rule: Rule) -> Outcome:
 
 
 # ================================================================================================ helpers
-
-
-def copy_obs(obs: Observation) -> Observation:
-    """A deep copy: envs may return (and later overwrite) their own buffers."""
-    out = Observation.__new__(Observation)
-    out.images = {k: np.array(v, copy=True) for k, v in obs.images.items()}
-    out.states = {k: np.array(v, copy=True) for k, v in obs.states.items()}
-    out.text = np.array(obs.text, copy=True)
-    return out
 
 
 def steps_text(numbers: list[int]) -> str:

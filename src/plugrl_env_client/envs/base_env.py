@@ -117,6 +117,15 @@ class Observation:
         out.text = self.text[idx]
         return out
 
+    def copy(self) -> Observation:
+        """A batch that owns its arrays: an env may overwrite its buffers on the next call, and :meth:`select`
+        hands on views, so whatever keeps an observation past the next call keeps a copy."""
+        out = Observation.__new__(Observation)
+        out.images = {k: np.array(v, copy=True) for k, v in self.images.items()}
+        out.states = {k: np.array(v, copy=True) for k, v in self.states.items()}
+        out.text = np.array(self.text, copy=True)
+        return out
+
 
 def _as_run(idx: np.ndarray) -> slice | None:
     """``idx`` as a slice when it is one ascending run of row numbers (a view then selects it without a copy)."""

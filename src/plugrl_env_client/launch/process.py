@@ -96,6 +96,7 @@ def run_process(job: ProcessJob, budget: Budget, sink: ResultSink, env_lock: Any
         hooks = recorder if recorder.enabled else None
         while len(envs) < len(sizes):
             envs.append(build_env(job, env_lock, sizes[len(envs)]))
+        recorder.render_for(envs)  # envs that render only the recorded episodes' frames, when asked for them
         settings = LoopSettings.of(
             cfg.runner,
             seed=process_seed(cfg.runner.seed, job.process_id, cfg.num_envs),
@@ -158,13 +159,15 @@ def _port_of(url: str) -> int | str:
 
 def close_env(env: BaseEnv, uid: str) -> str | None:
     """Close ``env``; the message when its ``close`` tried to end the process (``sys.exit``, a ``BaseException``),
-    which fails the process. A close that raises an ordinary exception is logged only: the run's results are safe
+    which fails the process. A close that raises an ordinary exception is one warning line on the terminal, not a
+    traceback after a successful run's table (the traceback goes to the log file only): the run's results are safe
     by then."""
     try:
         call_env(uid, "close", env.close)
     except EnvExitError as exc:
         logger.debug("%s", exc, exc_info=True)
         return str(exc)
-    except EnvCrashedError:
-        logger.exception("env %s raised in close()", uid)
+    except EnvCrashedError as exc:
+        logger.warning("%s (the run's results are written; the traceback is in the run's logs/client.log)", exc)
+        logger.debug("env %s raised in close()", uid, exc_info=exc.__cause__ or exc)  # the env's own traceback
     return None

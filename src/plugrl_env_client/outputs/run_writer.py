@@ -44,6 +44,7 @@ from plugrl_env_client.outputs.run_dir import (
     write_json_atomic,
     write_text_in_place,
 )
+from plugrl_env_client.outputs.tracking import NoTracker, Tracker
 from plugrl_env_client.records import DEFAULT_METRIC_WINDOW, EpisodeRecord, EpisodeStats, ProcessResult, ProcessStatus
 from plugrl_env_client.timing import Timing
 
@@ -97,12 +98,15 @@ class RunWriter:
     to it directly, others through the launcher that delivers their reports to it.
 
     ``num_envs`` (each process's env count), ``recorder_args`` (the recorder's settings, by PlugRL's names) and
-    ``command_line`` (default: this process's ``sys.argv``) go into each process's ``manifest.json``.
+    ``command_line`` (default: this process's ``sys.argv``) go into each process's ``manifest.json``. ``tracker``
+    (live tracking, :mod:`~plugrl_env_client.outputs.tracking`) gets every episode and progress report as it comes,
+    and is closed with the writer.
     """
 
     def __init__(self, run_dir: RunDir, exp_name: str, num_procs: int,
                  metric_window: int = DEFAULT_METRIC_WINDOW, *, num_envs: int | None = None,
-                 recorder_args: Mapping[str, Any] | None = None, command_line: Sequence[str] | None = None) -> None:
+                 recorder_args: Mapping[str, Any] | None = None, command_line: Sequence[str] | None = None,
+                 tracker: Tracker | None = None) -> None:
         self.run_dir = run_dir
         self.exp_name = exp_name
         self.num_procs = num_procs
@@ -110,6 +114,7 @@ class RunWriter:
         self.num_envs = num_envs
         self.recorder_args = dict(recorder_args or {})
         self.command_line = list(sys.argv if command_line is None else command_line)
+        self.tracker: Tracker = tracker or NoTracker()
         self._lock = threading.RLock()
         self._procs = {pid: _ProcessState(run_dir, pid, metric_window) for pid in range(num_procs)}
         self._failure: str | None = None
@@ -136,6 +141,7 @@ class RunWriter:
             except OSError as exc:
                 raise self._fail(exc, state.episodes) from None
             state.stats.add_record(record)
+        self.tracker.episode(record)  # live tracking: a note, written by the tracker's own thread
 
     def progress(self, process_id: int, status: ProcessStatus, timing: Timing) -> None:
         """A process's latest timing, and its status while it runs (how it ended comes with :meth:`result`)."""
@@ -144,6 +150,7 @@ class RunWriter:
             state.timing = timing
             if not status.ended and not state.status.ended:
                 state.status = status
+        self.tracker.progress(process_id, timing)  # live tracking
 
     def artifacts(self, process_id: int) -> _GuardedFiles:
         """The process's folder, for its recorder's files (written whole and atomically, or appended; a file the
@@ -231,6 +238,7 @@ class RunWriter:
                 state.close()
                 self._write_json(state.dir / "manifest.json", self._manifest(state))
             self._reserve.release()
+        self.tracker.close()  # live tracking: its last events
         return summary
 
     def _write_json(self, path: Path, data: Any) -> bool:
