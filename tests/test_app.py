@@ -22,6 +22,7 @@ from plugrl_env_client.server.server import PolicyServer
 
 ROOT = Path(__file__).resolve().parents[1]
 discover_envs()
+from exiting_env import ExitingConfig  # noqa: E402
 from faulty_env import FaultyConfig  # noqa: E402
 
 from plugrl_env_client.envs.point.point_env import PointEnvConfig  # noqa: E402
@@ -494,3 +495,156 @@ def test_a_process_that_cannot_load_the_env_file_says_why_in_its_summary(tmp_pat
     assert set(total["process_status"].values()) == {"failed"}
     assert "could not load the env sources or the job" in total["errors"]["0"]
     assert "could not load the env sources or the job" in capsys.readouterr().err
+
+
+EXITING_ENV = str(ROOT / "tests" / "_support" / "exiting_env.py")
+SAYS = {
+    "exit0": "called sys.exit(0) in {call}() (an env that cannot go on should raise an exception",
+    "exit2": "called sys.exit(2) in {call}() (exit code 2 is how argparse refuses a command line",
+    "keyboard": "raised KeyboardInterrupt in {call}() (env code raised it: no Ctrl-C or SIGTERM reached the client)",
+    "base": "raised in {call}(): SimulatorAbort: the simulator gave up (a BaseException, not an Exception",
+}
+
+
+@pytest.mark.parametrize("call, how", [("step", "exit0"), ("__init__", "exit2"), ("step", "keyboard"),
+                                       ("close", "keyboard")])
+def test_env_code_that_ends_the_process_fails_the_run_on_the_command_line(tmp_path, call, how):
+    """sys.exit(0) in step() used to end the client with 0, nothing printed and a summary stuck at "starting";
+    SystemExit(2) in __init__ (argparse refusing the client's argv) with 2 and an empty stderr; the env's own
+    KeyboardInterrupt with 130, as if the user had pressed Ctrl-C."""
+    result = _cli(["exiting-v1", "--env-path", EXITING_ENV, "--env.call", call, "--env.how", how, "--num-episodes",
+                   "20", "--local-policy", "random", "--no-progress", "--output-dir", str(tmp_path), "--exp-name",
+                   "run"], cwd=tmp_path)
+    said = f"error: process 0 failed: env Exiting-v1 {SAYS[how].format(call=call)}"
+    assert result.returncode == 1 and said in result.stderr, (result.returncode, result.stderr)
+    assert "Traceback" not in result.stderr
+    total = summary(tmp_path)
+    assert total["status"] == "failed" and SAYS[how].format(call=call) in total["errors"]["0"]
+    episodes = (tmp_path / "run" / "rollout/proc_000/episodes.jsonl").read_text().splitlines()
+    expected = {"step": 2, "__init__": 0, "close": 20}[call]
+    assert total["completed_episodes"] == len(episodes) == expected, "what came before is kept"
+
+
+@pytest.mark.parametrize("call, how, procs, pipeline", [
+    ("step", "keyboard", 1, 1), ("reset", "base", 1, 1), ("close", "exit0", 1, 1),
+    ("reset", "keyboard", 1, 1), ("close", "keyboard", 1, 1), ("step", "base", 1, 1),
+    ("step", "exit0", 2, 1), ("__init__", "keyboard", 2, 1),
+    ("step", "keyboard", 1, 2), ("__init__", "exit2", 1, 2),
+])
+def test_env_code_that_ends_the_process_is_the_envs_failure(tmp_path, capsys, call, how, procs, pipeline):
+    """In one process, in spawned ones, and with pipelined groups: the run fails with the env, the call and what it
+    did, in the summary and on stderr; a KeyboardInterrupt of the env's is not taken for the user's Ctrl-C."""
+    failing = procs - 1  # with two processes only the second one's env fails; the first one is stopped
+    episodes = 40 if procs == 1 else 1_000_000  # the healthy process must not finish its share before it is stopped
+    cfg = config(tmp_path, env=ExitingConfig(call=call, how=how, process=failing), num_envs=2, num_procs=procs,
+                 num_episodes=episodes, local_policy="random", runner=RunnerConfig(pipeline=pipeline, pass_proc_id=True))
+    assert run_client(cfg, "Exiting-v1") == 1
+    said = f"env Exiting-v1 {SAYS[how].format(call=call)}"
+    assert f"error: process {failing} failed: {said}" in capsys.readouterr().err
+    total = summary(tmp_path)
+    assert total["status"] == "failed" and said in total["errors"][str(failing)]
+    assert total["failed_processes"] == [failing]
+    if procs == 2:
+        assert total["process_status"]["0"] == "interrupted", "the healthy process was stopped, not failed"
+    if call == "close":
+        assert total["completed_episodes"] == 40, "the episodes came before the close, and are all kept"
+
+
+# ---------------------------------------------------------------------------------------------- the run's folder
+
+
+def _one_error_line(result: subprocess.CompletedProcess) -> str:
+    """The run failed with one ``error:`` line on stderr and nothing else there (no traceback, no logging noise)."""
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert result.returncode == 1, (result.returncode, result.stderr)
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    return lines[0]
+
+
+@pytest.mark.parametrize("exp_name", ["../escape", "a/b", "..", ".", "<absolute>"])
+def test_an_exp_name_that_is_a_path_is_refused(tmp_path, exp_name):
+    """--exp-name ../escape used to write the run outside --output-dir."""
+    out = tmp_path / "out"
+    exp_name = str(tmp_path / "escape") if exp_name == "<absolute>" else exp_name
+    result = _cli(["point-v1", "--local-policy", "random", "--num-episodes", "1", "--output-dir", str(out),
+                   "--exp-name", exp_name], cwd=tmp_path)
+    line = _one_error_line(result)
+    assert f"--exp-name {exp_name!r} must be a folder name" in line and "--output-dir" in line, line
+    assert not out.exists() and not (tmp_path / "escape").exists(), "nothing is written"
+
+
+@pytest.mark.parametrize("flags", [["--server-port", "0"], ["--server-url", "ws://127.0.0.1:0"]])
+def test_port_0_of_an_external_server_is_refused(tmp_path, flags):
+    """--server-port 0 without --local-policy used to wait for ever for ws://127.0.0.1:0."""
+    result = _cli(["point-v1", *flags, "--output-dir", str(tmp_path / "out")], cwd=tmp_path)
+    line = _one_error_line(result)
+    assert f"{' '.join(flags)}: the server's port must be from 1 to 65535" in line, line
+    assert "--local-policy random" in line
+
+
+def test_port_0_with_the_embedded_server_is_any_free_port(tmp_path):
+    cfg = config(tmp_path, server_port=0, local_policy="random", num_episodes=1, runner=RunnerConfig(max_episode_steps=3))
+    assert run_client(cfg, "Point-v1") == 0
+
+
+@pytest.mark.parametrize("where", ["file", "under-a-file"])
+def test_an_output_dir_that_is_a_file_is_one_error_line(tmp_path, where):
+    """It used to be a NotADirectoryError / FileExistsError traceback."""
+    (tmp_path / "afile").write_text("not a folder\n")
+    output_dir = tmp_path / "afile" if where == "file" else tmp_path / "afile" / "runs"
+    result = _cli(["point-v1", "--local-policy", "random", "--num-episodes", "1", "--output-dir", str(output_dir)],
+                  cwd=tmp_path)
+    line = _one_error_line(result)
+    assert f"--output-dir {output_dir}: cannot write the run folder: {tmp_path / 'afile'} is a file, not a folder" in line
+    assert (tmp_path / "afile").read_text() == "not a folder\n"
+
+
+def test_an_output_dir_on_a_read_only_disk_is_one_error_line(tmp_path):
+    """It used to be an ``OSError: [Errno 30]`` traceback."""
+    from small_disk import small_tmpfs
+
+    with small_tmpfs(tmp_path / "ro", "100k", read_only=True) as ro:
+        result = _cli(["point-v1", "--local-policy", "random", "--num-episodes", "1", "--output-dir", str(ro),
+                       "--exp-name", "run"], cwd=tmp_path)
+    line = _one_error_line(result)
+    assert f"cannot write the run folder: {ro / 'run'} is on a read-only file system" in line, line
+    assert "pick another --output-dir" in line
+
+
+def test_an_output_dir_with_no_room_for_the_run_folder_is_one_error_line(tmp_path):
+    from small_disk import small_tmpfs
+
+    with small_tmpfs(tmp_path / "tiny", "16k") as tiny:
+        result = _cli(["point-v1", "--local-policy", "random", "--num-episodes", "1", "--num-procs", "2",
+                       "--output-dir", str(tiny), "--exp-name", "run"], cwd=tmp_path)
+    line = _one_error_line(result)
+    assert f"cannot write the run folder: no space left on device in {tiny / 'run'}" in line, line
+
+
+@pytest.mark.parametrize("procs", [1, 2])
+def test_a_full_disk_stops_the_run_and_loses_nothing_written(tmp_path, procs):
+    """On a 200 KiB disk that fills during the run: it used to be a thousand lines of tracebacks and ``--- Logging
+    error ---`` blocks and no summary.json. Now the run stops, every episode line is whole and counted in the summary,
+    and one message names the folder."""
+    from small_disk import small_tmpfs
+
+    with small_tmpfs(tmp_path / "disk", "200k") as disk:
+        result = _cli(["point-v1", "--local-policy", "random", "--num-episodes", "1000000", "--num-envs", "32",
+                       "--num-procs", str(procs), "--no-progress", "--output-dir", str(disk), "--exp-name", "run"],
+                      cwd=tmp_path)
+        line = _one_error_line(result)
+        assert f"error: no space left on device in {disk / 'run'} (writing rollout/proc_" in line, line
+        assert "every episode written before is whole" in line
+        assert "Logging error" not in result.stdout + result.stderr and "Traceback" not in result.stdout
+        lines = []
+        for pid in range(procs):
+            text = (disk / "run" / f"rollout/proc_{pid:03d}/episodes.jsonl").read_text()
+            assert text == "" or text.endswith("\n"), "no line is cut short"
+            lines += [json.loads(line) for line in text.splitlines()]
+            assert json.loads((disk / "run" / f"rollout/proc_{pid:03d}/manifest.json").read_text())
+        total = json.loads((disk / "run" / "summary.json").read_text())
+        assert not (disk / "run" / ".plugrl-space-reserve").exists(), "the reserve is given back"
+    assert total["completed_episodes"] == len(lines) > 0, "the summary counts every episode on disk"
+    assert total["status"] == "failed" and set(total["failed_processes"]) == set(range(procs))
+    assert "no space left on device" in total["errors"]["0"]
+    assert f"Point-v1: {len(lines)} episodes" in result.stdout

@@ -10,22 +10,31 @@ from __future__ import annotations
 import dataclasses
 import logging
 import multiprocessing as mp
+import os
 import signal
 import sys
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
 from plugrl_env_client.config import ClientConfig
 from plugrl_env_client.envs import contract
 from plugrl_env_client.envs.base_env import BaseEnv, BaseEnvConfig
+from plugrl_env_client.envs.calls import what_it_did
 from plugrl_env_client.envs.discovery import EnvSources
 from plugrl_env_client.envs.registry import get_spec
-from plugrl_env_client.errors import ConfigError, PlugRLError
+from plugrl_env_client.errors import ConfigError, EnvExitError, OutputError, PlugRLError
 from plugrl_env_client.launch.local import launch
-from plugrl_env_client.launch.process import ProcessJob, build_env, group_sizes
-from plugrl_env_client.outputs.logs import setup_logging
+from plugrl_env_client.launch.process import ProcessJob, build_env, close_env, group_sizes
+from plugrl_env_client.outputs.logs import run_log, setup_logging, stop_file_logging
 from plugrl_env_client.outputs.progress import Periodic, Progress, summary_table
-from plugrl_env_client.outputs.run_dir import RunDir, default_exp_name, with_plugrl_config_keys, write_json_atomic
+from plugrl_env_client.outputs.run_dir import (
+    RunDir,
+    default_exp_name,
+    describe_write_error,
+    with_plugrl_config_keys,
+    write_json_atomic,
+)
 from plugrl_env_client.outputs.run_writer import RunWriter
 from plugrl_env_client.outputs.tracking import make_tracker, require
 from plugrl_env_client.records import ProcessResult, ProcessStatus
@@ -49,13 +58,8 @@ def run_client(config: ClientConfig, env_id: str, sources: EnvSources | None = N
         config = dataclasses.replace(config, env=spec.config_cls())
     _validate(config)
     exp_name = config.exp_name or default_exp_name(spec.uid, config.num_envs)
-    run_dir = _new_run_dir(config, exp_name)
-    setup_logging(run_dir.log_file)
     limit = spec.max_episode_steps if config.runner.max_episode_steps is None else config.runner.max_episode_steps
-    _write_client_config(run_dir, config, spec.uid, spec.kwargs, limit)
-    writer = RunWriter(run_dir, exp_name, config.num_procs, config.recorder.metric_window, num_envs=config.num_envs,
-                       recorder_args=dataclasses.asdict(config.recorder),
-                       tracker=make_tracker(config.tracking, run_dir.root))
+    run_dir, writer = _start_run_folder(config, exp_name, spec.uid, spec.kwargs, limit)
     env: BaseEnv | None = None
     server: PolicyServer | None = None
     signum = None
@@ -78,24 +82,25 @@ def run_client(config: ClientConfig, env_id: str, sources: EnvSources | None = N
             for p in range(config.num_procs):
                 writer.result(ProcessResult(p, ProcessStatus.FAILED, str(exc)))
             if env is not None:
-                env.close()
+                close_env(env, spec.uid)
         except KeyboardInterrupt as exc:
             signum = getattr(exc, "signum", signal.SIGINT)
             print(f"\ninterrupted ({signal.Signals(signum).name}); writing outputs", file=sys.stderr)
             for p in writer.unfinished():  # interrupted before it got going
                 writer.result(ProcessResult(p, ProcessStatus.INTERRUPTED))
-        except Exception as exc:  # a bug or an environment problem nobody foresaw: still a summary that says so
+        except (Exception, SystemExit) as exc:  # a bug or a problem nobody foresaw: still a summary that says so
             logger.debug("internal error: %s: %s", type(exc).__name__, exc, exc_info=True)  # the traceback, in the log
+            why = f"{type(exc).__name__}: {exc}" if isinstance(exc, Exception) else f"something {what_it_did(exc)}"
             for p in writer.unfinished():
-                writer.result(ProcessResult(p, ProcessStatus.FAILED, f"internal error: {type(exc).__name__}: {exc}"))
+                writer.result(ProcessResult(p, ProcessStatus.FAILED, f"internal error: {why}"))
             if env is not None:
-                env.close()
+                close_env(env, spec.uid)
         finally:
             with shielded():  # the outputs are written whatever else arrives
                 if server is not None:
                     server.shutdown()
                 summary = writer.close()
-    code = _report(spec.uid, run_dir, summary, writer.failures(), signum)
+    code = _report(spec.uid, run_dir, summary, writer, signum)
     if server is not None and server.failure is not None:  # the embedded policy could not serve this env
         print(f"error: --local-policy {config.local_policy} stopped the run: {server.failure}", file=sys.stderr)
         return 1
@@ -111,6 +116,7 @@ def _run(config: ClientConfig, uid: str, run_dir: RunDir, writer: RunWriter, job
                        "ends a run)")
     ctx = mp.get_context(config.runner.start_method)
     budget = EpisodeBudget(config.num_episodes, ctx, config.num_procs, config.runner.episode_split)
+    writer.when_failed(budget.stop.set)  # a full disk stops every process
     progress = Progress(budget).start() if config.progress else None
     refresher = Periodic(SUMMARY_PERIOD_S, writer.write_summaries).start()
     try:
@@ -127,25 +133,54 @@ def _run(config: ClientConfig, uid: str, run_dir: RunDir, writer: RunWriter, job
                 progress.stop()
 
 
-def _new_run_dir(config: ClientConfig, exp_name: str) -> RunDir:
+def _start_run_folder(config: ClientConfig, exp_name: str, uid: str, env_kwargs: dict[str, Any],
+                      limit: int | None) -> tuple[RunDir, RunWriter]:
+    """The run folder, its log and ``client_config.json``, and the writer of its results; a folder that cannot be
+    written (a file in the way, a read-only or full disk) is an :class:`OutputError` that says so."""
     run_dir = RunDir(config.output_dir / exp_name)
     if run_dir.client_config.exists():
         raise ConfigError(
             f"{run_dir.root} already holds a run; pick another --exp-name (or leave it out for a fresh name), "
             "or delete that folder"
         )
-    return run_dir.create()
+    try:
+        run_dir.create()
+        setup_logging(run_dir.log_file)
+        _write_client_config(run_dir, config, uid, env_kwargs, limit)
+        tracker = make_tracker(config.tracking, run_dir.root)
+        try:
+            writer = RunWriter(run_dir, exp_name, config.num_procs, config.recorder.metric_window,
+                               num_envs=config.num_envs, recorder_args=dataclasses.asdict(config.recorder),
+                               tracker=tracker)
+        except BaseException:
+            tracker.close()  # its timer thread would keep the command alive
+            raise
+    except OSError as exc:
+        where = Path(exc.filename) if isinstance(exc.filename, str) else None
+        raise OutputError(f"--output-dir {config.output_dir}: cannot write the run folder: "
+                          f"{describe_write_error(exc, run_dir.root, where)}; pick another --output-dir (a folder on "
+                          "a writable disk with free space)") from None
+    writer.when_failed(lambda: stop_file_logging("the run folder's disk can take no more"))
+    return run_dir, writer
 
 
-def _report(uid: str, run_dir: RunDir, summary: dict[str, Any], failed: dict[int, str], signum: int | None) -> int:
-    """Print the end-of-run table and errors; returns the exit code."""
+def _report(uid: str, run_dir: RunDir, summary: dict[str, Any], writer: RunWriter, signum: int | None) -> int:
+    """Print the end-of-run table and errors; returns the exit code. A run folder that could not be written is one
+    message (each process stopped by it would only repeat it)."""
     episodes = summary["completed_episodes"]
     print(f"\n{uid}: {episodes} episode{'' if episodes == 1 else 's'}\n{summary_table(summary)}\n"
           f"summary: {run_dir.summary}")
+    if writer.failure is not None:
+        print(f"error: {writer.failure_message()}", file=sys.stderr)
+    log = run_log()
+    if log is not None and log.failure is not None and writer.failure is None:
+        print(f"warning: {run_dir.log_file} stops short: {log.failure}", file=sys.stderr)
+    failed = {pid: why for pid, why in writer.failures().items() if why != writer.failure_message()}
     if failed:
         for pid in sorted(failed):
             print(f"error: process {pid} failed: {failed[pid]}", file=sys.stderr)
         print(f"details (tracebacks included) are in {run_dir.log_file}", file=sys.stderr)
+    if failed or writer.failure is not None:
         return 1
     return 0 if signum is None else 128 + signum
 
@@ -172,6 +207,10 @@ def _recorded_config(config: ClientConfig, env_id: str, env_kwargs: dict[str, An
 
 
 def _validate(config: ClientConfig) -> None:
+    if config.exp_name is not None:
+        _check_exp_name(config.exp_name)
+    if not config.local_policy:
+        _check_server_port(config)
     for name in ("num_envs", "num_procs"):
         if getattr(config, name) < 1:
             raise ConfigError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(config, name)}")
@@ -186,6 +225,37 @@ def _validate(config: ClientConfig) -> None:
     require(config.tracking)  # its library, before the run folder exists
 
 
+def _check_exp_name(name: str) -> None:
+    """A run folder's name, never a path: ``--exp-name ../x`` (or ``a/b``, or an absolute path) would write outside
+    --output-dir."""
+    separators = {"/", os.sep, os.altsep or "/"}
+    if name in ("", ".", "..") or any(sep in name for sep in separators):
+        last = name.replace(os.altsep or "/", "/").replace(os.sep, "/").rstrip("/").rsplit("/", 1)[-1]
+        raise ConfigError(
+            f"--exp-name {name!r} must be a folder name, without '/' and other than '.' or '..': the run goes to "
+            "--output-dir/<exp-name>; to write somewhere else, set --output-dir (e.g. --output-dir ../elsewhere "
+            f"--exp-name {last if last not in ('', '.', '..') else 'my-run'})"
+        )
+
+
+def _check_server_port(config: ClientConfig) -> None:
+    """The port of an external server: 1..65535 (port 0 is "any free port" to a server, and no address to
+    connect to: the client would wait for ever)."""
+    if config.server_url is not None:
+        try:
+            port, flag = urlsplit(config.server_url).port, f"--server-url {config.server_url}"
+        except ValueError:  # a port that is no number, or out of range
+            port, flag = -1, f"--server-url {config.server_url}"
+    else:
+        port, flag = config.server_port, f"--server-port {config.server_port}"
+    if port is not None and not 1 <= port <= 65535:
+        raise ConfigError(
+            f"{flag}: the server's port must be from 1 to 65535; give the port the server listens on (the one "
+            "plugrl-run-policy-server --port N was started with), or use --local-policy random to start a server "
+            "in this process"
+        )
+
+
 def _start_local_policy(config: ClientConfig, env_id: str, env: BaseEnv | None, run_dir: RunDir) -> PolicyServer:
     """The embedded reference server, matched to the env's action space (read from ``env`` when it is built
     already; otherwise from a one-env probe, for runs whose envs are built in other processes). ARS saves its
@@ -197,8 +267,9 @@ def _start_local_policy(config: ClientConfig, env_id: str, env: BaseEnv | None, 
     try:
         space = contract.action_space_of(probe)
     finally:
-        if probe is not env:
-            probe.close()
+        ended = close_env(probe, env_id) if probe is not env else None
+    if ended is not None:
+        raise EnvExitError(ended)
     assert config.local_policy is not None
     server = start_local_server(config.local_policy, space, config.local_policy_horizon, seed=config.runner.seed,
                                 choices=config.local_policy_choices, transport=config.connection.transport,

@@ -24,5 +24,14 @@ class EnvCrashedError(PlugRLError):
     """An env's own ``reset``/``step`` raised; the run stops with the env id, the call and the exception."""
 
 
+class EnvExitError(EnvCrashedError):
+    """Env code tried to end the process (``SystemExit``, its own ``KeyboardInterrupt``, another
+    ``BaseException``): a failure of the env even where an ordinary exception would only be logged (``close``)."""
+
+
+class OutputError(PlugRLError):
+    """The run folder cannot be written: a file where a folder should be, a read-only or a full disk."""
+
+
 class ProtocolError(PlugRLError):
     """Bytes or messages that do not follow the PlugRL wire protocol v1 (see SPEC.md)."""

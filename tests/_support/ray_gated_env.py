@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import signal
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -41,6 +42,9 @@ class RayGatedConfig(BaseEnvConfig):
     """Process whose env kills its own process once, at its ``kill_after_steps``-th step (-1: none). Once: the
     kill happens only while the ``killed`` file does not exist, and the env writes it just before."""
     kill_after_steps: int = 4
+    exit_process: int = -1
+    """Process whose env calls ``sys.exit(0)`` at its ``kill_after_steps``-th step (-1: none): env code that ends
+    the process, which must fail the run rather than end an actor's thread unnoticed."""
     hold_after_steps: int = 0
     """Every process holds in this step of its env (each env instance once; 0: never), until the gate is open."""
     hold_timeout_s: float = 180.0
@@ -80,6 +84,8 @@ class RayGatedEnv(BaseEnv[RayGatedConfig]):
         if self.process_id == cfg.kill_process and self.steps == cfg.kill_after_steps and not cfg.killed_file().exists():
             _write(cfg.killed_file(), str(os.getpid()))
             os.kill(os.getpid(), signal.SIGKILL)
+        if self.process_id == cfg.exit_process and self.steps == cfg.kill_after_steps:
+            sys.exit(0)
         if self.steps == cfg.hold_after_steps:
             self._hold()
         self.t += 1

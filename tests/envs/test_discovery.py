@@ -180,6 +180,50 @@ def test_unknown_id_names_the_file_that_failed(tmp_path: Path) -> None:
     assert "Traceback" not in res.stderr
 
 
+@pytest.mark.parametrize("ending, said", [
+    ("import sys\nsys.exit(0)\n", "it called sys.exit(0) while imported"),
+    ("raise SystemExit(2)\n", "it called sys.exit(2) while imported"),
+    ("raise KeyboardInterrupt\n", "it raised KeyboardInterrupt while imported"),
+])
+def test_an_env_file_that_ends_the_process_while_imported_is_an_error_naming_it(tmp_path: Path, ending: str,
+                                                                                said: str) -> None:
+    """A module that calls sys.exit (or raises its own KeyboardInterrupt) at import used to end the CLI there, with
+    that exit code and nothing on stderr: now it is a module that failed to import, and its env id says so."""
+    write_env(tmp_path, "quits_env.py", "Quits-v1", "Quits", extra="\n" + ending)
+    res = run_cli("quits-v1", "--env-path", str(tmp_path), "--local-policy", "random", "--no-progress",
+                  "--output-dir", str(tmp_path), cwd=tmp_path)
+    assert res.returncode == 1, (res.returncode, res.stderr)
+    assert f"Skip loading env module {(tmp_path / 'quits_env.py').resolve()}: {said}" in res.stderr, res.stderr
+    assert "error: Unknown env id" in res.stderr and f"quits_env.py mentions 'quits-v1' but failed to import ({said})" \
+        in res.stderr, res.stderr
+    assert "Traceback" not in res.stderr
+
+
+def test_a_ctrl_c_while_env_files_are_imported_stops_the_command(tmp_path: Path) -> None:
+    """Only the module's own KeyboardInterrupt skips it: a real SIGINT while the CLI imports env files (here one
+    that waits in its import) ends the command as interrupted."""
+    import signal
+
+    from children import sigint_default
+    from waiting import wait_until
+
+    marker = tmp_path / "importing"
+    write_env(tmp_path, "slow_env.py", "Slow-v1", "Slow",
+              extra=f"\nimport pathlib, time\npathlib.Path({str(marker)!r}).touch()\ntime.sleep(60)\n")
+    proc = subprocess.Popen(sigint_default([sys.executable, "-m", "plugrl_env_client", "slow-v1", "--env-path",
+                                            str(tmp_path), "--local-policy", "random", "--output-dir", str(tmp_path)]),
+                            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_until(marker.exists, 60, "the env file's import", proc=proc)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert proc.returncode == 130, err
+    assert "interrupted" in err and "Skip loading" not in err, err
+
+
 def test_a_file_run_directly_names_itself_in_help(tmp_path: Path) -> None:
     path = write_env(tmp_path, "jog_env.py", "Jog-v1", "Jog",
                      extra='\nif __name__ == "__main__":\n    from plugrl_env_client.cli import main\n    main()\n')

@@ -396,6 +396,18 @@ def test_env_defined_in_the_script_that_was_run_reaches_the_workers(cluster, tmp
     assert summary["completed_episodes"] == 4 and summary["status"] == "finished"
 
 
+def test_env_code_that_calls_sys_exit_in_an_actor_fails_the_run_with_its_message(cluster, tmp_path):
+    """In an actor the rollout runs in a thread, where a SystemExit would only end that thread: the process fails
+    with the env's message, the other one is stopped, and the run exits 1."""
+    cfg = ray_config(tmp_path, cluster, "run", num_envs=2, num_procs=2, num_episodes=40, local_policy="zero",
+                     env_path=(GATED_ENV,), env=gated_env(tmp_path, exit_process=1, kill_after_steps=4),
+                     runner=RunnerConfig(pass_proc_id=True))
+    assert run_client(cfg, "RayGated-v1") == 1
+    summary = read(tmp_path / "run", "summary.json")
+    assert summary["status"] == "failed" and summary["failed_processes"] == [1]
+    assert summary["errors"]["1"].startswith("env RayGated-v1 called sys.exit(0) in step()"), summary["errors"]
+
+
 @pytest.mark.parametrize("split,max_restarts", [("static", 3), ("shared", 3), ("shared", 0)])
 def test_killed_actor_is_restarted_and_the_total_stays_exact(cluster, tmp_path, split, max_restarts):
     """Process 0 kills itself in its 4th step; process 1 holds in its 4th step until the driver has taken in the
@@ -459,6 +471,35 @@ def test_signal_on_the_driver_stops_every_actor_and_writes_outputs(cluster, tmp_
     assert summary["completed_episodes"] == sum(len(episodes(run, p)) for p in (0, 1)) > 0
     assert summary["process_status"] == {"0": "interrupted", "1": "interrupted"}
     assert "Traceback" not in err
+
+
+def test_sigkill_of_the_driver_leaves_no_actor_process_of_the_run(cluster, tmp_path):
+    """SIGKILL of the driver (preemption, the OOM killer) while both actors hold in a step: Ray ends the actors of
+    a job whose driver died (they are not detached), so none of the run's actor processes is left 30 s later."""
+    from process_tree import kill_all, wait_all_gone
+
+    env = gated_env(tmp_path, hold_after_steps=4)
+    cmd = [sys.executable, "-m", "plugrl_env_client", "RayGated-v1", "--env-path", GATED_ENV, "--env.gate", env.gate,
+           "--env.hold-after-steps", "4", "--runner.pass-proc-id", "--num-envs", "2", "--num-procs", "2",
+           "--local-policy", "random", "--output-dir", str(tmp_path), "--exp-name", "run", "--no-progress",
+           "--launcher", "ray", "--ray.address", cluster.address]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    actors: set[tuple[int, int]] = set()
+    try:
+        wait_for(files_exist(env.held_file(0), env.held_file(1)), "hold of both processes", proc)
+        for p in (0, 1):
+            pid = int(env.held_file(p).read_text())
+            actors.add((pid, int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])))
+        proc.kill()
+        proc.wait()
+        waited, left = wait_all_gone(actors, 30.0)
+        print(f"the actors were gone {waited:.1f} s after the driver")
+    finally:
+        proc.kill()
+        proc.wait()
+        kill_all(actors)  # none, unless the test fails
+        open_gate(env)
+    assert len(actors) == 2 and not left, f"actor processes {sorted(left)} outlived their driver by 30 s"
 
 
 def wait_until_idle(cluster: Cluster, timeout_s: float = 60.0) -> None:

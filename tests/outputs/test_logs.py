@@ -100,3 +100,49 @@ def test_logging_restored_gives_the_callers_logging_back(tmp_path):
         for handler in [h for h in root.handlers if h not in before]:
             root.removeHandler(handler)
             handler.close()
+
+
+def test_a_log_file_the_disk_cannot_take_stops_quietly_and_says_why(capsys):
+    """A full disk used to print a ``--- Logging error ---`` block with a traceback for every record; the handler
+    now stops at the first failed write and remembers why (/dev/full fails every write with ENOSPC)."""
+    from pathlib import Path
+
+    from plugrl_env_client.outputs.logs import RunLogHandler
+
+    if not Path("/dev/full").exists():
+        import pytest
+
+        pytest.skip("no /dev/full here")
+    handler = RunLogHandler(Path("/dev/full"))
+    handler.setFormatter(logging.Formatter(LOG_FORMAT))
+    logger = logging.getLogger("plugrl_env_client.test.full_log")
+    logger.addHandler(handler)
+    logger.propagate = False
+    try:
+        for i in range(50):
+            logger.warning("record %d", i)
+    finally:
+        logger.removeHandler(handler)
+        logger.propagate = True
+        handler.close()
+    assert handler.failure == "No space left on device"
+    assert "Logging error" not in capsys.readouterr().err
+
+
+def test_a_record_that_cannot_be_formatted_is_still_reported_by_logging(tmp_path, capsys):
+    """Only a failed write of the file stops the log; a bad record is logging's usual report, and the log goes on."""
+    from plugrl_env_client.outputs.logs import RunLogHandler
+
+    handler = RunLogHandler(tmp_path / "client.log")
+    logger = logging.getLogger("plugrl_env_client.test.bad_record")
+    logger.addHandler(handler)
+    logger.propagate = False
+    try:
+        logger.warning("two %s %s", "args")  # one argument short
+        logger.warning("after it")
+    finally:
+        logger.removeHandler(handler)
+        logger.propagate = True
+        handler.close()
+    assert handler.failure is None and "Logging error" in capsys.readouterr().err
+    assert "after it" in (tmp_path / "client.log").read_text()

@@ -83,3 +83,47 @@ def test_client_config_gets_plugrls_uid_and_time_limit_without_losing_the_envs_o
     assert with_plugrl_config_keys(record, "Point-v1", None)["env"]["max_episode_steps"] is None
     own = {"env_id": "X-v1", "env": {"max_episode_steps": 30}}
     assert with_plugrl_config_keys(own, "X-v1", 500)["env"]["max_episode_steps"] == 30, "the field the env got"
+
+
+def test_write_errors_are_said_in_words_a_user_can_act_on(tmp_path: Path) -> None:
+    import errno
+
+    from plugrl_env_client.outputs.run_dir import describe_write_error
+
+    run = tmp_path / "out" / "run"
+    full = OSError(errno.ENOSPC, "No space left on device")
+    assert describe_write_error(full, run, run / "summary.json") == f"no space left on device in {run} (writing summary.json)"
+    assert describe_write_error(OSError(errno.EROFS, "x"), run) == f"{run} is on a read-only file system"
+    (tmp_path / "out").write_text("")
+    assert describe_write_error(OSError(errno.ENOTDIR, "x"), run) == f"{tmp_path / 'out'} is a file, not a folder"
+    assert describe_write_error(OSError(errno.EACCES, "x"), run) == f"no permission to write in {run}"
+
+
+def test_the_space_reserve_takes_its_space_and_gives_it_back(tmp_path: Path) -> None:
+    from small_disk import small_tmpfs
+
+    from plugrl_env_client.outputs.run_dir import SpaceReserve
+
+    with small_tmpfs(tmp_path / "disk", "64k") as disk:
+        free = os.statvfs(disk).f_bavail
+        reserve = SpaceReserve(disk / ".reserve", 32 * 1024).create()
+        assert os.statvfs(disk).f_bavail * os.statvfs(disk).f_frsize <= free * os.statvfs(disk).f_frsize - 32 * 1024
+        with pytest.raises(OSError) as too_big:
+            SpaceReserve(disk / ".second", 64 * 1024).create()
+        assert too_big.value.errno == 28 and not (disk / ".second").exists(), "a reserve that does not fit is no file"
+        reserve.release()
+        reserve.release()  # a second release does nothing
+        assert os.statvfs(disk).f_bavail == free
+
+
+def test_write_text_in_place_only_writes_what_fits_the_files_blocks(tmp_path: Path) -> None:
+    from plugrl_env_client.outputs.run_dir import write_text_in_place
+
+    path = tmp_path / "summary.json"
+    path.write_text("x" * 3000)
+    write_text_in_place(path, "short\n")
+    assert path.read_text() == "short\n"
+    held = os.stat(path).st_blocks * 512
+    with pytest.raises(OSError) as refused:
+        write_text_in_place(path, "y" * (held + 1))
+    assert refused.value.errno == 28 and path.read_text() == "short\n", "a text that does not fit leaves the file"

@@ -211,3 +211,37 @@ def test_concurrent_reports_and_refreshes_lose_nothing(tmp_path: Path) -> None:
     assert total["completed_episodes"] == 800 and total["mean_success_rate"] is None
     assert sum(len((tmp_path / f"run/rollout/proc_{p:03d}/episodes.jsonl").read_text().splitlines())
                for p in range(4)) == 800
+
+
+def test_a_full_disk_fails_the_run_once_keeps_every_line_whole_and_still_writes_the_summaries(tmp_path: Path) -> None:
+    """Episodes until the disk is full: the line that did not fit is cut back, later ones are refused with the same
+    message, the callbacks stop the run once, and with the reserve given back the summaries and manifests fit and
+    count exactly the lines on disk."""
+    from small_disk import small_tmpfs
+
+    from plugrl_env_client.errors import OutputError
+
+    with small_tmpfs(tmp_path / "disk", "96k") as disk:
+        writer = RunWriter(RunDir(disk / "run").create(), "run", 2, metric_window=10)
+        stopped: list[int] = []
+        writer.when_failed(lambda: stopped.append(1))
+        written = 0
+        with pytest.raises(OutputError) as full:
+            for i in range(100_000):
+                writer.episode(_rec(i % 2, float(i), 3, None))
+                written += 1
+        assert "no space left on device in" in str(full.value) and "(writing rollout/proc_00" in str(full.value)
+        with pytest.raises(OutputError, match="no space left on device"):
+            writer.episode(_rec(0, 1.0, 3, None))
+        assert stopped == [1] and writer.failure is not None
+        writer.result(ProcessResult(0, ProcessStatus.INTERRUPTED))
+        total = writer.close()
+        on_disk = []
+        for pid in (0, 1):
+            text = (disk / f"run/rollout/proc_{pid:03d}/episodes.jsonl").read_text()
+            assert text.endswith("\n")
+            on_disk += [json.loads(line) for line in text.splitlines()]
+            assert (disk / f"run/rollout/proc_{pid:03d}/manifest.json").exists()
+        assert total["completed_episodes"] == len(on_disk) == written > 0
+        assert json.loads((disk / "run/summary.json").read_text())["completed_episodes"] == written
+        assert total["process_status"]["0"] == "failed", "a process stopped by the full disk failed with it"

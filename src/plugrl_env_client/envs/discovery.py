@@ -10,7 +10,9 @@ Importing an env module is what registers its envs, so discovery is importing th
 
 Discovery is explicit (the CLI calls it before building its parser) rather than done at import, so importing this
 package stays cheap. A module that fails to import, for any reason (a missing optional dependency, or a bug), is
-skipped with one line on stderr and remembered, so that an unknown env id can point at the file that failed.
+skipped with one line on stderr and remembered, so that an unknown env id can point at the file that failed. A
+module that calls ``sys.exit`` or raises ``KeyboardInterrupt`` while imported fails the same way (only a real
+Ctrl-C or SIGTERM, :func:`~plugrl_env_client.envs.calls.is_signal`, goes through).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from importlib.metadata import entry_points
 from pathlib import Path
 
 from plugrl_env_client.envs import registry
+from plugrl_env_client.envs.calls import is_signal, signals_marked, what_it_did
 from plugrl_env_client.errors import ConfigError
 
 ENTRY_POINT_GROUP = "plugrl_env_client.envs"
@@ -53,6 +56,11 @@ _failed_files: dict[str, Path] = {}  # same keys -> the source file, when known
 def discover_envs(env_paths: Iterable[str] = (), modules: Iterable[str] = ()) -> list[str]:
     """Import built-in env modules, plugins, ``$PLUGRL_ENV_PATH`` and ``env_paths`` entries, then ``modules``
     (dotted module names); returns the module names that loaded. A path that does not exist is a ConfigError."""
+    with signals_marked():  # a Ctrl-C while importing stops discovery; a module's own KeyboardInterrupt skips it
+        return _discover(env_paths, modules)
+
+
+def _discover(env_paths: Iterable[str], modules: Iterable[str]) -> list[str]:
     loaded = [name for name in _builtin_modules() if _import_module(name)]
     for ep in sorted(_plugin_entry_points(), key=lambda e: e.name):
         if _import_module(ep.value.split(":")[0], label=f"{ep.value} (plugin {ep.name!r})"):
@@ -132,7 +140,9 @@ def _import_module(name: str, label: str | None = None) -> bool:
     before = registry.snapshot()
     try:
         importlib.import_module(name)
-    except Exception as exc:  # any failure of one env module leaves the others and the CLI working
+    except BaseException as exc:  # any failure of one env module (sys.exit included) leaves the others working
+        if is_signal(exc):
+            raise
         registry.restore(before)  # nothing half-registered by a module that did not load
         _skip(name, label or name, exc, _source_of(name))
         return False
@@ -160,7 +170,9 @@ def _import_file(path: Path) -> str | None:
     before = registry.snapshot()
     try:
         spec.loader.exec_module(module)
-    except Exception as exc:
+    except BaseException as exc:
+        if is_signal(exc):
+            raise
         del sys.modules[name]
         registry.restore(before)
         _skip(name, str(path), exc, path)
@@ -169,7 +181,7 @@ def _import_file(path: Path) -> str | None:
 
 
 def _skip(name: str, label: str, exc: BaseException, source: Path | None) -> None:
-    why = f"{type(exc).__name__}: {exc}"
+    why = f"{type(exc).__name__}: {exc}" if isinstance(exc, Exception) else f"it {what_it_did(exc)} while imported"
     if name not in _failed:  # one line per module, however often discovery runs
         print(f"Skip loading env module {label}: {why}", file=sys.stderr)
     _failed[name] = (label, why)

@@ -8,7 +8,7 @@ could take down with unsent items): what a process sent before it was killed is 
 included. A process that dies without a result is reported from its exit code; what it sent before stays counted.
 
 With several processes, a process that fails sets the shared stop flag: the others finish their current step,
-report, and exit.
+report, and exit. A process whose launcher died stops too, within seconds (:mod:`.lifeline`).
 """
 
 from __future__ import annotations
@@ -23,13 +23,15 @@ from collections.abc import Iterable
 from typing import Any
 
 from plugrl_env_client.envs.discovery import EnvSources
+from plugrl_env_client.errors import OutputError
+from plugrl_env_client.launch.lifeline import Lifeline
 from plugrl_env_client.launch.process import ProcessJob, run_process
 from plugrl_env_client.launch.reports import LogReporter, Report, Reporter
 from plugrl_env_client.outputs.logs import forward_logging
 from plugrl_env_client.outputs.run_writer import RunWriter
 from plugrl_env_client.records import ProcessResult, ProcessStatus
 from plugrl_env_client.rollout.budget import EpisodeBudget
-from plugrl_env_client.rollout.signals import Interrupted, deferred_interrupts, interrupt_handlers
+from plugrl_env_client.rollout.signals import Interrupted, deferred_interrupts, interrupt_handlers, shielded
 
 logger = logging.getLogger(__name__)
 
@@ -72,6 +74,8 @@ class ReportListener(logging.handlers.QueueListener):
     def handle(self, report: Report) -> None:  # type: ignore[override]  # its records are reports
         try:
             report.deliver(self._writer)
+        except OutputError:  # the run folder can take no more: the writer says so once, and the run stops
+            pass
         except Exception:  # a report that cannot be written must not stop the others from being written
             logger.exception("could not record a report from a rollout process")
 
@@ -93,19 +97,23 @@ def _child_main(process_id: int, job_bytes: bytes, budget: EpisodeBudget, env_lo
     from a user's env file, which exists in this process only after discovery.
     """
     with interrupt_handlers():
+        home = Lifeline(f"proc_{process_id:03d}").start().guarded(queue)  # ends with the launcher
         signal.pthread_sigmask(signal.SIG_UNBLOCK, HELD_SIGNALS)  # held since the parent started us
-        sink = Reporter(queue.put)
-        forward_logging(LogReporter(queue))
+        sink = Reporter(home.put)
+        forward_logging(LogReporter(home))
         try:
             sources.load()
             job: ProcessJob = pickle.loads(job_bytes)
+        except KeyboardInterrupt as exc:  # stopped while importing the env files
+            result = ProcessResult(process_id, ProcessStatus.INTERRUPTED, signum=getattr(exc, "signum", signal.SIGINT))
         except Exception as exc:  # the process cannot even begin: its summary says why, not only its stderr
             logger.debug("process %d could not start", process_id, exc_info=True)
             result = ProcessResult(process_id, ProcessStatus.FAILED,
                                    f"could not load the env sources or the job: {type(exc).__name__}: {exc}")
         else:
             result = run_process(job, budget, sink, env_lock)
-        sink.result(result)
+        with shielded():
+            sink.result(result)
     if result.error is not None:
         budget.stop.set()
         raise SystemExit(1)

@@ -19,8 +19,9 @@ from urllib.parse import urlsplit
 from plugrl_env_client.config import ClientConfig
 from plugrl_env_client.envs import contract
 from plugrl_env_client.envs.base_env import BaseEnv
+from plugrl_env_client.envs.calls import call_env
 from plugrl_env_client.envs.registry import get_spec, make_env
-from plugrl_env_client.errors import ConfigError, EnvCrashedError, PlugRLError
+from plugrl_env_client.errors import ConfigError, EnvCrashedError, EnvExitError, PlugRLError
 from plugrl_env_client.outputs.recorder import EpisodeRecorder
 from plugrl_env_client.protocol.session import Session, SessionConfig
 from plugrl_env_client.records import ProcessResult, ProcessStatus
@@ -58,12 +59,8 @@ def build_env(job: ProcessJob, env_lock: Any = None, num_envs: int | None = None
     cfg, spec = job.config, get_spec(job.env_id)
     ids = {"process_id": job.process_id, "total_processes": cfg.num_procs} if cfg.runner.pass_proc_id else {}
     with env_lock if (env_lock is not None and cfg.runner.use_env_lock) else contextlib.nullcontext():
-        try:
-            return make_env(spec.uid, num_envs=num_envs or cfg.num_envs, config=cfg.env, **ids)
-        except PlugRLError:
-            raise
-        except Exception as exc:
-            raise EnvCrashedError(f"env {spec.uid} raised in __init__(): {type(exc).__name__}: {exc}") from exc
+        return call_env(spec.uid, "__init__", lambda: make_env(spec.uid, num_envs=num_envs or cfg.num_envs,
+                                                               config=cfg.env, **ids), passthrough=(PlugRLError,))
 
 
 def group_sizes(config: ClientConfig) -> list[int]:
@@ -133,7 +130,9 @@ def run_process(job: ProcessJob, budget: Budget, sink: ResultSink, env_lock: Any
             sink.progress(job.process_id, status, rollout.timing() if rollout is not None else Timing.total(timings))
             report = recorder.close().to_json() if recorder is not None and recorder.enabled else None
             for built in envs:
-                _close(built, spec.uid)
+                ended = close_env(built, spec.uid)
+                if ended is not None and error is None:  # env code that ends the process fails it, even here
+                    status, error, signum = ProcessStatus.FAILED, ended, None
     return ProcessResult(job.process_id, status, error, signum, report)
 
 
@@ -158,12 +157,17 @@ def _port_of(url: str) -> int | str:
         return "<port>"
 
 
-def _close(env: BaseEnv, uid: str) -> None:
-    """Close the env once the run's results are safe: a failing close is worth one warning line on the terminal,
-    not a traceback after a successful run's table (the traceback goes to the log file only)."""
+def close_env(env: BaseEnv, uid: str) -> str | None:
+    """Close ``env``; the message when its ``close`` tried to end the process (``sys.exit``, a ``BaseException``),
+    which fails the process. A close that raises an ordinary exception is one warning line on the terminal, not a
+    traceback after a successful run's table (the traceback goes to the log file only): the run's results are safe
+    by then."""
     try:
-        env.close()
-    except Exception as exc:
-        logger.warning("env %s raised in close(): %s: %s (the run's results are written; the traceback is in the "
-                       "run's logs/client.log)", uid, type(exc).__name__, exc)
-        logger.debug("env %s raised in close()", uid, exc_info=True)
+        call_env(uid, "close", env.close)
+    except EnvExitError as exc:
+        logger.debug("%s", exc, exc_info=True)
+        return str(exc)
+    except EnvCrashedError as exc:
+        logger.warning("%s (the run's results are written; the traceback is in the run's logs/client.log)", exc)
+        logger.debug("env %s raised in close()", uid, exc_info=exc.__cause__ or exc)  # the env's own traceback
+    return None

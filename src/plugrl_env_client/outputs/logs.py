@@ -12,6 +12,7 @@ import contextlib
 import copy
 import logging
 import logging.handlers
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -29,6 +30,37 @@ class ConsoleHandler(logging.StreamHandler):
         with BAR_LINE.lock:
             BAR_LINE.clear(self.stream)
             super().emit(record)
+
+
+class RunLogHandler(logging.FileHandler):
+    """``logs/client.log``: a record it cannot write (a full or read-only disk) ends its writing, silently.
+
+    ``logging``'s own way, a ``--- Logging error ---`` block with a traceback on stderr for every record, would
+    bury the one message that says what happened under hundreds; the run's writer names the folder's failure, and
+    :attr:`failure` says why the log stops short.
+    """
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(path)
+        self.failure: str | None = None
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if self.failure is None:
+            super().emit(record)
+
+    def handleError(self, record: logging.LogRecord) -> None:  # logging's name
+        exc = sys.exc_info()[1]
+        if not isinstance(exc, OSError):
+            super().handleError(record)  # a record that cannot be formatted: logging's usual report
+            return
+        self.stop(f"{exc.strerror or exc}")
+
+    def stop(self, why: str) -> None:
+        """Write nothing more (the space the log would take is needed elsewhere), and remember why."""
+        if self.failure is None:
+            self.failure = why
+            with contextlib.suppress(OSError, ValueError):
+                self.close()
 
 
 class ForwardHandler(logging.handlers.QueueHandler):
@@ -64,13 +96,25 @@ _installed: list[logging.Handler] = []
 def setup_logging(log_file: Path, console_level: int = logging.WARNING) -> None:
     """Everything (DEBUG and up for this package) to ``log_file``; warnings and errors to the console."""
     log_file.parent.mkdir(parents=True, exist_ok=True)
-    file_handler = logging.FileHandler(log_file)
+    file_handler = RunLogHandler(log_file)
     file_handler.setFormatter(logging.Formatter(LOG_FORMAT))
     file_handler.setLevel(logging.DEBUG)
     console = ConsoleHandler()
     console.setFormatter(logging.Formatter("%(levelname)s: %(message)s"))
     console.setLevel(console_level)
     _install(file_handler, console)
+
+
+def run_log() -> RunLogHandler | None:
+    """The run's log file handler, when :func:`setup_logging` installed one."""
+    return next((h for h in _installed if isinstance(h, RunLogHandler)), None)
+
+
+def stop_file_logging(why: str) -> None:
+    """Write no more to the run's log file (its folder can take no more)."""
+    handler = run_log()
+    if handler is not None:
+        handler.stop(why)
 
 
 def forward_logging(handler: ForwardHandler) -> None:

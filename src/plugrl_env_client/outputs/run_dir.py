@@ -3,12 +3,18 @@
 ``<root>/<exp-name>/client_config.json``, ``logs/client.log``, ``rollout/proc_NNN/{episodes.jsonl,summary.json}``
 and the aggregated ``summary.json``. JSON files are written atomically (temp file + rename) so a crash never
 leaves a half-written summary behind.
+
+A full disk must not cost the summaries: a run keeps a :class:`SpaceReserve` in its folder and gives it back when
+a write fails for want of space, so the final summaries still fit; where even that space is gone, a summary is
+rewritten in place (:func:`write_text_in_place`) if it fits the blocks its file already holds.
+:func:`describe_write_error` says what a failed write means in words a user can act on.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import errno
 import json
 import math
 import os
@@ -55,6 +61,88 @@ def write_text_atomic(path: Path, text: str) -> None:
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+
+
+def write_text_in_place(path: Path, text: str) -> None:
+    """Overwrite the existing file ``path`` with ``text`` where it lies, for when a temp file no longer fits on the
+    disk: only if ``text`` fits the blocks the file holds already (so the write needs no new space and cannot stop
+    halfway for want of it); otherwise raises ENOSPC and leaves the file as it was."""
+    data = text.encode("utf-8")
+    held = getattr(os.stat(path), "st_blocks", 0) * 512
+    if len(data) > held:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+    fd = os.open(path, os.O_WRONLY)
+    try:
+        written = 0
+        while written < len(data):
+            written += os.pwrite(fd, data[written:], written)
+        os.ftruncate(fd, len(data))
+    finally:
+        os.close(fd)
+
+
+NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
+"""Errors of a write that needed space the disk (or the user's quota) does not have."""
+
+
+def describe_write_error(exc: OSError, folder: Path, path: Path | None = None) -> str:
+    """What the failure ``exc`` of writing ``path`` (in the run folder ``folder``, or making it) means: "no space
+    left on device in <folder> (writing <file>)", "<x> is a file, not a folder", a read-only file system, no
+    permission; otherwise the system's own words."""
+    where = "" if path is None or path == folder else f" (writing {_relative(path, folder)})"
+    if exc.errno in NO_SPACE:
+        return f"no space left on device in {folder}{where}"
+    if exc.errno == errno.EROFS:
+        return f"{folder} is on a read-only file system{where}"
+    if exc.errno in (errno.ENOTDIR, errno.EEXIST):
+        blocker = next((p for p in (folder, *folder.parents) if p.exists() and not p.is_dir()), None)
+        if blocker is not None:
+            return f"{blocker} is a file, not a folder"
+    if exc.errno in (errno.EACCES, errno.EPERM):
+        return f"no permission to write in {folder}{where}"
+    return f"cannot write {path or folder}: {exc.strerror or exc}"
+
+
+def _relative(path: Path, folder: Path) -> str:
+    try:
+        return str(path.relative_to(folder))
+    except ValueError:
+        return str(path)
+
+
+class SpaceReserve:
+    """A hidden file holding ``size`` bytes of the run folder's disk, given back (deleted) when the disk is full,
+    so that the writes a run cannot do without (its summaries and manifests) still fit."""
+
+    def __init__(self, path: Path, size: int) -> None:
+        self.path, self.size = path, size
+
+    def create(self) -> SpaceReserve:
+        """Take the space (raises OSError, ENOSPC among others, when the disk does not have it)."""
+        fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            try:
+                os.posix_fallocate(fd, 0, self.size)
+            except (AttributeError, OSError) as exc:  # no fallocate here (or not on this file system): write zeros
+                if isinstance(exc, OSError) and exc.errno in NO_SPACE:
+                    raise
+                os.ftruncate(fd, 0)
+                zeros, written = bytes(self.size), 0
+                while written < self.size:
+                    written += os.write(fd, zeros[written:])
+        except BaseException:
+            os.close(fd)
+            self.release()
+            raise
+        os.close(fd)
+        return self
+
+    def release(self) -> None:
+        """Give the space back (a second call does nothing)."""
+        try:
+            self.path.unlink(missing_ok=True)
+        except OSError:
+            pass
 
 
 def finite_json(value: Any) -> Any:

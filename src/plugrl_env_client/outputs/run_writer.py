@@ -15,19 +15,35 @@ keys follow our rule, null for what is undefined: exact means over every episode
 timing, and the whole aggregate ``summary.json``, whose ``mean_success_rate`` is null without a success rule.
 The per-process ``manifest.json`` has PlugRL's keys too (``num_envs``, ``metric_window``, and ``args``: the
 recorder's settings), and the command line that started the run.
+
+A write the disk cannot take (full, read-only, gone) fails the run once, with one message (:attr:`RunWriter.failure`):
+the callbacks given to :meth:`RunWriter.when_failed` stop the run, an episode line cut short is cut back to the
+last whole one, and nothing more is appended; the run's space reserve is given back so that the summaries and
+manifests, which only count what is on disk, are still written.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import os
 import sys
 import threading
-from collections.abc import Iterable, Mapping, Sequence
-from typing import IO, Any
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
 
+from plugrl_env_client.errors import OutputError
 from plugrl_env_client.outputs.recorder import DirectorySink
-from plugrl_env_client.outputs.run_dir import RunDir, write_json_atomic
+from plugrl_env_client.outputs.run_dir import (
+    RunDir,
+    SpaceReserve,
+    describe_write_error,
+    finite_json,
+    write_json_atomic,
+    write_text_in_place,
+)
 from plugrl_env_client.outputs.tracking import NoTracker, Tracker
 from plugrl_env_client.records import DEFAULT_METRIC_WINDOW, EpisodeRecord, EpisodeStats, ProcessResult, ProcessStatus
 from plugrl_env_client.timing import Timing
@@ -47,19 +63,32 @@ class _ProcessState:
         self.error: str | None = None
         self.recorder: dict[str, Any] | None = None
         self.artifacts = DirectorySink(self.dir)
-        self._episodes: IO[str] | None = None
+        self.episodes = self.dir / "episodes.jsonl"
+        self._fd: int | None = None
+        self._size = 0  # bytes of whole lines in episodes.jsonl
 
     def append(self, line: str) -> None:
-        if self._episodes is None:
+        """``line`` at the end of episodes.jsonl, whole or not at all: a write the disk cannot take is cut back to
+        the last whole line (which needs no space), and raises."""
+        data = (line + "\n").encode()
+        if self._fd is None:
             self.dir.mkdir(parents=True, exist_ok=True)
-            self._episodes = open(self.dir / "episodes.jsonl", "a", buffering=1)
-        self._episodes.write(line + "\n")
-        self._episodes.flush()
+            self._fd = os.open(self.episodes, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
+            self._size = os.fstat(self._fd).st_size
+        try:
+            written = 0
+            while written < len(data):
+                written += os.write(self._fd, data[written:])
+        except OSError:
+            with contextlib.suppress(OSError):
+                os.ftruncate(self._fd, self._size)
+            raise
+        self._size += len(data)
 
     def close(self) -> None:
-        if self._episodes is not None:
-            self._episodes.close()
-            self._episodes = None
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
 
 
 class RunWriter:
@@ -86,20 +115,31 @@ class RunWriter:
         self.recorder_args = dict(recorder_args or {})
         self.command_line = list(sys.argv if command_line is None else command_line)
         self.tracker: Tracker = tracker or NoTracker()
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()
         self._procs = {pid: _ProcessState(run_dir, pid, metric_window) for pid in range(num_procs)}
+        self._failure: str | None = None
+        self._on_failure: list[Callable[[], object]] = []
+        self._reserve = SpaceReserve(run_dir.root / RESERVE_NAME, reserve_bytes(num_procs))
         for state in self._procs.values():  # every process has its files from the start, episodes or not
             state.dir.mkdir(parents=True, exist_ok=True)
-            (state.dir / "episodes.jsonl").touch()
+            state.episodes.touch()
+        self._reserve.create()
 
     # ------------------------------------------------------------------------------ what processes report
 
     def episode(self, record: EpisodeRecord) -> None:
-        """One finished episode: a flushed line of its process's ``episodes.jsonl``, and into the statistics."""
+        """One finished episode: a line of its process's ``episodes.jsonl``, and into the statistics. Raises
+        :class:`~plugrl_env_client.errors.OutputError` once the run folder cannot be written (the episode is not
+        counted: the summaries count what is on disk)."""
         line = json.dumps(record.to_json(), allow_nan=False)
         with self._lock:
+            if self._failure is not None:
+                raise OutputError(self.failure_message())
             state = self._procs[record.process_id]
-            state.append(line)
+            try:
+                state.append(line)
+            except OSError as exc:
+                raise self._fail(exc, state.episodes) from None
             state.stats.add_record(record)
         self.tracker.episode(record)  # live tracking: a note, written by the tracker's own thread
 
@@ -112,9 +152,10 @@ class RunWriter:
                 state.status = status
         self.tracker.progress(process_id, timing)  # live tracking
 
-    def artifacts(self, process_id: int) -> DirectorySink:
-        """The process's folder, for its recorder's files (written whole and atomically, or appended)."""
-        return self._procs[process_id].artifacts
+    def artifacts(self, process_id: int) -> _GuardedFiles:
+        """The process's folder, for its recorder's files (written whole and atomically, or appended; a file the
+        disk cannot take fails the run as an episode line would)."""
+        return _GuardedFiles(self._procs[process_id].artifacts, self)
 
     def result(self, result: ProcessResult) -> None:
         """How a process ended: its own report, or the launcher's reading of its exit. A failure already reported
@@ -126,6 +167,50 @@ class RunWriter:
             if state.status is ProcessStatus.FAILED and state.error:
                 return
             state.status, state.error = result.status, result.error
+            if self._failure is not None and result.status is not ProcessStatus.FAILED:  # stopped by the failure
+                state.status, state.error = ProcessStatus.FAILED, self.failure_message()
+
+    # ------------------------------------------------------------------------------ a folder that cannot be written
+
+    @property
+    def failure(self) -> str | None:
+        """What made the run folder unwritable ("no space left on device in <folder> (writing <file>)"), if
+        something did."""
+        return self._failure
+
+    def failure_message(self) -> str:
+        return (f"{self._failure}: the run stopped there; every episode written before is whole in its "
+                "episodes.jsonl and counted in summary.json. Free some space or pick another --output-dir, and start "
+                "a new run")
+
+    def when_failed(self, callback: Callable[[], object]) -> None:
+        """Call ``callback`` (once, from the thread that hit it) when the run folder cannot be written."""
+        self._on_failure.append(callback)
+
+    def _fail(self, exc: OSError, path: Path) -> OutputError:
+        """Note the first failure, give the space reserve back for the summaries, stop the run; the error to
+        raise. Called with the lock held."""
+        if self._failure is None:
+            self._failure = describe_write_error(exc, self.run_dir.root, path)
+            self._reserve.release()
+            logger.debug("the run folder cannot be written: %s", self._failure, exc_info=exc)
+            for callback in self._on_failure:
+                try:
+                    callback()
+                except Exception:  # stopping is best effort here; the failure is recorded whatever happens
+                    logger.debug("a failure callback raised", exc_info=True)
+        return OutputError(self.failure_message())
+
+    def guarded(self, write: Callable[[], None], path: Path) -> None:
+        """``write()`` of a file of the run folder: refused once it failed, and its failure is the run's."""
+        with self._lock:
+            if self._failure is not None:
+                raise OutputError(self.failure_message())
+        try:
+            write()
+        except OSError as exc:
+            with self._lock:
+                raise self._fail(exc, path) from None
 
     # ------------------------------------------------------------------------------ files
 
@@ -139,21 +224,40 @@ class RunWriter:
         with self._lock:
             per_process = [self._process_summary(s) for s in self._procs.values()]
             for state, summary in zip(self._procs.values(), per_process):
-                write_json_atomic(state.dir / "summary.json", summary)
+                self._write_json(state.dir / "summary.json", summary)
             aggregate = self._aggregate(list(self._procs.values()))
-            write_json_atomic(self.run_dir.summary, aggregate)
+            self._write_json(self.run_dir.summary, aggregate)
         return aggregate
 
     def close(self) -> dict[str, Any]:
-        """Write the final summaries and each process's ``manifest.json``, close the episode files; returns the
-        aggregate."""
+        """Write the final summaries and each process's ``manifest.json``, close the episode files, give the space
+        reserve back; returns the aggregate."""
         summary = self.write_summaries()
         with self._lock:
             for state in self._procs.values():
                 state.close()
-                write_json_atomic(state.dir / "manifest.json", self._manifest(state))
+                self._write_json(state.dir / "manifest.json", self._manifest(state))
+            self._reserve.release()
         self.tracker.close()  # live tracking: its last events
         return summary
+
+    def _write_json(self, path: Path, data: Any) -> bool:
+        """``data`` to ``path`` atomically; when the disk cannot take it, once more with the reserve given back,
+        then in place (if it fits the file's blocks). Whether it was written. Called with the lock held."""
+        try:
+            write_json_atomic(path, data)
+            return True
+        except OSError as exc:
+            self._fail(exc, path)
+        text = json.dumps(finite_json(data), indent=2, allow_nan=False) + "\n"
+        for attempt in (lambda: write_json_atomic(path, data), lambda: write_text_in_place(path, text)):
+            try:
+                attempt()
+                return True
+            except OSError:
+                continue
+        logger.debug("could not write %s", path, exc_info=True)
+        return False
 
     def _manifest(self, state: _ProcessState) -> dict[str, Any]:
         """The files the process wrote (relative to its folder), the recorder's report, and what PlugRL's manifest
@@ -199,6 +303,28 @@ class RunWriter:
             **_statistics(self.metric_window, [s.stats for s in states]),
             "timing": Timing.across_processes(s.timing for s in states).to_json(),
         }
+
+
+RESERVE_NAME = ".plugrl-space-reserve"
+"""The run's space reserve, in its folder (deleted when the run ends, or when the disk fills)."""
+
+
+def reserve_bytes(num_procs: int) -> int:
+    """Space enough to write every summary and manifest once more with the disk full: a few blocks per file."""
+    return (8 + 4 * num_procs) * 4096
+
+
+class _GuardedFiles:
+    """A process's folder for its recorder's files, through the writer's guard."""
+
+    def __init__(self, files: DirectorySink, writer: RunWriter) -> None:
+        self._files, self._writer = files, writer
+
+    def write_bytes(self, relpath: str, data: bytes) -> None:
+        self._writer.guarded(lambda: self._files.write_bytes(relpath, data), self._files.path(relpath))
+
+    def append_bytes(self, relpath: str, data: bytes) -> None:
+        self._writer.guarded(lambda: self._files.append_bytes(relpath, data), self._files.path(relpath))
 
 
 def _statistics(window: int, parts: list[EpisodeStats]) -> dict[str, Any]:

@@ -32,7 +32,8 @@ import numpy as np
 
 from plugrl_env_client.envs import contract
 from plugrl_env_client.envs.base_env import BaseEnv, Observation, observation_space_of
-from plugrl_env_client.errors import ConfigError, EnvContractError, EnvCrashedError
+from plugrl_env_client.envs.calls import call_env
+from plugrl_env_client.errors import ConfigError, EnvContractError
 from plugrl_env_client.protocol.connection import CloseAction, ConnectionLost
 from plugrl_env_client.protocol.messages import FEATURE_REUSE_FEEDBACK_OBS, ActionReply, ServerMetadata
 from plugrl_env_client.rollout import checks
@@ -428,10 +429,7 @@ class EnvGroup:
             raise EnvContractError(f"env {self.settings.env_id}: {exc}") from None
 
     def _call_env(self, name: str, fn: Any, *args: Any) -> Any:
-        try:
-            return fn(*args)
-        except Exception as exc:
-            raise EnvCrashedError(f"env {self.settings.env_id} raised in {name}(): {type(exc).__name__}: {exc}") from exc
+        return call_env(self.settings.env_id, name, fn, *args)
 
 
 def _no_episode(info: dict[str, Any], n: int) -> np.ndarray | None:

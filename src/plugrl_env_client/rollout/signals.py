@@ -9,6 +9,7 @@ so an episode is never half-recorded (claimed in the shared budget but missing f
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import threading
 from collections.abc import Iterator
@@ -21,8 +22,14 @@ class _State:
     defer_depth = 0
     pending: int | None = None
 
+    def reset(self) -> None:
+        self.defer_depth, self.pending = 0, None
+
 
 _state = _State()
+# A child forked inside a held-signal block (the local launcher starts its children inside one, and the fork start
+# method copies that) never leaves the block: its own signals must not wait for the parent's block to end.
+os.register_at_fork(after_in_child=_state.reset)
 
 
 class Interrupted(KeyboardInterrupt):

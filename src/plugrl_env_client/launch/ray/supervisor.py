@@ -18,6 +18,7 @@ import uuid
 from typing import Any
 from urllib.parse import urlsplit
 
+from plugrl_env_client.errors import OutputError
 from plugrl_env_client.launch.process import ProcessJob
 from plugrl_env_client.launch.ray.budget import Grant, LeaseBook
 from plugrl_env_client.launch.ray.config import RayConfig
@@ -200,7 +201,14 @@ class Supervisor:
 
     def _deliver(self, proc: _Proc, report: Message) -> None:
         """One report of ``proc``'s current epoch: counted where the driver counts, then delivered to the writer as
-        a local launcher delivers it (a result waits for the epoch's end)."""
+        a local launcher delivers it (a result waits for the epoch's end). A run folder that can take no more stops
+        the run through the writer, which says so once: the supervisor goes on to stop the actors."""
+        try:
+            self._dispatch(proc, report)
+        except OutputError:
+            pass
+
+    def _dispatch(self, proc: _Proc, report: Message) -> None:
         if isinstance(report, EpisodeReport):
             with deferred_interrupts():  # counted and written as one
                 if self.book.record(proc.pid, proc.epoch):
@@ -358,6 +366,8 @@ class Supervisor:
 
     def _write_nodes(self, final: bool = False) -> None:
         self._nodes_written = time.monotonic()
+        if self.writer.failure is not None:  # the run folder can take no more; the writer said so
+            return
         write_nodes(self.writer.run_dir.root, {proc.pid: proc.history for proc in self.procs}, final)
 
 
