@@ -141,7 +141,7 @@ def client_rate(port: int, seconds: float, pipeline: int = 1, num_procs: int = 1
 def profile(port: int, seconds: float, pipeline: int = 2, align: int = 4) -> None:
     """Wall time of each named step of the rollout per group step, for one pipelined run in this process (the
     steps are wrapped with timers; the timers themselves cost about a microsecond per call)."""
-    from plugrl_env_client.protocol.connection import Connection
+    from plugrl_env_client.protocol.session import Session
     from plugrl_env_client.rollout.group import EnvGroup
     from plugrl_env_client.rollout.loop import Rollout
 
@@ -149,7 +149,7 @@ def profile(port: int, seconds: float, pipeline: int = 2, align: int = 4) -> Non
     calls: collections.Counter[str] = collections.Counter()
     wrapped = [(EnvGroup, "step_envs"), (EnvGroup, "send_feedback"), (EnvGroup, "finish_episodes"),
                (EnvGroup, "ask_for_actions"), (EnvGroup, "take_actions"), (EnvGroup, "_reset"), (Rollout, "_done"),
-               (Connection, "_pack"), (Connection, "_send"), (Connection, "_recv")]
+               (Session, "send_infer"), (Session, "receive_actions"), (Session, "feedback")]
     originals = [(cls, name, getattr(cls, name)) for cls, name in wrapped]
 
     def timed(name: str, fn: object) -> object:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import socket
 import threading
 import time
@@ -151,12 +150,10 @@ def test_reconnects_that_fail_at_once_back_off_further(harness):
     assert len(gaps) == 4 and gaps[-1] > 3 * gaps[0], f"no growing backoff: {gaps}"
 
 
-# ------------------------------------------------------------------------------------------ transport picows
+# ------------------------------------------------------------------------------------------ the exchange
 
 
-@pytest.mark.parametrize("kind", ["websockets", pytest.param("picows", marks=pytest.mark.skipif(
-    importlib.util.find_spec("picows") is None, reason="needs the fast extra (picows)"))])
-def test_session_over_each_transport_reads_chunks_and_classifies_closes(harness, kind):
+def test_session_reads_chunks_and_classifies_closes(harness):
     seen = {}
 
     def script(conn):
@@ -168,7 +165,7 @@ def test_session_over_each_transport_reads_chunks_and_classifies_closes(harness,
         conn.close(1001, messages.REASON_RESYNC)
 
     h = harness(script)
-    session = Session(SessionConfig(url=f"ws://127.0.0.1:{h.port}", transport=kind, stream=(3, 1)))
+    session = Session(SessionConfig(url=f"ws://127.0.0.1:{h.port}", stream=(3, 1)))
     meta = session.open()
     obs = Observation(states={"x": np.zeros((2, 1))}, text="a")
     ids, steps = np.arange(2), np.zeros(2, np.int64)
@@ -183,9 +180,7 @@ def test_session_over_each_transport_reads_chunks_and_classifies_closes(harness,
     assert session.timing.bytes_sent > 0 and session.timing.infer_calls == 2 and session.timing.feedback_calls == 1
 
 
-@pytest.mark.parametrize("kind", ["websockets", pytest.param("picows", marks=pytest.mark.skipif(
-    importlib.util.find_spec("picows") is None, reason="needs the fast extra (picows)"))])
-def test_an_infer_sent_now_is_collected_later_and_only_once(harness, kind):
+def test_an_infer_sent_now_is_collected_later_and_only_once(harness):
     """The two halves of infer (what a pipelined rollout uses): looking for the reply before it is there returns
     None and loses nothing; the reply then comes exactly once; one infer is outstanding at most."""
     release = threading.Event()
@@ -198,7 +193,7 @@ def test_an_infer_sent_now_is_collected_later_and_only_once(harness, kind):
         conn.recv()  # keep the connection open until the client closes
 
     h = harness(script)
-    session = Session(SessionConfig(url=f"ws://127.0.0.1:{h.port}", transport=kind))
+    session = Session(SessionConfig(url=f"ws://127.0.0.1:{h.port}"))
     session.open()
     obs = Observation(states={"x": np.zeros((2, 1))}, text="a")
     ids, steps = np.arange(2), np.zeros(2, np.int64)
@@ -217,29 +212,8 @@ def test_an_infer_sent_now_is_collected_later_and_only_once(harness, kind):
     session.close()
 
 
-@pytest.mark.parametrize("url, words", [("ws://127.0.0.1:99999", "invalid server URL"),
-                                        ("http://127.0.0.1:8000", "invalid server URL")])
-def test_picows_session_errors_say_the_same(url, words):
-    pytest.importorskip("picows")
-    with pytest.raises(ConfigError, match=words):
-        Session(SessionConfig(url=url, transport="picows")).open()
-
-
-def test_picows_session_refused_handshake_says_so():
-    pytest.importorskip("picows")
-    from websockets.sync.server import serve
-
-    server = serve(lambda ws: None, "127.0.0.1", 0, process_request=lambda conn, req: conn.respond(401, "no key\n"))
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        session = Session(SessionConfig(url=f"ws://127.0.0.1:{server.socket.getsockname()[1]}", transport="picows"))
-        with pytest.raises(ConfigError, match="refused the WebSocket handshake with HTTP 401.*--api-key"):
-            session.open()
-    finally:
-        server.shutdown()
-
-
-def test_run_client_over_picows_against_the_picows_reference_server(tmp_path):
+def test_run_client_with_transport_picows_against_the_picows_reference_server(tmp_path):
+    """``--transport picows`` names the embedded server's library; the client speaks to a picows server as to any."""
     pytest.importorskip("picows")
     import json
 

@@ -24,6 +24,11 @@ The handover, in one rule: **a client is used by exactly one thread at a time, a
   never waits on the network). So when ``exit()`` returns, the owner may use the clients, and the thread has
   stopped touching them.
 
+Many short calls in a row need no thread either, but they need someone to read: a loop that steps through a long
+chunk reads nothing from the server for many steps. So ``exit()`` also services the clients itself, on the owner's
+thread, when the call began ``grace_s`` or more after the last time they were serviced: the longest a ping waits
+for its pong is then about ``grace_s`` plus one call, and an ordinary step pays one clock comparison for it.
+
 The thread is created at the first ``enter()`` and lives until :meth:`close` (a daemon thread, so it never holds
 the process up). Between long calls it wakes about once per ``grace_s`` to look at the clock.
 """
@@ -70,6 +75,7 @@ class Keepalive:
         self._thread: threading.Thread | None = None
         self._wake_r: socket.socket | None = None
         self._wake_w: socket.socket | None = None
+        self._next_service = 0.0  # exit() services the clients when a call began at or after this time
         self.takeovers = 0
         """How many calls ran long enough for the keepalive to service the clients (for tests and logs)."""
 
@@ -83,6 +89,18 @@ class Keepalive:
         with self._lock:
             self._clients = list(clients)
 
+    def add(self, client: WebSocketClient) -> None:
+        """Service ``client`` too (a connection just opened); from the owner, outside a call."""
+        with self._lock:
+            if client not in self._clients:
+                self._clients.append(client)
+
+    def discard(self, client: WebSocketClient) -> None:
+        """Stop servicing ``client`` (it is being closed); from the owner, outside a call."""
+        with self._lock:
+            if client in self._clients:
+                self._clients.remove(client)
+
     # ------------------------------------------------------------------------------------------ the owner's side
 
     def enter(self) -> None:
@@ -95,18 +113,22 @@ class Keepalive:
                 self._start()
 
     def exit(self) -> None:
-        """The owner's call returned: once this returns, the clients are the owner's again."""
+        """The owner's call returned: once this returns, the clients are the owner's again (and they were
+        serviced, if they had not been for ``grace_s``)."""
         with self._lock:
             self._in_call = False
-            if not self._held:
-                return
-            assert self._wake_w is not None
-            try:
-                self._wake_w.send(b"\0")
-            except OSError:  # cannot happen while the thread runs; the wait below still ends with it
-                pass
-            while self._held:
-                self._changed.wait()
+            if self._held:
+                assert self._wake_w is not None
+                try:
+                    self._wake_w.send(b"\0")
+                except OSError:  # cannot happen while the thread runs; the wait below still ends with it
+                    pass
+                while self._held:
+                    self._changed.wait()
+        if self._since >= self._next_service:
+            self._next_service = self._since + self.grace_s
+            for client in self._clients:
+                client.service()  # reads what came, answers pings; never raises
 
     def __enter__(self) -> Keepalive:
         self.enter()

@@ -7,10 +7,12 @@ its four named steps::
 
 Pipelined (``--runner.pipeline K``): the envs are split into K groups, each with its own env object and its own
 connection. One thread does everything: a group that needs actions sends its infer and the loop goes on stepping
-the groups that have theirs, picking up replies as they arrive; it blocks, on the reply asked for first, only when
-no group can step. So one group's stepping overlaps the others' inference, and a server that batches by waiting
-for one request per connected client never waits on us: every group either steps or has its infer on the wire.
-(No worker threads: Python work of a second thread would only take turns with the stepping on the GIL.)
+the groups that have theirs, picking up replies as they arrive (a poll that finds nothing costs one system call and
+raises nothing); it blocks, on every connection at once, only when no group can step. So one group's stepping
+overlaps the others' inference, and a server that batches by waiting for one request per connected client never
+waits on us: every group either steps or has its infer on the wire. (No worker threads: Python work of a second
+thread would only take turns with the stepping on the GIL, and no thread but this one reads the sockets, except a
+keepalive that answers pings while one env call runs long.)
 
 Invariants the server relies on, per connection: one infer outstanding at most, strictly ``infer action
 feedback``, feedback only for chunks that arrived on the current connection, rewards summed over a chunk, and the
@@ -101,25 +103,21 @@ class Rollout:
             self._report_progress()
 
     def _pipelined(self, obs: list[Observation]) -> None:
-        asked: list[int] = []  # the groups with an infer on the wire, in the order they sent it
         while not self._done():
-            self._ask(obs, asked)
-            stepped = self._step_ready(obs)
-            asked[:] = [g for g in asked if self.groups[g].awaiting_actions]  # replies taken: off the list
-            if not stepped and asked:  # nothing could step: wait for the reply asked for first
-                blocked = time.perf_counter()
-                self._guarded(self.groups[asked[0]].take_actions, asked[0], None)
-                self._blocked_s += time.perf_counter() - blocked
-                asked[:] = [g for g in asked if self.groups[g].awaiting_actions]
+            self._ask(obs)
+            if not self._step_ready(obs):  # nothing could step: wait for the first reply, on every connection
+                waiting = [group.session for group in self.groups if group.awaiting_actions]
+                if waiting:
+                    blocked = time.perf_counter()
+                    waiting[0].wait(waiting[1:])
+                    self._blocked_s += time.perf_counter() - blocked
             self._report_progress()
 
-    def _ask(self, obs: list[Observation], asked: list[int]) -> None:
+    def _ask(self, obs: list[Observation]) -> None:
         """Every group that needs actions and has no infer on the wire sends one."""
         for g, group in enumerate(self.groups):
-            if not group.awaiting_actions and group.needs_actions() and self._guarded(group.ask_for_actions, g,
-                                                                                      obs[g]):
-                if group.awaiting_actions:
-                    asked.append(g)
+            if not group.awaiting_actions and group.needs_actions():
+                self._guarded(group.ask_for_actions, g, obs[g])
 
     def _step_ready(self, obs: list[Observation]) -> bool:
         """Pick up the replies already in, and step every group that has its actions once; whether any did."""
