@@ -322,8 +322,8 @@ class Session:
                    f"{limit:g} s")
             logger.warning("%s; closing the connection and reconnecting", why)
             self._give_up(Closed(CloseAction.RECONNECT, messages.CLOSE_GOING_AWAY, INFER_TIMEOUT_REASON, why))
-        logger.warning("no reply from the server for %.0f s to the infer for %d envs sent at %s%s", waited, n, sent,
-                       "" if limit is None else f" (--infer-timeout {limit:g} s)")
+        logger.warning("no reply from the server for %s s to the infer for %d envs sent at %s%s", _seconds(waited), n,
+                       sent, "" if limit is None else f" (--infer-timeout {limit:g} s)")
         self._next_check = now + 2 * self._warn_s if limit is None else min(now + 2 * self._warn_s,
                                                                             self._asked_since + limit)
 
@@ -440,8 +440,8 @@ class Session:
             if deadline is not None and now >= deadline:
                 return None
             if now >= next_warning:
-                logger.warning("connected to %s, but no metadata from the server for %.0f s", self.config.url,
-                               now - opened)
+                logger.warning("connected to %s, but no metadata from the server for %s s", self.config.url,
+                               _seconds(now - opened))
                 next_warning = now + 2 * self._warn_s
 
     def _dial(self, attempt: int, open_timeout: float) -> ws_client.WebSocketClient | None:
@@ -504,8 +504,8 @@ class Session:
                            self.config.url, closed.describe())
         elif now >= self._stop_reminder_at:
             self._stop_reminder_at = now + 2 * self._warn_s
-            logger.warning("still waiting for the next run of the server at %s (for %.0f s; --reconnect-on-server-stop)",
-                           self.config.url, now - self._stop_waits_since)
+            logger.warning("still waiting for the next run of the server at %s (for %s s; --reconnect-on-server-stop)",
+                           self.config.url, _seconds(now - self._stop_waits_since))
         else:
             logger.debug("the server at %s ended its run again (%s); reconnecting", self.config.url, closed.describe())
 
@@ -513,3 +513,8 @@ class Session:
 def _payload_bytes(wire: dict[str, Any]) -> int:
     """Bytes of an observation's arrays (images, states, text): the bulk of its frame."""
     return sum(int(a.nbytes) for key in ("images", "states") for a in wire[key].values()) + int(wire["text"].nbytes)
+
+
+def _seconds(value: float) -> str:
+    """A wait as a log line says it: whole seconds, tenths below ten."""
+    return f"{value:.0f}" if value >= 10 else f"{value:.1f}"
