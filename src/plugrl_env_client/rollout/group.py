@@ -220,9 +220,8 @@ class EnvGroup:
         timing.env_step_s += time.perf_counter() - start
         timing.batch_steps += 1
         steps = self.n if active is None else int(active.sum())
-        timing.env_steps += steps
+        timing.env_steps += steps  # the rollout adds them to the run's budget now and then
         timing.idle_env_steps += self.n - steps
-        self.budget.add_env_steps(steps)
         out = self._checked(contract.check_step, result, self.settings.non_finite_rewards,
                             self.settings.non_finite_observations)
         if out.zeroed_rewards.size:

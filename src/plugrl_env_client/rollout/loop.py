@@ -41,6 +41,10 @@ logger = logging.getLogger(__name__)
 
 __all__ = ["LoopSettings", "Rollout", "StepResult"]
 
+ENV_STEPS_TELL_S = 0.05
+"""How often the loop adds the env steps taken since the last time to the run's shared budget (the progress line's
+count; a lock shared between processes each time), instead of once per batch step."""
+
 
 class Rollout:
     """Runs a process's env groups until the budget is spent, every env is retired, or the server ends the run."""
@@ -53,8 +57,9 @@ class Rollout:
             for group in groups:
                 group.process_env_steps = lambda: sum(t.env_steps for t in timings)
         self._started = time.perf_counter()
-        self._last_progress = time.monotonic()
+        self._last_progress = self._tell_at = time.monotonic()
         self._blocked_s = 0.0  # pipelined: time nothing could step, waiting for a reply
+        self._steps_told = 0  # env steps already added to the budget
 
     def timing(self) -> Timing:
         """The process's timing: its groups' counters and stage times added up. Pipelined, the groups' round trips
@@ -80,6 +85,7 @@ class Rollout:
             pass
         finally:
             self._stamp()
+            self._tell_env_steps()
             for group in self.groups:
                 group.close()
         return self._end_status()
@@ -159,12 +165,23 @@ class Rollout:
         return ProcessStatus.STOPPED_BY_SERVER
 
     def _report_progress(self) -> None:
-        """Hand the run's writer this process's timing every ``progress_period_s`` (so a crash loses little)."""
+        """Add the env steps taken to the budget every :data:`ENV_STEPS_TELL_S`, and hand the run's writer this
+        process's timing every ``progress_period_s`` (so a crash loses little)."""
         now = time.monotonic()
+        if now < self._tell_at:
+            return
+        self._tell_at = now + ENV_STEPS_TELL_S
+        self._tell_env_steps()
         if now - self._last_progress >= self.settings.progress_period_s:
             self._last_progress = now
             self._stamp()
             self.sink.progress(self.settings.process_id, ProcessStatus.RUNNING, self.timing())
+
+    def _tell_env_steps(self) -> None:
+        steps = sum(t.env_steps for t in self.timings)
+        if steps > self._steps_told:
+            self.budget.add_env_steps(steps - self._steps_told)
+            self._steps_told = steps
 
     def _stamp(self) -> None:
         """The collection time so far, on every group's timing (the process's total takes the longest)."""
