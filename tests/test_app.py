@@ -16,6 +16,7 @@ from client_runs import interrupt_once_collecting
 from plugrl_env_client.app import run_client
 from plugrl_env_client.config import ClientConfig, ConnectionConfig, RunnerConfig
 from plugrl_env_client.envs import discover_envs
+from plugrl_env_client.report.html import server_url
 from plugrl_env_client.server.policies import PolicyConfig, make_policy
 from plugrl_env_client.server.server import PolicyServer
 
@@ -209,6 +210,19 @@ def test_api_key_is_not_written_to_disk(policy_server, tmp_path):
         if path.is_file():
             assert "s3cret" not in path.read_text(), path
     assert json.loads((tmp_path / "run" / "client_config.json").read_text())["connection"]["api_key"] == "<redacted>"
+
+
+def test_a_local_policy_run_records_the_port_its_embedded_server_used(tmp_path):
+    cfg = config(tmp_path, env=PointEnvConfig(), local_policy="random", num_episodes=2,
+                 runner=RunnerConfig(max_episode_steps=3))
+    assert run_client(cfg, "Point-v1") == 0
+    log = (tmp_path / "run" / "logs" / "client.log").read_text()
+    served = re.search(r"embedded random policy serving on (ws://127\.0\.0\.1:(\d+))", log)
+    assert served is not None, log
+    recorded = json.loads((tmp_path / "run" / "client_config.json").read_text())
+    assert recorded["server_url"] == served.group(1) and recorded["server_port"] == int(served.group(2))
+    assert recorded["server_host"] == "127.0.0.1" and recorded["local_policy"] == "random"
+    assert server_url(recorded) == served.group(1), "the report shows the same"
 
 
 def test_bad_flag_values_are_refused(tmp_path):

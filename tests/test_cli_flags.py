@@ -30,7 +30,7 @@ CLIENT_FLAGS = {
     "--env.max-episode-steps": "{None}|INT",  # PlugRL's spelling of the one above (accepted before it was listed)
     "--runner.replan-steps": "{None}|INT",
     "--runner.non-finite-actions": "{error,clip}", "--runner.non-finite-rewards": "{error,zero}",
-    "--runner.non-finite-observations": "{error,allow}",
+    "--runner.non-finite-observations": "{error,allow}", "--runner.check-partial-reset": "{on,off}",
     "--runner.pass-proc-id": "", "--runner.no-pass-proc-id": "",
     "--runner.use-env-lock": "", "--runner.no-use-env-lock": "",
     "--runner.start-method": "{spawn,forkserver,fork}", "--runner.pipeline": "INT",
@@ -45,6 +45,8 @@ CLIENT_FLAGS = {
     "--ray.address": "STR", "--ray.num-cpus-per-proc": "FLOAT", "--ray.num-gpus-per-proc": "FLOAT",
     "--ray.resources": "STR", "--ray.placement": "{spread,pack}", "--ray.max-restarts": "INT",
     "--env.step-size": "FLOAT", "--env.goal-radius": "FLOAT",
+    "--version": "",  # answered before parsing by every command; listed since its help shows it
+    "--tracking": "{none,tensorboard}",
 }
 """``plugrl-run-env-client point-v1 --help``: the client's flags and Point-v1's ``--env.*`` ones."""
 
@@ -56,11 +58,11 @@ SERVER_FLAGS = {
     "--policy.choices": "[STR [STR ...]]", "--policy.latency-ms": "FLOAT",
     "--policy.directions": "INT", "--policy.top-directions": "INT", "--policy.step-size": "FLOAT",
     "--policy.noise": "FLOAT", "--policy.save": "{None}|PATH", "--policy.load": "{None}|PATH", "--policy.eval": "",
-    "--policy.no-eval": "",
+    "--policy.no-eval": "", "--version": "",
 }
 """``plugrl-run-policy-server --help``."""
 
-REPORT_FLAGS = {"-h": "", "--help": "", "--window": "K", "--open": "", "--no-open": ""}
+REPORT_FLAGS = {"-h": "", "--help": "", "--window": "K", "--open": "", "--no-open": "", "--version": ""}
 """``plugrl-report --help`` (besides its positional RUN_DIR)."""
 
 _FLAG_CELL = re.compile(r"(?:^|│) (-{1,2}[\w.\-]+(?:[^│]*?))(?: {2}|│|$)", re.M)

@@ -14,7 +14,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 
-from plugrl_env_client import cli
+from plugrl_env_client import cli, env_commands
 from plugrl_env_client.config import ClientConfig, RunnerConfig
 from plugrl_env_client.envs.base_env import BaseEnv, BaseEnvConfig, Observation
 from plugrl_env_client.envs.dummy.dummy_env import DummyEnvConfig
@@ -44,7 +44,7 @@ def test_each_builtin_subcommand_parses_with_defaults(sub: str, uid: str, cfg_cl
 
 
 def test_subcommands_are_lowercased_ids() -> None:
-    subs = cli.build_subcommands(ClientConfig)
+    subs = env_commands.build_subcommands(ClientConfig)
     assert {"point-v1", "dummy-v1", "probe-v1"} <= set(subs)
     assert all(name == name.lower() for name in subs)
     assert isinstance(subs["point-v1"]().env, PointEnvConfig)
@@ -375,7 +375,7 @@ def test_every_subcommand_runs_its_own_env(registry: None) -> None:
     """Subcommands and env ids are paired by name: each subcommand gives back its id and that env's config."""
     for uid, size in (("Zeta-v1", 1), ("alpha-v1", 2), ("Mixed_Case-v2", 3), ("MIXED-v1", 4)):
         _register_sized(uid, size)
-    ids = cli.subcommand_ids()
+    ids = env_commands.subcommand_ids()
     assert ids["zeta-v1"] == "Zeta-v1" and ids["mixed_case-v2"] == "Mixed_Case-v2" and ids["mixed-v1"] == "MIXED-v1"
     for name, uid in ids.items():
         env_id, _config, _line = cli.parse([name])

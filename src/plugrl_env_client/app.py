@@ -13,6 +13,7 @@ import multiprocessing as mp
 import signal
 import sys
 from typing import Any
+from urllib.parse import urlsplit
 
 from plugrl_env_client.config import ClientConfig
 from plugrl_env_client.envs import contract
@@ -26,6 +27,7 @@ from plugrl_env_client.outputs.logs import setup_logging
 from plugrl_env_client.outputs.progress import Periodic, Progress, summary_table
 from plugrl_env_client.outputs.run_dir import RunDir, default_exp_name, with_plugrl_config_keys, write_json_atomic
 from plugrl_env_client.outputs.run_writer import RunWriter
+from plugrl_env_client.outputs.tracking import make_tracker, require
 from plugrl_env_client.records import ProcessResult, ProcessStatus
 from plugrl_env_client.rollout.budget import EpisodeBudget
 from plugrl_env_client.rollout.signals import interrupt_handlers, shielded
@@ -50,10 +52,10 @@ def run_client(config: ClientConfig, env_id: str, sources: EnvSources | None = N
     run_dir = _new_run_dir(config, exp_name)
     setup_logging(run_dir.log_file)
     limit = spec.max_episode_steps if config.runner.max_episode_steps is None else config.runner.max_episode_steps
-    write_json_atomic(run_dir.client_config,
-                      with_plugrl_config_keys(_recorded_config(config, spec.uid, spec.kwargs), spec.uid, limit))
+    _write_client_config(run_dir, config, spec.uid, spec.kwargs, limit)
     writer = RunWriter(run_dir, exp_name, config.num_procs, config.recorder.metric_window, num_envs=config.num_envs,
-                       recorder_args=dataclasses.asdict(config.recorder))
+                       recorder_args=dataclasses.asdict(config.recorder),
+                       tracker=make_tracker(config.tracking, run_dir.root))
     env: BaseEnv | None = None
     server: PolicyServer | None = None
     signum = None
@@ -67,6 +69,8 @@ def run_client(config: ClientConfig, env_id: str, sources: EnvSources | None = N
                 env = build_env(jobs[0])
             server = _start_local_policy(config, spec.uid, env, run_dir) if config.local_policy else None
             url = server.url if server is not None else config.resolved_url()
+            if server is not None:  # its port is known only now: the file says where the run's server really was
+                _write_client_config(run_dir, _served_at(config, url), spec.uid, spec.kwargs, limit)
             jobs = [dataclasses.replace(job, url=url) for job in jobs]
             _run(config, spec.uid, run_dir, writer, jobs, sources, env)
         except PlugRLError as exc:  # the run could not start: say why in its summary
@@ -146,6 +150,18 @@ def _report(uid: str, run_dir: RunDir, summary: dict[str, Any], failed: dict[int
     return 0 if signum is None else 128 + signum
 
 
+def _write_client_config(run_dir: RunDir, config: ClientConfig, uid: str, env_kwargs: dict[str, Any],
+                         limit: int | None) -> None:
+    write_json_atomic(run_dir.client_config, with_plugrl_config_keys(_recorded_config(config, uid, env_kwargs), uid, limit))
+
+
+def _served_at(config: ClientConfig, url: str) -> ClientConfig:
+    """``config`` with the server flags of the server at ``url`` (the embedded one, on a port of its own)."""
+    parts = urlsplit(url)
+    return dataclasses.replace(config, server_url=url, server_host=parts.hostname or config.server_host,
+                               server_port=parts.port or config.server_port)
+
+
 def _recorded_config(config: ClientConfig, env_id: str, env_kwargs: dict[str, Any]) -> dict[str, Any]:
     """Every flag of the run for ``client_config.json``; the API key is not written to disk."""
     flags = dataclasses.asdict(config)
@@ -167,6 +183,7 @@ def _validate(config: ClientConfig) -> None:
         if value is not None and value < 1:
             raise ConfigError(f"{flag} must be >= 1, got {value}")
     group_sizes(config)  # pipeline and seed groups must split the envs evenly
+    require(config.tracking)  # its library, before the run folder exists
 
 
 def _start_local_policy(config: ClientConfig, env_id: str, env: BaseEnv | None, run_dir: RunDir) -> PolicyServer:

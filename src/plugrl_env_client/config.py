@@ -24,6 +24,7 @@ import tyro
 from plugrl_env_client.envs.base_env import BaseEnvConfig
 from plugrl_env_client.launch.ray.config import RayConfig
 from plugrl_env_client.outputs.recorder import RecorderConfig
+from plugrl_env_client.outputs.tracking import TrackingKind
 from plugrl_env_client.protocol.session import ConnectionConfig
 from plugrl_env_client.rollout.settings import LoopConfig
 
@@ -61,16 +62,19 @@ class ClientConfig:
     output_dir: Path = Path("runs")
     """Folder that holds the run folders."""
     server_host: str = "127.0.0.1"
+    """Host of the policy server to connect to."""
     server_port: int = 8000
+    """Port of the policy server to connect to."""
     server_url: str | None = None
     """ws://host:port or wss://host:port; overrides --server-host/--server-port."""
     local_policy: Literal["random", "zero", "text", "ars"] | None = None
     """Start the reference policy server in this process (matched to the env's action space) and use it; text is
     for envs whose single_action_space is a gymnasium Text space; ars learns a linear policy (Augmented Random
     Search) from the episodes' returns, for envs with a float Box action space and state arrays."""
-    local_policy_choices: tuple[str, ...] = ()
-    """Strings --local-policy text answers with, one picked per env and step (default: short strings made up from
-    the Text space's characters), e.g. --local-policy-choices "<answer>3</answer>" "hello"."""
+    local_policy_choices: Annotated[tuple[str, ...], tyro.conf.arg(
+        help_behavior_hint="(default: short strings made up from the Text space's characters)")] = ()
+    """Strings --local-policy text answers with, one picked per env and step, e.g. --local-policy-choices
+    "<answer>3</answer>" "hello"."""
     local_policy_horizon: int | None = None
     """Action horizon of the embedded policy (with --local-policy). Default: the policy's own (1 for ars, 4 for the
     others)."""
@@ -81,6 +85,10 @@ class ClientConfig:
     also $PLUGRL_ENV_PATH, os.pathsep-separated)."""
     launcher: Literal["local", "ray"] = "local"
     """Where the processes run: local processes, or Ray actors on a cluster (extra ray)."""
+    tracking: TrackingKind = "none"
+    """Live tracking: tensorboard writes each episode's return, length and success, the env steps per second, the
+    infer round-trip time and the reconnects to runs/<exp>/tensorboard/ as the run goes (extra tensorboard; watch
+    with tensorboard --logdir runs)."""
     connection: Annotated[ConnectionConfig, tyro.conf.OmitArgPrefixes] = dataclasses.field(
         default_factory=ConnectionConfig)
     runner: RunnerConfig = dataclasses.field(default_factory=RunnerConfig)

@@ -272,6 +272,46 @@ class MyEnv(GoodEnv):
         "plugrl-run-env-client my-v1 --env-path my_env.py --num-episodes 1 --server-port 8000 --connect-timeout 1",
     )),
     Trigger("no success rule", BASE_ENV + GOOD, exit_code=0),
+    Trigger("layout that changes", _step('obs.states["pos"] = np.zeros((self.num_envs, 3))\n'
+                                         "        return obs, reward, terminated, truncated, info")),
+    Trigger("partial reset of every row", BASE_ENV + '''
+@register_env("My-v1")
+class MyEnv(GoodEnv):
+    def reset(self, *, seed=None, options=None):
+        self.seed_rngs(seed)
+        self.pos[:] = self.np_random.uniform(-1.0, 1.0, self.pos.shape)  # every row, whatever the mask
+        return self.observe(), {}
+
+    def step(self, actions):
+        obs, reward, terminated, truncated, info = super().step(actions)
+        return obs, reward, np.arange(self.num_envs) == 0, truncated, info  # env 0's episodes last one step
+''', (RUN.replace("--num-episodes 1", "--num-episodes 4"),)),
+    Trigger("server actions outside a discrete space", BASE_ENV + '''
+@register_env("My-v1")
+class MyEnv(GoodEnv):
+    def __init__(self, config: MyConfig, num_envs: int = 1, **kwargs):
+        super().__init__(config, num_envs=num_envs, **kwargs)
+        self.single_action_space = gym.spaces.Discrete(2)
+''', ("plugrl-run-policy-server --port 8000 --policy.action-dim 0 --policy.dtype int64 --policy.low 5 --policy.high 5",
+        "plugrl-run-env-client my-v1 --env-path my_env.py --num-envs 2 --num-episodes 1 --server-port 8000")),
+    Trigger("success as a list", _step('info = {"success": [False] * self.num_envs}\n'
+                                       "        return obs, reward, terminated, truncated, info"), exit_code=0),
+    Trigger("close that raises", BASE_ENV + '''
+@register_env("My-v1")
+class MyEnv(GoodEnv):
+    def close(self):
+        raise RuntimeError("simulator already gone")
+''', exit_code=0),
+    Trigger("thread that never ends", BASE_ENV + '''
+import threading
+
+
+@register_env("My-v1")
+class MyEnv(GoodEnv):
+    def __init__(self, config: MyConfig, num_envs: int = 1, **kwargs):
+        super().__init__(config, num_envs=num_envs, **kwargs)
+        threading.Thread(target=threading.Event().wait, name="sim-worker").start()
+''', exit_code=0),
 )
 
 

@@ -53,6 +53,8 @@ def test_each_suite_installs_an_extra_of_the_project_and_runs_the_id_its_row_nam
         assert extra not in " ".join(extras["test"]), f"{name} pins MuJoCo 3: not in the test extra"
         runs = [t for t in texts if "plugrl-run-env-client gym-v1" in t]
         assert len(runs) == 1 and f"--env.id {env_id} " in runs[0], name
+        # Gym-v1 picks the OpenGL platform before it imports the suite (tests/envs/test_gym_env.py shows it)
+        assert "MUJOCO_GL" not in runs[0], f"{name}: no variable to set by hand"
         row = next(r for r in rows if r.startswith(f"| {name.split(' through')[0]}"))
         assert f"`{extra}`" in row and f"(#{_anchor(name)})" in row, row
 

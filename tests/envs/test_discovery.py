@@ -276,3 +276,17 @@ def test_plugin_entry_points_are_read_from_the_group(monkeypatch: pytest.MonkeyP
                         lambda: [EntryPoint("missing", "plugrl_no_such_plugin_module_xyz")])
     discover_envs()
     assert "Skip loading env module plugrl_no_such_plugin_module_xyz (plugin 'missing')" in capsys.readouterr().err
+
+
+def test_two_files_of_a_folder_that_register_one_id_are_both_named_by_path(
+        registry: None, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    first = write_env(tmp_path / "envs", "a_env.py", "Twice-v1", "First")
+    second = write_env(tmp_path / "envs", "b_env.py", "Twice-v1", "Second")
+    discover_envs([str(tmp_path / "envs")])
+    err = capsys.readouterr().err
+    assert err.count("Skip loading env module") == 1, err
+    assert f"Skip loading env module {second.resolve()}: ConfigError: env config id 'Twice-v1'" in err
+    assert (f"'Twice-v1' is already registered by {first.resolve()}, and {second.resolve()} registers it too; the "
+            "first one stays") in err
+    assert "plugrl_user_envs" not in err, "no made-up module name"
+    assert get_spec("Twice-v1").env_cls.__name__ == "FirstEnv"

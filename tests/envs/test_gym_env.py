@@ -2,8 +2,15 @@
 
 from __future__ import annotations
 
+import ctypes.util
 import json
+import logging
+import re
+import sys
+import textwrap
+import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import gymnasium as gym
@@ -11,6 +18,7 @@ import numpy as np
 import pytest
 from client_runs import check_run_of_one_process
 
+from plugrl_env_client.envs.gym import gym_env
 from plugrl_env_client.envs.gym.gym_env import GymEnv, GymEnvConfig
 from plugrl_env_client.errors import ConfigError
 
@@ -299,12 +307,138 @@ def test_render_adds_frames_and_keeps_rows_of_envs_not_reset() -> None:
         env.close()
 
 
+def test_frames_for_the_recorder_only_are_drawn_on_request_and_not_sent() -> None:
+    env = make(2, id="CartPole-v1", render_for_recorder_only=True)
+    try:
+        obs, _ = env.reset(seed=0)
+        for _ in range(4):
+            obs, *_ = env.step(np.array([0, 1]))
+        assert obs.images == {} and env.frames_for_recorder
+        inner = env.vector_env.envs  # type: ignore[attr-defined]
+        drawn = env.render_frames(np.array([1]))["render"]
+        assert drawn.shape == (1, 400, 600, 3)
+        np.testing.assert_array_equal(drawn[0], inner[1].render())
+    finally:
+        env.close()
+    with pytest.raises(ConfigError, match="--env.render sends every frame to the policy already"):
+        make(1, id="CartPole-v1", render=True, render_for_recorder_only=True)
+
+
 def test_without_render_there_are_no_frames() -> None:
     env = make(1, id="CartPole-v1")
     try:
         assert env.reset(seed=0)[0].images == {}
     finally:
         env.close()
+
+
+# ------------------------------------------------------------------------------------------------ rendering costs
+
+
+FRAMES_ID = "PlugRLTest/Frames-v0"
+
+
+class FramesEnv(gym.Env):
+    """Renders small frames, taking ``frame_s`` seconds for each (a CPU renderer, standing in for MuJoCo's)."""
+
+    metadata = {"render_modes": ["rgb_array"], "render_fps": 30}
+    observation_space = gym.spaces.Box(-1.0, 1.0, (1,), np.float32)
+    action_space = gym.spaces.Discrete(2)
+
+    def __init__(self, render_mode: str | None = None, frame_s: float = 0.0) -> None:
+        self.render_mode, self.frame_s = render_mode, frame_s
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[np.ndarray, dict]:
+        super().reset(seed=seed)
+        return np.zeros(1, np.float32), {}
+
+    def step(self, action: Any) -> tuple[np.ndarray, float, bool, bool, dict]:
+        return np.zeros(1, np.float32), 0.0, False, False, {}
+
+    def render(self) -> np.ndarray:
+        time.sleep(self.frame_s)  # the cost under test
+        return np.zeros((6, 4, 3), np.uint8)
+
+
+@pytest.fixture
+def frames_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """The frames env registered, and a fresh once-per-run filter (another test may have used the warning up)."""
+    monkeypatch.setattr(gym_env.logger, "filters", [gym_env.OncePerRun()])
+    gym.register(FRAMES_ID, entry_point=FramesEnv)
+    yield
+    gym.registry.pop(FRAMES_ID, None)
+
+
+def _cost_warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.levelname == "WARNING" and "ms per frame" in r.getMessage()]
+
+
+def test_slow_frames_are_named_once_with_their_cost_and_what_makes_them_cheaper(
+        frames_env: None, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level("INFO", logger="plugrl_env_client.envs.gym.gym_env")
+    for _ in range(2):  # two env groups of one process
+        env = make(2, id=FRAMES_ID, render=True, kwargs=json.dumps({"frame_s": 0.02}))
+        try:
+            env.reset(seed=0)
+            for _ in range(8):
+                env.step(np.array([0, 1]))
+        finally:
+            env.close()
+        assert env.render_cost.per_frame_s >= 0.02
+    (message,) = _cost_warnings(caplog)
+    match = re.search(r"rendering costs (\d+) ms per frame here \(6x4 pixels", message)
+    assert match is not None and int(match.group(1)) >= 20, message
+    assert '"width": 64' in message and "leave --env.render off" in message
+
+
+def test_cheap_frames_are_not_warned_about(frames_env: None, caplog: pytest.LogCaptureFixture) -> None:
+    env = make(2, id=FRAMES_ID, render=True)
+    try:
+        env.reset(seed=0)
+        for _ in range(8):
+            env.step(np.array([0, 1]))
+    finally:
+        env.close()
+    assert env.render_cost.judged and env.render_cost.per_frame_s < gym_env.SLOW_FRAME_S
+    assert _cost_warnings(caplog) == []
+
+
+def test_a_warning_once_per_run_is_written_once_whichever_process_logs_it(
+        frames_env: None, caplog: pytest.LogCaptureFixture) -> None:
+    """A rollout process logs it once; the launcher hands each process's record to the logger of the same name
+    (launch/reports.py LogReport), whose filter lets one through."""
+    caplog.set_level("WARNING")
+    forwarded = [gym_env.logger.makeRecord(gym_env.logger.name, logging.WARNING, __file__, 0, f"slow in process {p}",
+                                           None, None, extra={"once": "render-cost"}) for p in (0, 1)]
+    for record in forwarded:
+        logging.getLogger(record.name).handle(record)
+    gym_env.logger.warning("not once per run")
+    gym_env.logger.warning("not once per run")
+    assert [r.getMessage() for r in caplog.records] == ["slow in process 0", "not once per run", "not once per run"]
+
+
+def test_the_opengl_platform_is_chosen_before_the_envs_package_is_imported(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """dm_control (so gym-aloha and Shimmy's dm_control envs) picks its OpenGL platform when it is imported, which
+    --env.id package:Env-v0 does: without a display, MUJOCO_GL must be set by then."""
+    expected = next((gl for gl, lib in (("egl", "EGL"), ("osmesa", "OSMesa")) if ctypes.util.find_library(lib)), None)
+    if expected is None:
+        pytest.skip("no EGL or OSMesa library on this machine: there is no platform to choose")
+    for name in ("DISPLAY", "WAYLAND_DISPLAY", "MUJOCO_GL", "SDL_VIDEODRIVER"):
+        monkeypatch.delenv(name, raising=False)
+    (tmp_path / "glprobe_pkg.py").write_text(textwrap.dedent(f'''
+        import os
+        import gymnasium as gym
+        SEEN_AT_IMPORT = os.environ.get("MUJOCO_GL")
+        gym.register("GlProbe-v0", entry_point="{__name__}:FramesEnv")
+    '''))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    try:
+        make(1, id="glprobe_pkg:GlProbe-v0").close()
+        assert sys.modules["glprobe_pkg"].SEEN_AT_IMPORT == expected
+    finally:
+        gym.registry.pop("GlProbe-v0", None)
+        sys.modules.pop("glprobe_pkg", None)
 
 
 # ------------------------------------------------------------------------------------------------ errors, close
@@ -369,3 +503,26 @@ def test_run_through_the_client(tmp_path: Any, registry: None) -> None:
                           exp_name="gym-e2e", env=GymEnvConfig(id="CartPole-v1"))
     assert run_client(config, "Gym-v1") == 0
     check_run_of_one_process(tmp_path / "gym-e2e", episodes=5, max_length=500)  # the env's own time limit
+
+
+def test_a_run_renders_only_the_episodes_it_records(tmp_path: Path, registry: None) -> None:
+    """--env.render-for-recorder-only with --recorder.episode-freq 3: the recorded episodes have their frames
+    (samples and a video), the policy's observations none, and only recorded envs were rendered."""
+    from plugrl_env_client.app import run_client
+    from plugrl_env_client.config import ClientConfig, RecorderConfig, RunnerConfig
+
+    config = ClientConfig(num_envs=2, num_episodes=6, local_policy="random", output_dir=tmp_path, progress=False,
+                          exp_name="rec", env=GymEnvConfig(id="CartPole-v1", render_for_recorder_only=True),
+                          runner=RunnerConfig(max_episode_steps=4),
+                          recorder=RecorderConfig(episode_freq=3, record_video=True))
+    assert run_client(config, "Gym-v1") == 0
+    proc = tmp_path / "rec/rollout/proc_000"
+    videos = sorted(p.name for p in (proc / "videos").iterdir())
+    assert videos and all(name.endswith("_render.mp4") for name in videos)
+    firsts = sorted((proc / "sampled").glob("*_first_render.png"))
+    assert [p.name.replace("_first_render.png", "_render.mp4") for p in firsts] == videos
+    episodes = [json.loads(line) for line in (proc / "episodes.jsonl").read_text().splitlines()]
+    assert len(videos) < len(episodes), "not every episode was rendered"
+    timing = json.loads((proc / "summary.json").read_text())["timing"]
+    assert timing["bytes_sent"] / (timing["infer_calls"] + timing["feedback_calls"]) < 10_000, \
+        "no 400x600 frame (720 kB) went to the policy"

@@ -175,6 +175,34 @@ def test_render_frames(backend: str) -> None:
         env.close()
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_frames_for_the_recorder_only_are_drawn_on_request(backend: str) -> None:
+    """--env.render-for-recorder-only: no frames in the observations; render_frames draws the rows asked for. On
+    EnvPool they are the frames --env.render would have sent; Gymnasium's tracking camera follows its body from
+    where it was at the first render, so there they frame the scene as the first request left the camera."""
+    n = 3
+    env = make(backend, "HalfCheetah-v5", n, render_for_recorder_only=True, width=32, height=24)
+    twin = make(backend, "HalfCheetah-v5", n, render=True, width=32, height=24)
+    try:
+        assert env.frames_for_recorder and not twin.frames_for_recorder
+        obs, _ = env.reset(seed=0)
+        sent, _ = twin.reset(seed=0)
+        for k in range(3):
+            obs, *_ = env.step(actions(n, 6, k))
+            sent, *_ = twin.step(actions(n, 6, k))
+        assert obs.images == {}
+        drawn = env.render_frames(np.array([2, 0]))["render"]
+        assert drawn.shape == (2, 24, 32, 3) and drawn.dtype == np.uint8 and drawn.std() > 0
+        np.testing.assert_array_equal(env.render_frames(np.array([2, 0]))["render"], drawn), "the state's frame"
+        if backend == "envpool":
+            np.testing.assert_array_equal(drawn, sent.images["render"][[2, 0]])
+    finally:
+        env.close()
+        twin.close()
+    with pytest.raises(ConfigError, match="drop it to render only the recorded episodes' frames"):
+        make(backend, "HalfCheetah-v5", 1, render=True, render_for_recorder_only=True)
+
+
 def test_backends_share_the_task_definition() -> None:
     """Both backends step the same Hopper: from a start, a few identical actions keep it within noise of each
     other (their MuJoCo builds differ, so not bit for bit)."""

@@ -137,7 +137,8 @@ def test_config_must_be_a_dataclass() -> None:
 
 def test_duplicate_uid_from_another_module_errors() -> None:
     first = register_env("Dup-v1")(_env_class("First", module="pkg_a.envs"))
-    with pytest.raises(ConfigError, match=r"'Dup-v1' is already registered by pkg_a\.envs.*override=True"):
+    with pytest.raises(ConfigError, match=r"'Dup-v1' is already registered by pkg_a\.envs, and pkg_b\.envs registers "
+                       r"it too; the first one stays.*override=True"):
         register_env("Dup-v1")(_env_class("Second", module="pkg_b.envs"))
     assert get_spec("Dup-v1").env_cls is first
     register_env_config("Dup-v1")(_config_class(module="pkg_a.envs"))

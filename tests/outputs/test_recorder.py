@@ -8,6 +8,7 @@ import dataclasses
 import io
 import json
 import re
+import subprocess
 import sys
 import threading
 import tracemalloc
@@ -18,6 +19,7 @@ from typing import Any
 import imageio.v3 as iio
 import numpy as np
 import pytest
+from children import sigint_default
 
 from plugrl_env_client.envs.base_env import Observation
 from plugrl_env_client.errors import ConfigError
@@ -592,3 +594,121 @@ def test_directory_sink_writes_inside_its_folder_only(tmp_path: Path) -> None:
     for bad in ("../escape.bin", "/etc/passwd", "a/../../b", ""):
         with pytest.raises(ValueError, match="must be relative"):
             sink.write_bytes(bad, b"")
+
+
+# ------------------------------------------------------------------------------------------------ flags that do nothing
+
+
+def _warnings(caplog: pytest.LogCaptureFixture, text: str) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.levelname == "WARNING" and text in r.getMessage()]
+
+
+def test_record_flags_without_an_episode_freq_are_named_once_by_process_zero(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level("WARNING", logger="plugrl_env_client.outputs.recorder")
+    for pid in (0, 1, 2):
+        recorder(MemorySink(), k=0, process_id=pid, record_video=True, record_episode_metrics=True).close()
+    (message,) = _warnings(caplog, "--recorder.episode-freq")
+    assert message.startswith("--recorder.record-video, --recorder.record-episode-metrics record nothing without")
+    assert "add --recorder.episode-freq 1" in message
+    caplog.clear()
+    recorder(MemorySink(), k=0, process_id=0).close()  # nothing asked for: nothing to say
+    recorder(MemorySink(), k=2, process_id=0, record_full_rollout=True).close()
+    assert _warnings(caplog, "--recorder.episode-freq") == []
+
+
+def test_video_of_an_env_without_images_is_named_once(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level("WARNING", logger="plugrl_env_client.outputs.recorder")
+    states_only = Observation(states={"pos": np.zeros((4, 2), np.float32)})
+    for pid in (0, 1):
+        rec = recorder(MemorySink(), k=1, process_id=pid, record_video=True)
+        for _ in range(3):
+            rec.on_reset(states_only, np.arange(4), np.arange(4))
+        rec.close()
+    (message,) = _warnings(caplog, "hold no image")
+    assert "--env.render" in message
+    caplog.clear()
+    with_images = recorder(MemorySink(), k=1, process_id=0, record_video=True)
+    Group(with_images, [0, 1, 2, 3], Log()).reset([0, 1, 2, 3])
+    with_images.close()
+    assert _warnings(caplog, "hold no image") == []
+
+
+def test_a_run_of_two_processes_warns_once(tmp_path: Path) -> None:
+    """Both processes record every episode of an env without images: the run's console says so once."""
+    done = subprocess.run(sigint_default([
+        sys.executable, "-m", "plugrl_env_client", "point-v1", "--num-procs", "2", "--num-envs", "2",
+        "--num-episodes", "4", "--local-policy", "random", "--env.max-episode-steps", "5", "--no-progress",
+        "--recorder.episode-freq", "1", "--recorder.record-video", "--output-dir", str(tmp_path),
+        "--exp-name", "run"]), capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.count("hold no image") == 1, done.stderr
+    assert (tmp_path / "run/logs/client.log").read_text().count("hold no image") == 1
+
+
+# ------------------------------------------------------------------------------------------------ frames for the recorder
+
+
+class Renders:
+    """An env group that renders only when asked (--env.render-for-recorder-only): its frame of a row is a function
+    of (its first process env id + row, the number of steps it took), and every request is logged."""
+
+    frames_for_recorder = True
+
+    def __init__(self, offset: int, num_envs: int) -> None:
+        self.offset, self.num_envs = offset, num_envs
+        self.t = 0
+        self.asked: list[list[int]] = []
+
+    def render_frames(self, rows: np.ndarray) -> dict[str, np.ndarray]:
+        self.asked.append(rows.tolist())
+        return {"render": np.stack([image(self.offset + int(r), self.t, (4, 6, 3)) for r in rows])}
+
+
+class Plain:
+    """An env group that sends its frames in its observations (or has none): never asked."""
+
+    frames_for_recorder = False
+    num_envs = 2
+
+    def render_frames(self, rows: np.ndarray) -> dict[str, np.ndarray]:
+        raise AssertionError("an env that does not render for the recorder is never asked")
+
+
+def test_envs_that_render_for_the_recorder_draw_only_the_recorded_envs_frames() -> None:
+    sink = MemorySink()
+    rec = recorder(sink, k=3, num_envs=4, record_video=True)
+    first, second = Renders(0, 2), Renders(2, 2)
+    rec.render_for([first, second])
+    log = Log()
+    a, b = Group(rec, [0, 1], log), Group(rec, [2, 3], log)
+
+    def step(group: Group, env: Renders) -> None:
+        env.t += 1
+        group.step()
+
+    a.reset([0, 1])  # starts 0 (env 0: recorded) and 1
+    b.reset([0, 1])  # starts 2 and 3 (env 3: recorded)
+    for _ in range(2):
+        step(a, first)
+        step(b, second)
+    a.end(0)
+    b.end(3)
+    rec.close()
+    assert first.asked == [[0], [0], [0]] and second.asked == [[1], [1], [1]], "the recorded rows, each time"
+    for stem, env, steps in (("ep000000_env000", 0, 2), ("ep000003_env003", 3, 2)):
+        for moment, t in (("first", 0), ("last", steps)):
+            png = sink.files[f"sampled/{stem}_{moment}_render.png"]
+            np.testing.assert_array_equal(iio.imread(png, extension=".png"), image(env, t, (4, 6, 3)))
+        assert f"videos/{stem}_render.mp4" in sink.files
+
+
+def test_rendering_for_the_recorder_without_an_episode_freq_is_named(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level("WARNING", logger="plugrl_env_client.outputs.recorder")
+    quiet = recorder(MemorySink(), k=0, process_id=0)
+    quiet.render_for([Plain()])
+    assert _warnings(caplog, "--env.render-for-recorder-only") == [], "no env renders for the recorder"
+    for pid in (0, 1):
+        rec = recorder(MemorySink(), k=0, process_id=pid)
+        rec.render_for([Renders(0, 4)])
+    (message,) = _warnings(caplog, "--env.render-for-recorder-only")
+    assert "renders nothing without --recorder.episode-freq" in message

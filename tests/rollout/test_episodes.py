@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import logging
+
 import numpy as np
+import pytest
 
 from plugrl_env_client.records import EpisodeRecord
 from plugrl_env_client.rollout.episodes import EpisodeTracker
@@ -97,6 +100,40 @@ def test_success_info_of_the_wrong_shape_or_type_is_ignored() -> None:
     tracker.add_step(_f(0, 0), {"success": True})
     tracker.add_step(_f(0, 0), {"success": _b(True, True, True)})
     assert tracker.success.tolist() == [False, False]
+
+
+def _warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+
+
+@pytest.mark.parametrize("key, value, expected", [
+    ("success", [True, False], "info['success'] is a list of 2 values; the client counts success only from a bool "
+     "array of shape (2,) (one per env), so it counts none from it"),
+    ("success", True, "info['success'] is a bool;"),
+    ("success", _b(True, True, True), "info['success'] is an array of bool and shape (3,);"),
+    ("success", np.array(["yes", "no"]), "info['success'] is an array of <U3 and shape (2,);"),
+    ("metrics", [1.0, 2.0], "info['metrics'] is a list of 2 values; the client reads metrics only from a dict of "
+     "metric name -> one number per env (shape (2,)), so it records none from it"),
+    ("metrics", "distance=1", "info['metrics'] is a str;"),
+])
+def test_success_or_metrics_of_the_wrong_type_are_warned_about_once_per_key(
+        caplog: pytest.LogCaptureFixture, key: str, value: object, expected: str) -> None:
+    tracker = EpisodeTracker(2, success_threshold=None)
+    with caplog.at_level(logging.WARNING, "plugrl_env_client"):
+        for _ in range(3):
+            tracker.add_step(_f(0, 0), {key: value})
+    assert len(_warnings(caplog)) == 1 and _warnings(caplog)[0].startswith(expected), _warnings(caplog)
+    assert tracker.success.tolist() == [False, False] and not tracker.metrics
+    assert tracker.judges_success is False
+
+
+def test_success_and_metrics_of_the_documented_types_are_taken_without_a_word(caplog: pytest.LogCaptureFixture) -> None:
+    tracker = EpisodeTracker(2, success_threshold=None)
+    with caplog.at_level(logging.WARNING, "plugrl_env_client"):
+        tracker.add_step(_f(0, 0), {"success": _b(True, False), "metrics": {"d": np.array([1.0, 2.0])}})
+        tracker.add_step(_f(0, 0), {"success": np.array([0, 1]), "metrics": {}})
+    assert not _warnings(caplog)
+    assert tracker.success.tolist() == [True, True] and set(tracker.metrics) == {"d"}
 
 
 def test_episode_info_keys_dtypes_and_rows() -> None:

@@ -14,7 +14,8 @@ import tyro
 
 from plugrl_env_client.check.checklist import check_registered_env
 from plugrl_env_client.check.harness import DEFAULT_STEPS
-from plugrl_env_client.cli import parse_with, prepare, program_name, run_cli
+from plugrl_env_client.cli_support import run_cli
+from plugrl_env_client.env_commands import parse_with, prepare, program_name
 from plugrl_env_client.envs.base_env import BaseEnvConfig
 
 

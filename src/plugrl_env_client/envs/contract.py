@@ -130,16 +130,22 @@ def read_reset(num_envs: int, result: Any) -> tuple[tuple[Observation, dict[str,
         return None, [Problem(f"reset() must return (observation, info); got {describe_value(result)}", fix,
                               key="reset")]
     obs, info = result
+    problems = _obs_and_info_problems("reset()", num_envs, obs, info)
+    return (None if problems else (obs, info)), problems
+
+
+def _obs_and_info_problems(call: str, num_envs: int, obs: Any, info: Any) -> list[Problem]:
+    """What reset() and step() share: an :class:`Observation` of ``num_envs`` rows first, a dict info last."""
     problems = []
     if not isinstance(obs, Observation):
-        problems.append(Problem(f"reset() must return an Observation as its first value, got {type(obs).__name__}",
+        problems.append(Problem(f"{call} must return an Observation as its first value, got {type(obs).__name__}",
                                 _WRAP, key="observation"))
     elif obs.batch_size != num_envs:
-        problems.append(_batch_problem("reset()", obs, num_envs))
+        problems.append(_batch_problem(call, obs, num_envs))
     if not isinstance(info, dict):
-        problems.append(Problem(f"reset() must return a dict as info, got {type(info).__name__}",
+        problems.append(Problem(f"{call} must return a dict as info, got {type(info).__name__}",
                                 "return {} when there is nothing to report", key="info"))
-    return (None if problems else (obs, info)), problems
+    return problems
 
 
 def check_reset(
@@ -175,15 +181,7 @@ def read_step(num_envs: int, result: Any, warnings: bool = True) -> tuple[StepOu
     if not (isinstance(result, tuple) and len(result) == 5):
         return None, [_step_arity_problem(result)]
     obs, rewards, terminated, truncated, info = result
-    problems = []
-    if not isinstance(obs, Observation):
-        problems.append(Problem(f"step() must return an Observation as its first value, got {type(obs).__name__}",
-                                _WRAP, key="observation"))
-    elif obs.batch_size != num_envs:
-        problems.append(_batch_problem("step()", obs, num_envs))
-    if not isinstance(info, dict):
-        problems.append(Problem(f"step() must return a dict as info, got {type(info).__name__}",
-                                "return {} when there is nothing to report", key="info"))
+    problems = _obs_and_info_problems("step()", num_envs, obs, info)
     rewards = _rewards(num_envs, rewards, problems, warnings)
     terminated = _flags(num_envs, "terminated", terminated, problems)
     truncated = _flags(num_envs, "truncated", truncated, problems)

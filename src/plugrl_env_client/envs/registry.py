@@ -116,8 +116,16 @@ def _accept(uid: str, kind: str, new_module: str, old_module: str | None, overri
         _warn_shadowing(uid, kind, old_module, new_module)
         return False
     raise ConfigError(
-        f"{kind} id {uid!r} is already registered by {old_module}; pick another id or pass override=True"
+        f"{kind} id {uid!r} is already registered by {_module_file(old_module)}, and {_module_file(new_module)} "
+        f"registers it too; the first one stays: rename the id in one of them, or pass override=True to replace it"
     )
+
+
+def _module_file(module: str) -> str:
+    """Where ``module`` comes from, for a message: its file when it has one (an env file imported by path has a
+    made-up module name, plugrl_user_envs.<stem>_<hash>, that names nothing a user wrote), else its name."""
+    path = getattr(sys.modules.get(module), "__file__", None)
+    return module if path is None else str(path)
 
 
 def _warn_shadowing(uid: str, kind: str, main_module: str, other: str) -> None:

@@ -101,6 +101,7 @@ def run_process(job: ProcessJob, budget: Budget, sink: ResultSink, env_lock: Any
         hooks = recorder if recorder.enabled else None
         while len(envs) < len(sizes):
             envs.append(build_env(job, env_lock, sizes[len(envs)]))
+        recorder.render_for(envs)  # envs that render only the recorded episodes' frames, when asked for them
         settings = LoopSettings.of(
             cfg.runner,
             seed=process_seed(cfg.runner.seed, job.process_id, cfg.num_envs),
@@ -164,7 +165,11 @@ def _port_of(url: str) -> int | str:
 
 
 def _close(env: BaseEnv, uid: str) -> None:
+    """Close the env once the run's results are safe: a failing close is worth one warning line on the terminal,
+    not a traceback after a successful run's table (the traceback goes to the log file only)."""
     try:
         env.close()
-    except Exception:  # the run's results are already safe; a failing close is worth a log line only
-        logger.exception("env %s raised in close()", uid)
+    except Exception as exc:
+        logger.warning("env %s raised in close(): %s: %s (the run's results are written; the traceback is in the "
+                       "run's logs/client.log)", uid, type(exc).__name__, exc)
+        logger.debug("env %s raised in close()", uid, exc_info=True)

@@ -35,6 +35,16 @@ observations per recorded episode.
 
 JSON lines are strict JSON (NaN and infinities become null); ``.npy`` and ``.npz`` files hold the arrays as the
 env produced them.
+
+Frames rendered for the recorder only: an env that renders only for the recorder (``--env.render-for-recorder-only``
+of Gym-v1 and MuJoCo-v1) sends no frames in its observations and says so with ``frames_for_recorder``;
+:meth:`EpisodeRecorder.render_for` hands the recorder such envs, and the recorder asks each for the frames of the
+envs it records (``render_frames(rows)``), right after the reset or step whose observation it copies, and keeps
+them as images of that observation. Only recorded envs render, and only while they are recorded.
+
+Flags that would do nothing say so, once per run, from process 0 (every run has one; the others stay quiet, so
+``--num-procs 4`` warns once, not four times): a record flag without ``--recorder.episode-freq`` (nothing is
+recorded), and ``--recorder.record-video`` for an env whose observations hold no image (no video can be made).
 """
 
 from __future__ import annotations
@@ -76,6 +86,9 @@ VIDEO_QUALITY = 6
 OBS_STATS_FILE = "metrics/obs_stats.jsonl"
 EPISODE_METRICS_FILE = "metrics/episode_metrics.jsonl"
 
+RECORD_FLAGS = ("record_video", "record_full_rollout", "record_obs_stats", "record_episode_metrics", "thread0_only")
+"""The recorder's flags that take effect only on recorded episodes (with ``--recorder.episode-freq K``)."""
+
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 _PNG_COLOR_TYPE = {1: 0, 2: 4, 3: 2, 4: 6}  # channels -> gray, gray+alpha, RGB, RGBA
@@ -95,6 +108,7 @@ class RecorderConfig:
     record_video: bool = False
     """An MP4 of each recorded episode's images (extra video)."""
     video_fps: int = 30
+    """Frames per second of the videos (--recorder.record-video)."""
     record_full_rollout: bool = False
     """Every step's observation, action and reward of each recorded episode, as NPZ."""
     record_obs_stats: bool = False
@@ -107,6 +121,17 @@ class RecorderConfig:
 
 
 # ---------------------------------------------------------------------------------------------------- sinks
+
+
+@runtime_checkable
+class FrameSource(Protocol):
+    """An env that renders frames on request only (``--env.render-for-recorder-only``): its observations hold no
+    frames, and ``render_frames(rows)`` draws the current ones of batch rows ``rows`` (``{key: (k, ...) uint8}``)."""
+
+    num_envs: int
+    frames_for_recorder: bool
+
+    def render_frames(self, rows: np.ndarray) -> dict[str, np.ndarray]: ...
 
 
 class ArtifactSink(Protocol):
@@ -332,9 +357,37 @@ class EpisodeRecorder:
         self._lines: dict[str, list[bytes]] = {}  # JSON lines so far, for sinks that cannot append
         self._handoff = _HandOff(queue_episodes, queue_bytes)
         self._thread: threading.Thread | None = None
+        self._sources: list[tuple[int, FrameSource]] = []  # (first process env id, env) of envs that render for us
+        # Process 0 speaks for the run (see the module docstring); the image check waits for the first observation.
+        self._check_images = self.process_id == 0 and self.enabled and config.record_video
+        if self.process_id == 0:
+            _warn_inert_flags(config)
         if self.enabled:
             self._thread = threading.Thread(target=self._serve, name=f"recorder-proc{self.process_id}", daemon=True)
             self._thread.start()
+
+    def render_for(self, envs: list[Any]) -> None:
+        """The process's env groups, in env-id order (group g holds the next ``envs[g].num_envs`` ids): those that
+        render for the recorder only (see the module docstring) are asked for the recorded envs' frames."""
+        offset = 0
+        for env in envs:
+            if isinstance(env, FrameSource) and env.frames_for_recorder:
+                self._sources.append((offset, env))
+            offset += int(env.num_envs)
+        if self._sources and self.process_id == 0 and self.config.episode_freq == 0:
+            logger.warning("--env.render-for-recorder-only renders nothing without --recorder.episode-freq K (record "
+                           "every K-th episode); add it, or drop the flag")
+
+    def _rendered(self, frames: list[tuple[int, _Frame]]) -> None:
+        """Add the frames the envs that render for the recorder draw to ``frames`` ((process env id, frame))."""
+        for offset, env in self._sources:
+            mine = [(env_id - offset, frame) for env_id, frame in frames if 0 <= env_id - offset < env.num_envs]
+            if not mine:
+                continue
+            drawn = env.render_frames(np.array([row for row, _ in mine], dtype=np.intp))
+            for k, (_, frame) in enumerate(mine):
+                for key, batch in drawn.items():
+                    frame.images[key] = np.array(batch[k])
 
     # ------------------------------------------------------------------------------------------- rollout hooks
 
@@ -357,9 +410,18 @@ class EpisodeRecorder:
                 if self._running.pop(env, None) is not None:
                     self._unfinished += 1
             self._recording[ids] = False
+            if self._check_images:
+                self._check_images = False
+                if not obs.images and not self._sources:
+                    logger.warning("--recorder.record-video: this env's observations hold no image, so no video is "
+                                   "written; envs that can render (gym-v1, mujoco-v1) draw frames with --env.render, "
+                                   "or for the recorder alone with --env.render-for-recorder-only; others need "
+                                   "images in their observations")
             chosen = np.flatnonzero((first + np.arange(ids.size)) % self.config.episode_freq == 0)
-            for k in chosen.tolist():
-                env, frame = int(ids[k]), _copy_row(obs, int(rows_[k]))
+            started = [(k, int(ids[k]), _copy_row(obs, int(rows_[k]))) for k in chosen.tolist()]
+            if self._sources:
+                self._rendered([(env, frame) for _, env, frame in started])
+            for k, env, frame in started:
                 self._running[env] = _Episode(first + k, env, frame, frame, nbytes=frame.nbytes)
                 self._recording[env] = True
 
@@ -372,11 +434,11 @@ class EpisodeRecorder:
         if not hit.any():  # the common case: nothing of this step is recorded, nothing is copied
             return
         with self._lock:
-            for j in np.flatnonzero(hit).tolist():
-                episode = self._running.get(int(ids[j]))
-                if episode is None:  # ended or closed since the mask was read
-                    continue
-                frame = _copy_row(obs, j)
+            copied = [(j, episode, _copy_row(obs, j)) for j in np.flatnonzero(hit).tolist()
+                      if (episode := self._running.get(int(ids[j]))) is not None]  # None: ended or closed since
+            if self._sources:
+                self._rendered([(episode.env_id, frame) for _, episode, frame in copied])
+            for j, episode, frame in copied:
                 episode.last = frame
                 episode.num_steps += 1
                 if not self._keep_steps:
@@ -604,6 +666,18 @@ def encode_mp4(images: list[np.ndarray], fps: int) -> bytes:
             writer.close()
         with open(path, "rb") as f:
             return f.read()
+
+
+def _warn_inert_flags(config: RecorderConfig) -> None:
+    """One warning naming the record flags given without ``--recorder.episode-freq``, which then record nothing."""
+    if config.episode_freq != 0:
+        return
+    given = [name for name in RECORD_FLAGS if getattr(config, name)]
+    if given:
+        flags = ", ".join("--recorder." + name.replace("_", "-") for name in given)
+        logger.warning("%s record%s nothing without --recorder.episode-freq K (record every K-th episode of each "
+                       "process); add --recorder.episode-freq 1 to record every episode, or a larger K for fewer",
+                       flags, "s" if len(given) == 1 else "")
 
 
 def _require_video() -> None:

@@ -28,6 +28,7 @@ from typing import IO, Any
 
 from plugrl_env_client.outputs.recorder import DirectorySink
 from plugrl_env_client.outputs.run_dir import RunDir, write_json_atomic
+from plugrl_env_client.outputs.tracking import NoTracker, Tracker
 from plugrl_env_client.records import DEFAULT_METRIC_WINDOW, EpisodeRecord, EpisodeStats, ProcessResult, ProcessStatus
 from plugrl_env_client.timing import Timing
 
@@ -68,12 +69,15 @@ class RunWriter:
     to it directly, others through the launcher that delivers their reports to it.
 
     ``num_envs`` (each process's env count), ``recorder_args`` (the recorder's settings, by PlugRL's names) and
-    ``command_line`` (default: this process's ``sys.argv``) go into each process's ``manifest.json``.
+    ``command_line`` (default: this process's ``sys.argv``) go into each process's ``manifest.json``. ``tracker``
+    (live tracking, :mod:`~plugrl_env_client.outputs.tracking`) gets every episode and progress report as it comes,
+    and is closed with the writer.
     """
 
     def __init__(self, run_dir: RunDir, exp_name: str, num_procs: int,
                  metric_window: int = DEFAULT_METRIC_WINDOW, *, num_envs: int | None = None,
-                 recorder_args: Mapping[str, Any] | None = None, command_line: Sequence[str] | None = None) -> None:
+                 recorder_args: Mapping[str, Any] | None = None, command_line: Sequence[str] | None = None,
+                 tracker: Tracker | None = None) -> None:
         self.run_dir = run_dir
         self.exp_name = exp_name
         self.num_procs = num_procs
@@ -81,6 +85,7 @@ class RunWriter:
         self.num_envs = num_envs
         self.recorder_args = dict(recorder_args or {})
         self.command_line = list(sys.argv if command_line is None else command_line)
+        self.tracker: Tracker = tracker or NoTracker()
         self._lock = threading.Lock()
         self._procs = {pid: _ProcessState(run_dir, pid, metric_window) for pid in range(num_procs)}
         for state in self._procs.values():  # every process has its files from the start, episodes or not
@@ -96,6 +101,7 @@ class RunWriter:
             state = self._procs[record.process_id]
             state.append(line)
             state.stats.add_record(record)
+        self.tracker.episode(record)  # live tracking: a note, written by the tracker's own thread
 
     def progress(self, process_id: int, status: ProcessStatus, timing: Timing) -> None:
         """A process's latest timing, and its status while it runs (how it ended comes with :meth:`result`)."""
@@ -104,6 +110,7 @@ class RunWriter:
             state.timing = timing
             if not status.ended and not state.status.ended:
                 state.status = status
+        self.tracker.progress(process_id, timing)  # live tracking
 
     def artifacts(self, process_id: int) -> DirectorySink:
         """The process's folder, for its recorder's files (written whole and atomically, or appended)."""
@@ -145,6 +152,7 @@ class RunWriter:
             for state in self._procs.values():
                 state.close()
                 write_json_atomic(state.dir / "manifest.json", self._manifest(state))
+        self.tracker.close()  # live tracking: its last events
         return summary
 
     def _manifest(self, state: _ProcessState) -> dict[str, Any]:

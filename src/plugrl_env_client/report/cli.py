@@ -16,7 +16,7 @@ from typing import Annotated
 
 import tyro
 
-from plugrl_env_client.cli_support import exit_code
+from plugrl_env_client.cli_support import cli, exit_code
 from plugrl_env_client.errors import ConfigError
 
 
@@ -26,14 +26,15 @@ class ReportArgs:
 
     run: Annotated[Path, tyro.conf.Positional, tyro.conf.arg(metavar="RUN_DIR")]
     """The run folder plugrl-run-env-client wrote: runs/<exp-name>."""
-    window: Annotated[int | None, tyro.conf.arg(metavar="K")] = None
-    """Episodes in each moving average (default: about 5% of the episodes, at least 5, at most 200)."""
+    window: Annotated[int | None, tyro.conf.arg(
+        metavar="K", help_behavior_hint="(default: about 5% of the episodes, at least 5, at most 200)")] = None
+    """Episodes in each moving average."""
     open: bool = False
     """Open the report in a web browser when it is written."""
 
 
 def parse(args: Sequence[str] | None = None) -> ReportArgs:
-    return tyro.cli(ReportArgs, args=args, prog="plugrl-report")
+    return cli(ReportArgs, args, "plugrl-report")
 
 
 def main(args: Sequence[str] | None = None) -> int:

@@ -24,8 +24,8 @@ MAX_IMAGES_PER_PROCESS = 48
 MAX_OTHER_SAMPLES_PER_PROCESS = 24
 MAX_VIDEOS_PER_PROCESS = 12
 MAX_INSTRUCTIONS = 15
-CONFIG_KEYS = ("env_id", "num_envs", "num_procs", "num_episodes", "local_policy", "server_url", "server_host",
-               "server_port")
+CONFIG_KEYS = ("env_id", "num_envs", "num_procs", "num_episodes", "local_policy")
+"""The flags the page shows in its table (then the server's URL); the full client_config.json is folded below."""
 SECTIONS = (("returns", "Returns"), ("success", "Success"), ("lengths", "Episode lengths"),
             ("throughput", "Throughput and time"), ("metrics", "Episode metrics"))
 
@@ -156,10 +156,25 @@ def _config(run: RunData) -> str:
     if run.config is None:
         return "<p>No client_config.json in the run folder.</p>"
     shown = [(k, run.config[k]) for k in CONFIG_KEYS if run.config.get(k) is not None]
+    server = server_url(run.config)
+    if server is not None:
+        shown.append(("server", server))
     cells = "".join(f"<tr><td>{_e(k)}</td><td class=\"text\">{_e(finite_json(v))}</td></tr>" for k, v in shown)
     full = json.dumps(finite_json(run.config), indent=2, sort_keys=True, default=str)
     return (f"<table>{cells}</table><details><summary>every flag of the run (client_config.json)</summary>"
             f"<pre>{_e(full)}</pre></details>")
+
+
+def server_url(config: dict) -> str | None:
+    """The URL of the server the run used: ``server_url`` (the client writes the embedded server's there once it
+    is up), else the one ``server_host`` and ``server_port`` make. A ``--local-policy`` run of a client that
+    recorded only the flags' defaults has no such URL (its embedded server took a free port)."""
+    if config.get("server_url"):
+        return str(config["server_url"])
+    if config.get("local_policy"):
+        return "the embedded server (its port was not recorded)"
+    host, port = config.get("server_host"), config.get("server_port")
+    return f"ws://{host}:{port}" if host and port else None
 
 
 def _plot_sections(page: Page) -> list[str]:

@@ -11,6 +11,10 @@ Metrics follow ROLL/GEM's convention: a step's ``info["metrics"]`` maps names to
 ``info["metrics_agg_mode"]`` says how a name is aggregated over an episode: ``sum``, ``mean``, ``min``, ``max``,
 ``first`` or ``last``; a name without a mode is averaged (``mean``). An unknown mode, or a mode that changes between
 steps, is an error the first time it is seen.
+
+``info["success"]`` and ``info["metrics"]`` of another type than these (a list, a str, one bool for the batch) cannot
+be read per env; the tracker leaves them out and says so once per key, since a run that silently counts no success
+looks like a policy that never succeeds.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from plugrl_env_client.envs.base_env import Observation
+from plugrl_env_client.envs.contract import describe_value
 from plugrl_env_client.errors import EnvContractError
 from plugrl_env_client.records import EpisodeRecord
 
@@ -82,6 +87,7 @@ class EpisodeTracker:
         self.metrics: dict[str, _Metric] = {}
         # Success is judged when the env has a rule: a registered threshold, or info["success"] seen on some step.
         self.judges_success = success_threshold is not None
+        self._warned: set[str] = set()  # the info keys of a wrong type already warned about
 
     def start(self, env_ids: np.ndarray, seeds: list[int | None] | None = None,
               instructions: list[str] | None = None) -> None:
@@ -112,13 +118,29 @@ class EpisodeTracker:
             reached = rewards >= self.success_threshold
             self.success |= reached if active is None else active & reached
         reported = info.get("success")
-        if isinstance(reported, np.ndarray) and reported.shape == self.success.shape:
-            self.judges_success = True
-            self.success |= reported.astype(bool) if active is None else active & reported.astype(bool)
+        if reported is not None:
+            if (isinstance(reported, np.ndarray) and reported.shape == self.success.shape
+                    and reported.dtype.kind in "biuf"):
+                self.judges_success = True
+                self.success |= reported.astype(bool) if active is None else active & reported.astype(bool)
+            elif "success" not in self._warned:
+                self._wrong_type("success", reported, f"counts success only from a bool array of shape ({self.n},) (one per "
+                                 "env), so it counts none from it")
         metrics = info.get("metrics")
-        if isinstance(metrics, dict) and metrics:
-            rows = np.arange(self.n) if active is None else np.flatnonzero(active)
-            self._add_metrics(metrics, info.get("metrics_agg_mode") or {}, rows)
+        if isinstance(metrics, dict):
+            if metrics:
+                rows = np.arange(self.n) if active is None else np.flatnonzero(active)
+                self._add_metrics(metrics, info.get("metrics_agg_mode") or {}, rows)
+        elif metrics is not None and "metrics" not in self._warned:
+            self._wrong_type("metrics", metrics, "reads metrics only from a dict of metric name -> one number per env "
+                             f"(shape ({self.n},)), so it records none from it")
+
+    def _wrong_type(self, key: str, value: Any, expected: str) -> None:
+        """Say once per key that ``info[key]`` is of a type the tracker cannot read."""
+        self._warned.add(key)
+        what = f"an array of {value.dtype} and shape {value.shape}" if isinstance(value, np.ndarray) else \
+            describe_value(value)
+        logger.warning("info[%r] is %s; the client %s (said once)", key, what, expected)
 
     def _add_metrics(self, metrics: dict[str, Any], modes: Any, rows: np.ndarray) -> None:
         if not isinstance(modes, dict):

@@ -52,6 +52,7 @@ from plugrl_env_client.protocol.messages import FEATURE_REUSE_FEEDBACK_OBS, Acti
 from plugrl_env_client.rollout import checks
 from plugrl_env_client.rollout.budget import Budget
 from plugrl_env_client.rollout.chunks import ActionPlans, ChunkEnds, HeldRows
+from plugrl_env_client.rollout.env_checks import EnvChecks
 from plugrl_env_client.rollout.episodes import EpisodeTracker, Instructions, Retirement
 from plugrl_env_client.rollout.interfaces import EpisodeHooks, ResultSink, ServerSession
 from plugrl_env_client.rollout.seeds import GroupSeeds, SeedGroups
@@ -117,6 +118,7 @@ class EnvGroup:
             )
         self.plans = ActionPlans(n, tuple(self.space.shape or ()), _plan_dtype(self.space), settings.replan_steps)
         self.tracker = EpisodeTracker(n, settings.success_threshold)
+        self.env_checks = EnvChecks(settings.env_id, n, settings.check_partial_reset)
         self.held = HeldRows(n, settings.reuse_feedback_obs)
         self.retirement = Retirement(n, settings.env_id, offset, bool(env.metadata.get("finite_episodes", False)))
         self.seed_groups = SeedGroups(GroupSeeds(settings.seed, settings.process_id, offset, n, settings.group_size))
@@ -224,6 +226,7 @@ class EnvGroup:
         timing.idle_env_steps += self.n - steps
         out = self._checked(contract.check_step, result, self.settings.non_finite_rewards,
                             self.settings.non_finite_observations)
+        self.env_checks.after_step(out.obs)
         if out.zeroed_rewards.size:
             logger.warning("env %s returned NaN/inf rewards for envs %s; replaced by 0 (--runner.non-finite-rewards "
                            "zero)", self.settings.env_id, (self.offset + out.zeroed_rewards).tolist())
@@ -360,10 +363,12 @@ class EnvGroup:
 
     def _reset(self, seed: int | list[int | None] | None, options: dict[str, Any] | None
                ) -> tuple[Observation, dict[str, Any]]:
+        self.env_checks.before_reset(options)
         start = time.perf_counter()
         result = self._call_env("reset", lambda: self.env.reset(seed=seed, options=options))  # type: ignore[arg-type]
         self.timing.reset_s += time.perf_counter() - start
         obs, info = self._checked(contract.check_reset, result, self.settings.non_finite_observations)
+        self.env_checks.after_reset(obs)
         return obs, info
 
     def _checked(self, check: Any, result: Any, *modes: str) -> Any:

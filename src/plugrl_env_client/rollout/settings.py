@@ -28,6 +28,10 @@ class LoopConfig:
     """What to do with NaN/inf rewards from the env: stop with an error naming the env rows, or replace them by 0."""
     non_finite_observations: Literal["error", "allow"] = "error"
     """NaN/inf in the env's float states: stop with an error naming the key and rows, or send them as they are."""
+    check_partial_reset: Literal["on", "off"] = "on"
+    """After each partial reset, compare the state rows of the envs it did not reset with the step before: an env
+    that changes them (e.g. re-randomises every row) stops the run, since its episodes would be wrong. 'off' skips
+    the comparison (for an env whose unreset rows change on purpose)."""
     instruction: Literal["prepend", "off"] = "prepend"
     """Put the env's info['env_instruction'] in front of the first observation text of each episode, or not."""
     align_chunks: int = 0

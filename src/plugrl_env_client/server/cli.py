@@ -8,9 +8,7 @@ import threading
 from collections.abc import Sequence
 from typing import Literal
 
-import tyro
-
-from plugrl_env_client.cli_support import run_cli
+from plugrl_env_client.cli_support import cli, run_cli
 from plugrl_env_client.errors import ConfigError
 from plugrl_env_client.server.policies import PolicyConfig, make_policy
 from plugrl_env_client.server.server import PolicyServer
@@ -23,6 +21,7 @@ class ServerArgs:
     host: str = "127.0.0.1"
     """Address to bind (0.0.0.0 to accept clients from other machines)."""
     port: int = 8000
+    """Port to listen on (0: any free port, printed when the server is up)."""
     max_episodes: int | None = None
     """End the run (close every client with plugrl-server-stop) after this many reported episodes."""
     reuse_feedback_obs: bool = True
@@ -35,7 +34,7 @@ class ServerArgs:
 def main(args: Sequence[str] | None = None) -> None:
     """Serve until Ctrl-C (exit 0); a bad ``--policy.*`` value or a port that is taken is a one-line error (exit 1),
     as for every plugrl command (:mod:`plugrl_env_client.cli_support`)."""
-    run_cli(lambda: _serve(tyro.cli(ServerArgs, args=args, prog="plugrl-run-policy-server")), args)
+    run_cli(lambda: _serve(cli(ServerArgs, args, "plugrl-run-policy-server")), args)
 
 
 def _serve(cfg: ServerArgs) -> int:

@@ -18,9 +18,10 @@ import copy
 import dataclasses
 import itertools
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import numpy as np
+import tyro
 
 from plugrl_env_client.server.ars import ArsLearner, ArsSettings, Episode, state_layout, state_matrix
 
@@ -42,10 +43,12 @@ class PolicyConfig:
     dtype: str = "float32"
     """numpy dtype of the actions (float32, float64, int64, ...); an integer dtype draws integers in [low, high]."""
     low: float = -1.0
+    """Smallest action value: random and integer actions are drawn from [low, high], ars clips to it."""
     high: float = 1.0
+    """Largest action value (see --policy.low)."""
     seed: int | None = None
     """Seed of the random and text policies' generator, and of ARS's directions (default: fresh entropy)."""
-    choices: tuple[str, ...] = ()
+    choices: Annotated[tuple[str, ...], tyro.conf.arg(help_behavior_hint="(required with --policy.name text)")] = ()
     """Strings the text policy picks from (e.g. --policy.choices "<answer>3</answer>" "hello"); text policy only."""
     latency_ms: float = 0.0
     """Milliseconds the server waits before answering each infer, simulating inference time (the wait blocks only

@@ -25,6 +25,7 @@ from plugrl_env_client.check.harness import (
 )
 from plugrl_env_client.check.rules.rows import differences, row_equal
 from plugrl_env_client.envs.contract import read_reset, rows_text
+from plugrl_env_client.rollout.env_checks import partial_reset_problem
 
 GENEROUS_STEPS = 1000
 """Batch steps after which an env with no registered time limit that never ended an episode gets a warning."""
@@ -41,7 +42,9 @@ def rule_partial_reset(ctx: Context) -> Outcome:
     whole batch, the other rows exactly as the last step left them (the client keeps using them).
 
     The odd rows are reset after one step from ``reset(seed)``, so that an env resetting the first k rows instead of
-    the listed ones is caught as well as one ignoring the mask.
+    the listed ones is caught as well as one ignoring the mask. A run checks the same after every partial reset
+    (state arrays only) and stops with the same words
+    (:func:`~plugrl_env_client.rollout.env_checks.partial_reset_problem`).
     """
     n = ctx.n
     if n < 2:
@@ -58,11 +61,9 @@ def rule_partial_reset(ctx: Context) -> Outcome:
     after = copy_obs(values[0])
     kept = np.setdiff1d(np.arange(n), rows)
     changed = differences(before, after, kept)
-    if changed:
-        return Outcome("fail", f"resetting envs {rows_text(rows)} changed rows it was not asked to reset: "
-                       f"{'; '.join(changed)}",
-                       "reset only the rows of `mask = self.reset_mask(options)` (options['reset_mask'] or "
-                       "options['reset_indices']) and leave the others as they are")
+    if changed:  # the words a run stops with when an env does this (one rule, two callers)
+        problem = partial_reset_problem(rows, changed)
+        return Outcome("fail", problem.seen, problem.fix)
     moved = [int(i) for i in rows if not row_equal(start, int(i), before, int(i))]
     stuck = [i for i in moved if row_equal(before, i, after, i)]
     if stuck:

@@ -32,8 +32,11 @@ class DummyEnvConfig(BaseEnvConfig):
     wrist_image_size: int = 112
     """Height and width of images['wrist']."""
     robot_state_dim: int = 10
+    """Length of states['robot_state']."""
     joint_angles_dim: int = 5
+    """Length of states['joint_angles']."""
     action_dim: int = 7
+    """Length of the action vector (float32 in [-1, 1])."""
     terminated_prob: float = 0.01
     """Probability that an env terminates on a step."""
     text: str = "do something useful"

@@ -169,7 +169,9 @@ def _note(exc: BaseException, text: str) -> None:
 
 @register_env("GEM-v1", best_reward_threshold_for_success=1.0)
 class GemEnv(BaseEnv[GemEnvConfig]):
-    """``num_envs`` GEM envs behind the batched env API; see the module docstring for the mapping and options."""
+    """Any GEM env (--env.env-id game:GuessTheNumber-v0-easy, ...) as a batch of copies, text actions in and out.
+
+    The module docstring says how GEM's observations, infos and randomness map onto the batched env API."""
 
     metadata = {**BaseEnv.metadata, "per_env_seeds": True, "finite_episodes": True}
 

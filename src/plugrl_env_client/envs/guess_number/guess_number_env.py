@@ -89,7 +89,9 @@ def parse_guess(text: str) -> int | None:
 
 @register_env("GuessNumber-v1", best_reward_threshold_for_success=1.0)
 class GuessNumberEnv(BaseEnv[GuessNumberConfig]):
-    """``num_envs`` independent guessing games; see the module docstring for rules, rewards and info."""
+    """A number-guessing game per env, answered in text (<answer>N</answer>): for language agents, no dependency.
+
+    The module docstring has the rules, the rewards and the info."""
 
     metadata = {**BaseEnv.metadata, "per_env_seeds": True}
 

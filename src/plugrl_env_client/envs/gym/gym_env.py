@@ -22,6 +22,18 @@ The inner env's own time limit (the TimeLimit of its registration) shows up as `
 time limit of its own. ``--env.render`` adds each copy's ``render()`` frame as ``images["render"]``. The step
 info is Gymnasium's vector info (an array per key, with a ``_key`` mask of the copies that reported it); an
 ``is_success`` key, the Gymnasium convention, is also given as ``success``, which the client counts.
+
+Rendering without a display: :func:`headless_rendering` picks an OpenGL platform (``MUJOCO_GL=egl``) before the
+env's package is imported, since some packages (dm_control, and so gym-aloha and Shimmy's dm_control envs) choose
+theirs when they are imported. Rendering on the CPU (Mesa's software EGL on a machine without a GPU) can cost tens
+of milliseconds per frame: :class:`RenderCost` measures it and warns once per run when a frame costs more than
+:data:`SLOW_FRAME_S`, with the cost and what makes it cheaper.
+
+Frames for the recorder only: with ``--env.render-for-recorder-only`` the envs are made able to render, but their
+observations carry no frames (the policy gets none, the wire carries none); the episode recorder asks for the
+frames of the envs whose episodes it records, step by step, through :meth:`GymEnv.render_frames`, so only those
+envs pay for rendering (with ``--recorder.episode-freq 10``, a tenth of the episodes). The copies of an async
+vector env render all together, so there every copy pays whenever one is recorded.
 """
 
 from __future__ import annotations
@@ -33,6 +45,8 @@ import importlib
 import json
 import logging
 import os
+import threading
+import time
 from collections.abc import Sequence
 from typing import Any, Literal
 
@@ -47,6 +61,34 @@ from plugrl_env_client.errors import ConfigError
 
 logger = logging.getLogger(__name__)
 
+
+class OncePerRun(logging.Filter):
+    """Lets a record logged with ``extra={"once": key}`` through the first time ``key`` comes by, and drops the
+    others; records without a key pass.
+
+    On a module's logger it makes a warning once per run, whichever process logs it: each rollout process logs it
+    once, and the launching process hands the records its processes forward to the logger of the same name
+    (:class:`~plugrl_env_client.launch.reports.LogReport`), whose filter lets the first one through.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._seen: set[str] = set()
+        self._lock = threading.Lock()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        key = getattr(record, "once", None)
+        if key is None:
+            return True
+        with self._lock:
+            if key in self._seen:
+                return False
+            self._seen.add(key)
+            return True
+
+
+logger.addFilter(OncePerRun())
+
 Vectorization = Literal["sync", "async"]
 
 IMAGE_CHANNELS = (1, 3, 4)
@@ -55,12 +97,64 @@ IMAGE_CHANNELS = (1, 3, 4)
 RENDER_KEY = "render"
 """``images`` key of the frames ``--env.render`` adds."""
 
+SLOW_FRAME_S = 0.010
+"""A rendered frame that costs more than this (10 ms; a GPU renders a 128x128 MuJoCo frame in well under 1 ms, a
+CPU in about 70) is worth a warning: at 8 envs it is already most of a step's time."""
+RENDER_SAMPLE = (5, 0.5)
+""":class:`RenderCost` judges the cost over its first renders after the first one: 5 of them, or 0.5 s of them."""
+
+
+class RenderCost:
+    """The measured cost of an env's frames, and one warning per run when it is high (see the module docstring).
+
+    The first render is not counted (it makes the renderer: the OpenGL context, the buffers); the next ones are,
+    until :data:`RENDER_SAMPLE` is reached, then the cost per frame is judged once. ``smaller`` says how to ask the
+    env for smaller frames (the flags of the env at hand).
+    """
+
+    def __init__(self, env_id: str, smaller: str, for_recorder_only: bool = False) -> None:
+        self.env_id, self.smaller, self.for_recorder_only = env_id, smaller, for_recorder_only
+        self.calls = self.frames = 0
+        self.seconds = 0.0
+        self.judged = False
+
+    def add(self, frames: np.ndarray, seconds: float) -> None:
+        """One render call that made ``frames`` (k, h, w, c) in ``seconds``."""
+        self.calls += 1
+        if self.judged or self.calls == 1:
+            return
+        self.frames += len(frames)
+        self.seconds += seconds
+        calls, budget = RENDER_SAMPLE
+        if self.calls - 1 >= calls or self.seconds >= budget:
+            self.judged = True
+            self._judge(frames.shape[1:3])
+
+    @property
+    def per_frame_s(self) -> float:
+        return self.seconds / self.frames if self.frames else 0.0
+
+    def _judge(self, size: tuple[int, ...]) -> None:
+        per_frame = self.per_frame_s
+        logger.info("%s: rendering costs %.1f ms per %s frame", self.env_id, per_frame * 1e3, "x".join(map(str, size)))
+        if per_frame <= SLOW_FRAME_S:
+            return
+        gl = f", MUJOCO_GL={os.environ['MUJOCO_GL']}" if os.environ.get("MUJOCO_GL") else ""
+        advice = ("each step of a recorded episode waits for its frame; record fewer episodes (a larger "
+                  "--recorder.episode-freq) or" if self.for_recorder_only else
+                  "with --env.render the envs spend most of their time drawing. When the policy does not need "
+                  "images, leave --env.render off (--env.render-for-recorder-only renders only the episodes the "
+                  "recorder keeps); otherwise")
+        logger.warning("%s: rendering costs %.0f ms per frame here (%s pixels%s, measured over %d frame%s): %s ask "
+                       "for smaller frames (%s)", self.env_id, per_frame * 1e3, "x".join(map(str, size)), gl,
+                       self.frames, "" if self.frames == 1 else "s", advice, self.smaller, extra={"once": "render-cost"})
+
 
 @register_env_config("Gym-v1")
 @dataclasses.dataclass
 class GymEnvConfig(BaseEnvConfig):
     id: str = "Pendulum-v1"
-    """Gymnasium env id. ``package:Env-v0`` imports ``package`` first (e.g. ``gym_pusht:gym_pusht/PushT-v0``)."""
+    """Gymnasium env id; package:Env-v0 imports package first (e.g. gym_pusht:gym_pusht/PushT-v0)."""
     vectorization: Literal["sync", "async"] = "sync"
     """sync: all copies in this process, stepped one after another; async: one subprocess per copy (for envs
     whose step is slow enough to pay for the inter-process traffic)."""
@@ -68,6 +162,9 @@ class GymEnvConfig(BaseEnvConfig):
     """JSON object of keyword arguments for the env's constructor, e.g. '{"g": 9.81}'."""
     render: bool = False
     """Make the envs with render_mode="rgb_array" and send each copy's frame as images["render"]."""
+    render_for_recorder_only: bool = False
+    """Render only the frames the episode recorder keeps (--recorder.episode-freq K), for its images and videos;
+    the policy gets no frames. For a policy that does not need images: other envs never render."""
 
 
 @register_env("Gym-v1")
@@ -78,12 +175,19 @@ class GymEnv(BaseEnv[GymEnvConfig]):
 
     def __init__(self, config: GymEnvConfig, num_envs: int = 1, **kwargs: Any) -> None:
         super().__init__(config, num_envs=num_envs, **kwargs)
+        if config.render and config.render_for_recorder_only:
+            raise ConfigError("--env.render sends every frame to the policy already; drop it to render only the "
+                              "recorded episodes' frames with --env.render-for-recorder-only")
+        headless_rendering()  # before the env's package is imported: some choose their OpenGL platform on import
         spec = resolve_gym_spec(config.id)
         env_kwargs = parse_kwargs(config.kwargs)
-        if config.render:
+        if config.render or config.render_for_recorder_only:
             env_kwargs["render_mode"] = "rgb_array"
-            headless_rendering()
         self.gym_id = spec.id
+        self.frames_for_recorder = config.render_for_recorder_only
+        """Whether the recorder is to ask :meth:`render_frames` for its frames (they are not in the observations)."""
+        self.render_cost = RenderCost(spec.id, 'the env\'s size arguments in --env.kwargs, e.g. \'{"width": 64, '
+                                               '"height": 64}\' for MuJoCo tasks', config.render_for_recorder_only)
         self.vector_env = make_vector_env(spec, self.num_envs, config.vectorization, env_kwargs, config.kwargs)
         try:
             self.single_action_space = check_action_space(spec.id, self.vector_env.single_action_space)
@@ -144,19 +248,33 @@ class GymEnv(BaseEnv[GymEnvConfig]):
             observation.images[RENDER_KEY] = self._frames
         return observation
 
+    def render_frames(self, rows: np.ndarray) -> dict[str, np.ndarray]:
+        """``{"render": frames}``: the current frames of the copies ``rows`` (batch rows), uint8 (k, h, w, 3); for
+        the recorder, with ``--env.render-for-recorder-only`` (see the module docstring)."""
+        rows = np.asarray(rows, dtype=np.intp).reshape(-1)
+        return {RENDER_KEY: self._render_copies(rows) if rows.size else np.zeros((0, 0, 0, 3), np.uint8)}
+
     def _rendered(self, rows: np.ndarray | None) -> np.ndarray:
         """A new frame batch: fresh frames for the copies in ``rows`` (a bool mask; all when None), the previous
         frames for the others, so the rows of copies that were not reset stay unchanged."""
         if rows is None or self._frames is None or rows.all():
-            return _stack_frames(self.gym_id, self.vector_env.render(), range(self.num_envs))
+            return self._render_copies(np.arange(self.num_envs))
         idx = np.flatnonzero(rows)
-        if isinstance(self.vector_env, gym.vector.SyncVectorEnv):
-            fresh = [self.vector_env.envs[i].render() for i in idx]
+        frames = self._frames.copy()
+        frames[idx] = self._render_copies(idx)
+        return frames
+
+    def _render_copies(self, idx: np.ndarray) -> np.ndarray:
+        """Fresh frames of the copies ``idx``, in that order (timed, for :class:`RenderCost`)."""
+        start = time.perf_counter()
+        if np.array_equal(idx, np.arange(self.num_envs)):
+            frames = _stack_frames(self.gym_id, self.vector_env.render(), idx)
+        elif isinstance(self.vector_env, gym.vector.SyncVectorEnv):
+            frames = _stack_frames(self.gym_id, [self.vector_env.envs[i].render() for i in idx], idx)
         else:  # AsyncVectorEnv renders every copy (one call per worker)
             every = self.vector_env.render() or ()
-            fresh = [every[i] for i in idx]
-        frames = self._frames.copy()
-        frames[idx] = _stack_frames(self.gym_id, fresh, idx)
+            frames = _stack_frames(self.gym_id, [every[i] for i in idx], idx)
+        self.render_cost.add(frames, time.perf_counter() - start)
         return frames
 
 
@@ -252,8 +370,9 @@ def headless_rendering() -> dict[str, str]:
 
     Only when there is no display, and never over a value the user set: ``SDL_VIDEODRIVER=dummy`` for envs that
     draw with pygame (classic control, PushT), and ``MUJOCO_GL=egl`` for MuJoCo envs (``osmesa`` when there is
-    no EGL library; MuJoCo's default, GLFW, needs a display). Set before the envs are made, so async workers
-    inherit them.
+    no EGL library; MuJoCo's default, GLFW, needs a display). Set before the env's package is imported (dm_control
+    picks its OpenGL platform when it is imported, and gym-aloha renders its camera in every step, ``--env.render``
+    or not) and before the envs are made, so async workers inherit them.
     """
     if os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY"):
         return {}

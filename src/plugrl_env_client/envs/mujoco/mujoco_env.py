@@ -29,6 +29,14 @@ Rendering without a display: the gymnasium backend renders with ``MUJOCO_GL=egl`
 is kept). EnvPool makes its own EGL context, but its wheel ships a renamed copy of libEGL that MuJoCo does not
 recognise as an OpenGL platform library, and MuJoCo then aborts the process on the first render. Loading the
 system libEGL before ``envpool`` is first imported avoids that, so :func:`import_envpool` does it.
+
+Rendering on a machine without a GPU costs about 70 ms per 128x128 frame (Hopper-v5, 8 envs: 14 env steps per
+second with ``--env.render``, 1,508 without); both backends measure it and warn once when frames are slow
+(:class:`~plugrl_env_client.envs.gym.gym_env.RenderCost`), naming ``--env.width`` and ``--env.height``. A policy
+that does not need the frames can leave them to the recorder: ``--env.render-for-recorder-only`` renders only the
+envs whose episodes ``--recorder.episode-freq K`` records (as in Gym-v1; EnvPool renders the ids asked for).
+Gymnasium's tracking camera follows its body from where it was at a copy's first render, so there a frame drawn on
+request can frame the scene a little differently from the one ``--env.render`` would have drawn at that step.
 """
 
 from __future__ import annotations
@@ -41,6 +49,7 @@ import logging
 import os
 import re
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from types import ModuleType
@@ -54,6 +63,7 @@ from plugrl_env_client.envs.gym.gym_env import (
     RENDER_KEY,
     GymEnv,
     GymEnvConfig,
+    RenderCost,
     close_gym_ids,
     parse_kwargs,
     resolve_gym_spec,
@@ -64,6 +74,7 @@ from plugrl_env_client.errors import ConfigError
 logger = logging.getLogger(__name__)
 
 MUJOCO_EXTRA = 'pip install "plugrl-env-client[mujoco]"'
+SMALLER_FRAMES = "e.g. --env.width 64 --env.height 64: a quarter of the pixels"
 ENVPOOL_EXTRA = 'pip install "plugrl-env-client[envpool]"'
 
 
@@ -80,6 +91,9 @@ class MujocoEnvConfig(BaseEnvConfig):
     """envpool backend: worker threads (0: EnvPool chooses from the number of envs and CPUs)."""
     render: bool = False
     """Send each copy's camera frame as images["render"]."""
+    render_for_recorder_only: bool = False
+    """Render only the frames the episode recorder keeps (--recorder.episode-freq K), for its images and videos;
+    the policy gets no frames. For a policy that does not need images: other envs never render."""
     width: int = 128
     """Width of the rendered frames, in pixels."""
     height: int = 128
@@ -97,9 +111,13 @@ class MujocoEnv(BaseEnv[MujocoEnvConfig]):
 
     def __init__(self, config: MujocoEnvConfig, num_envs: int = 1, **kwargs: Any) -> None:
         super().__init__(config, num_envs=num_envs, **kwargs)
-        if config.render and (config.width < 1 or config.height < 1):
+        if config.render and config.render_for_recorder_only:
+            raise ConfigError("--env.render sends every frame to the policy already; drop it to render only the "
+                              "recorded episodes' frames with --env.render-for-recorder-only")
+        if renders(config) and (config.width < 1 or config.height < 1):
             raise ConfigError(f"--env.width and --env.height must be >= 1, got {config.width} x {config.height}")
-        self.backend: BaseEnv
+        self.frames_for_recorder = config.render_for_recorder_only
+        self.backend: GymEnv | EnvPoolMujocoEnv
         if config.backend == "gymnasium":
             self.backend = gymnasium_backend(config, self.num_envs)
         elif config.backend == "envpool":
@@ -113,6 +131,10 @@ class MujocoEnv(BaseEnv[MujocoEnvConfig]):
 
     def step(self, actions: Action) -> tuple[Observation, RewardArray, BoolArray, BoolArray, dict[str, Any]]:
         return self.backend.step(actions)
+
+    def render_frames(self, rows: np.ndarray) -> dict[str, np.ndarray]:
+        """The current frames of the copies ``rows``, for the recorder (``--env.render-for-recorder-only``)."""
+        return self.backend.render_frames(rows)
 
     def close_extras(self, **kwargs: Any) -> None:
         backend = getattr(self, "backend", None)
@@ -133,11 +155,18 @@ def gymnasium_backend(config: MujocoEnvConfig, num_envs: int) -> GymEnv:
         raise ConfigError(f"{spec.id!r} is not a Gymnasium MuJoCo task.{hint} MuJoCo tasks: "
                           f"{', '.join(gymnasium_mujoco_tasks())} (run other Gymnasium envs with gym-v1)")
     task_kwargs = parse_kwargs(config.kwargs)
-    if config.render:
+    if renders(config):
         task_kwargs = {"width": config.width, "height": config.height, **task_kwargs}
     gym_config = GymEnvConfig(id=spec.id, vectorization=config.vectorization, kwargs=json.dumps(task_kwargs),
-                              render=config.render)
-    return GymEnv(gym_config, num_envs=num_envs)
+                              render=config.render, render_for_recorder_only=config.render_for_recorder_only)
+    env = GymEnv(gym_config, num_envs=num_envs)
+    env.render_cost.smaller = SMALLER_FRAMES  # the frame size is this env's flags, not Gym-v1's --env.kwargs
+    return env
+
+
+def renders(config: MujocoEnvConfig) -> bool:
+    """Whether the envs are made able to render: for the policy (--env.render) or for the recorder."""
+    return config.render or config.render_for_recorder_only
 
 
 def gymnasium_mujoco_tasks() -> list[str]:
@@ -175,12 +204,13 @@ class EnvPoolMujocoEnv(BaseEnv[MujocoEnvConfig]):
 
     def __init__(self, config: MujocoEnvConfig, num_envs: int = 1, **kwargs: Any) -> None:
         super().__init__(config, num_envs=num_envs, **kwargs)
-        self.envpool = import_envpool(render=config.render)
+        self.envpool = import_envpool(render=renders(config))
+        self.render_cost = RenderCost(f"{config.task} (EnvPool)", SMALLER_FRAMES, config.render_for_recorder_only)
         self.task = envpool_task(config.task, envpool_mujoco_tasks(self.envpool))
         self.make_kwargs = parse_kwargs(config.kwargs)
         if config.num_threads:
             self.make_kwargs["num_threads"] = config.num_threads
-        if config.render:
+        if renders(config):
             self.make_kwargs.update(render_mode="rgb_array", render_width=config.width, render_height=config.height)
         self.pool_seed = 0
         self.pool = self._make_pool(self.pool_seed)
@@ -248,6 +278,10 @@ class EnvPoolMujocoEnv(BaseEnv[MujocoEnvConfig]):
                      if k not in ("env_id", "players") and np.ndim(v) >= 1 and len(v) == self.num_envs}
         return self._observation(), np.asarray(rewards, dtype=np.float32)[order], terminated, truncated, step_info
 
+    def render_frames(self, rows: np.ndarray) -> dict[str, np.ndarray]:
+        """The current frames of the envs ``rows``, for the recorder (``--env.render-for-recorder-only``)."""
+        return {RENDER_KEY: self._render(np.asarray(rows, dtype=np.intp).reshape(-1))}
+
     def close_extras(self, **kwargs: Any) -> None:
         pool = getattr(self, "pool", None)
         if pool is not None:
@@ -258,8 +292,11 @@ class EnvPoolMujocoEnv(BaseEnv[MujocoEnvConfig]):
         return Observation(images=images, states={"obs": self._obs})
 
     def _render(self, ids: np.ndarray) -> np.ndarray:
+        start = time.perf_counter()
         frames = self.pool.render(env_ids=np.asarray(ids, dtype=np.int32))
-        return np.asarray(frames, dtype=np.uint8).reshape(len(ids), self.config.height, self.config.width, -1)
+        out = np.asarray(frames, dtype=np.uint8).reshape(len(ids), self.config.height, self.config.width, -1)
+        self.render_cost.add(out, time.perf_counter() - start)
+        return out
 
 
 def import_envpool(render: bool = False) -> ModuleType:

@@ -14,7 +14,9 @@ class RayConfig:
     address: str = "auto"
     """auto (a running cluster), ray://host:port, or local (start a private instance on this machine)."""
     num_cpus_per_proc: float = 1.0
+    """CPUs Ray reserves for each process (fractions allowed)."""
     num_gpus_per_proc: float = 0.0
+    """GPUs Ray reserves for each process (fractions share a GPU; 0: none)."""
     resources: str = "{}"
     """Custom resources each process needs, as a JSON object, e.g. '{"sim": 1}'."""
     placement: Literal["spread", "pack"] = "spread"

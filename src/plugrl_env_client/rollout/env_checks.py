@@ -1,0 +1,236 @@
+"""What an env must keep the same from one call to the next, checked while the rollout runs.
+
+:mod:`plugrl_env_client.envs.contract` checks each value an env returns on its own. Two mistakes show only across
+calls, and without these checks a run with them ends as "finished" with wrong data:
+
+* an observation whose keys, shapes (after the batch axis) or dtypes change between ``reset()`` and ``step()``:
+  servers and their policies size their inputs from the first observation, and a server that reuses feedback rows
+  cannot put rows of two layouts in one batch (the reference server resyncs, the client reconnects, and the same
+  thing happens again);
+* a partial reset that changes rows it was not asked to reset (an env that re-randomises every row): the client
+  goes on with those rows as if their episodes went on, so the episodes it records mix two starts.
+
+Both checks are small objects an :class:`EnvChecks` bundles, so the rollout calls them at three points: after every
+reset and step (:meth:`EnvChecks.after_reset`, :meth:`EnvChecks.after_step`) and before every reset
+(:meth:`EnvChecks.before_reset`). They stay within the hot path's budget:
+
+* :class:`ObservationSignature` caches ``(key, shape, dtype)`` of every image and state array of the first
+  observation and compares each later observation's list with it: no pass over the data. A change of key
+  order alone is accepted. Text is compared in one respect only, and only as a warning: a ``step()`` whose text is
+  empty for every env after the first ``reset()`` returned text (a ``step`` that forgot its text). Text that comes
+  and goes is not stopped, because envs do it on purpose: a first observation left empty for the instruction in
+  ``info["env_instruction"]``, an env with no episode left returning empty rows.
+* :class:`PartialResetCheck` keeps a reference to the state arrays of the env's latest observation (no copy), copies
+  the rows a reset leaves alone just before a partial reset (the env may reuse its buffers; the step's arrays are let
+  go then) and compares them with the same rows of what the reset returns. State arrays only: images are skipped (a frame is tens of thousands of
+  values per env, and a renderer may redraw an unchanged scene with different pixels), and so is text.
+
+The partial-reset rule has two callers, as the env contract has: this check, and ``plugrl-check-env``'s rule 8,
+which both say :func:`partial_reset_problem`.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any, Literal
+
+import numpy as np
+
+from plugrl_env_client.envs.base_env import Observation, reset_mask_of
+from plugrl_env_client.envs.contract import Problem, rows_text
+from plugrl_env_client.errors import EnvContractError
+
+logger = logging.getLogger(__name__)
+
+PARTIAL_RESET_FLAG = "--runner.check-partial-reset off"
+
+Entry = tuple[str, tuple[int, ...], np.dtype]
+"""One array of an observation as its layout sees it: key, shape, dtype. The whole shape: the batch axis is the same
+in every observation of one env object (the contract checks it), and a shape need not be cut to be compared."""
+
+
+# ------------------------------------------------------------------------------------------------ the rule texts
+
+
+def partial_reset_problem(reset_rows: np.ndarray | Sequence[int], changed: Sequence[str]) -> Problem:
+    """A partial reset of ``reset_rows`` that changed other rows: ``changed`` lists them, one phrase per array
+    (``states['pos'] in envs [0, 2]``)."""
+    return Problem(
+        f"resetting envs {rows_text(reset_rows)} changed rows it was not asked to reset: {'; '.join(changed)}",
+        "reset only the rows of `mask = self.reset_mask(options)` (options['reset_mask'] or options['reset_indices']) "
+        "and leave the others as they are",
+        key="partial reset",
+    )
+
+
+def changed_rows_phrase(name: str, rows: np.ndarray | Sequence[int]) -> str:
+    """``states['pos'] in envs [0, 2]``: the rows of one array a reset changed."""
+    return f"{name} in envs {rows_text(rows)}"
+
+
+# ------------------------------------------------------------------------------------------------ layout
+
+
+def _entries(arrays: dict[str, np.ndarray]) -> list[Entry]:
+    return [(k, v.shape, v.dtype) for k, v in arrays.items()]
+
+
+def _has_text(text: np.ndarray) -> bool:
+    """Some env's text is not empty. A '<U' array wider than one character holds a string that long (the common
+    case: no look at the strings); in a one-character-wide one, some character is not NUL."""
+    return text.itemsize > 4 or bool(text.tobytes().strip(b"\0"))
+
+
+class ObservationSignature:
+    """The layout of the first observation (its image and state keys, each one's shape and dtype), compared with
+    every later one; see the module docstring."""
+
+    __slots__ = ("_images", "_states", "_text", "_where")
+
+    def __init__(self) -> None:
+        self._images: list[Entry] | None = None
+        self._states: list[Entry] | None = None
+        self._text = False  # the first observation had text, and no step has dropped it yet
+        self._where = ""
+
+    def check(self, obs: Observation, where: str) -> None:
+        """``obs``, returned by ``where`` (``"step()"``), against the first observation: a changed layout is an
+        :class:`EnvContractError` naming each array and both shapes or dtypes."""
+        states, images = _entries(obs.states), _entries(obs.images)
+        if states != self._states or images != self._images:
+            if self._states is None:
+                self._images, self._states, self._where = images, states, where
+                self._text = _has_text(obs.text)
+                return
+            changes = _layout_changes("images", self._images or [], images, where, self._where) + \
+                _layout_changes("states", self._states, states, where, self._where)
+            if changes:
+                raise EnvContractError(
+                    f"{'; '.join(changes)}: an env returns the same observation keys, each with one shape (after the "
+                    "batch axis) and dtype, from every reset() and step() (servers size their inputs from the first "
+                    "observation); fix the env"
+                )
+            self._images, self._states = images, states  # the same arrays in another order: compare with this one
+        if self._text and where == "step()" and not _has_text(obs.text):
+            self._text = False  # said once
+            logger.warning("%s returned no text (an empty string for every env) where the first %s returned text: a "
+                           "policy that reads text gets empty prompts; return the text on every step",
+                           where, self._where)
+
+
+def _layout_changes(kind: str, first: list[Entry], now: list[Entry], where: str, first_where: str) -> list[str]:
+    """What differs between two layouts of ``images`` or ``states``, one phrase per array (keys in any order)."""
+    old, new = {k: (s, d) for k, s, d in first}, {k: (s, d) for k, s, d in now}
+    out = []
+    for key in [k for k, _, _ in first] + [k for k, _, _ in now if k not in old]:
+        name = f"{kind}[{key!r}]"
+        if key not in new:
+            out.append(f"{where} returned no {name}, which the first {first_where} returned")
+        elif key not in old:
+            out.append(f"{where} returned {name}, which the first {first_where} did not")
+        elif new[key][0] != old[key][0]:
+            out.append(f"{where} returned {name} of shape {new[key][0]} where the first {first_where} returned "
+                       f"{old[key][0]}")
+        elif new[key][1] != old[key][1]:
+            out.append(f"{where} returned {name} of dtype {new[key][1]} where the first {first_where} returned "
+                       f"{old[key][1]}")
+    return out
+
+
+# ------------------------------------------------------------------------------------------------ partial resets
+
+
+class PartialResetCheck:
+    """The rows a partial reset was not asked to reset come back as the env's latest observation had them (state
+    arrays; see the module docstring)."""
+
+    __slots__ = ("_latest", "_kept", "_before", "_reset_rows")
+
+    def __init__(self) -> None:
+        self._latest: dict[str, np.ndarray] | None = None
+        self._kept: np.ndarray | None = None
+        self._before: dict[str, np.ndarray] = {}
+        self._reset_rows: np.ndarray | None = None
+
+    def seen(self, obs: Observation) -> None:
+        """The env returned ``obs`` (a step's, or a reset's): the rows a next reset leaves alone must keep it."""
+        self._latest = obs.states
+
+    def before(self, mask: np.ndarray) -> None:
+        """A reset of the rows of ``mask`` is about to run: copy the other rows of the latest state arrays, and let
+        go of those arrays (the step's observation need not stay alive while the env builds a whole new batch)."""
+        latest, self._latest = self._latest, None
+        if latest is None or mask.all():
+            self._kept = None
+            return
+        self._kept, self._reset_rows = np.flatnonzero(~mask), mask
+        self._before = {k: v[self._kept] for k, v in latest.items()}
+
+    def after(self, obs: Observation) -> Problem | None:
+        """What the reset returned, against the rows copied by :meth:`before`: the problem, or None."""
+        self._latest = obs.states
+        kept, self._kept = self._kept, None
+        if kept is None:
+            return None
+        before, self._before = self._before, {}
+        changed = []
+        for key, old in before.items():
+            new = obs.states.get(key)
+            if new is None or new.shape[1:] != old.shape[1:]:
+                continue  # a layout change, which the signature reports
+            new = new[kept]
+            if old.dtype == new.dtype and old.tobytes() == new.tobytes():
+                continue  # the same bits: the common case, in one comparison of bytes
+            same = old == new
+            if old.dtype.kind in "fc" and new.dtype.kind in "fc":  # NaN stays NaN; -0.0 is 0.0
+                same |= np.isnan(old) & np.isnan(new)
+            rows = kept[~same.reshape(kept.size, -1).all(axis=1)]
+            if rows.size:
+                changed.append(changed_rows_phrase(f"states[{key!r}]", rows))
+        if not changed:
+            return None
+        assert self._reset_rows is not None
+        return partial_reset_problem(np.flatnonzero(self._reset_rows), sorted(changed))
+
+
+# ------------------------------------------------------------------------------------------------ the bundle
+
+
+class EnvChecks:
+    """The checks across calls of one env object, as its group calls them."""
+
+    __slots__ = ("env_id", "n", "layout", "rows")
+
+    def __init__(self, env_id: str, num_envs: int, check_partial_reset: Literal["on", "off"] = "on") -> None:
+        self.env_id, self.n = env_id, num_envs
+        self.layout = ObservationSignature()
+        self.rows = PartialResetCheck() if check_partial_reset == "on" else None
+
+    def before_reset(self, options: dict[str, Any] | None) -> None:
+        """Call right before ``env.reset(options=options)``."""
+        if self.rows is not None:
+            mask = None if options is None else options.get("reset_mask")
+            self.rows.before(mask if isinstance(mask, np.ndarray) and mask.dtype == np.bool_ and mask.shape == (self.n,)
+                             else reset_mask_of(options, self.n))
+
+    def after_reset(self, obs: Observation) -> None:
+        """Call with the (contract-checked) observation ``env.reset`` returned, before anything uses it."""
+        self._layout(obs, "reset()")
+        if self.rows is not None:
+            problem = self.rows.after(obs)
+            if problem is not None:
+                raise EnvContractError(f"env {self.env_id}: {problem.message} (checked after every partial reset; "
+                                       f"{PARTIAL_RESET_FLAG} skips the check)")
+
+    def after_step(self, obs: Observation) -> None:
+        """Call with the (contract-checked) observation ``env.step`` returned, before anything uses it."""
+        self._layout(obs, "step()")
+        if self.rows is not None:
+            self.rows.seen(obs)
+
+    def _layout(self, obs: Observation, where: str) -> None:
+        try:
+            self.layout.check(obs, where)
+        except EnvContractError as exc:
+            raise EnvContractError(f"env {self.env_id}: {exc}") from None

@@ -1,0 +1,56 @@
+"""One rollout process's end: what a failing ``env.close()`` prints (one warning line; the traceback goes to the log)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from file_modules import imported
+
+from plugrl_env_client.app import run_client
+from plugrl_env_client.config import ClientConfig
+from plugrl_env_client.server.policies import PolicyConfig, make_policy
+from plugrl_env_client.server.server import PolicyServer
+
+LEAKY = Path(__file__).resolve().parents[1] / "_support" / "leaky_envs.py"
+WARNING = "WARNING: env BadClose-v1 raised in close(): RuntimeError: simulator already gone"
+
+
+@pytest.fixture
+def leaky(registry: None) -> Iterator[None]:
+    with imported(LEAKY, "leaky_envs_under_test"):
+        yield
+
+
+def config(tmp_path: Path, **kwargs: object) -> ClientConfig:
+    values: dict = dict(output_dir=tmp_path, exp_name="run", progress=False, num_envs=2, num_episodes=2)
+    return ClientConfig(**{**values, **kwargs})
+
+
+def closing_output(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> tuple[list[str], str]:
+    err = capsys.readouterr().err
+    assert "Traceback" not in err, err
+    log = (tmp_path / "run" / "logs" / "client.log").read_text()
+    return [line for line in err.splitlines() if "raised in close()" in line], log
+
+
+def test_a_failing_close_is_one_warning_line_and_its_traceback_is_in_the_log(
+        leaky: None, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert run_client(config(tmp_path, local_policy="random"), "BadClose-v1") == 0
+    lines, log = closing_output(tmp_path, capsys)
+    assert lines == [f"{WARNING} (the run's results are written; the traceback is in the run's logs/client.log)"], lines
+    assert "Traceback (most recent call last)" in log and 'raise RuntimeError("simulator already gone")' in log
+
+
+def test_a_failing_close_in_spawned_processes_is_one_warning_line_each(leaky: None, tmp_path: Path,
+                                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    server = PolicyServer(make_policy(PolicyConfig(action_dim=2)), host="127.0.0.1", port=0).start()
+    try:
+        cfg = config(tmp_path, num_procs=2, env_path=[str(LEAKY)], server_port=server.port)
+        assert run_client(cfg, "BadClose-v1") == 0
+    finally:
+        server.shutdown()
+    lines, log = closing_output(tmp_path, capsys)
+    assert len(lines) == 2 and all(line.startswith(WARNING) for line in lines), lines
+    assert log.count("Traceback (most recent call last)") == 2
