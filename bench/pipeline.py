@@ -22,8 +22,8 @@ so a load change on a shared machine moves both sides of a ratio. Every figure i
    CPU time, from the first step on), pipelined with 2 groups of 8 envs (target <= 40 us, set against an env step of
    about 630 us on an idle machine: the share of the env's own CPU is printed too, since a loaded or slower machine
    stretches both) and lockstep with one group of 16 (information). The rollout runs in this process for it.
-4. Information: the package's own Python calls per batch step (cProfile, Point-v1 x16 in lockstep, H=1 and H=8;
-   calls into ``plugrl_env_client.envs`` counted apart, they are the env's).
+4. Information: the package's own Python calls per batch step (cProfile of the rollout's thread, Point-v1 x16 in
+   lockstep, H=1 and H=8; calls into Point-v1's own package are the env's and counted apart).
 
 ``--profile`` adds the wall time of the rollout's named steps per group step for cell 1's pipelined run.
 
@@ -39,6 +39,7 @@ import argparse
 import collections
 import cProfile
 import functools
+import inspect
 import multiprocessing as mp
 import os
 import pstats
@@ -155,7 +156,15 @@ def _config(port: int, pipeline: int = 1, num_procs: int = 1, align: int = 0, en
 
 
 def client_rate(port: int, seconds: float, pipeline: int = 1, num_procs: int = 1, align: int = 0) -> float:
-    """Env-steps/s of the client (``num_procs`` processes of NUM_ENVS envs) against the server on ``port``."""
+    """Env-steps/s of the client (``num_procs`` processes of NUM_ENVS envs) against the server on ``port``. One
+    process runs in this one, and its rate is taken from its first env step to its last (a loaded machine can spend
+    seconds building the env and connecting); several are spawned, and their rate is the run's own."""
+    if num_procs == 1:
+        from plugrl_env_client.envs.mujoco.mujoco_env import MujocoEnv
+
+        with EnvMeter(MujocoEnv) as meter:
+            run_here(_config(port, pipeline, align=align), "MuJoCo-v1", port, seconds, meter)
+        return meter.steps * (NUM_ENVS // pipeline) / max(1e-9, meter.last_wall - meter.first_wall)
     config = _config(port, pipeline, num_procs, align)
     ctx = mp.get_context("spawn")
     budget = EpisodeBudget(None, ctx, num_procs)
@@ -198,8 +207,8 @@ def run_here(config: ClientConfig, env_id: str, port: int, seconds: float, meter
 
 class EnvMeter:
     """Wraps an env class's ``step`` and ``reset`` for one run in this process: counts the steps and adds up the
-    CPU time this thread spends inside them (the env's own), and reads the process's CPU clock at the first step
-    and after the last, so setup and teardown are left out. ``on_first_step`` runs once, before the first step."""
+    CPU time this thread spends inside them (the env's own), and reads the process's CPU clock and the wall clock
+    at the first step and after the last, so setup and teardown are left out. ``on_first_step`` runs once, before the first step."""
 
     def __init__(self, cls: type) -> None:
         self.cls = cls
@@ -207,6 +216,7 @@ class EnvMeter:
         self.steps = 0
         self.env_cpu = 0.0
         self.first = self.last = 0.0
+        self.first_wall = self.last_wall = 0.0
         self._originals = {name: getattr(cls, name) for name in ("step", "reset")}
 
     def __enter__(self) -> EnvMeter:
@@ -227,6 +237,7 @@ class EnvMeter:
                 for hook in meter.on_first_step:
                     hook()
                 meter.first = time.process_time()
+                meter.first_wall = time.perf_counter()
             inside = time.thread_time()
             try:
                 return fn(*args, **kwargs)
@@ -236,6 +247,7 @@ class EnvMeter:
                     if name == "step":
                         meter.steps += 1
                     meter.last = time.process_time()
+                    meter.last_wall = time.perf_counter()
         return call
 
     def client_cpu_per_step(self) -> float:
@@ -259,7 +271,8 @@ def client_cpu(port: int, seconds: float, pipeline: int) -> tuple[float, float]:
 
 def python_calls(port: int, seconds: float) -> tuple[float, float, float]:
     """The package's own Python function calls per batch step (Point-v1 x16, lockstep, in this process, from the
-    first step on), the env's (calls in ``plugrl_env_client.envs``), and the steps profiled."""
+    first step on; the env contract's checks count as the client's), the env's own (calls into Point-v1's package),
+    and the steps profiled."""
     from plugrl_env_client.envs.point.point_env import PointEnv
 
     profiler = cProfile.Profile()
@@ -269,14 +282,14 @@ def python_calls(port: int, seconds: float) -> tuple[float, float, float]:
             run_here(_config(port, env="Point-v1"), "Point-v1", port, seconds, meter)
         finally:
             profiler.disable()
+    env_dir = os.path.dirname(inspect.getfile(PointEnv)).replace(os.sep, "/") + "/"
     own = env = 0
     for (filename, _, _), (_, calls, *_rest) in pstats.Stats(profiler).stats.items():  # type: ignore[attr-defined]
         path = filename.replace(os.sep, "/")
-        if "/plugrl_env_client/" in path:
-            if "/plugrl_env_client/envs/" in path:
-                env += calls
-            else:
-                own += calls
+        if path.startswith(env_dir):
+            env += calls
+        elif "/plugrl_env_client/" in path:
+            own += calls
     steps = max(1, meter.steps)
     return own / steps, env / steps, meter.steps
 
