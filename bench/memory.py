@@ -18,6 +18,7 @@ import argparse
 import sys
 import tempfile
 import threading
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -77,9 +78,10 @@ def measure(transport: str, steps: int) -> tuple[float, float, int]:
             reset_peak()
 
             def stop_after_steps() -> None:
-                while not budget.stop.wait(0.05):
+                while not budget.stop.is_set():
                     if budget.env_steps >= steps * NUM_ENVS:
                         budget.stop.set()
+                    time.sleep(0.05)
 
             watcher = threading.Thread(target=stop_after_steps, daemon=True)
             watcher.start()
