@@ -1,52 +1,67 @@
-"""Lockstep vs pipelined rollouts on a real simulator, against the reference server in another process.
+"""The client against raw stepping of a real simulator, with the reference server in another process.
 
 Run from the repo root (extra ``mujoco``)::
 
-    python bench/pipeline.py            # about 80 s on 2 cores
-    python bench/pipeline.py --quick    # about 35 s: shorter cells, noisier numbers
+    python bench/pipeline.py            # about 5 minutes on 2 cores
+    python bench/pipeline.py --quick    # about 2 minutes: shorter cells, fewer rounds, noisier numbers
 
-Every figure is printed next to its target and as a ratio to an anchor measured in the same run:
+On a user's machine the server runs elsewhere (a GPU box), so what matters is what the client itself costs next to
+the simulator. With two or more usable cores the bench pins the server process to one core and this process (and the
+client processes it spawns) to another (``os.sched_setaffinity``), and it measures raw stepping and the client cell
+by cell in turn (A B A B ...): each client figure is the median over rounds of client / raw measured back to back,
+so a load change on a shared machine moves both sides of a ratio. Every figure is printed next to its target:
 
 1. Hopper-v5 (Gymnasium backend, early terminations: episodes end at different steps, so chunk boundaries drift
-   apart) at n=16, H=8: the client in lockstep and pipelined (``--runner.pipeline`` 2 and 4), with and without
-   ``--runner.align-chunks 4``, against raw stepping of the same env object, resets of finished envs included.
-   Target: pipelined >= 0.9 x raw.
+   apart) at n=16, H=8, no server latency: the client / raw stepping of the same env object (resets of finished envs
+   included). Target >= 0.9 without ``--runner.align-chunks`` (it changes which chunk steps a policy's actions are
+   used for); the aligned rows are information.
 2. The same with the server holding each action back for about one batch step of the env (``--policy.latency-ms``
-   set to the batch step time measured in cell 1), as a GPU policy would: pipelined vs lockstep. Target: >= 1.7 x.
-3. ``--num-procs 2`` vs 1 for the same CPU-bound env (lockstep, separate processes, one core each at best).
+   set to the batch step measured at the start), as a GPU policy would. Target: pipelined (align allowed: hiding a
+   slow server is what it is for) / raw stepping without latency >= 0.85; pipelined / lockstep as information.
+3. The client's CPU time per group step outside the env (this process's CPU time minus the env's own step and reset
+   CPU time, from the first step on), pipelined with 2 groups of 8 envs (target <= 40 us, set against an env step of
+   about 630 us on an idle machine: the share of the env's own CPU is printed too, since a loaded or slower machine
+   stretches both) and lockstep with one group of 16 (information). The rollout runs in this process for it.
+4. Information: the package's own Python calls per batch step (cProfile of the rollout's thread, Point-v1 x16 in
+   lockstep, H=1 and H=8; calls into Point-v1's own package are the env's and counted apart).
 
-``--profile`` adds where the client's time goes in cell 1's pipelined run (2 groups, align 4): the same rollout run
-in this process with its named steps timed (wall time per group step, in microseconds), next to raw stepping of a
-group's env object alone.
+``--profile`` adds the wall time of the rollout's named steps per group step for cell 1's pipelined run.
 
-The client runs the real process code (``launch.process.run_process``: env groups, sessions over loopback
+The client runs the real launch code (``launch.local.launch``, in this process for one process: env groups, sessions over loopback
 WebSockets, the run's writer in a temp dir); a timer ends each cell through the budget's stop flag. The server is
-``plugrl-run-policy-server`` (random policy, action dim 3, horizon 8) in a subprocess, so client and server do not
-share one interpreter. Numbers depend on the machine and its load: compare them within one run only.
+``plugrl-run-policy-server`` (random policy, horizon 8) in a subprocess, so client and server do not share one
+interpreter. Numbers depend on the machine and its load: compare them within one run only.
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
+import cProfile
 import functools
+import inspect
 import multiprocessing as mp
+import os
+import pstats
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
-from machine import load_avg, machine_line
+from machine import load_avg, machine_line, usable_cpus
 
 from plugrl_env_client.config import ClientConfig, RunnerConfig
 from plugrl_env_client.envs import discover_envs
 from plugrl_env_client.envs.mujoco.mujoco_env import MujocoEnvConfig
 from plugrl_env_client.launch.local import launch
-from plugrl_env_client.launch.process import ProcessJob, run_process
+from plugrl_env_client.launch.process import ProcessJob
 from plugrl_env_client.outputs.run_dir import RunDir
 from plugrl_env_client.outputs.run_writer import RunWriter
 from plugrl_env_client.rollout.budget import EpisodeBudget
@@ -58,6 +73,19 @@ HORIZON = 8
 ACTION_DIM = 3
 EPISODE_CAP = 1000  # Hopper's own limit; random actions end episodes after ~20-40 steps anyway
 
+CORES: tuple[set[int], set[int]] | None = None
+"""(this process and its client processes, the server) when the machine has two usable cores or more."""
+
+
+def pin() -> None:
+    """Pin this process (and so every process it spawns later) to its first usable core, leaving the second to the
+    server, when there are two or more."""
+    global CORES
+    cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+    if len(cores) >= 2:
+        CORES = ({cores[0]}, {cores[1]})
+        os.sched_setaffinity(0, CORES[0])
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -66,14 +94,16 @@ def free_port() -> int:
 
 
 class Server:
-    """The reference server in a subprocess, for the duration of a ``with`` block."""
+    """The reference server in a subprocess (on the server's core), for the duration of a ``with`` block."""
 
-    def __init__(self, latency_ms: float = 0.0) -> None:
+    def __init__(self, latency_ms: float = 0.0, action_dim: int = ACTION_DIM, horizon: int = HORIZON) -> None:
         self.port = free_port()
         cmd = [sys.executable, "-c", "from plugrl_env_client.server.cli import main; main()", "--port", str(self.port),
-               "--policy.action-dim", str(ACTION_DIM), "--policy.action-horizon", str(HORIZON),
+               "--policy.action-dim", str(action_dim), "--policy.action-horizon", str(horizon),
                "--policy.latency-ms", f"{latency_ms:g}", "--policy.seed", "0"]
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        cores = CORES[1] if CORES else None
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                     preexec_fn=(lambda: os.sched_setaffinity(0, cores)) if cores else None)
 
     def __enter__(self) -> Server:
         line = self.proc.stdout.readline() if self.proc.stdout else ""
@@ -116,11 +146,26 @@ def raw_rate(seconds: float, num_envs: int = NUM_ENVS) -> tuple[float, float]:
     return best, num_envs / best
 
 
+def _config(port: int, pipeline: int = 1, num_procs: int = 1, align: int = 0, env: str = "MuJoCo-v1",
+            num_envs: int = NUM_ENVS) -> ClientConfig:
+    from plugrl_env_client.envs.point.point_env import PointEnvConfig
+
+    added = {"env": MujocoEnvConfig(task=TASK) if env == "MuJoCo-v1" else PointEnvConfig()}
+    return ClientConfig(num_envs=num_envs, num_procs=num_procs, server_port=port, progress=False, **added,
+                        runner=RunnerConfig(pipeline=pipeline, max_episode_steps=EPISODE_CAP, align_chunks=align))
+
+
 def client_rate(port: int, seconds: float, pipeline: int = 1, num_procs: int = 1, align: int = 0) -> float:
-    """Env-steps/s of the client (``num_procs`` processes of NUM_ENVS envs) against the server on ``port``."""
-    config = ClientConfig(num_envs=NUM_ENVS, num_procs=num_procs, server_port=port, progress=False,
-                          env=MujocoEnvConfig(task=TASK),
-                          runner=RunnerConfig(pipeline=pipeline, max_episode_steps=EPISODE_CAP, align_chunks=align))
+    """Env-steps/s of the client (``num_procs`` processes of NUM_ENVS envs) against the server on ``port``. One
+    process runs in this one, and its rate is taken from its first env step to its last (a loaded machine can spend
+    seconds building the env and connecting); several are spawned, and their rate is the run's own."""
+    if num_procs == 1:
+        from plugrl_env_client.envs.mujoco.mujoco_env import MujocoEnv
+
+        with EnvMeter(MujocoEnv) as meter:
+            run_here(_config(port, pipeline, align=align), "MuJoCo-v1", port, seconds, meter)
+        return meter.steps * (NUM_ENVS // pipeline) / max(1e-9, meter.last_wall - meter.first_wall)
+    config = _config(port, pipeline, num_procs, align)
     ctx = mp.get_context("spawn")
     budget = EpisodeBudget(None, ctx, num_procs)
     with tempfile.TemporaryDirectory(prefix="plugrl-bench-") as tmp:
@@ -138,26 +183,139 @@ def client_rate(port: int, seconds: float, pipeline: int = 1, num_procs: int = 1
     return float(summary["timing"]["effective_fps"])
 
 
+def run_here(config: ClientConfig, env_id: str, port: int, seconds: float, meter: EnvMeter | None = None
+             ) -> dict[str, Any]:
+    """One process's rollout in this process (so it can be measured from inside), ended by a timer; its timing.
+    With a ``meter``, the timer starts at the env's first step, so that ``seconds`` are all steady state."""
+    budget = EpisodeBudget(None, mp.get_context("spawn"), 1)
+    timer = threading.Timer(seconds, budget.stop.set)
+    with tempfile.TemporaryDirectory(prefix="plugrl-bench-") as tmp:
+        writer = RunWriter(RunDir(Path(tmp) / "run").create(), "bench", 1)
+        if meter is None:
+            timer.start()
+        else:
+            meter.on_first_step.append(timer.start)
+        try:
+            launch([ProcessJob(env_id, config, 0, f"ws://127.0.0.1:{port}")], budget, mp.get_context("spawn"), writer)
+        finally:
+            timer.cancel()
+        summary = writer.close()
+    if summary["status"] not in ("interrupted", "finished"):
+        raise RuntimeError(f"the client run ended {summary['status']}: {summary.get('errors')}")
+    return summary["timing"]
+
+
+class EnvMeter:
+    """Wraps an env class's ``step`` and ``reset`` for one run in this process: counts the steps and adds up the
+    CPU time this thread spends inside them (the env's own), and reads the process's CPU clock and the wall clock
+    at the first step and after the last, so setup and teardown are left out. ``on_first_step`` runs once, before the first step."""
+
+    def __init__(self, cls: type) -> None:
+        self.cls = cls
+        self.on_first_step: list[Callable[[], None]] = []
+        self.steps = 0
+        self.env_cpu = 0.0
+        self.first = self.last = 0.0
+        self.first_wall = self.last_wall = 0.0
+        self._originals = {name: getattr(cls, name) for name in ("step", "reset")}
+
+    def __enter__(self) -> EnvMeter:
+        for name, fn in self._originals.items():
+            setattr(self.cls, name, self._wrap(name, fn))
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for name, fn in self._originals.items():
+            setattr(self.cls, name, fn)
+
+    def _wrap(self, name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+        meter = self
+
+        @functools.wraps(fn)
+        def call(*args: Any, **kwargs: Any) -> Any:
+            if name == "step" and not meter.steps:
+                for hook in meter.on_first_step:
+                    hook()
+                meter.first = time.process_time()
+                meter.first_wall = time.perf_counter()
+            inside = time.thread_time()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                if meter.first:
+                    meter.env_cpu += time.thread_time() - inside
+                    if name == "step":
+                        meter.steps += 1
+                    meter.last = time.process_time()
+                    meter.last_wall = time.perf_counter()
+        return call
+
+    def client_cpu_per_step(self) -> float:
+        """CPU seconds of the process outside the env per env step call (a group step), in the steady state."""
+        return max(0.0, (self.last - self.first - self.env_cpu) / max(1, self.steps))
+
+    def env_cpu_per_step(self) -> float:
+        """The env's own CPU seconds (its step and resets) per env step call."""
+        return self.env_cpu / max(1, self.steps)
+
+
+def client_cpu(port: int, seconds: float, pipeline: int) -> tuple[float, float]:
+    """Client CPU per group step outside the env's step and reset (Hopper-v5, NUM_ENVS envs in ``pipeline``
+    groups), the rollout in this process; and the env's own CPU per group step."""
+    from plugrl_env_client.envs.mujoco.mujoco_env import MujocoEnv
+
+    with EnvMeter(MujocoEnv) as meter:
+        run_here(_config(port, pipeline), "MuJoCo-v1", port, seconds, meter)
+    return meter.client_cpu_per_step(), meter.env_cpu_per_step()
+
+
+def python_calls(port: int, seconds: float) -> tuple[float, float, float]:
+    """The package's own Python function calls per batch step (Point-v1 x16, lockstep, in this process, from the
+    first step on; the env contract's checks count as the client's), the env's own (calls into Point-v1's package),
+    and the steps profiled."""
+    from plugrl_env_client.envs.point.point_env import PointEnv
+
+    profiler = cProfile.Profile()
+    with EnvMeter(PointEnv) as meter:
+        meter.on_first_step.append(profiler.enable)
+        try:
+            run_here(_config(port, env="Point-v1"), "Point-v1", port, seconds, meter)
+        finally:
+            profiler.disable()
+    env_dir = os.path.dirname(inspect.getfile(PointEnv)).replace(os.sep, "/") + "/"
+    own = env = 0
+    for (filename, _, _), (_, calls, *_rest) in pstats.Stats(profiler).stats.items():  # type: ignore[attr-defined]
+        path = filename.replace(os.sep, "/")
+        if path.startswith(env_dir):
+            env += calls
+        elif "/plugrl_env_client/" in path:
+            own += calls
+    steps = max(1, meter.steps)
+    return own / steps, env / steps, meter.steps
+
+
 def profile(port: int, seconds: float, pipeline: int = 2, align: int = 4) -> None:
     """Wall time of each named step of the rollout per group step, for one pipelined run in this process (the
-    steps are wrapped with timers; the timers themselves cost about a microsecond per call)."""
-    from plugrl_env_client.protocol.connection import Connection
+    steps are wrapped with timers; the timers themselves cost about a microsecond per call). Steps a version of
+    the package does not have are left out."""
+    from plugrl_env_client.protocol.session import Session
     from plugrl_env_client.rollout.group import EnvGroup
     from plugrl_env_client.rollout.loop import Rollout
 
     spent: dict[str, float] = collections.defaultdict(float)
     calls: collections.Counter[str] = collections.Counter()
     wrapped = [(EnvGroup, "step_envs"), (EnvGroup, "send_feedback"), (EnvGroup, "finish_episodes"),
-               (EnvGroup, "ask_for_actions"), (EnvGroup, "take_actions"), (EnvGroup, "_reset"), (Rollout, "_done"),
-               (Connection, "_pack"), (Connection, "_send"), (Connection, "_recv")]
-    originals = [(cls, name, getattr(cls, name)) for cls, name in wrapped]
+               (EnvGroup, "request_actions"), (EnvGroup, "ask_for_actions"), (EnvGroup, "take_actions"),
+               (EnvGroup, "_reset"), (Rollout, "_done"), (Session, "send_infer"), (Session, "receive_actions"),
+               (Session, "feedback")]
+    originals = [(cls, name, getattr(cls, name)) for cls, name in wrapped if name in vars(cls)]
 
-    def timed(name: str, fn: object) -> object:
-        @functools.wraps(fn)  # type: ignore[arg-type]
-        def call(*args: object, **kwargs: object) -> object:
+    def timed(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(fn)
+        def call(*args: Any, **kwargs: Any) -> Any:
             start = time.perf_counter()
             try:
-                return fn(*args, **kwargs)  # type: ignore[operator]
+                return fn(*args, **kwargs)
             finally:
                 spent[name] += time.perf_counter() - start
                 calls[name] += 1
@@ -166,18 +324,7 @@ def profile(port: int, seconds: float, pipeline: int = 2, align: int = 4) -> Non
     for cls, name, fn in originals:
         setattr(cls, name, timed(f"{cls.__name__}.{name}", fn))
     try:
-        config = ClientConfig(num_envs=NUM_ENVS, server_port=port, progress=False, env=MujocoEnvConfig(task=TASK),
-                              runner=RunnerConfig(pipeline=pipeline, max_episode_steps=EPISODE_CAP, align_chunks=align))
-        budget = EpisodeBudget(None, mp.get_context("spawn"), 1)
-        with tempfile.TemporaryDirectory(prefix="plugrl-bench-") as tmp:
-            writer = RunWriter(RunDir(Path(tmp) / "run").create(), "bench", 1)
-            timer = threading.Timer(seconds, budget.stop.set)
-            timer.start()
-            try:
-                run_process(ProcessJob("MuJoCo-v1", config, 0, f"ws://127.0.0.1:{port}"), budget, writer)
-            finally:
-                timer.cancel()
-            timing = writer.close()["timing"]
+        timing = run_here(_config(port, pipeline, align=align), "MuJoCo-v1", port, seconds)
     finally:
         for cls, name, fn in originals:
             setattr(cls, name, fn)
@@ -195,57 +342,102 @@ def profile(port: int, seconds: float, pipeline: int = 2, align: int = 4) -> Non
               "each)")
 
 
-VARIANTS = ((1, 0), (1, 4), (2, 0), (2, 4), (2, 7), (4, 4), (4, 7))
-"""(--runner.pipeline, --runner.align-chunks) of the client cells."""
-
-
 def _name(pipeline: int, align: int) -> str:
     mode = "lockstep" if pipeline == 1 else f"pipelined, {pipeline} groups"
     return f"client {mode}" + (f", align {align}" if align else "")
 
 
-def row(label: str, value: float, anchor: float, anchor_name: str, target: float | None) -> str:
-    ratio = value / anchor if anchor > 0 else 0.0
-    verdict = "" if target is None else (f">= {target:g}  {'met' if ratio >= target else 'NOT MET'}")
-    return f"  {label:<34} {value:>10,.0f} st/s   {ratio:5.2f} x {anchor_name:<10} {verdict}"
+def verdict(value: float, target: float | None, at_most: bool = False) -> str:
+    if target is None:
+        return "(information)"
+    met = value <= target if at_most else value >= target
+    return f"target {'<=' if at_most else '>='} {target:g}: {'met' if met else 'NOT MET'}"
+
+
+def alternated(rounds: int, anchor: Callable[[], float], cells: dict[Any, Callable[[], float]]
+               ) -> tuple[list[float], dict[Any, list[float]]]:
+    """``rounds`` rounds of: the anchor, then each cell, each cell's ratio to the anchor measured just before it
+    (A B A C ... per round). Returns the anchors and each cell's ratios."""
+    anchors: list[float] = []
+    ratios: dict[Any, list[float]] = {key: [] for key in cells}
+    for _ in range(rounds):
+        for key, cell in cells.items():
+            a = anchor()
+            anchors.append(a)
+            ratios[key].append(cell() / a if a > 0 else 0.0)
+    return anchors, ratios
+
+
+def ratio_row(label: str, ratios: list[float], anchor_name: str, target: float | None) -> str:
+    med = statistics.median(ratios)
+    spread = f"{min(ratios):.2f}-{max(ratios):.2f}"
+    return f"  {label:<34} {med:5.2f} x {anchor_name:<10} (pairs {spread:<9}) {verdict(med, target)}"
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="shorter cells (noisier)")
+    parser.add_argument("--quick", action="store_true", help="shorter cells, fewer rounds (noisier)")
     parser.add_argument("--profile", action="store_true", help="also time the rollout's named steps (pipelined)")
     args = parser.parse_args()
-    cell = 2.0 if args.quick else 5.0
+    cell, rounds = (2.0, 2) if args.quick else (4.0, 3)
     discover_envs()
-    print(f"{machine_line('gymnasium', 'mujoco')}; "
-          f"{TASK} n={NUM_ENVS} H={HORIZON}; cells of {cell:g} s")
+    machine = machine_line("gymnasium", "mujoco", "websockets")  # before pinning: it counts the usable cores
+    pin()
+    where = (f"client on core {min(CORES[0])}, server on core {min(CORES[1])}" if CORES
+             else f"not pinned ({usable_cpus()} usable core)")
+    print(f"{machine}; "
+          f"{TASK} n={NUM_ENVS} H={HORIZON}; cells of {cell:g} s, {rounds} rounds (raw and client alternated, "
+          f"median of the pair ratios); {where}")
     started = time.perf_counter()
 
     raw, batch_s = raw_rate(cell)
     print(f"\n1. early terminations, no server latency (raw: {raw:,.0f} env-steps/s, {batch_s * 1e3:.2f} ms per "
           "batch step)")
+    variants = ((1, 0), (2, 0), (2, 4)) if args.quick else ((1, 0), (2, 0), (4, 0), (2, 4), (4, 4))
     with Server() as server:
-        rates = {(k, a): client_rate(server.port, cell, pipeline=k, align=a) for k, a in VARIANTS}
-    for (k, a), value in rates.items():
-        print(row(_name(k, a), value, raw, "raw", None if k == 1 else 0.9))
+        _, fast = alternated(rounds, lambda: raw_rate(cell)[0],
+                             {v: functools.partial(client_rate, server.port, cell, pipeline=v[0], align=v[1])
+                              for v in variants})
+    for (k, a), ratios in fast.items():
+        print(ratio_row(_name(k, a), ratios, "raw", None if a else 0.9))
     if args.profile:
         with Server() as server:
             profile(server.port, cell)
 
     latency_ms = batch_s * 1e3
-    print(f"\n2. server latency {latency_ms:.2f} ms per infer (about one batch step)")
+    print(f"\n2. server latency {latency_ms:.2f} ms per infer (about one batch step); ratios to raw stepping "
+          "without latency")
+    slow_variants = ((1, 0), (2, 0), (2, 4)) if args.quick else ((1, 0), (2, 0), (2, 4), (4, 4), (4, 7))
     with Server(latency_ms) as server:
-        slow = {(k, a): client_rate(server.port, cell, pipeline=k, align=a) for k, a in VARIANTS}
-    lock = slow[(1, 0)]
-    for (k, a), value in slow.items():
-        print(row(_name(k, a), value, lock, "lockstep", None if k == 1 else 1.7))
+        _, slow = alternated(rounds, lambda: raw_rate(cell)[0],
+                             {v: functools.partial(client_rate, server.port, cell, pipeline=v[0], align=v[1])
+                              for v in slow_variants})
+    for (k, a), ratios in slow.items():
+        print(ratio_row(_name(k, a), ratios, "raw", None if k == 1 else 0.85))
+    lock = statistics.median(slow[(1, 0)])
+    for (k, a), ratios in slow.items():
+        if k > 1:
+            print(f"  {_name(k, a) + ' / lockstep':<34} {statistics.median(ratios) / lock:5.2f} x            "
+                  f"{verdict(0, None)}")
 
-    print("\n3. processes (lockstep)")
+    print("\n3. client CPU per group step outside the env's step and reset (Hopper-v5, no latency, in this process)")
     with Server() as server:
-        one = client_rate(server.port, cell, num_procs=1)
-        two = client_rate(server.port, cell, num_procs=2)
-    print(row("--num-procs 1", one, one, "1 proc", None))
-    print(row("--num-procs 2", two, one, "1 proc", None))
+        for k, target in ((2, 40.0), (1, None)):
+            pairs = [client_cpu(server.port, cell, k) for _ in range(rounds)]
+            values = [client * 1e6 for client, _ in pairs]
+            share = statistics.median(client / env for client, env in pairs if env > 0)
+            label = f"{_name(k, 0)} ({NUM_ENVS // k} envs a group)"
+            print(f"  {label:<40} {statistics.median(values):6.1f} us  (rounds {min(values):.1f}-{max(values):.1f}; "
+                  f"{share:.0%} of the env's own CPU per step, "
+                  f"{statistics.median(env for _, env in pairs) * 1e6:.0f} us) "
+                  f"{verdict(statistics.median(values), target, at_most=True)}")
+
+    print("\n4. the package's own Python calls per batch step (cProfile, Point-v1 x16, lockstep)")
+    for horizon in (1, 8):
+        with Server(action_dim=2, horizon=horizon) as server:
+            own, env, steps = python_calls(server.port, cell)
+        print(f"  H={horizon}: {own:6.1f} calls of the client per batch step, {env:5.1f} of the env "
+              f"({steps:.0f} steps profiled) (information)")
     print(f"\ntotal bench time {time.perf_counter() - started:.0f} s, load avg {load_avg()}")
 
 

@@ -193,7 +193,7 @@ def bench_client(env_id: str, num_envs: int, horizon: int, seconds: float, max_e
         rtt_ms=np.asarray(session.infer_s) * 1e3,
         bytes_sent=t.bytes_sent,
         status=status.value,
-        reused=group.reuse,
+        reused=group.held.enabled,
     )
 
 

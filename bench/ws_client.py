@@ -1,4 +1,4 @@
-"""The one-thread WebSocket client (``protocol/ws_client.py``) next to today's transports, on loopback.
+"""The one-thread WebSocket client (``protocol/ws_client.py``) next to the other ways of being a client, on loopback.
 
 Run from the repo root (Linux: it reads /proc)::
 
@@ -10,13 +10,17 @@ CPUs the server is pinned to one and every client to another, ``os.sched_setaffi
 its own). The server is ``transport.serve`` (picows when installed, else websockets) and answers every message
 with one ~200 B action frame. Clients, each sending real PlugRL frames it encodes every round:
 
-* ``websockets``: ``transport.connect(kind="websockets")``, the threading client as used today (a reader thread);
-  frames from ``codec.Encoder`` (msgpack) and ``MaskedFramer``.
-* ``picows``: ``transport.connect(kind="picows")``, picows under an asyncio loop in a bridge thread.
+* ``websockets``: websockets' threading client (``websockets.sync.client.connect``: a reader thread), frames from
+  ``codec.Encoder`` (msgpack), framed by websockets.
 * ``picows 1-thread``: picows with its asyncio loop driven from the calling thread only
-  (``loop.run_until_complete`` on each receive; no second thread): what picows would be without the bridge.
-* ``sansio``: ``ws_client.WebSocketClient`` with ``FramePacker`` (arrays masked straight into the frame).
+  (``loop.run_until_complete`` on each receive; no second thread): what picows would be without a bridge thread.
+* ``sansio``: ``ws_client.WebSocketClient`` with ``FramePacker`` (arrays masked straight into the frame): the
+  package's client.
 * ``sansio + Encoder``: the same client fed by ``codec.Encoder`` + ``send``: the transport's share alone.
+
+(Until the package's client became the Sans-I/O one, its client transports were the threading websockets client,
+framing with ``MaskedFramer``, and picows under an asyncio loop in a bridge thread; bench/README.md keeps the figures
+that chose between them.)
 
 Cells: (a) a ~1 KB infer and its ~200 B reply in lockstep, round trips per second; (b) 3 MB and 24 MB observation
 frames (Dummy-v1-shaped images and states of 16 and 128 envs), MB/s and the peak resident memory above the
@@ -47,7 +51,7 @@ from machine import load_avg, machine_line, usable_cpus
 from plugrl_env_client.protocol import codec, messages, transport, ws_client
 from plugrl_env_client.protocol.frame_packer import FramePacker
 
-KINDS = ("websockets", "picows", "picows 1-thread", "sansio", "sansio + Encoder")
+KINDS = ("websockets", "picows 1-thread", "sansio", "sansio + Encoder")
 SIZES = {"small": 0, "3 MB": 16, "24 MB": 128}  # envs per observation frame (0: the small infer)
 SECONDS = {"small": 1.5, "3 MB": 1.5, "24 MB": 2.0}
 MAX_ROUNDS = {"small": 100_000, "3 MB": 5_000, "24 MB": 60}
@@ -265,7 +269,9 @@ def client_cell(kind: str, size: str, port: int, seconds: float, max_rounds: int
 
         close = driver.close
     else:
-        conn = transport.connect(url, kind=kind)
+        from websockets.sync.client import connect as threading_connect
+
+        conn = threading_connect(url, compression=None, max_size=None, ping_interval=None)
 
         def round_trip() -> None:
             with encoder.encode(msg, hint) as frame:

@@ -23,6 +23,7 @@ CLIENT_FLAGS = {
     "--local-policy-horizon": "{None}|INT",
     "--reconnect-on-server-stop": "", "--no-reconnect-on-server-stop": "",
     "--max-reconnects": "{None}|INT", "--connect-timeout": "{None}|FLOAT", "--reconnect-timeout": "{None}|FLOAT",
+    "--infer-timeout": "{None}|FLOAT",
     "--reuse-feedback-obs": "", "--no-reuse-feedback-obs": "", "--progress": "", "--no-progress": "",
     "--env-path": "STR", "--launcher": "{local,ray}", "--transport": "{websockets,picows}",
     "--runner.seed": "{None}|INT", "--runner.max-episode-steps": "{None}|INT",

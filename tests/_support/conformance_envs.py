@@ -3,7 +3,8 @@
 ``TextOnly-v1`` env ``i`` shows ``"env <i> t <t>"`` as its text, so a harness can tell rows apart and check their
 order. Its step info holds a per-env array, a value that cannot be split per env and a nested map with an integer
 key, so a harness can check what the client forwards. ``slow_first_step_s`` makes the first ``step`` call block,
-to check that the client keeps its connection alive while its envs step.
+and ``slow_reset_s`` every ``reset`` after the first, to check that the client keeps its connection alive while its
+envs step and reset.
 
 Kept in an importable module (tests put this folder on sys.path) so spawned rollout processes can load it.
 """
@@ -33,6 +34,12 @@ def episode_lengths(num_envs: int) -> np.ndarray:
 class TextOnlyConfig(BaseEnvConfig):
     slow_first_step_s: float = 0.0
     """Seconds the first step() call sleeps (the client's main thread is busy meanwhile)."""
+    slow_reset_s: float = 0.0
+    """Seconds every reset() call but the first sleeps (the partial resets of finished envs)."""
+    step_s: float = 0.0
+    """Seconds every step() call sleeps."""
+    episode_length: int = 0
+    """Steps of every episode (0: env i's last 2 + i % 2)."""
 
 
 @register_env("TextOnly-v1")
@@ -41,13 +48,16 @@ class TextOnlyEnv(BaseEnv):
         super().__init__(config, num_envs=num_envs, **kwargs)
         self.single_action_space = gym.spaces.Box(-1.0, 1.0, (ACTION_DIM,), np.float32)
         self.t = np.zeros(num_envs, dtype=np.int64)
-        self.lengths = episode_lengths(num_envs)
-        self.steps = 0
+        self.lengths = episode_lengths(num_envs) if not config.episode_length else np.full(num_envs, config.episode_length)
+        self.steps = self.resets = 0
 
     def _obs(self) -> Observation:
         return Observation(text=[f"env {i} t {t}" for i, t in enumerate(self.t.tolist())])
 
     def reset(self, *, seed=None, options=None):
+        if self.resets > 0 and self.config.slow_reset_s > 0:
+            time.sleep(self.config.slow_reset_s)
+        self.resets += 1
         self.seed_rngs(seed)
         self.t[self.reset_mask(options)] = 0
         return self._obs(), {}
@@ -55,6 +65,8 @@ class TextOnlyEnv(BaseEnv):
     def step(self, actions):
         if self.steps == 0 and self.config.slow_first_step_s > 0:
             time.sleep(self.config.slow_first_step_s)
+        if self.config.step_s > 0:
+            time.sleep(self.config.step_s)
         self.steps += 1
         self.t += 1
         ids = np.arange(self.num_envs)

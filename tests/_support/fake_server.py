@@ -1,7 +1,7 @@
 """An in-memory policy server behind the rollout's narrow session interface, for unit tests of the loop.
 
 The rollout knows its server only through ``ServerSession`` (``rollout/interfaces.py``): open, reconnect, infer,
-send_infer / receive_actions, feedback, close. :class:`FakeSession` implements exactly that, with no socket and no
+send_infer / receive_actions / awaiting / wait, feedback, close. :class:`FakeSession` implements exactly that, with no socket and no
 bytes, so a test drives a real :class:`~plugrl_env_client.rollout.group.EnvGroup` (or a pipelined ``Rollout`` of
 several) in microseconds per step and sees everything the loop did:
 
@@ -15,7 +15,8 @@ several) in microseconds per step and sees everything the loop did:
   ascending;
 * a scripted server: chunks of a chosen horizon from a policy (by default values that encode the infer's number
   and the chunk step, ``call * 100 + t``, so an env's echo of its action says which chunk and step it applied),
-  replies that come in only after some polls (so pipelined groups interleave deterministically), closes at chosen
+  replies that come in only after some polls, or once the loop waits for them (so pipelined groups interleave
+  deterministically), closes at chosen
   points (``ConnectionLost``, as the real session raises them), metadata with or without ``reuse-feedback-obs``.
 
 Also here: :class:`MemorySink` (the run's writer) and :class:`MemoryBudget` (the episode budget), in memory.
@@ -261,6 +262,21 @@ class FakeConnection:
                 k += 1
         return concat_obs(rows)
 
+    @property
+    def waiting(self) -> bool:
+        """An infer waits for its reply."""
+        return self._next == "reply"
+
+    @property
+    def asked_at(self) -> int:
+        """The infer count (over every connection) of the infer waiting for its reply."""
+        assert self._outstanding is not None
+        return self._outstanding.call
+
+    def release(self) -> None:
+        """The reply to the infer waiting comes at the next poll."""
+        self._polls_left = 0
+
     def give_reply(self, timeout: float | None) -> ActionReply | None:
         self._check_open()
         if self._next != "reply":
@@ -406,6 +422,16 @@ class FakeSession:
 
     def receive_actions(self, timeout: float | None = None) -> ActionReply | None:
         return self.current.give_reply(timeout)
+
+    @property
+    def awaiting(self) -> bool:
+        return bool(self.connections) and not self.closed and self.connections[-1].waiting
+
+    def wait(self, peers: Sequence[FakeSession] = ()) -> None:
+        """As a blocking receive would: the reply asked for first (over these sessions) comes in now."""
+        waiting = [s.connections[-1] for s in (self, *peers) if s.awaiting]
+        if waiting:
+            min(waiting, key=lambda conn: conn.asked_at).release()
 
     def feedback(self, env_indices: np.ndarray, step_ids: np.ndarray, obs: Observation, rewards: np.ndarray,
                  terminated: np.ndarray, truncated: np.ndarray, info: dict[str, Any]) -> None:

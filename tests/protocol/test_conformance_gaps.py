@@ -85,16 +85,33 @@ def test_c1_handshake_offers_no_compression_and_frames_have_no_size_limit(harnes
     assert "deflate" not in str(headers).lower()
 
 
-def test_c2_answers_pings_while_its_envs_step(harness, tmp_path):
-    """The first env step blocks the client's main thread for 1.5 s; the server pings every 0.1 s and drops the
-    connection when a pong is 0.5 s late. One connection for the whole run shows every ping was answered."""
+@pytest.mark.parametrize("slow", ["step", "reset"])
+@pytest.mark.parametrize("pipeline", [1, 2], ids=["lockstep", "pipelined"])
+def test_c2_answers_pings_while_its_envs_step(harness, tmp_path, slow, pipeline):
+    """An env call blocks the client's main thread for 1.5 s (the first step, or every partial reset); the server
+    pings every 0.1 s and drops the connection when a pong is 0.5 s late. One connection per env group for the whole
+    run shows every ping was answered, also those of a group whose env was not the one in the call."""
     h = harness(zeros_script(4, ACTION_DIM), ping_interval=0.1, ping_timeout=0.5)
-    env = TextOnlyConfig(slow_first_step_s=1.5)
+    env = TextOnlyConfig(slow_first_step_s=1.5) if slow == "step" else TextOnlyConfig(slow_reset_s=1.5)
     start = time.monotonic()
-    assert run_client(config(tmp_path, h.port, env, num_envs=2, num_episodes=3), "TextOnly-v1") == 0
+    cfg = config(tmp_path, h.port, env, num_envs=2 * pipeline, num_episodes=3 * pipeline,
+                 runner=RunnerConfig(pipeline=pipeline))
+    assert run_client(cfg, "TextOnly-v1") == 0
     assert time.monotonic() - start >= 1.5
+    assert len(h.connections) == pipeline and not h.errors, "a missed pong would have dropped the connection"
+    assert all(conn.ws.latency > 0 for conn in h.connections), "the server's pings were answered"
+
+
+def test_c2_answers_pings_during_a_run_of_short_steps_without_a_message(harness, tmp_path):
+    """Steps of 20 ms through chunks of 100 steps: 2 s at a time in which the client has nothing to send or
+    receive, and no single call is long. The sockets are read between the env calls, so pongs are at most about a
+    quarter second late, against the server's 0.5 s."""
+    h = harness(zeros_script(100, ACTION_DIM), ping_interval=0.1, ping_timeout=0.5)
+    env = TextOnlyConfig(step_s=0.02, episode_length=100)
+    assert run_client(config(tmp_path, h.port, env, num_envs=1, num_episodes=2), "TextOnly-v1") == 0
     assert len(h.connections) == 1 and not h.errors, "a missed pong would have dropped the connection"
-    assert h.connections[0].ws.latency > 0, "the server's pings were answered"
+    infers = [m for m in h.connections[0].received if m["message_type"] == "infer"]
+    assert len(infers) == 2, "one infer per 100-step episode: long stretches without a message"
 
 
 def test_c4_sends_only_binary_frames_one_message_each(harness, tmp_path):

@@ -15,11 +15,13 @@ import threading
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 from waiting import wait_until
+from websockets.exceptions import ConnectionClosed
 
 from plugrl_env_client.app import run_client
-from plugrl_env_client.config import ClientConfig, ConnectionConfig
+from plugrl_env_client.config import ClientConfig, ConnectionConfig, RunnerConfig
 from plugrl_env_client.envs import discover_envs
 from plugrl_env_client.protocol import messages
 
@@ -221,3 +223,97 @@ def test_reconnect_timeout_gives_up_with_a_message(harness, tmp_path, capsys):
     h = harness(script)
     assert run_client(config(tmp_path, h.port, connection=ConnectionConfig(reconnect_timeout=1.0)), "Probe-v1") == 1
     assert "--reconnect-timeout" in capsys.readouterr().err
+
+
+def test_a_server_that_never_sends_metadata_fails_within_the_connect_timeout(harness, tmp_path, capsys):
+    h = harness(lambda conn: conn.ws.recv())  # the handshake completes; then nothing
+    start = time.monotonic()
+    cfg = config(tmp_path, h.port, num_episodes=2, connection=ConnectionConfig(connect_timeout=1.5))
+    assert run_client(cfg, "Probe-v1") == 1
+    assert time.monotonic() - start < 1.5 + 10, "the whole run, env building included"
+    assert "sent no metadata within 1.5 s (--connect-timeout)" in capsys.readouterr().err
+
+
+def test_infer_timeout_reconnects_then_gives_up_naming_the_timeout(harness, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("PLUGRL_WAIT_WARNING_S", "0.2")
+
+    def script(conn):
+        conn.send_metadata(action_horizon=3)
+        conn.recv()  # an infer that never gets its reply
+        conn.ws.recv()
+
+    h = harness(script)
+    cfg = config(tmp_path, h.port, num_episodes=2, connection=ConnectionConfig(infer_timeout=0.5, max_reconnects=1))
+    assert run_client(cfg, "Probe-v1") == 1
+    err = capsys.readouterr().err
+    assert "within --infer-timeout 0.5 s more than --max-reconnects=1 times; giving up" in err
+    assert len(h.connections) == 2
+    assert [(c.ws.close_code, c.ws.close_reason) for c in h.connections] == [(1001, "Infer timeout")] * 2
+
+
+def test_infer_timeout_in_one_pipelined_group_reconnects_that_group_alone(harness, tmp_path):
+    """Group 0's first connection never answers; group 1 steps on meanwhile (the loop polls, then waits on both
+    connections); group 0 reconnects at its --infer-timeout, and its second connection ends the run."""
+    counter = [0]
+    serve_on = probe_script(4, stop_after_feedbacks=None, counter=counter)
+    then_stop = probe_script(4, stop_after_feedbacks=8, counter=counter)
+
+    def script(conn):
+        if conn.index == 0:
+            conn.send_metadata(action_horizon=4, action_dim=D)
+            conn.recv()  # group 0's first infer: never answered
+            conn.ws.recv()
+        return (serve_on if conn.index == 1 else then_stop)(conn)
+
+    h = harness(script)
+    cfg = config(tmp_path, h.port, connection=ConnectionConfig(infer_timeout=0.5, max_reconnects=1),
+                 runner=RunnerConfig(pipeline=2))
+    start = time.monotonic()
+    assert run_client(cfg, "Probe-v1") == 0 and not h.errors
+    assert time.monotonic() - start >= 0.5
+    assert len(h.connections) == 3
+    assert (h.connections[0].ws.close_code, h.connections[0].ws.close_reason) == (1001, "Infer timeout")
+    for conn in h.connections[1:]:
+        assert check_probe_transcript(conn.received, 4, None, 2) > 0
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["timing"]["reconnects"] == 1 and summary["status"] == "stopped by server"
+
+
+@pytest.mark.parametrize("extra", ["second-reply", "reply-after-feedback"])
+def test_a_reply_that_answers_no_infer_resyncs_instead_of_being_the_next_chunk(harness, tmp_path, extra):
+    """The first connection answers an infer twice, or sends an action after a feedback; the client's envs reset
+    slowly after their episodes end, so the stray reply is in before the next infer goes out. The client closes
+    with the resync close, and every transcript after it is exact."""
+    from conformance_envs import ACTION_DIM, TextOnlyConfig
+
+    closes: list[tuple[int | None, str | None]] = []
+
+    def script(conn):
+        conn.send_metadata(action_horizon=4)
+        while True:
+            msg = conn.recv()
+            if msg["message_type"] == "infer":
+                conn.send_zero_action(msg, 4, ACTION_DIM)
+                if conn.index == 0 and extra == "second-reply":
+                    conn.send_zero_action(msg, 4, ACTION_DIM)
+            elif conn.index == 0 and extra == "reply-after-feedback":
+                conn.send(messages.action_message(msg["env_indices"], np.zeros((4, len(msg["env_indices"]),
+                                                                                 ACTION_DIM))))
+            if conn.index == 0 and msg["message_type"] == "feedback":
+                try:
+                    conn.recv()
+                except ConnectionClosed:
+                    closes.append((conn.ws.close_code, conn.ws.close_reason))
+                    raise
+
+    h = harness(script)
+    cfg = ClientConfig(server_port=h.port, output_dir=tmp_path, exp_name="run", progress=False, num_envs=2,
+                       num_episodes=4, env=TextOnlyConfig(slow_reset_s=0.3),
+                       connection=ConnectionConfig(max_reconnects=1))
+    assert run_client(cfg, "TextOnly-v1") == 0 and not h.errors
+    assert closes == [(1001, messages.REASON_RESYNC)]
+    assert len(h.connections) == 2
+    first = [m["message_type"] for m in h.connections[0].received]
+    assert first == ["infer", "feedback"], "no infer went out on the connection with a stray reply"
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["timing"]["reconnects"] == 1 and summary["completed_episodes"] == 4

@@ -7,7 +7,7 @@ import pytest
 
 from plugrl_env_client.errors import ProtocolError
 from plugrl_env_client.protocol import codec
-from plugrl_env_client.protocol.frame_packer import BIG_ARRAY, WALK_MIN, FramePacker
+from plugrl_env_client.protocol.frame_packer import BIG_ARRAY, SLOT, WALK_MIN, FramePacker
 from plugrl_env_client.protocol.framing import MaskedFramer
 
 KEY = bytes([0x37, 0xFA, 0x21, 0x3D])
@@ -103,3 +103,48 @@ def test_a_frame_still_held_is_not_overwritten_by_a_bigger_one():
 def test_what_the_codec_refuses_is_a_protocol_error_either_way(hint, bad, match):
     with pytest.raises(ProtocolError, match=match):
         FramePacker().pack({"images": camera(4, 96, 96), "bad": bad}, size_hint=hint)
+
+
+# ------------------------------------------------------------------------------------------------ parts
+
+
+def _feedback_skeleton(msg: dict) -> tuple[dict, list]:
+    """The feedback-like message with its obs and info replaced by slots, and those two parts."""
+    data = dict(msg["data"])
+    parts = [data["obs"], data["info"]]
+    data["obs"], data["info"] = SLOT, SLOT
+    return {**msg, "data": data}, parts
+
+
+@pytest.mark.parametrize("hint", [0, WALK_MIN])
+@pytest.mark.parametrize("lead", [0, 3])
+def test_parts_packed_one_by_one_give_the_bytes_of_the_whole_message(hint, lead):
+    msg = observation_message(lead)
+    skeleton, parts = _feedback_skeleton(msg)
+    frame, seconds = FramePacker().pack_parts(skeleton, parts, size_hint=hint, key=KEY)
+    assert bytes(frame) == expected(msg)
+    assert len(seconds) == 2 and all(s > 0 for s in seconds)
+
+
+def test_a_parts_cost_is_timed_on_that_part():
+    """A part holding 32 MB takes longer to pack than one holding a few bytes, whichever slot it is in."""
+    big, small = {"blob": np.ones(32 << 20, np.uint8)[::2]}, {"x": 1}  # strided: the codec copies it
+    for parts in ([big, small], [small, big]):
+        _, seconds = FramePacker().pack_parts({"a": SLOT, "b": np.arange(3), "c": SLOT}, parts, size_hint=0)
+        heavy = parts.index(big)
+        assert seconds[heavy] > 20 * seconds[1 - heavy]
+
+
+def test_a_skeleton_whose_bytes_hold_the_slot_marker_draws_another():
+    packer = FramePacker()
+    sly = packer._slot_marker
+    skeleton = {"sly": sly, "obs": SLOT}
+    frame, _ = packer.pack_parts(skeleton, [np.arange(4)], key=KEY)
+    assert bytes(frame) == expected({"sly": sly, "obs": np.arange(4)})
+
+
+def test_parts_the_codec_refuses_are_a_protocol_error():
+    with pytest.raises(ProtocolError, match="dtype object"):
+        FramePacker().pack_parts({"obs": SLOT}, [np.array([object()], dtype=object)])
+    with pytest.raises(RuntimeError, match="1 slots for 2 parts"):
+        FramePacker().pack_parts({"obs": SLOT}, [1, 2])

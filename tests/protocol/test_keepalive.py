@@ -195,3 +195,21 @@ def test_close_stops_the_thread(bare):
     client.send(b"still mine")
     assert client.recv(timeout=10) == b"still mine"
     client.close()
+
+
+def test_calls_that_end_as_the_grace_runs_out_never_share_the_client(bare):
+    """Calls lasting about the grace period, so that the thread's takeover and the owner's return meet again and
+    again: the client is always the owner's after the call (an overlap would raise, or break the echo)."""
+    client = ws_client.connect(bare(echo))
+    keepalive = Keepalive([client], grace_s=0.005)
+    try:
+        for i in range(300):
+            with keepalive:
+                time.sleep(0.004 + 0.002 * (i % 3) / 2)  # 4, 5 and 6 ms: before, at and after the grace
+            assert not client.lent
+            client.send(b"%d" % i)
+            assert client.recv(timeout=10) == b"%d" % i
+        assert 0 < keepalive.takeovers < 300
+    finally:
+        keepalive.close()
+        client.close()

@@ -1,19 +1,24 @@
-"""Session behaviour seen from a real loopback server: auth header, waiting for a server, backoff bounds."""
+"""Session behaviour seen from real loopback servers: auth header, waiting for a server, backoff bounds, the
+exchange, and every wait bounded or announced (connect and infer timeouts, slow replies, a stopped server, replies
+that answer no infer)."""
 
 from __future__ import annotations
 
-import importlib.util
+import contextlib
+import re
 import socket
 import threading
 import time
+from typing import Any
 
 import numpy as np
 import pytest
 from waiting import wait_until
+from websockets.exceptions import ConnectionClosed
 
 from plugrl_env_client.envs.base_env import Observation
 from plugrl_env_client.errors import ConfigError
-from plugrl_env_client.protocol import messages
+from plugrl_env_client.protocol import messages, ws_client
 from plugrl_env_client.protocol.connection import CloseAction, ConnectionLost
 from plugrl_env_client.protocol.messages import ServerMetadata
 from plugrl_env_client.protocol.session import Session, SessionConfig
@@ -151,12 +156,10 @@ def test_reconnects_that_fail_at_once_back_off_further(harness):
     assert len(gaps) == 4 and gaps[-1] > 3 * gaps[0], f"no growing backoff: {gaps}"
 
 
-# ------------------------------------------------------------------------------------------ transport picows
+# ------------------------------------------------------------------------------------------ the exchange
 
 
-@pytest.mark.parametrize("kind", ["websockets", pytest.param("picows", marks=pytest.mark.skipif(
-    importlib.util.find_spec("picows") is None, reason="needs the fast extra (picows)"))])
-def test_session_over_each_transport_reads_chunks_and_classifies_closes(harness, kind):
+def test_session_reads_chunks_and_classifies_closes(harness):
     seen = {}
 
     def script(conn):
@@ -168,7 +171,7 @@ def test_session_over_each_transport_reads_chunks_and_classifies_closes(harness,
         conn.close(1001, messages.REASON_RESYNC)
 
     h = harness(script)
-    session = Session(SessionConfig(url=f"ws://127.0.0.1:{h.port}", transport=kind, stream=(3, 1)))
+    session = Session(SessionConfig(url=f"ws://127.0.0.1:{h.port}", stream=(3, 1)))
     meta = session.open()
     obs = Observation(states={"x": np.zeros((2, 1))}, text="a")
     ids, steps = np.arange(2), np.zeros(2, np.int64)
@@ -183,9 +186,7 @@ def test_session_over_each_transport_reads_chunks_and_classifies_closes(harness,
     assert session.timing.bytes_sent > 0 and session.timing.infer_calls == 2 and session.timing.feedback_calls == 1
 
 
-@pytest.mark.parametrize("kind", ["websockets", pytest.param("picows", marks=pytest.mark.skipif(
-    importlib.util.find_spec("picows") is None, reason="needs the fast extra (picows)"))])
-def test_an_infer_sent_now_is_collected_later_and_only_once(harness, kind):
+def test_an_infer_sent_now_is_collected_later_and_only_once(harness):
     """The two halves of infer (what a pipelined rollout uses): looking for the reply before it is there returns
     None and loses nothing; the reply then comes exactly once; one infer is outstanding at most."""
     release = threading.Event()
@@ -198,7 +199,7 @@ def test_an_infer_sent_now_is_collected_later_and_only_once(harness, kind):
         conn.recv()  # keep the connection open until the client closes
 
     h = harness(script)
-    session = Session(SessionConfig(url=f"ws://127.0.0.1:{h.port}", transport=kind))
+    session = Session(SessionConfig(url=f"ws://127.0.0.1:{h.port}"))
     session.open()
     obs = Observation(states={"x": np.zeros((2, 1))}, text="a")
     ids, steps = np.arange(2), np.zeros(2, np.int64)
@@ -217,29 +218,8 @@ def test_an_infer_sent_now_is_collected_later_and_only_once(harness, kind):
     session.close()
 
 
-@pytest.mark.parametrize("url, words", [("ws://127.0.0.1:99999", "invalid server URL"),
-                                        ("http://127.0.0.1:8000", "invalid server URL")])
-def test_picows_session_errors_say_the_same(url, words):
-    pytest.importorskip("picows")
-    with pytest.raises(ConfigError, match=words):
-        Session(SessionConfig(url=url, transport="picows")).open()
-
-
-def test_picows_session_refused_handshake_says_so():
-    pytest.importorskip("picows")
-    from websockets.sync.server import serve
-
-    server = serve(lambda ws: None, "127.0.0.1", 0, process_request=lambda conn, req: conn.respond(401, "no key\n"))
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        session = Session(SessionConfig(url=f"ws://127.0.0.1:{server.socket.getsockname()[1]}", transport="picows"))
-        with pytest.raises(ConfigError, match="refused the WebSocket handshake with HTTP 401.*--api-key"):
-            session.open()
-    finally:
-        server.shutdown()
-
-
-def test_run_client_over_picows_against_the_picows_reference_server(tmp_path):
+def test_run_client_with_transport_picows_against_the_picows_reference_server(tmp_path):
+    """``--transport picows`` names the embedded server's library; the client speaks to a picows server as to any."""
     pytest.importorskip("picows")
     import json
 
@@ -263,3 +243,212 @@ def test_run_client_over_picows_against_the_picows_reference_server(tmp_path):
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["completed_episodes"] == 5 and summary["timing"]["bytes_sent"] > 0
     assert server.log.episodes >= 5
+
+
+# ------------------------------------------------------------------------------------------ every wait bounded
+
+
+@pytest.fixture
+def fast_warnings(monkeypatch):
+    """Warnings about slow replies after 0.2 s (then every 0.4 s) instead of 30 s: tests take seconds."""
+    monkeypatch.setenv("PLUGRL_WAIT_WARNING_S", "0.2")
+
+
+def _warnings(caplog, words: str) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.levelname == "WARNING" and words in r.getMessage()]
+
+
+def test_connect_timeout_counts_the_metadata_read(harness):
+    """A server that completes the handshake and never sends its metadata: --connect-timeout still holds."""
+    h = harness(lambda conn: conn.ws.recv())  # waits for the client, says nothing
+    session = Session(SessionConfig(url=f"ws://127.0.0.1:{h.port}", connect_timeout=1.5))
+    start = time.monotonic()
+    with pytest.raises(ConfigError, match=r"accepted the connection but sent no metadata within 1.5 s "
+                                          r"\(--connect-timeout\)"):
+        session.open()
+    assert 1.5 <= time.monotonic() - start < 2.5
+
+
+def test_late_metadata_is_announced_when_there_is_no_limit(harness, caplog, fast_warnings):
+    def script(conn):
+        time.sleep(0.7)
+        conn.send_metadata(action_horizon=2)
+        conn.ws.recv()
+
+    h = harness(script)
+    session = Session(SessionConfig(url=f"ws://127.0.0.1:{h.port}"))
+    assert session.open().action_horizon == 2
+    session.close()
+    said = _warnings(caplog, "but no metadata from the server for")
+    assert said and said[0].endswith("for 0.2 s")
+
+
+class _NeverAccepts:
+    """A listening socket whose one backlog slot is taken: the kernel drops every further SYN, so a connect to it
+    never completes (what an address that never answers does)."""
+
+    def __enter__(self) -> int:
+        self.listener = socket.socket()
+        self.listener.bind(("127.0.0.1", 0))
+        self.listener.listen(0)
+        self.filler = socket.create_connection(self.listener.getsockname(), timeout=5)
+        return self.listener.getsockname()[1]
+
+    def __exit__(self, *exc: object) -> None:
+        self.filler.close()
+        self.listener.close()
+
+
+@pytest.mark.parametrize("peer", ["nothing-listening", "never-accepts", "never-answers-the-handshake"])
+def test_connect_timeout_holds_to_within_a_second(peer):
+    """Backoff pauses and each attempt's handshake timeout are cut to the time left."""
+    with contextlib.ExitStack() as stack:
+        if peer == "nothing-listening":
+            bound = stack.enter_context(socket.socket())  # bound, never listening: every connect is refused
+            bound.bind(("127.0.0.1", 0))
+            port = bound.getsockname()[1]
+        elif peer == "never-accepts":
+            port = stack.enter_context(_NeverAccepts())
+        else:
+            silent = stack.enter_context(socket.create_server(("127.0.0.1", 0)))  # TCP completes, nobody speaks
+            port = silent.getsockname()[1]
+        session = Session(SessionConfig(url=f"ws://127.0.0.1:{port}", connect_timeout=2.0))
+        start = time.monotonic()
+        with pytest.raises(ConfigError, match=r"no policy server answered at .* within 2 s \(--connect-timeout\)"):
+            session.open()
+        assert 2.0 <= time.monotonic() - start < 3.0
+
+
+def test_infer_timeout_closes_the_connection_names_the_infer_and_a_reconnect_goes_on(harness, caplog,
+                                                                                    fast_warnings):
+    closes: list[tuple[Any, Any]] = []
+
+    def script(conn):
+        conn.send_metadata(action_horizon=2)
+        if conn.index > 0:
+            conn.send_zero_action(conn.recv(), 2, 1)
+            conn.ws.recv()
+            return
+        conn.recv()  # the infer, never answered
+        try:
+            conn.ws.recv()
+        except ConnectionClosed:
+            closes.append((conn.ws.close_code, conn.ws.close_reason))
+            raise
+
+    h = harness(script)
+    session = Session(SessionConfig(url=f"ws://127.0.0.1:{h.port}", infer_timeout=1.0))
+    session.open()
+    obs = Observation(states={"x": np.zeros((2, 1))}, text="a")
+    ids, steps = np.arange(2), np.zeros(2, np.int64)
+    start = time.monotonic()
+    with pytest.raises(ConnectionLost) as info:
+        session.infer(obs, ids, steps)
+    assert 1.0 <= time.monotonic() - start < 2.0
+    closed = info.value.close
+    assert closed.action is CloseAction.RECONNECT
+    assert re.fullmatch(r"no reply from the server to the infer for 2 envs sent at \d\d:\d\d:\d\d within "
+                        r"--infer-timeout 1 s", closed.why)
+    said = _warnings(caplog, "no reply from the server for")
+    assert said and re.fullmatch(r"no reply from the server for 0.2 s to the infer for 2 envs sent at "
+                                 r"\d\d:\d\d:\d\d \(--infer-timeout 1 s\)", said[0])
+    wait_until(lambda: closes, 10, "the server seeing the client's close")
+    assert closes == [(1001, "Infer timeout")]
+    assert not session.awaiting
+    session.reconnect(closed)
+    assert session.infer(obs, ids, steps).actions.shape == (2, 2, 1)
+    assert session.timing.reconnects == 1
+    session.close()
+
+
+def test_a_slow_reply_is_announced_and_then_taken(harness, caplog, fast_warnings):
+    def script(conn):
+        conn.send_metadata(action_horizon=2)
+        request = conn.recv()
+        time.sleep(1.0)  # longer than the first two warnings (0.2 s, then 0.6 s)
+        conn.send_zero_action(request, 2, 1)
+        conn.ws.recv()
+
+    h = harness(script)
+    session = Session(SessionConfig(url=f"ws://127.0.0.1:{h.port}"))
+    session.open()
+    reply = session.infer(Observation(states={"x": np.zeros((3, 1))}, text="a"), np.arange(3), np.zeros(3, np.int64))
+    assert reply.actions.shape == (2, 3, 1)
+    said = _warnings(caplog, "no reply from the server for")
+    assert len(said) >= 2 and all("to the infer for 3 envs sent at" in line for line in said)
+    assert said[0].startswith("no reply from the server for 0.2 s") and "infer-timeout" not in said[0]
+    session.close()
+
+
+def test_a_server_that_stays_stopped_gets_one_line_and_a_reminder(harness, caplog, fast_warnings):
+    """With --reconnect-on-server-stop, a stopped server that stays up ends every connection at once: the client
+    says once that it waits for the next run, then reminds every 0.4 s (a minute by default), not per reconnect."""
+
+    def script(conn):
+        conn.send_metadata(action_horizon=2)
+        conn.recv()
+        conn.close(1001, messages.REASON_STOP)
+
+    h = harness(script)
+    session = Session(SessionConfig(url=f"ws://127.0.0.1:{h.port}", reconnect_on_server_stop=True,
+                                    backoff_initial_s=0.05, backoff_max_s=0.1))
+    session.open()
+    obs = Observation(states={"x": np.zeros((1, 1))}, text="a")
+    start = time.monotonic()
+    while time.monotonic() - start < 1.5:
+        with pytest.raises(ConnectionLost) as info:
+            session.infer(obs, np.arange(1), np.zeros(1, np.int64))
+        assert info.value.close.action is CloseAction.RECONNECT
+        session.reconnect(info.value.close)
+    session.close()
+    assert session.timing.reconnects >= 6
+    assert len(_warnings(caplog, "ended its run")) == 1
+    assert "waiting for its next run (--reconnect-on-server-stop)" in _warnings(caplog, "ended its run")[0]
+    assert 1 <= len(_warnings(caplog, "still waiting for the next run")) <= 4
+    assert _warnings(caplog, "reconnecting to") == []
+
+
+@pytest.mark.parametrize("extra", ["second-reply", "reply-after-feedback"])
+def test_a_reply_that_answers_no_infer_is_a_resync(harness, caplog, extra):
+    """Taken as the next chunk, it would make every later chunk one reply stale: the session closes with the
+    protocol's resync close and raises it, and the next connection starts over."""
+    closes: list[tuple[Any, Any]] = []
+    fed_back = threading.Event()
+
+    def script(conn):
+        conn.send_metadata(action_horizon=2)
+        if conn.index > 0:
+            return conn.answer_infers_with_zeros(2, 1)
+        request = conn.recv()
+        conn.send_zero_action(request, 2, 1)
+        if extra == "second-reply":
+            conn.send_zero_action(request, 2, 1)
+        conn.recv()  # the feedback
+        if extra == "reply-after-feedback":
+            conn.send_zero_action(request, 2, 1)
+        fed_back.set()
+        try:
+            conn.ws.recv()
+        except ConnectionClosed:
+            closes.append((conn.ws.close_code, conn.ws.close_reason))
+            raise
+
+    h = harness(script)
+    session = Session(SessionConfig(url=f"ws://127.0.0.1:{h.port}"))
+    session.open()
+    obs = Observation(states={"x": np.zeros((2, 1))}, text="a")
+    ids, steps, flags = np.arange(2), np.zeros(2, np.int64), np.zeros(2, bool)
+    session.infer(obs, ids, steps)
+    session.feedback(ids, steps, obs, np.zeros(2, np.float32), flags, flags, {})
+    assert fed_back.wait(10)
+    assert ws_client.wait_any([session._client], timeout=10)  # the extra reply is in (read, not taken)
+    with pytest.raises(ConnectionLost) as info:
+        session.send_infer(obs, ids, steps + 1)
+    closed = info.value.close
+    assert (closed.action, closed.code, closed.reason) == (CloseAction.RECONNECT, 1001, messages.REASON_RESYNC)
+    assert "sent an action that answers no infer" in closed.why
+    wait_until(lambda: closes, 10, "the server seeing the client's close")
+    assert closes == [(1001, messages.REASON_RESYNC)]
+    session.reconnect(closed)
+    assert session.infer(obs, ids, steps + 1).actions.shape == (2, 2, 1)
+    session.close()

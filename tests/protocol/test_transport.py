@@ -1,43 +1,35 @@
-"""Both transports (websockets, picows) against real loopback servers: bytes, closes, refusals, timeouts, drops.
+"""Both server transports of :func:`transport.serve` (websockets, picows) against the client over real loopback
+sockets: bytes, closes, drops, headers, the parse hook, shutdown, the allocator setting.
 
-Every client kind is run against both server kinds of :func:`transport.serve` where the behaviour is the
-transport's own, and against a bare websockets server where a test needs a peer that misbehaves on purpose
-(drops the socket, refuses the handshake, fragments a message, sends text).
+The client is the package's one client (:func:`ws_client.connect`, websockets' Sans-I/O protocol on the caller's
+thread); its own behaviour against peers that misbehave on purpose (handshake refusals, TLS, fragments, pings) is
+tests/protocol/test_ws_client.py's.
 """
 
 from __future__ import annotations
 
 import importlib.util
-import os
 import platform
 import resource
 import socket
 import sys
 import threading
-import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
 import pytest
 from waiting import wait_until
-from websockets.sync.server import serve as ws_serve
 
 from plugrl_env_client.errors import ConfigError, ProtocolError
-from plugrl_env_client.protocol import codec, transport
+from plugrl_env_client.protocol import codec, transport, ws_client
 from plugrl_env_client.protocol.transport import (
-    CertificateNotVerified,
-    ConnectFailed,
-    HandshakeRefused,
-    InvalidServerURL,
     ServerTransport,
     TransportClosed,
 )
 
 _NO_PICOWS = pytest.mark.skipif(importlib.util.find_spec("picows") is None, reason="needs the fast extra (picows)")
 KINDS = ["websockets", pytest.param("picows", marks=_NO_PICOWS)]
-PAIRS = [pytest.param(c, s, marks=_NO_PICOWS) if "picows" in (c, s) else (c, s)
-         for c in ("websockets", "picows") for s in ("websockets", "picows")]
 
 
 class Served:
@@ -79,26 +71,6 @@ def served() -> Iterator[Callable[..., Served]]:
         s.stop()
 
 
-@pytest.fixture
-def bare() -> Iterator[Callable[..., str]]:
-    """A bare websockets server running ``handler(ws)``; returns its URL."""
-    made = []
-
-    def start(handler: Callable[[Any], None], **kwargs: Any) -> str:
-        kwargs.setdefault("compression", None)
-        kwargs.setdefault("max_size", None)
-        server = ws_serve(handler, "127.0.0.1", 0, **kwargs)
-        thread = threading.Thread(target=server.serve_forever, daemon=True)
-        thread.start()
-        made.append((server, thread))
-        return f"ws://127.0.0.1:{server.socket.getsockname()[1]}"
-
-    yield start
-    for server, thread in made:
-        server.shutdown()
-        thread.join(timeout=10)
-
-
 def echo(conn: ServerTransport) -> None:
     while True:
         conn.send(conn.recv())
@@ -107,12 +79,12 @@ def echo(conn: ServerTransport) -> None:
 # ------------------------------------------------------------------------------------------------ bytes
 
 
-@pytest.mark.parametrize("client_kind, server_kind", PAIRS)
-def test_round_trips_keep_every_byte(served, client_kind, server_kind):
+@pytest.mark.parametrize("server_kind", KINDS)
+def test_round_trips_keep_every_byte(served, server_kind):
     s = served(echo, server_kind)
     rng = np.random.default_rng(0)
     big = rng.integers(0, 256, 5 * 2**20 + 3, dtype=np.uint8)
-    conn = transport.connect(s.url, kind=client_kind)
+    conn = ws_client.connect(s.url)
     try:
         for payload in [b"x", b"", bytes(range(256)) * 100, big.tobytes()]:
             conn.send(payload)
@@ -143,7 +115,7 @@ def test_many_frames_in_a_row_arrive_in_order(served, kind):
         conn.recv()
 
     s = served(collect, kind)
-    conn = transport.connect(s.url, kind=kind)
+    conn = ws_client.connect(s.url)
     frames = [bytes([i]) * (i * 50_000 + 1) for i in range(40)]  # up to 2 MB, sent without waiting
     for frame in frames:
         conn.send(frame)
@@ -167,7 +139,7 @@ def test_server_parse_hook_decodes_and_its_errors_come_out_of_recv(served, kind)
             conn.send(b"ok")
 
     s = served(handler, kind, parse=codec.unpackb)
-    conn = transport.connect(s.url, kind=kind)
+    conn = ws_client.connect(s.url)
     try:
         conn.send(codec.packb({"a": np.arange(5)}))
         conn.recv(timeout=10)
@@ -182,34 +154,19 @@ def test_server_parse_hook_decodes_and_its_errors_come_out_of_recv(served, kind)
     assert results[2] == {"b": "text"}
 
 
-@pytest.mark.parametrize("kind", KINDS)
-def test_text_and_fragmented_messages(bare, kind):
-    def handler(ws):
-        ws.send("hello")
-        ws.send([b"ab", b"cd", b"ef"])  # one message in three frames
-        ws.recv()
-
-    conn = transport.connect(bare(handler), kind=kind)
-    try:
-        assert conn.recv(timeout=10) == "hello"
-        assert bytes(conn.recv(timeout=10)) == b"abcdef"
-    finally:
-        conn.close()
-
-
 # ------------------------------------------------------------------------------------------------ closes
 
 
-@pytest.mark.parametrize("client_kind, server_kind", PAIRS)
+@pytest.mark.parametrize("server_kind", KINDS)
 @pytest.mark.parametrize("code, reason", [(1001, "plugrl-server-stop"), (1011, "Internal server error."),
                                           (4000, "über")])
-def test_server_close_code_and_reason_reach_the_client(served, client_kind, server_kind, code, reason):
+def test_server_close_code_and_reason_reach_the_client(served, server_kind, code, reason):
     def handler(conn):
         conn.recv()
         conn.close(code, reason)
 
     s = served(handler, server_kind)
-    conn = transport.connect(s.url, kind=client_kind)
+    conn = ws_client.connect(s.url)
     conn.send(b"bye")
     with pytest.raises(TransportClosed) as info:
         conn.recv(timeout=10)
@@ -221,28 +178,14 @@ def test_server_close_code_and_reason_reach_the_client(served, client_kind, serv
     conn.close()
 
 
-@pytest.mark.parametrize("client_kind, server_kind", PAIRS)
-def test_client_close_reaches_the_server(served, client_kind, server_kind):
+@pytest.mark.parametrize("server_kind", KINDS)
+def test_client_close_reaches_the_server(served, server_kind):
     s = served(lambda conn: conn.recv(), server_kind)
-    conn = transport.connect(s.url, kind=client_kind)
+    conn = ws_client.connect(s.url)
     conn.close(1000)
     conn.close(1000)  # a second close is a no-op
     wait_until(lambda: s.seen, 10, "close seen by the server")
     assert [(e.code, e.reason) for e in s.seen] == [(1000, "")]
-
-
-@pytest.mark.parametrize("kind", KINDS)
-def test_a_server_that_drops_the_socket_is_a_close_without_code(bare, kind):
-    def handler(ws):
-        ws.recv()
-        ws.socket.shutdown(socket.SHUT_RDWR)  # no close frame
-
-    conn = transport.connect(bare(handler), kind=kind)
-    conn.send(b"x")
-    with pytest.raises(TransportClosed) as info:
-        conn.recv(timeout=10)
-    assert info.value.code is None and "without a close frame" in str(info.value)
-    conn.close()
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -269,7 +212,7 @@ def test_server_side_knows_its_client(served, kind):
         conn.recv()
 
     s = served(handler, kind)
-    conn = transport.connect(s.url, {"X-PlugRL-Test": "3.1"}, kind=kind)
+    conn = ws_client.connect(s.url, {"X-PlugRL-Test": "3.1"})
     assert conn.recv(timeout=10) == b"hi"
     conn.close()
     assert seen["header"] == "3.1" and seen["missing"] is None and seen["peer"][0] == "127.0.0.1"
@@ -278,43 +221,8 @@ def test_server_side_knows_its_client(served, kind):
 # ------------------------------------------------------------------------------------------------ opening
 
 
-@pytest.mark.parametrize("kind", KINDS)
-@pytest.mark.parametrize("status", [403, 404, 429, 503])
-def test_handshake_refused_with_a_status(bare, kind, status):
-    url = bare(lambda ws: None, process_request=lambda conn, req: conn.respond(status, "no\n"))
-    with pytest.raises(HandshakeRefused) as info:
-        transport.connect(url, kind=kind)
-    assert info.value.status == status
-
-
-@pytest.mark.parametrize("kind", KINDS)
-def test_nobody_listening_is_a_connect_failure(kind):
-    with socket.socket() as bound:  # bound but never listening: the port stays ours and every connect is refused
-        bound.bind(("127.0.0.1", 0))
-        with pytest.raises(ConnectFailed):
-            transport.connect(f"ws://127.0.0.1:{bound.getsockname()[1]}", kind=kind, open_timeout=5)
-
-
-@pytest.mark.parametrize("kind", KINDS)
-def test_a_server_that_never_answers_the_handshake_times_out(kind):
-    with socket.create_server(("127.0.0.1", 0)) as silent:  # accepts (backlog) but never speaks
-        start = time.monotonic()
-        with pytest.raises(ConnectFailed):
-            transport.connect(f"ws://127.0.0.1:{silent.getsockname()[1]}", kind=kind, open_timeout=0.5)
-        assert time.monotonic() - start < 10
-
-
-@pytest.mark.parametrize("kind", KINDS)
-@pytest.mark.parametrize("url", ["ws://[::1", "ws://127.0.0.1:99999", "http://127.0.0.1:8000", "ws://h/#frag"])
-def test_malformed_urls(kind, url):
-    with pytest.raises(InvalidServerURL):
-        transport.connect(url, kind=kind)
-
-
 def test_unknown_kind_is_a_config_error():
     with pytest.raises(ConfigError, match="unknown transport 'carrier-pigeon'; choose one of websockets, picows"):
-        transport.connect("ws://127.0.0.1:1", kind="carrier-pigeon")
-    with pytest.raises(ConfigError, match="unknown transport"):
         transport.serve(echo, "127.0.0.1", 0, kind="carrier-pigeon")
 
 
@@ -323,8 +231,6 @@ def test_missing_picows_is_a_config_error_that_says_how_to_install(monkeypatch):
     transport._picows.cache_clear()
     try:
         with pytest.raises(ConfigError, match=r"needs the picows package: pip install 'plugrl-env-client\[fast\]'"):
-            transport.connect("ws://127.0.0.1:1", kind="picows")
-        with pytest.raises(ConfigError, match="needs the picows package"):
             transport.serve(echo, "127.0.0.1", 0, kind="picows")
     finally:
         transport._picows.cache_clear()
@@ -333,65 +239,19 @@ def test_missing_picows_is_a_config_error_that_says_how_to_install(monkeypatch):
 # ------------------------------------------------------------------------------------------------ timing
 
 
-@pytest.mark.parametrize("client_kind, server_kind", PAIRS)
-def test_recv_timeout_leaves_the_connection_usable(served, client_kind, server_kind):
+@pytest.mark.parametrize("server_kind", KINDS)
+def test_recv_timeout_leaves_the_connection_usable(served, server_kind):
     s = served(echo, server_kind)
-    conn = transport.connect(s.url, kind=client_kind)
+    conn = ws_client.connect(s.url)
     try:
-        with pytest.raises(TimeoutError):
-            conn.recv(timeout=0.2)
+        assert conn.recv(timeout=0.2) is None
         conn.send(b"still here")
         assert conn.recv(timeout=10) == b"still here"
     finally:
         conn.close()
 
 
-@pytest.mark.parametrize("kind", KINDS)
-def test_server_pings_are_answered_while_the_client_is_busy(bare, kind):
-    """While the client's thread is busy elsewhere (no recv for a while), the server's pings are still answered:
-    every ping the server sends gets its pong, however loaded the machine (10 s each)."""
-    pongs: list[bool] = []
-    busy = threading.Event()
-
-    def handler(ws):
-        ws.recv()  # the client is connected and now stays away from recv until `busy` is set
-        pongs.extend(ws.ping().wait(10) for _ in range(3))
-        busy.set()
-        ws.send(b"alive")
-
-    conn = transport.connect(bare(handler, ping_interval=None), kind=kind)
-    conn.send(b"x")
-    assert busy.wait(60), "the pings were not answered in time"
-    assert conn.recv(timeout=10) == b"alive"
-    conn.close()
-    assert pongs == [True, True, True]
-
-
 # ------------------------------------------------------------------------------------------------ TLS
-
-
-@pytest.mark.parametrize("kind", KINDS)
-def test_wss_with_a_trusted_certificate(bare, tls, monkeypatch, kind):
-    cert, context = tls
-    url = bare(lambda ws: ws.send(ws.recv()), ssl=context).replace("ws://", "wss://")
-    monkeypatch.setenv("SSL_CERT_FILE", str(cert))
-    conn = transport.connect(url, kind=kind)
-    try:
-        payload = os.urandom(2 * 2**20)
-        conn.send(payload)
-        assert bytes(conn.recv(timeout=20)) == payload
-    finally:
-        conn.close()
-
-
-@pytest.mark.parametrize("kind", KINDS)
-def test_wss_with_an_untrusted_certificate(bare, tls, monkeypatch, kind):
-    _, context = tls
-    url = bare(lambda ws: None, ssl=context).replace("ws://", "wss://")
-    monkeypatch.delenv("SSL_CERT_FILE", raising=False)
-    with pytest.raises(CertificateNotVerified) as info:
-        transport.connect(url, kind=kind)
-    assert "certificate" in info.value.verify_message
 
 
 # ------------------------------------------------------------------------------------------------ allocator
@@ -414,10 +274,10 @@ def test_freed_multi_mb_buffers_stay_in_the_process():
     assert faults < rounds * 3 * pages / 4, f"{faults} page faults for {rounds} rounds of 3 x {pages} pages"
 
 
-@pytest.mark.parametrize("client_kind, server_kind", PAIRS)
-def test_server_shutdown_closes_open_connections_as_going_away(served, client_kind, server_kind):
+@pytest.mark.parametrize("server_kind", KINDS)
+def test_server_shutdown_closes_open_connections_as_going_away(served, server_kind):
     s = served(echo, server_kind)
-    conn = transport.connect(s.url, kind=client_kind)
+    conn = ws_client.connect(s.url)
     conn.send(b"x")
     assert conn.recv(timeout=10) == b"x"
     s.stop()

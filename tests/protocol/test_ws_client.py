@@ -18,7 +18,7 @@ import pytest
 from websockets.sync.server import serve as ws_serve
 
 from plugrl_env_client.envs.base_env import Observation
-from plugrl_env_client.protocol import codec, messages, transport, ws_client
+from plugrl_env_client.protocol import codec, messages, ws_client
 from plugrl_env_client.protocol.connection import ConnectionLost
 from plugrl_env_client.protocol.frame_packer import FramePacker
 from plugrl_env_client.protocol.session import Session, SessionConfig
@@ -427,53 +427,27 @@ def test_the_reference_server_over_the_client_directly(reference):
     assert reference._streams == {(3, 1): 1}  # the stream header reached the server
 
 
-def test_session_and_connection_run_over_the_sansio_transport(reference):
-    """The current protocol layer, unchanged, over ``transport.connect(kind="sansio")``: lockstep infers, a
-    pipelined poll (recv with timeout 0: the adapter raises TimeoutError as the interface says), feedback, and the
-    server's shutdown as a close the session reports."""
-    session = Session(SessionConfig(url=reference.url, transport="sansio", stream=(0, 0)))
+def test_a_session_runs_over_the_client_against_the_reference_server(reference):
+    """Lockstep infers, a pipelined poll (nothing yet: None, nothing raised), feedback, and the server's shutdown
+    as the close the session reports."""
+    session = Session(SessionConfig(url=reference.url, stream=(0, 0)))
     meta = session.open()
     assert meta.action_horizon == 4
-    assert isinstance(session.connection._transport, ws_client.SansIOTransport)  # type: ignore[union-attr]
     ids, steps = np.arange(3, dtype=np.int64), np.zeros(3, np.int64)
     obs = Observation(states={"x": np.zeros((3, 2))}, text="a")
     reply = session.infer(obs, ids, steps)
     assert reply.actions.shape == (4, 3, 2)
     session.feedback(ids, steps, obs, np.zeros(3, np.float32), np.zeros(3, bool), np.zeros(3, bool), {})
     session.send_infer(obs, ids, steps)
+    assert session.awaiting
     deadline = time.monotonic() + 10
     got = None
     while got is None and time.monotonic() < deadline:
         got = session.receive_actions(0)
-    assert got is not None and got.actions.shape == (4, 3, 2)
+    assert got is not None and got.actions.shape == (4, 3, 2) and not session.awaiting
     session.feedback(ids, steps, obs, np.zeros(3, np.float32), np.zeros(3, bool), np.zeros(3, bool), {})
     reference.shutdown()
     with pytest.raises(ConnectionLost) as info:
         session.infer(obs, ids, steps)
     assert (info.value.close.code, info.value.close.reason) == (1001, messages.REASON_SHUTDOWN)
     session.close()
-
-
-def test_transport_connect_knows_the_sansio_kind_and_its_errors(bare):
-    assert "sansio" in transport.TRANSPORTS
-    conn = transport.connect(bare(echo), kind="sansio")
-    try:
-        with pytest.raises(TimeoutError):
-            conn.recv(timeout=0)
-        conn.send(b"ping")
-        assert conn.recv(timeout=10) == b"ping"
-    finally:
-        conn.close()
-    with pytest.raises(InvalidServerURL):
-        transport.connect("ws://127.0.0.1:99999", kind="sansio")
-
-
-def test_the_sansio_transport_keeps_the_connection_alive_between_calls(bare):
-    """Callers of the interface do not say when they are inside an env call; the time between two calls counts."""
-    conn = transport.connect(bare(echo, ping_interval=1.0, ping_timeout=1.0), kind="sansio")
-    try:
-        time.sleep(3.0)  # the caller is away (stepping envs) for longer than ping interval plus timeout
-        conn.send(b"after")
-        assert conn.recv(timeout=10) == b"after"
-    finally:
-        conn.close()

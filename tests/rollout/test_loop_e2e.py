@@ -7,6 +7,7 @@ step count, so a server that encodes (chunk, step, env, dim) into action values 
 from __future__ import annotations
 
 import json
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -121,3 +122,30 @@ def test_first_message_must_be_metadata(harness, tmp_path, capsys):
     h = harness(lambda conn: (conn.send(messages.action_message(np.arange(1), np.zeros((1, 1, D)))), conn.ws.recv()))
     assert run_client(client_config(tmp_path, h.port, 1), "Probe-v1") == 1
     assert "first message must be 'metadata'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("pipeline", [1, 2], ids=["lockstep", "pipelined"])
+def test_no_thread_but_the_rollouts_reads_or_writes_the_sockets(harness, tmp_path, monkeypatch, pipeline):
+    """During a run of short env steps every read and every write of the client's sockets happens on the thread
+    that runs the rollout (here the main thread): no reader thread, and the keepalive's thread never takes over."""
+    from plugrl_env_client.protocol import ws_client
+
+    threads: dict[str, set[str]] = {"read": set(), "write": set()}
+    read, write = ws_client.WebSocketClient._read_into_protocol, ws_client.WebSocketClient._write
+
+    def reading(self: Any) -> bool:
+        threads["read"].add(threading.current_thread().name)
+        return read(self)
+
+    def writing(self: Any, data: Any) -> None:
+        threads["write"].add(threading.current_thread().name)
+        write(self, data)
+
+    monkeypatch.setattr(ws_client.WebSocketClient, "_read_into_protocol", reading)
+    monkeypatch.setattr(ws_client.WebSocketClient, "_write", writing)
+    h = harness(probe_script(4, stop_after_feedbacks=None))
+    cfg = client_config(tmp_path, h.port, 4, num_episodes=40, runner=RunnerConfig(pipeline=pipeline))
+    assert run_client(cfg, "Probe-v1") == 0 and not h.errors
+    assert len(read_episodes(tmp_path)) == 40
+    main = threading.main_thread().name
+    assert threads == {"read": {main}, "write": {main}}

@@ -148,6 +148,17 @@ def truthful(env: ScriptedEnv, policy: Policy) -> Policy:
     return check
 
 
+def test_the_budget_holds_every_env_step_when_the_rollout_returns() -> None:
+    """The rollout adds its env steps to the run's shared budget now and then, not per batch step; when it returns,
+    the budget holds all of them (the progress line and the run's count read it), pipelined too."""
+    one = run(ScriptedEnv(3, by_env(LENGTHS)), FakeServer(horizon=4), episodes=12)
+    two = run([ScriptedEnv(2, by_env([3, 5])), ScriptedEnv(2, by_env([4, 6]))], FakeServer(horizon=4), episodes=12)
+    for r in (one, two):
+        assert r.status is ProcessStatus.FINISHED
+        steps = r.rollout.timing().env_steps
+        assert steps > 0 and r.rollout.budget.env_steps == steps  # type: ignore[attr-defined]
+
+
 # ---------------------------------------------------------------------------------------------- chunks
 
 

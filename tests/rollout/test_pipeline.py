@@ -239,7 +239,17 @@ class _ScriptedGroup:
         self.all_retired, self.started = False, 0.0
         self.awaiting_actions, self.has_actions = False, False
         self.reply_in_at_poll, self.on_take = reply_in_at_poll, on_take
-        self.steps = 0
+        self.steps = self.waited = 0
+
+    @property
+    def session(self) -> _ScriptedGroup:
+        return self  # what the loop asks of a group's session is wait(): the group answers it itself here
+
+    def wait(self, peers: Any = ()) -> None:
+        for group in (self, *peers):
+            assert group.awaiting_actions, "the loop waited for a reply it had taken already"
+            group.waited += 1
+            group.reply_in_at_poll = True
 
     def connect(self) -> None: ...
 
@@ -294,4 +304,5 @@ def test_a_reply_taken_as_the_run_stops_is_not_waited_for_again() -> None:
                             success_threshold=None)
     status = Rollout([first, second], settings, budget, _NoSink()).run()  # type: ignore[list-item]
     assert status is ProcessStatus.INTERRUPTED
-    assert (first.steps, second.steps) == (0, 0) and not first.awaiting_actions and not second.awaiting_actions
+    assert (first.steps, second.steps) == (0, 0) and not first.awaiting_actions
+    assert (first.waited, second.waited) == (0, 1), "the loop waited for the reply it did not have, once"

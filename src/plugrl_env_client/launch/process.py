@@ -23,6 +23,7 @@ from plugrl_env_client.envs.calls import call_env
 from plugrl_env_client.envs.registry import get_spec, make_env
 from plugrl_env_client.errors import ConfigError, EnvCrashedError, EnvExitError, PlugRLError
 from plugrl_env_client.outputs.recorder import EpisodeRecorder
+from plugrl_env_client.protocol.keepalive import Keepalive
 from plugrl_env_client.protocol.session import Session, SessionConfig
 from plugrl_env_client.records import ProcessResult, ProcessStatus
 from plugrl_env_client.rollout.budget import Budget
@@ -90,6 +91,7 @@ def run_process(job: ProcessJob, budget: Budget, sink: ResultSink, env_lock: Any
     status, error, signum = ProcessStatus.STARTING, None, None
     recorder: EpisodeRecorder | None = None
     rollout: Rollout | None = None
+    keepalive: Keepalive | None = None
     try:
         sizes = group_sizes(cfg)
         recorder = EpisodeRecorder(cfg.recorder, job.process_id, cfg.num_envs, sink.artifacts(job.process_id))
@@ -107,12 +109,14 @@ def run_process(job: ProcessJob, budget: Budget, sink: ResultSink, env_lock: Any
             reuse_feedback_obs=cfg.connection.reuse_feedback_obs,
             progress_period_s=PROGRESS_PERIOD_S,
         )
+        keepalive = Keepalive()  # answers the server's pings while an env call of any group runs long (SPEC C2)
         groups = []
         for g, group_env in enumerate(envs):
             timings.append(Timing())
             session = Session(session_config(job, group_env, g), should_stop=lambda: budget.finished(job.process_id),
-                              timing=timings[g])
-            groups.append(EnvGroup(group_env, session, settings, budget, sink, timings[g], g * sizes[0], hooks))
+                              timing=timings[g], keepalive=keepalive)
+            groups.append(EnvGroup(group_env, session, settings, budget, sink, timings[g], g * sizes[0], hooks,
+                                   guard=keepalive))
         rollout = Rollout(groups, settings, budget, sink)
         status = rollout.run()
     except PlugRLError as exc:
@@ -126,6 +130,8 @@ def run_process(job: ProcessJob, budget: Budget, sink: ResultSink, env_lock: Any
         logger.exception("process %d crashed", job.process_id)
         status, error = ProcessStatus.FAILED, f"internal error {type(exc).__name__}: {exc}"
     finally:
+        if keepalive is not None:
+            keepalive.close()
         with shielded():  # a second Ctrl-C must not lose the final report
             sink.progress(job.process_id, status, rollout.timing() if rollout is not None else Timing.total(timings))
             report = recorder.close().to_json() if recorder is not None and recorder.enabled else None

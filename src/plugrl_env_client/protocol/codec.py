@@ -7,7 +7,7 @@ complex dtypes are refused both ways: the convention cannot carry them without p
 Decoding validates every array (dtype, shape, data length) so a broken peer produces one ``ProtocolError`` with a
 message, never a numpy exception from deep inside a rollout.
 
-Copies: an array's bytes are copied once on the way out, into the frame (:func:`_encode` hands msgpack the array's
+Copies: an array's bytes are copied once on the way out, into the frame (:func:`encode_numpy` hands msgpack the array's
 own buffer). An :class:`Encoder` also keeps its frame buffer from message to message and lends it out as a
 memoryview, instead of copying each frame into a fresh ``bytes`` (and faulting fresh memory in) as :func:`packb`
 does. On the way in, msgpack copies each array's bytes out of the frame once and ``np.frombuffer`` wraps them.
@@ -25,7 +25,7 @@ import numpy as np
 
 from plugrl_env_client.errors import ProtocolError
 
-__all__ = ["Encoder", "ProtocolError", "packb", "unpackb"]
+__all__ = ["Encoder", "ProtocolError", "encode_numpy", "packb", "unencodable", "unpackb"]
 
 _REFUSED_KINDS = frozenset("OVc")
 # Kinds numpy exports through the buffer protocol (datetime/timedelta are not), so they can be sent without a copy.
@@ -34,7 +34,10 @@ _MAX_CODE_POINT = 0x10FFFF
 _ND, _NG, _DATA, _DTYPE, _SHAPE = b"__ndarray__", b"__npgeneric__", b"data", b"dtype", b"shape"
 
 
-def _encode(obj: Any) -> Any:
+def encode_numpy(obj: Any) -> Any:
+    """msgpack's ``default`` hook: an ndarray or numpy scalar as its map (the array's own buffer when it can lend
+    it: no copy), and a :class:`ProtocolError` for anything the convention cannot carry. Every packer of the project
+    uses it, so there is one set of rules for what travels."""
     if isinstance(obj, np.ndarray):
         if obj.dtype.kind in _REFUSED_KINDS:
             raise ProtocolError(f"cannot send an array of dtype {obj.dtype} (object, void and complex are refused)")
@@ -133,15 +136,16 @@ def _object_hook(obj: dict) -> Any:
 def packb(obj: Any) -> bytes:
     """Encode one message (dicts, lists, str, numbers, numpy arrays and scalars) to msgpack bytes."""
     try:
-        return msgpack.packb(obj, default=_encode, use_bin_type=True)
+        return msgpack.packb(obj, default=encode_numpy, use_bin_type=True)
     except ProtocolError:
         raise
     except (OverflowError, UnicodeEncodeError, ValueError, TypeError) as exc:
-        raise _unencodable(exc) from None
+        raise unencodable(exc) from None
 
 
-def _unencodable(exc: Exception) -> ProtocolError:
-    # e.g. an int beyond 64 bits, a str with a lone surrogate, nesting deeper than msgpack allows
+def unencodable(exc: Exception) -> ProtocolError:
+    """The error for what msgpack itself refused (an int beyond 64 bits, a str with a lone surrogate, nesting deeper
+    than msgpack allows), as every packer reports it."""
     return ProtocolError(f"cannot encode the message: {type(exc).__name__}: {exc}")
 
 
@@ -154,7 +158,7 @@ class Encoder:
     """
 
     def __init__(self) -> None:
-        self._packer = msgpack.Packer(default=_encode, use_bin_type=True, autoreset=False)
+        self._packer = msgpack.Packer(default=encode_numpy, use_bin_type=True, autoreset=False)
         self._capacity = 0
 
     def encode(self, obj: Any, size_hint: int = 0) -> memoryview:
@@ -170,7 +174,7 @@ class Encoder:
         except ProtocolError:
             raise
         except (OverflowError, UnicodeEncodeError, ValueError, TypeError) as exc:
-            raise _unencodable(exc) from None
+            raise unencodable(exc) from None
         return packer.getbuffer()
 
     def encode_timed(self, obj: Mapping[str, Any], timed: Mapping[tuple[str, ...], str], size_hint: int = 0
@@ -187,7 +191,7 @@ class Encoder:
         except ProtocolError:
             raise
         except (OverflowError, UnicodeEncodeError, ValueError, TypeError) as exc:
-            raise _unencodable(exc) from None
+            raise unencodable(exc) from None
         return packer.getbuffer(), seconds
 
     def _ready(self, size_hint: int) -> msgpack.Packer:
@@ -195,7 +199,7 @@ class Encoder:
         needed = size_hint
         if needed > self._capacity:
             self._capacity = needed + needed // 64 + (1 << 16)
-            self._packer = msgpack.Packer(default=_encode, use_bin_type=True, autoreset=False,
+            self._packer = msgpack.Packer(default=encode_numpy, use_bin_type=True, autoreset=False,
                                           buf_size=self._capacity)
         packer = self._packer
         packer.reset()  # keeps the buffer's memory; also drops what a failed encode left behind

@@ -1,22 +1,27 @@
 """A message encoded straight into its masked client frame: one copy of each array's bytes on the way out.
 
-Sending an observation used to copy its arrays twice before the kernel's copy: msgpack packs them into its buffer
-(:class:`~plugrl_env_client.protocol.codec.Encoder`), then the frame is masked into another
+Sending an observation used to copy its arrays twice before the kernel's copy: msgpack packed them into its buffer
+(:class:`~plugrl_env_client.protocol.codec.Encoder`), then the frame was masked into another
 (:class:`~plugrl_env_client.protocol.framing.MaskedFramer`). Masking is a copy anyway (RFC 6455: every byte a
 client sends is XORed with the frame's key), so it can be the only one: :class:`FramePacker` lays out the msgpack
 bytes of the message and masks each array's bytes from the array itself into a frame buffer it keeps. Peak memory
 on the send path drops by one frame, and so does the memory traffic.
 
 The bytes are exactly those of :func:`~plugrl_env_client.protocol.codec.packb` (the same rules: arrays through
-the codec's own conversion, everything else through msgpack), framed as a masked, final binary frame: the tests
-compare them byte for byte. Small messages (under :data:`WALK_MIN` bytes of arrays) are packed and then masked by
-websockets' C helper: two copies of little cost less than laying a frame out.
+:func:`~plugrl_env_client.protocol.codec.encode_numpy`, everything else through msgpack), framed as a masked,
+final binary frame: the tests compare them byte for byte. Small messages (under :data:`WALK_MIN` bytes of arrays)
+are packed and then masked by websockets' C helper: two copies of little cost less than laying a frame out.
+
+:meth:`FramePacker.pack_parts` packs a message whose parts are packed (and timed) one by one, which is how a
+feedback's observation and info costs are measured in the one encoding the message gets.
 """
 
 from __future__ import annotations
 
 import os
 import struct
+import time
+from collections.abc import Sequence
 from typing import Any
 
 import msgpack
@@ -26,7 +31,7 @@ from websockets.frames import apply_mask
 from plugrl_env_client.protocol import codec
 from plugrl_env_client.protocol.framing import frame_header
 
-__all__ = ["BIG_ARRAY", "WALK_MIN", "FramePacker"]
+__all__ = ["BIG_ARRAY", "SLOT", "WALK_MIN", "FramePacker"]
 
 WALK_MIN = 1 << 17
 """Messages whose arrays hold fewer bytes than this are packed whole, then masked (two copies of little): laying a
@@ -35,9 +40,18 @@ BIG_ARRAY = 1 << 14
 """Arrays of at least this many bytes are masked straight from their own memory; smaller ones go with the msgpack
 bytes around them."""
 _HEAD_ROOM = 16  # the payload starts here in the buffer (8-aligned); the header (at most 14 bytes) ends here
-_array_map = codec._encode
-"""The codec's conversion of one array to its map (refused dtypes, which arrays go without a copy): one set of rules
-for both ways of packing."""
+_MSGPACK_ERRORS = (OverflowError, UnicodeEncodeError, ValueError, TypeError)
+
+
+class _Slot:
+    """Where a part goes in the skeleton of :meth:`FramePacker.pack_parts`."""
+
+    def __repr__(self) -> str:
+        return "SLOT"
+
+
+SLOT = _Slot()
+"""The placeholder of a part in a skeleton message (see :meth:`FramePacker.pack_parts`)."""
 
 
 class FramePacker:
@@ -57,10 +71,13 @@ class FramePacker:
         self._next_key = 0
         self._marker = os.urandom(16)
         self._marked = msgpack.packb(self._marker, use_bin_type=True)  # bin8 header + marker
+        self._slot_marked = b""
+        self._new_slot_marker()
         self._big: list[Any] = []  # the arrays' bytes standing behind the markers of the message being packed
         # One packer each for the connection's life: msgpack.packb makes a new one (and a 256 KiB buffer) per call.
-        self._packer = msgpack.Packer(default=_array_map, use_bin_type=True)
+        self._packer = msgpack.Packer(default=codec.encode_numpy, use_bin_type=True)
         self._marking_packer = msgpack.Packer(default=self._mark, use_bin_type=True)
+        self._skeleton_packer = msgpack.Packer(default=self._slot, use_bin_type=True)
 
     def _key(self) -> bytes:
         if self._next_key >= len(self._keys):
@@ -68,14 +85,23 @@ class FramePacker:
         self._next_key += 4
         return self._keys[self._next_key - 4:self._next_key]
 
+    def _new_slot_marker(self) -> None:
+        self._slot_marker = os.urandom(16)
+        self._slot_marked = msgpack.packb(self._slot_marker, use_bin_type=True)
+
     def _mark(self, obj: Any) -> Any:
-        encoded = _array_map(obj)
+        encoded = codec.encode_numpy(obj)
         if type(obj) is np.ndarray and obj.nbytes >= BIG_ARRAY:
             data = encoded[b"data"]
             # The array's own memory when the codec lends it (a flat view: no copy), else the copy it made.
             self._big.append(obj.reshape(-1).view(np.uint8) if isinstance(data, memoryview) else data)
             encoded[b"data"] = self._marker
         return encoded
+
+    def _slot(self, obj: Any) -> Any:
+        return self._slot_marker if obj is SLOT else codec.encode_numpy(obj)
+
+    # ------------------------------------------------------------------------------------------ packing
 
     def pack(self, msg: Any, size_hint: int = 0, key: bytes | None = None) -> memoryview:
         """The whole frame (header, key, masked payload) of ``msg``. ``size_hint`` is the bytes of its arrays
@@ -84,25 +110,69 @@ class FramePacker:
         key = self._key() if key is None else key
         try:
             if size_hint >= WALK_MIN:
-                pieces = self._lay_out(msg)
+                self._big.clear()
+                pieces = self._lay_out(self._marking_packer.pack(msg))
                 if pieces is not None:
                     return self._frame(pieces, key)
             payload = self._packer.pack(msg)
         except codec.ProtocolError:
             raise
-        except (OverflowError, UnicodeEncodeError, ValueError, TypeError) as exc:
-            raise codec._unencodable(exc) from None
+        except _MSGPACK_ERRORS as exc:
+            raise codec.unencodable(exc) from None
         finally:
             self._big.clear()
-        return memoryview(frame_header(len(payload)) + key + apply_mask(payload, key))
+        return _masked(payload, key)
 
-    def _lay_out(self, msg: Any) -> list[Any] | None:
-        """The payload as pieces in order: msgpack bytes (bytes) and the big arrays' bytes (flat uint8 arrays or
-        bytes); None when there is no big array (or a marker showed up where it should not)."""
-        self._big.clear()
-        around = self._marking_packer.pack(msg).split(self._marked)
+    def pack_parts(self, skeleton: Any, parts: Sequence[Any], size_hint: int = 0, key: bytes | None = None
+                   ) -> tuple[memoryview, list[float]]:
+        """The frame of ``skeleton`` with its :data:`SLOT` s replaced by ``parts`` (in the order the slots come in
+        the message: dicts keep their order), and the seconds msgpack spent on each part. The bytes are those of
+        :meth:`pack` on the whole message."""
+        key = self._key() if key is None else key
+        seconds: list[float] = []
+        try:
+            walk = size_hint >= WALK_MIN
+            packer = self._marking_packer if walk else self._packer
+            self._big.clear()
+            packed = []
+            for part in parts:
+                start = time.perf_counter()
+                packed.append(packer.pack(part))
+                seconds.append(time.perf_counter() - start)
+            around = self._around_slots(skeleton, len(parts))
+            payload = _interleave(around, packed)
+            if self._big:
+                pieces = self._lay_out(payload)
+                if pieces is not None:
+                    return self._frame(pieces, key), seconds
+                payload = _interleave(around, [self._packer.pack(part) for part in parts])  # a marker showed up
+        except codec.ProtocolError:
+            raise
+        except _MSGPACK_ERRORS as exc:
+            raise codec.unencodable(exc) from None
+        finally:
+            self._big.clear()
+        return _masked(payload, key), seconds
+
+    def _around_slots(self, skeleton: Any, count: int) -> list[bytes]:
+        """The skeleton's msgpack bytes split at its slots (``count + 1`` pieces)."""
+        while True:
+            around = self._skeleton_packer.pack(skeleton).split(self._slot_marked)
+            if len(around) == count + 1:
+                return around
+            if len(around) < count + 1:
+                raise RuntimeError(f"the skeleton holds {len(around) - 1} slots for {count} parts")
+            self._new_slot_marker()  # the skeleton's own bytes held the marker (a 2**-128 chance): draw another
+
+    def _lay_out(self, packed: bytes) -> list[Any] | None:
+        """``packed`` (with the markers of :attr:`_big` in it) as pieces in order: msgpack bytes (bytes) and the
+        big arrays' bytes (flat uint8 arrays or bytes); None when there is no big array (or a marker showed up
+        where it should not)."""
         big = self._big
-        if not big or len(around) != len(big) + 1:
+        if not big:
+            return None
+        around = packed.split(self._marked)
+        if len(around) != len(big) + 1:
             return None
         pieces: list[Any] = []
         for before, data in zip(around, big):
@@ -136,6 +206,18 @@ class FramePacker:
                 buf[at:at + size] = apply_mask(piece, turned)
             at += size
         return memoryview(buf)[start:first + n]
+
+
+def _masked(payload: bytes, key: bytes) -> memoryview:
+    return memoryview(frame_header(len(payload)) + key + apply_mask(payload, key))
+
+
+def _interleave(around: list[bytes], packed: list[bytes]) -> bytes:
+    pieces = [around[0]]
+    for part, after in zip(packed, around[1:]):
+        pieces.append(part)
+        pieces.append(after)
+    return b"".join(pieces)
 
 
 def _alignment(pieces: list[Any], sizes: list[int], base: int) -> int:

@@ -6,23 +6,30 @@ construction, a slow reset, a long step) would leave a ping unanswered and the s
 PlugRL promises (SPEC C2) that pings are answered while envs step, so the owner brackets each env call::
 
     keepalive = Keepalive(clients)
-    with keepalive:             # enter(): costs two attribute writes under a lock
+    with keepalive:             # enter(): three attribute writes and a clock reading
         env.step(actions)       # past grace_s, the keepalive's thread services the clients
     # exit(): the socket is the owner's again before this line runs
 
-The handover, in one rule: **a client is used by exactly one thread at a time, and the lock decides which.**
+The handover, in one rule: **a client is used by exactly one thread at a time, and the ``held`` mark decides which.**
 
-* ``enter()`` records, under the lock, that the owner is in call number *k* since *t*. It wakes nobody: a call that
-  returns within ``grace_s`` (every ordinary step) never involves the other thread.
+* ``enter()`` records that the owner is in call number *k* since *t* (plain attribute writes, no lock). It wakes
+  nobody: a call that returns within ``grace_s`` (every ordinary step) never involves the other thread.
 * The keepalive's thread sleeps until *t + grace_s*. If call *k* is still running then, it takes the clients over
   under the lock (``held``; each client's ``lent`` flag makes a stray use by the owner an error, not a race) and
   services them: it waits on their sockets and on a wake-up socket, reads, answers pings, queues the messages for
   the owner, notes a close. It never sends data frames: every frame the owner sent was written whole before the
   call began.
-* ``exit()`` records, under the lock, that the call is over. If the clients are held, it wakes the thread through
-  the wake-up socket and waits until the thread has given them back (the thread finishes the read it is in, which
-  never waits on the network). So when ``exit()`` returns, the owner may use the clients, and the thread has
-  stopped touching them.
+* ``exit()`` records that the call is over, then looks whether the thread holds the clients; the thread marks
+  them held, then looks whether the call is still on (and backs off if not), so one of the two always sees the
+  other (Python's threads see each other's writes in order). If the clients are held, ``exit()`` wakes the thread
+  through the wake-up socket and waits, under the lock, until the thread has given them back (the thread finishes
+  the read it is in, which never waits on the network). So when ``exit()`` returns, the owner may use the clients,
+  and the thread has stopped touching them.
+
+Many short calls in a row need no thread either, but they need someone to read: a loop that steps through a long
+chunk reads nothing from the server for many steps. So ``exit()`` also services the clients itself, on the owner's
+thread, when the call began ``grace_s`` or more after the last time they were serviced: the longest a ping waits
+for its pong is then about ``grace_s`` plus one call, and an ordinary step pays one clock comparison for it.
 
 The thread is created at the first ``enter()`` and lives until :meth:`close` (a daemon thread, so it never holds
 the process up). Between long calls it wakes about once per ``grace_s`` to look at the clock.
@@ -70,6 +77,7 @@ class Keepalive:
         self._thread: threading.Thread | None = None
         self._wake_r: socket.socket | None = None
         self._wake_w: socket.socket | None = None
+        self._next_service = 0.0  # exit() services the clients when a call began at or after this time
         self.takeovers = 0
         """How many calls ran long enough for the keepalive to service the clients (for tests and logs)."""
 
@@ -83,38 +91,55 @@ class Keepalive:
         with self._lock:
             self._clients = list(clients)
 
+    def add(self, client: WebSocketClient) -> None:
+        """Service ``client`` too (a connection just opened); from the owner, outside a call."""
+        with self._lock:
+            if client not in self._clients:
+                self._clients.append(client)
+
+    def discard(self, client: WebSocketClient) -> None:
+        """Stop servicing ``client`` (it is being closed); from the owner, outside a call."""
+        with self._lock:
+            if client in self._clients:
+                self._clients.remove(client)
+
     # ------------------------------------------------------------------------------------------ the owner's side
 
-    def enter(self) -> None:
-        """The owner starts a call that may run long."""
-        with self._lock:
-            self._call += 1
-            self._since = time.monotonic()
-            self._in_call = True
-            if self._thread is None and not self._stopping:
-                self._start()
-
-    def exit(self) -> None:
-        """The owner's call returned: once this returns, the clients are the owner's again."""
-        with self._lock:
-            self._in_call = False
-            if not self._held:
-                return
-            assert self._wake_w is not None
-            try:
-                self._wake_w.send(b"\0")
-            except OSError:  # cannot happen while the thread runs; the wait below still ends with it
-                pass
-            while self._held:
-                self._changed.wait()
-
     def __enter__(self) -> Keepalive:
-        self.enter()
+        """The owner starts a call that may run long: three attribute writes and a clock reading, no lock."""
+        self._since = time.monotonic()
+        self._call += 1  # written after _since: the thread reads _call first, then _since
+        self._in_call = True
+        if self._thread is None and not self._stopping:
+            self._start()
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
-        self.exit()
+    def __exit__(self, exc_type: type[BaseException] | None = None, exc: BaseException | None = None,
+                 tb: TracebackType | None = None) -> None:
+        """The owner's call returned: once this returns, the clients are the owner's again (and they were
+        serviced, if they had not been for ``grace_s``)."""
+        self._in_call = False  # written before _held is read; the thread writes _held before it reads _in_call
+        if self._held:
+            self._take_back()
+        if self._since >= self._next_service:
+            self._next_service = self._since + self.grace_s
+            for client in self._clients:
+                client.service()  # reads what came, answers pings; never raises
+
+    enter = __enter__
+    exit = __exit__
+
+    def _take_back(self) -> None:
+        """Wake the thread servicing the clients and wait until it has given them back."""
+        with self._lock:
+            if self._held:
+                assert self._wake_w is not None
+                try:
+                    self._wake_w.send(b"\0")
+                except OSError:  # cannot happen while the thread runs; the wait below still ends with it
+                    pass
+                while self._held:
+                    self._changed.wait()
 
     def close(self) -> None:
         """Stop the thread (waits for it); the clients stay open. Call it from the owner, outside a call."""
@@ -145,12 +170,20 @@ class Keepalive:
                 if not self._in_call:
                     self._changed.wait(self.grace_s)  # enter() wakes nobody: look again a grace period later
                     continue
+                call = self._call
                 due = self._since + self.grace_s - time.monotonic()
                 if due > 0:
                     self._changed.wait(due)
                     continue
-                call, clients = self._call, list(self._clients)
+                # Claim the clients, then look again: the owner leaves a call by clearing _in_call and then reading
+                # _held, so either it sees this claim (and waits for the clients back in _take_back) or this sees
+                # it gone. The clients are touched only once the claim stands.
                 self._held = True
+                if not self._in_call or self._call != call:
+                    self._held = False
+                    self._changed.notify_all()
+                    continue
+                clients = list(self._clients)
                 self.takeovers += 1
                 for client in clients:
                     client.lent = True

@@ -121,12 +121,14 @@ def action_message(env_ids: np.ndarray, actions: np.ndarray) -> dict[str, Any]:
 def feedback_message(
     env_indices: np.ndarray,
     step_ids: np.ndarray,
-    obs: dict[str, Any],
+    obs: Any,
     rewards: np.ndarray,
     terminated: np.ndarray,
     truncated: np.ndarray,
-    info: dict[str, Any],
+    info: Any,
 ) -> dict[str, Any]:
+    """A feedback; ``obs`` (a wire observation) and ``info`` (a map) may be a packer's slots instead, filled when
+    the message is packed (:meth:`~plugrl_env_client.protocol.frame_packer.FramePacker.pack_parts`)."""
     return {
         "message_type": FEEDBACK,
         "env_indices": _i8(env_indices),

@@ -1,38 +1,86 @@
-"""The rollout's handle on the server: the current connection, reopened with backoff when the server asks.
+"""The rollout's handle on its server: one PlugRL connection at a time, worked by the rollout's own thread.
 
-A :class:`Session` connects (waiting, once said, for a server that is not up yet), hands ``infer`` and
-``feedback`` to the current :class:`~plugrl_env_client.protocol.connection.Connection`, and reconnects with
-exponential backoff and jitter after a close that calls for it. A close surfaces as
-:class:`~plugrl_env_client.protocol.connection.ConnectionLost` from ``open``, ``infer`` or ``reconnect``; the
-caller decides, in one place, whether to reconnect or end. Counters go into the caller's
-:class:`~plugrl_env_client.timing.Timing`.
+A :class:`Session` opens a WebSocket (:func:`~plugrl_env_client.protocol.ws_client.connect`: websockets' Sans-I/O
+protocol over a socket it owns, so no background thread reads it), reads the server's metadata, then carries the
+exchange: ``infer`` (or its halves, ``send_infer`` and ``receive_actions``, for a pipelined rollout that steps other
+envs meanwhile) and ``feedback``. It is the one place that knows whether an infer is in flight
+(:attr:`Session.awaiting`). Every message is packed straight into its frame by one
+:class:`~plugrl_env_client.protocol.frame_packer.FramePacker` kept for the session's life, and sent through the
+client's one write loop.
+
+Whatever ends a connection surfaces as :class:`~plugrl_env_client.protocol.connection.ConnectionLost` from the call
+that finds it, and the caller decides, in one place, whether to :meth:`~Session.reconnect` (with exponential backoff
+and jitter) or end the run. ``feedback`` has no reply, so a feedback that finds the connection gone is not an error
+of its own: the next ``send_infer`` raises the close, exactly as if the server had closed right after the feedback.
+
+Every wait is bounded or announced:
+
+* Opening: ``--connect-timeout`` / ``--reconnect-timeout`` bound the whole of it, the metadata read included; each
+  attempt's handshake and each backoff pause are cut to the time left.
+* A reply: after :func:`warning_period` seconds (30 unless ``$PLUGRL_WAIT_WARNING_S`` says otherwise) a warning
+  names the infer it waits for, then one every twice that; at ``--infer-timeout`` the session closes the
+  connection (``1001 Infer timeout``) and raises the close, so the caller reconnects under the usual rules (each
+  time counts as one of ``--max-reconnects``).
+* A reply that answers no infer (an action after a feedback, a second reply to one infer) would be taken for the
+  next chunk, and every later chunk would be one reply stale: the session closes the connection with the
+  protocol's resync close (``1001 plugrl-server-resync``) and raises it, so the caller starts over.
+
 Handshake answers that no retry can fix (a 4xx status other than 408/429, a TLS certificate that does not verify,
-a malformed URL) are errors that say so. The WebSocket library is the config's ``transport`` (see
-:mod:`~plugrl_env_client.protocol.transport`).
+a malformed URL) are errors that say so. Counters and times go into the caller's
+:class:`~plugrl_env_client.timing.Timing`.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import logging
+import os
 import random
 import time
-from collections.abc import Callable
-from typing import Any, Literal
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, Literal, NoReturn
 
 import numpy as np
 
-from plugrl_env_client.errors import ConfigError
-from plugrl_env_client.protocol import messages, transport
-from plugrl_env_client.protocol.connection import CloseAction, Closed, Connection, ConnectionLost
+from plugrl_env_client.errors import ConfigError, ProtocolError
+from plugrl_env_client.protocol import codec, messages, transport, ws_client
+from plugrl_env_client.protocol.connection import CloseAction, Closed, ConnectionLost, classify_close
+from plugrl_env_client.protocol.frame_packer import SLOT, FramePacker
 from plugrl_env_client.protocol.messages import ActionReply, ObservationLike, ServerMetadata
 from plugrl_env_client.timing import Timing
 
+if TYPE_CHECKING:
+    from plugrl_env_client.protocol.keepalive import Keepalive
+
 logger = logging.getLogger(__name__)
+
+__all__ = ["ConnectionConfig", "Session", "SessionConfig", "warning_period"]
 
 STOPPED_LOCALLY = Closed(CloseAction.END, None, "the run was stopped locally")
 RETRYABLE_STATUS = (408, 429)  # request timeout, too many requests: worth another try
 STEADY_CONNECTION_S = 1.0  # a connection that lived this long and completed an exchange resets the backoff
+OPEN_TIMEOUT_S = 10.0
+"""The longest one attempt's TCP connect, TLS and WebSocket handshake may take (less when a deadline is nearer)."""
+WARNING_PERIOD_ENV = "PLUGRL_WAIT_WARNING_S"
+DEFAULT_WARNING_PERIOD_S = 30.0
+INFER_TIMEOUT_REASON = "Infer timeout"
+
+
+def warning_period() -> float:
+    """Seconds a reply (or the metadata) may take before the first warning says so; later warnings come every
+    twice that, and so does the reminder of a client waiting for a stopped server's next run. 30 s, unless
+    ``$PLUGRL_WAIT_WARNING_S`` sets another (tests use a fraction of a second)."""
+    raw = os.environ.get(WARNING_PERIOD_ENV)
+    if raw is None:
+        return DEFAULT_WARNING_PERIOD_S
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not value > 0:
+        raise ConfigError(f"${WARNING_PERIOD_ENV}={raw!r} is not a positive number of seconds")
+    return value
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,13 +96,19 @@ class ConnectionConfig:
     max_reconnects: int | None = None
     """Give up after this many reconnects. Default: keep reconnecting while the server comes back."""
     connect_timeout: float | None = None
-    """Seconds to wait for the first connection. Default: wait until a server is up."""
+    """Seconds to wait for the first connection (the server's metadata included). Default: wait until a server is
+    up."""
     reconnect_timeout: float | None = None
     """Seconds to wait for the server to come back after a lost connection. Default: wait until it does."""
+    infer_timeout: float | None = None
+    """Seconds to wait for the server's reply to an infer; then the connection is closed and opened again (each
+    time counts as one of --max-reconnects). Default: no limit (a first GPU compile can take minutes); a warning
+    comes after 30 s without a reply, then every minute."""
     reuse_feedback_obs: bool = True
     """When the server offers reuse-feedback-obs, do not upload an observation the server already holds."""
     transport: Literal["websockets", "picows"] = "websockets"
-    """The WebSocket implementation: websockets, or picows (extra fast; the same bytes, faster for large frames)."""
+    """The WebSocket library of the embedded server (--local-policy): websockets, or picows (extra fast). The
+    client always runs websockets' Sans-I/O protocol on its own thread."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -81,104 +135,322 @@ class SessionConfig(ConnectionConfig):
 
 
 class Session:
-    """The rollout's handle on the server: the current :class:`Connection`, reopened with backoff when needed."""
+    """The rollout's handle on the server (see the module docstring). Not thread-safe: one rollout thread drives
+    it; a :class:`~plugrl_env_client.protocol.keepalive.Keepalive`, when given, services its socket during long
+    env calls."""
 
     def __init__(self, config: SessionConfig, should_stop: Callable[[], bool] = lambda: False,
-                 timing: Timing | None = None) -> None:
+                 timing: Timing | None = None, keepalive: Keepalive | None = None) -> None:
+        if config.infer_timeout is not None and not config.infer_timeout > 0:
+            raise ConfigError(f"--infer-timeout must be a positive number of seconds, got {config.infer_timeout}")
         self.config = config
         self.timing = timing if timing is not None else Timing()
-        self.connection: Connection | None = None
+        self.metadata: ServerMetadata | None = None
         self._should_stop = should_stop
+        self._keepalive = keepalive
+        self._warn_s = warning_period()
+        self._packer = FramePacker()  # one frame buffer for the session's life, across reconnects
+        self._client: ws_client.WebSocketClient | None = None
+        self._lost: Closed | None = None  # a feedback found the connection gone: the next infer raises it
+        self._asked: np.ndarray | None = None  # env_indices of the infer in flight (None: none is)
+        self._sent_at = 0.0  # perf_counter() when it went out (for timing.infer_wait_s)
+        self._sent_wall = 0.0  # time.time() when it went out (for the warnings)
+        self._asked_since = 0.0  # monotonic() when it went out
+        self._next_check = float("inf")  # monotonic() of its next warning, or of its --infer-timeout
         self._rng = random.Random()
         self._failed_reconnects = 0  # reconnects in a row that did not get one exchange done
         self._actions_at_open = 0
         self._opened_at = 0.0
+        self._stop_waits_since: float | None = None  # the server ended its run and we wait for its next one
+        self._stop_reminder_at = 0.0
 
-    # ------------------------------------------------------------------------------ what the rollout calls
+    # ------------------------------------------------------------------------------ the exchange
 
     @property
-    def metadata(self) -> ServerMetadata | None:
-        return self.connection.metadata if self.connection is not None else None
+    def awaiting(self) -> bool:
+        """An infer of this session is on the wire and its reply has not been taken."""
+        return self._asked is not None
 
     def infer(self, obs: ObservationLike, env_indices: np.ndarray, step_ids: np.ndarray,
               reuse: np.ndarray | None = None) -> ActionReply:
-        return self._current().infer(obs, env_indices, step_ids, reuse)
+        """Send one infer and wait for its action chunk (raises :class:`ConnectionLost` when closed)."""
+        self.send_infer(obs, env_indices, step_ids, reuse)
+        reply = self.receive_actions(None)
+        assert reply is not None  # no timeout: a reply or an exception
+        return reply
 
     def send_infer(self, obs: ObservationLike, env_indices: np.ndarray, step_ids: np.ndarray,
                    reuse: np.ndarray | None = None) -> None:
-        self._current().send_infer(obs, env_indices, step_ids, reuse)
+        """Send one infer without waiting for its reply (:meth:`receive_actions` collects it), so the caller can
+        step other envs meanwhile. One infer is outstanding at most: the protocol answers them in order."""
+        if self._asked is not None:
+            raise RuntimeError("an infer is already waiting for its reply: receive_actions() first")
+        if self._lost is not None:
+            raise ConnectionLost(self._lost)
+        client = self._current()
+        try:
+            early = client.recv(0)  # nothing may wait here: every reply answered the infer before it
+            if early is not None:
+                self._answers_no_infer(early)
+            start = time.perf_counter()
+            wire = messages.wire_observation(obs)
+            frame = self._packer.pack(messages.infer_message(wire, env_indices, step_ids, reuse),
+                                      _payload_bytes(wire))
+            packed = time.perf_counter()
+            client.send_frame(frame)
+        except transport.TransportClosed as exc:
+            raise ConnectionLost(self._closed(exc)) from None
+        timing = self.timing
+        timing.pack_s += packed - start
+        timing.infer_obs_pack_s += packed - start
+        timing.infer_calls += 1
+        timing.bytes_sent += frame.nbytes
+        self._asked = np.asarray(env_indices, dtype=np.int64)
+        self._sent_at = packed
+        self._sent_wall = time.time()
+        self._asked_since = now = time.monotonic()
+        limit = self.config.infer_timeout
+        self._next_check = now + (self._warn_s if limit is None else min(self._warn_s, limit))
 
     def receive_actions(self, timeout: float | None = None) -> ActionReply | None:
-        return self._current().receive_actions(timeout)
+        """The action chunk answering the infer on the wire; None when it has not arrived within ``timeout``
+        seconds (0: only look; None: wait for it). Raises :class:`ConnectionLost` when the connection closes, or
+        when the reply is ``--infer-timeout`` late."""
+        asked = self._asked
+        if asked is None:
+            raise RuntimeError("no infer is waiting for its reply: send_infer() first")
+        client = self._current()
+        try:
+            if timeout == 0:  # the pipelined poll: one poll(2), and a clock reading only when nothing came
+                frame = client.recv(0)
+                if frame is None and time.monotonic() >= self._next_check:
+                    self._overdue()
+            else:
+                frame = self._wait_for_reply(client, timeout)
+        except transport.TransportClosed as exc:
+            raise ConnectionLost(self._closed(exc)) from None
+        if frame is None:
+            return None
+        self._asked = None
+        reply = messages.parse_action(self._decode(frame), asked)
+        timing = self.timing
+        timing.infer_wait_s += time.perf_counter() - self._sent_at
+        timing.actions_received += 1
+        return reply
+
+    def wait(self, peers: Sequence[Session] = ()) -> None:
+        """Block until the reply to this session's infer or to one of ``peers``' is in, or one of them is due for
+        a warning or its ``--infer-timeout`` (the caller then polls each with ``receive_actions(0)``). A pipelined
+        rollout waits here when no env group can step: on every connection at once, whichever answers first."""
+        waiting = [s for s in (self, *peers) if s._asked is not None and s._client is not None]
+        if waiting:
+            due = min(s._next_check for s in waiting)
+            ws_client.wait_any([s._client for s in waiting if s._client is not None],
+                               max(0.0, due - time.monotonic()))
 
     def feedback(self, env_indices: np.ndarray, step_ids: np.ndarray, obs: ObservationLike, rewards: np.ndarray,
                  terminated: np.ndarray, truncated: np.ndarray, info: dict[str, Any]) -> None:
-        self._current().feedback(env_indices, step_ids, obs, rewards, terminated, truncated, info)
+        """Send one feedback (no reply). A connection found closed is reported by the next :meth:`send_infer`."""
+        if self._lost is not None:
+            return
+        if self._asked is not None:
+            raise RuntimeError("a feedback while an infer waits for its reply: receive_actions() first")
+        client = self._current()
+        timing = self.timing
+        start = time.perf_counter()
+        wire = messages.wire_observation(obs)
+        skeleton = messages.feedback_message(env_indices, step_ids, SLOT, rewards, terminated, truncated, SLOT)
+        packing = time.perf_counter()
+        frame, (obs_s, info_s) = self._packer.pack_parts(skeleton, (wire, info), _payload_bytes(wire))
+        packed = time.perf_counter()
+        timing.pack_s += packed - packing
+        timing.feedback_obs_pack_s += packing - start + obs_s
+        timing.feedback_info_pack_s += info_s
+        try:
+            client.send_frame(frame)
+        except transport.TransportClosed as exc:
+            self._lost = self._closed(exc)
+            return
+        finally:
+            timing.feedback_s += time.perf_counter() - start
+        timing.feedback_calls += 1
+        timing.bytes_sent += frame.nbytes
 
-    def _current(self) -> Connection:
-        if self.connection is None:
+    def _current(self) -> ws_client.WebSocketClient:
+        if self._client is None:
             raise RuntimeError("the session has no connection: call open() first")
-        return self.connection
+        return self._client
+
+    def _decode(self, frame: Any) -> Any:
+        if isinstance(frame, str):
+            raise ProtocolError(f"the server sent a text frame instead of a binary msgpack frame: {frame[:2000]!r}")
+        self.timing.bytes_received += len(frame)
+        return codec.unpackb(frame)
+
+    def _closed(self, exc: transport.TransportClosed) -> Closed:
+        closed = classify_close(exc.code, exc.reason, self.config.reconnect_on_server_stop)
+        logger.info("connection closed by the server (%s)", closed.describe())
+        self._drop()
+        return closed
+
+    # ------------------------------------------------------------------------------ waits that end
+
+    def _wait_for_reply(self, client: ws_client.WebSocketClient, timeout: float | None) -> Any:
+        """Wait for the reply, up to ``timeout`` s (None: until it comes), saying so when it is late."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            until = self._next_check if deadline is None else min(deadline, self._next_check)
+            frame = client.recv(max(0.0, until - time.monotonic()))
+            if frame is not None:
+                return frame
+            now = time.monotonic()
+            if now >= self._next_check:
+                self._overdue()
+            if deadline is not None and now >= deadline:
+                return None
+
+    def _overdue(self) -> None:
+        """The reply is due for a warning, or past ``--infer-timeout`` (then the connection is given up)."""
+        assert self._asked is not None
+        now = time.monotonic()
+        waited = now - self._asked_since
+        sent = datetime.datetime.fromtimestamp(self._sent_wall).strftime("%H:%M:%S")
+        n = len(self._asked)
+        limit = self.config.infer_timeout
+        if limit is not None and waited >= limit:
+            why = (f"no reply from the server to the infer for {n} envs sent at {sent} within --infer-timeout "
+                   f"{limit:g} s")
+            logger.warning("%s; closing the connection and reconnecting", why)
+            self._give_up(Closed(CloseAction.RECONNECT, messages.CLOSE_GOING_AWAY, INFER_TIMEOUT_REASON, why))
+        logger.warning("no reply from the server for %s s to the infer for %d envs sent at %s%s", _seconds(waited), n,
+                       sent, "" if limit is None else f" (--infer-timeout {limit:g} s)")
+        self._next_check = now + 2 * self._warn_s if limit is None else min(now + 2 * self._warn_s,
+                                                                            self._asked_since + limit)
+
+    def _answers_no_infer(self, frame: Any) -> NoReturn:
+        """A message came while no infer waited for one: what it is, and the resync that starts over."""
+        msg = self._decode(frame)
+        kind = messages.message_type(msg)
+        what = "an action" if kind == messages.ACTION else f"a {kind!r} message"
+        why = f"the server sent {what} that answers no infer (a reply after a feedback, or a second reply to one infer)"
+        logger.warning("%s; closing the connection (%d %s) and reconnecting", why, messages.CLOSE_GOING_AWAY,
+                       messages.REASON_RESYNC)
+        self._give_up(Closed(CloseAction.RECONNECT, messages.CLOSE_GOING_AWAY, messages.REASON_RESYNC, why))
+
+    def _give_up(self, closed: Closed) -> NoReturn:
+        """Close the connection ourselves with ``closed``'s code and reason, and raise it."""
+        client = self._client
+        self._drop()
+        if client is not None:
+            client.close(closed.code or messages.CLOSE_NORMAL, closed.reason)
+        raise ConnectionLost(closed)
+
+    # ------------------------------------------------------------------------------ opening and closing
 
     def open(self) -> ServerMetadata:
         """First connection: wait for the server (up to ``connect_timeout``, if set) and read its metadata."""
         return self._open(self.config.connect_timeout, "--connect-timeout")
 
-    def _open(self, timeout_s: float | None, flag: str) -> ServerMetadata:
-        attempt, deadline = 0, None
-        if timeout_s is not None:
-            deadline = time.monotonic() + timeout_s
-        while True:
-            if self._should_stop():
-                raise ConnectionLost(STOPPED_LOCALLY)
-            opened = self._try_connect(attempt)
-            if opened is not None:
-                self.connection = Connection(opened, self.timing, self.config.reconnect_on_server_stop)
-                self._actions_at_open = self.timing.actions_received
-                self._opened_at = time.monotonic()
-                meta = self.connection.read_metadata()
-                logger.info("connected to %s; server metadata: %s", self.config.url,
-                            messages.short_repr(meta.raw, 400))
-                return meta
-            if deadline is not None and time.monotonic() > deadline:
-                hint = (f"start one with `{self.config.server_command}` or use `{self.config.local_flag}`"
-                        if flag == "--connect-timeout" else "it went away and did not come back")
-                raise ConfigError(f"no policy server answered at {self.config.url} within {timeout_s:g} s ({flag}); {hint}")
-            attempt += 1
-            time.sleep(self._backoff(attempt))
-
     def reconnect(self, closed: Closed) -> ServerMetadata:
         """Open a fresh connection after ``closed``; the caller has dropped every chunk in flight."""
         limit = self.config.max_reconnects
         if limit is not None and self.timing.reconnects >= limit:
-            raise ConfigError(f"the server closed the connection ({closed.describe()}) more than --max-reconnects={limit} times; giving up")
+            ended = closed.why if closed.why else f"the server closed the connection ({closed.describe()})"
+            raise ConfigError(f"{ended} more than --max-reconnects={limit} times; giving up")
         # Back off further while reconnects keep failing before a single exchange (a server that resyncs at once).
         progressed = (self.timing.actions_received > self._actions_at_open
                       and time.monotonic() - self._opened_at >= STEADY_CONNECTION_S)
         self._failed_reconnects = 1 if progressed else self._failed_reconnects + 1
         self.timing.reconnects += 1
-        logger.warning("reconnecting to %s after close (%s)", self.config.url, closed.describe())
+        self._say_reconnecting(closed, progressed)
         self.close()
         time.sleep(self._backoff(self._failed_reconnects))
         # A restarting server may take a while: wait for it, up to --reconnect-timeout if set.
         return self._open(self.config.reconnect_timeout, "--reconnect-timeout")
 
     def close(self) -> None:
-        if self.connection is not None:
-            self.connection.close()
-            self.connection = None
+        """Close the current connection (1000, waiting briefly for the server's answer); a no-op without one."""
+        client = self._client
+        self._drop()
+        if client is not None:
+            client.close(messages.CLOSE_NORMAL)
 
-    def _backoff(self, attempt: int) -> float:
-        base = min(self.config.backoff_max_s, self.config.backoff_initial_s * 2 ** max(attempt - 1, 0))
-        return base * (0.5 + self._rng.random() / 2)
+    def _drop(self) -> None:
+        """Forget the current connection (its socket is closed, or about to be) and the infer in flight on it."""
+        client, self._client = self._client, None
+        self._asked = None
+        if client is not None and self._keepalive is not None:
+            self._keepalive.discard(client)
 
-    def _try_connect(self, attempt: int) -> transport.Transport | None:
+    def _open(self, timeout_s: float | None, flag: str) -> ServerMetadata:
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        attempt = 0
+        while True:
+            if self._should_stop():
+                raise ConnectionLost(STOPPED_LOCALLY)
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0 and attempt > 0:
+                raise ConfigError(f"no policy server answered at {self.config.url} within {timeout_s:g} s ({flag}); "
+                                  f"{self._hint(flag)}")
+            client = self._dial(attempt, OPEN_TIMEOUT_S if left is None else max(0.05, min(OPEN_TIMEOUT_S, left)))
+            if client is not None:
+                return self._start(client, deadline, timeout_s, flag)
+            attempt += 1
+            pause = self._backoff(attempt)
+            if deadline is not None:
+                pause = max(0.0, min(pause, deadline - time.monotonic()))
+            time.sleep(pause)
+
+    def _start(self, client: ws_client.WebSocketClient, deadline: float | None, timeout_s: float | None,
+               flag: str) -> ServerMetadata:
+        """The connection's first message, the metadata (read within the deadline), and the session's state for it."""
+        self._client, self._lost, self._asked = client, None, None
+        if self._keepalive is not None:
+            self._keepalive.add(client)
+        self._actions_at_open = self.timing.actions_received
+        self._opened_at = time.monotonic()
+        try:
+            frame = self._read_first(client, deadline)
+        except transport.TransportClosed as exc:
+            raise ConnectionLost(self._closed(exc)) from None
+        if frame is None:
+            self.close()
+            raise ConfigError(f"the server at {self.config.url} accepted the connection but sent no metadata within "
+                              f"{timeout_s:g} s ({flag}); is it a PlugRL v1 policy server?")
+        reply = self._decode(frame)
+        if messages.message_type(reply) != messages.METADATA:
+            raise ProtocolError(
+                f"the server's first message must be 'metadata', got {messages.message_type(reply)!r}; "
+                "is this a PlugRL v1 policy server?"
+            )
+        self.metadata = meta = messages.parse_metadata(reply)
+        logger.info("connected to %s; server metadata: %s", self.config.url, messages.short_repr(meta.raw, 400))
+        return meta
+
+    def _read_first(self, client: ws_client.WebSocketClient, deadline: float | None) -> Any:
+        """The first message, or None when the deadline passed first; a late one is announced."""
+        opened = time.monotonic()
+        next_warning = opened + self._warn_s
+        while True:
+            until = next_warning if deadline is None else min(deadline, next_warning)
+            frame = client.recv(max(0.0, until - time.monotonic()))
+            if frame is not None:
+                return frame
+            now = time.monotonic()
+            if deadline is not None and now >= deadline:
+                return None
+            if now >= next_warning:
+                logger.warning("connected to %s, but no metadata from the server for %s s", self.config.url,
+                               _seconds(now - opened))
+                next_warning = now + 2 * self._warn_s
+
+    def _dial(self, attempt: int, open_timeout: float) -> ws_client.WebSocketClient | None:
+        """One attempt at a WebSocket; None when it is worth another (said once)."""
         headers = {"Authorization": f"Api-Key {self.config.api_key}"} if self.config.api_key else {}
         if self.config.stream is not None:
             headers[messages.STREAM_HEADER] = "{}.{}".format(*self.config.stream)
         try:
-            return transport.connect(self.config.url, headers, kind=self.config.transport, open_timeout=10,
-                                     close_timeout=2)
+            return ws_client.connect(self.config.url, headers, open_timeout=open_timeout, close_timeout=2.0)
         except transport.CertificateNotVerified as exc:
             raise ConfigError(
                 f"the TLS certificate of {self.config.url} did not verify ({exc.verify_message}); point SSL_CERT_FILE "
@@ -198,6 +470,15 @@ class Session:
             self._say_waiting(attempt, exc)
             return None
 
+    def _backoff(self, attempt: int) -> float:
+        base = min(self.config.backoff_max_s, self.config.backoff_initial_s * 2 ** max(attempt - 1, 0))
+        return base * (0.5 + self._rng.random() / 2)
+
+    def _hint(self, flag: str) -> str:
+        if flag == "--connect-timeout":
+            return f"start one with `{self.config.server_command}` or use `{self.config.local_flag}`"
+        return "it went away and did not come back"
+
     def _say_waiting(self, attempt: int, exc: BaseException) -> None:
         if attempt == 0:
             logger.warning(
@@ -208,3 +489,32 @@ class Session:
                 self.config.server_command,
                 self.config.local_flag,
             )
+
+    def _say_reconnecting(self, closed: Closed, progressed: bool) -> None:
+        """One warning per close, except while a stopped server stays up: then one line, and a reminder every
+        twice the warning period (a minute by default)."""
+        if not closed.ends_a_run:
+            self._stop_waits_since = None
+            logger.warning("reconnecting to %s after close (%s)", self.config.url, closed.describe())
+            return
+        now = time.monotonic()
+        if self._stop_waits_since is None or progressed:
+            self._stop_waits_since, self._stop_reminder_at = now, now + 2 * self._warn_s
+            logger.warning("the server at %s ended its run (%s); waiting for its next run (--reconnect-on-server-stop)",
+                           self.config.url, closed.describe())
+        elif now >= self._stop_reminder_at:
+            self._stop_reminder_at = now + 2 * self._warn_s
+            logger.warning("still waiting for the next run of the server at %s (for %s s; --reconnect-on-server-stop)",
+                           self.config.url, _seconds(now - self._stop_waits_since))
+        else:
+            logger.debug("the server at %s ended its run again (%s); reconnecting", self.config.url, closed.describe())
+
+
+def _payload_bytes(wire: dict[str, Any]) -> int:
+    """Bytes of an observation's arrays (images, states, text): the bulk of its frame."""
+    return sum(int(a.nbytes) for key in ("images", "states") for a in wire[key].values()) + int(wire["text"].nbytes)
+
+
+def _seconds(value: float) -> str:
+    """A wait as a log line says it: whole seconds, tenths below ten."""
+    return f"{value:.0f}" if value >= 10 else f"{value:.1f}"

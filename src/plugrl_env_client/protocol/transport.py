@@ -1,32 +1,30 @@
-"""The WebSocket under a connection: one binary message out, one message in, a close, and one set of errors.
+"""The WebSocket under the reference server, the errors every WebSocket of the package raises, and the allocator.
 
-A :class:`Transport` is what the protocol layer needs from a WebSocket and no more: :meth:`~Transport.send` one
-binary message, :meth:`~Transport.recv` the next message, :meth:`~Transport.close` with a code. Two libraries
-implement it, with the same bytes on the wire (no extensions, no compression, one frame per message, no size
-limit):
+Server side: a :class:`ServerTransport` is what the reference server needs from one accepted WebSocket and no more:
+:meth:`~Transport.send` one binary message, :meth:`~Transport.recv` the next message (or a
+:class:`TimeoutError`), :meth:`~Transport.close` with a code, and who the client is. :func:`serve` runs
+``handler(transport)`` in a thread per connection over one of two libraries, with the same bytes on the wire (no
+extensions, no compression, one frame per message, no size limit):
 
-* ``websockets`` (the default, always installed): its threading client and server, tuned for large frames (see
-  :data:`RECV_BUFSIZE`; the client frames binary messages into one buffer of its own, see ``framing.py``).
+* ``websockets`` (the default, always installed): its threading server, tuned for large frames (see
+  :data:`RECV_BUFSIZE`).
 * ``picows`` (extra ``fast``, imported only when chosen): a C frame parser under an asyncio loop that runs in a
-  background thread, so pings are answered while the caller's thread steps envs. It reads into one reused buffer
-  and unmasks in place, which is what makes multi-MB frames cheap. ``wss://`` works with the loop's default TLS
-  context (the system trust store, ``SSL_CERT_FILE`` honoured by OpenSSL) exactly as with websockets.
+  thread of its own. It reads into one reused buffer and unmasks in place, which is what makes multi-MB frames
+  cheap, and can decode each message straight from that buffer (``serve(..., parse=...)``).
 
-Whatever the library, failures come out as the exceptions below, so callers handle them once: a closed connection
-is :class:`TransportClosed` (with the close code and reason the peer sent, or ``None`` when the socket dropped
-without a close frame); opening one fails with :class:`HandshakeRefused` (an HTTP status),
-:class:`CertificateNotVerified`, :class:`InvalidServerURL`, or :class:`ConnectFailed` (nobody answered, or the
-handshake broke: worth another try).
-
-:func:`serve` is the server side of the same interface (used by the reference policy server): one thread per
-connection runs ``handler(transport)``, whichever library accepted it.
+Client side: every PlugRL connection the client opens is a
+:class:`~plugrl_env_client.protocol.ws_client.WebSocketClient` (websockets' Sans-I/O protocol, driven by the
+rollout's own thread). It raises the errors below too, so callers handle them once: a closed connection is
+:class:`TransportClosed` (with the close code and reason the peer sent, or ``None`` when the socket dropped without
+a close frame); opening one fails with :class:`HandshakeRefused` (an HTTP status), :class:`CertificateNotVerified`,
+:class:`InvalidServerURL`, or :class:`ConnectFailed` (nobody answered, or the handshake broke: worth another try).
 
 Large frames and the allocator: a process that sends or receives multi-MB messages allocates and frees
 multi-MB buffers for each one. glibc hands such blocks back to the kernel as soon as they are freed, so the next
 message page-faults all its memory in again: on a 2-core machine that was 1434 faults and 2.3 ms to frame one
 3 MB message, against 0.1 ms once freed memory stays in the process, and it dominated every WebSocket path
-measured. :func:`retain_freed_memory` (called by :func:`connect` and :func:`serve`) raises glibc's thresholds so
-that freed blocks are reused.
+measured. :func:`retain_freed_memory` (called by the client's ``connect`` and by :func:`serve`) raises glibc's
+thresholds so that freed blocks are reused.
 """
 
 from __future__ import annotations
@@ -38,21 +36,16 @@ import ctypes
 import functools
 import logging
 import queue
-import ssl
 import threading
 import time
-from collections.abc import Callable, Coroutine, Mapping
+from collections.abc import Callable, Coroutine
 from typing import Any, ClassVar, TypeVar
 
-from websockets.exceptions import ConcurrencyError, ConnectionClosed, InvalidHandshake, InvalidStatus, InvalidURI
-from websockets.sync.client import ClientConnection
-from websockets.sync.client import connect as ws_connect
+from websockets.exceptions import ConnectionClosed
 from websockets.sync.server import Server, ServerConnection
 from websockets.sync.server import serve as ws_serve
-from websockets.uri import parse_uri
 
 from plugrl_env_client.errors import ConfigError
-from plugrl_env_client.protocol.framing import MaskedFramer
 
 logger = logging.getLogger(__name__)
 
@@ -67,14 +60,12 @@ __all__ = [
     "TransportClosed",
     "TransportError",
     "TransportServer",
-    "connect",
-    "retain_freed_memory",
+        "retain_freed_memory",
     "serve",
 ]
 
-TRANSPORTS = ("websockets", "picows", "sansio")
-"""The WebSocket implementations :func:`connect` and :func:`serve` know ("sansio", a client only: websockets'
-Sans-I/O protocol on the caller's thread, see ``ws_client.py``; its servers are websockets')."""
+TRANSPORTS = ("websockets", "picows")
+"""The WebSocket libraries :func:`serve` knows."""
 RECV_BUFSIZE = 1 << 20
 """Bytes websockets asks the socket for per read (its default is 64 KiB). A 3 MB frame then takes a handful of
 reads instead of ~50, each of which costs a trip through websockets' Python-level protocol machinery."""
@@ -194,26 +185,6 @@ class TransportServer(abc.ABC):
 Handler = Callable[[ServerTransport], None]
 
 
-def connect(url: str, headers: Mapping[str, str] | None = None, kind: str = "websockets",
-            open_timeout: float = 10.0, close_timeout: float = 2.0) -> Transport:
-    """Open a WebSocket to ``url`` with ``kind`` (one of :data:`TRANSPORTS`), sending ``headers`` in the opening
-    handshake. Raises one of the errors above when it cannot."""
-    _check_kind(kind)
-    try:
-        parse_uri(url)  # one URL check, and one message, whatever the library
-    except (InvalidURI, ValueError) as exc:
-        raise InvalidServerURL(str(exc)) from None
-    retain_freed_memory()
-    headers = dict(headers or {})
-    if kind == "picows":
-        return _connect_picows(url, headers, open_timeout, close_timeout)
-    if kind == "sansio":
-        from plugrl_env_client.protocol.ws_client import connect_transport
-
-        return connect_transport(url, headers, open_timeout, close_timeout)
-    return _connect_websockets(url, headers, open_timeout, close_timeout)
-
-
 def serve(handler: Handler, host: str, port: int, kind: str = "websockets",
           parse: Callable[[Data], Any] | None = None) -> TransportServer:
     """Listen on ``host:port`` (0: a free port) and run ``handler`` for every connection, in a thread of its own.
@@ -258,37 +229,16 @@ def retain_freed_memory() -> bool:
 # ------------------------------------------------------------------------------------------------------ websockets
 
 
-class _TunedClientConnection(ClientConnection):
-    """websockets' client connection, reading 1 MiB at a time and framing binary messages into one buffer kept for
-    the connection's life (:class:`~plugrl_env_client.protocol.framing.MaskedFramer`: no fresh copies of a large
-    message); text, fragmented and control frames go through websockets as usual."""
-
-    recv_bufsize = RECV_BUFSIZE
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self._framer = MaskedFramer()
-
-    def send(self, message: Any, *, text: bool | None = None) -> None:
-        if text or not isinstance(message, (bytes, bytearray, memoryview)) or self.protocol.extensions:
-            super().send(message, text=text)
-            return
-        with self.send_context():  # the connection lock and state checks; writes what the protocol queued on exit
-            if getattr(self, "send_in_progress", False) or self.protocol.expect_continuation_frame:
-                raise ConcurrencyError("cannot send while a fragmented message is being sent")
-            self.protocol.writes.append(self._framer.frame(message))  # type: ignore[arg-type]  # sendall takes views
-
-
 class _TunedServerConnection(ServerConnection):
     recv_bufsize = RECV_BUFSIZE
 
 
 class _WebsocketsTransport(ServerTransport):
-    """A websockets threading connection (client or server side) behind the :class:`Transport` interface."""
+    """A websockets threading server connection behind the :class:`Transport` interface."""
 
     kind = "websockets"
 
-    def __init__(self, ws: ClientConnection | ServerConnection, parse: Callable[[Data], Any] | None = None) -> None:
+    def __init__(self, ws: ServerConnection, parse: Callable[[Data], Any] | None = None) -> None:
         self._ws = ws
         self._parse = parse
 
@@ -322,31 +272,6 @@ class _WebsocketsTransport(ServerTransport):
 def _closed(exc: ConnectionClosed) -> TransportClosed:
     frame = exc.rcvd
     return TransportClosed(None, "") if frame is None else TransportClosed(frame.code, frame.reason)
-
-
-def _connect_websockets(url: str, headers: dict[str, str], open_timeout: float, close_timeout: float) -> Transport:
-    try:
-        ws = ws_connect(
-            url,
-            compression=None,
-            max_size=None,
-            ping_interval=None,  # liveness is the protocol's business; the server's pings are still answered
-            open_timeout=open_timeout,
-            close_timeout=close_timeout,
-            additional_headers=headers,
-            proxy=None,
-            create_connection=_TunedClientConnection,
-        )
-    except ssl.SSLCertVerificationError as exc:  # before ValueError and OSError: it is both
-        raise CertificateNotVerified(str(exc.verify_message)) from None
-    except (InvalidURI, ValueError) as exc:
-        raise InvalidServerURL(str(exc)) from None
-    except InvalidStatus as exc:
-        raise HandshakeRefused(exc.response.status_code, str(exc)) from None
-    except (OSError, InvalidHandshake, TimeoutError) as exc:
-        raise ConnectFailed(str(exc) or type(exc).__name__) from None
-    # Entering the context marks the connection as owned (websockets warns on bare use); close() leaves it.
-    return _WebsocketsTransport(ws.__enter__())
 
 
 class _WebsocketsServer(TransportServer):
@@ -651,43 +576,6 @@ class _PicowsTransport(ServerTransport):
         except RuntimeError:
             pass
         self._inbox.disconnected()
-
-
-def _connect_picows(url: str, headers: dict[str, str], open_timeout: float, close_timeout: float) -> Transport:
-    picows = _picows()
-    listener_type = _listener_type()
-    inbox = _Inbox()
-    loop = _LoopThread("plugrl-picows-client")
-
-    async def open_connection() -> Any:
-        transport, _ = await asyncio.wait_for(picows.ws_connect(
-            lambda: listener_type(inbox), url,
-            websocket_handshake_timeout=open_timeout,
-            max_frame_size=MAX_FRAME_SIZE,
-            extra_headers=headers,
-            enable_auto_pong=True,
-            logger_name=_PICOWS_LOGGER,
-        ), open_timeout)
-        return transport
-
-    try:
-        transport = loop.run(open_connection(), open_timeout + 5)
-    except BaseException as exc:
-        loop.stop()
-        raise _picows_connect_error(exc, picows) from None
-    return _PicowsTransport(loop, transport, inbox, close_timeout, owns_loop=True)
-
-
-def _picows_connect_error(exc: BaseException, picows: Any) -> BaseException:
-    if isinstance(exc, ssl.SSLCertVerificationError):
-        return CertificateNotVerified(str(exc.verify_message))
-    if isinstance(exc, picows.WSHandshakeError) and exc.response is not None and int(exc.response.status) != 101:
-        return HandshakeRefused(int(exc.response.status), str(exc))
-    if isinstance(exc, picows.WSInvalidURL):
-        return InvalidServerURL(str(exc))
-    if isinstance(exc, (OSError, TimeoutError, asyncio.TimeoutError, picows.WSError, EOFError)):
-        return ConnectFailed(str(exc) or type(exc).__name__)
-    return exc
 
 
 class _PicowsServer(TransportServer):

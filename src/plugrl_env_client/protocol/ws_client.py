@@ -3,9 +3,10 @@
 :class:`WebSocketClient` drives websockets' Sans-I/O protocol (:class:`websockets.client.ClientProtocol`, public
 API only) over a socket it owns. Nothing runs in the background: bytes are read when the caller asks for a message
 (:meth:`~WebSocketClient.recv`) or services the socket (:meth:`~WebSocketClient.service`), and the server's pings
-are answered then. That is the point of it. The threading client (``transport.py``) parses every frame in a reader
-thread that takes the GIL while the caller steps envs; picows runs an asyncio loop in a bridge thread. Here a
-rollout's thread pays for exactly the frames it reads, when it reads them.
+are answered then. That is the point of it: websockets' threading client parses every frame in a reader thread
+that takes the GIL while the caller steps envs, and picows runs an asyncio loop in a bridge thread. Here a rollout's
+thread pays for exactly the frames it reads, when it reads them. It is the client of every PlugRL connection this
+package opens (:class:`~plugrl_env_client.protocol.session.Session`).
 
 What a one-thread loop needs, and what it gets:
 
@@ -53,24 +54,20 @@ from websockets.protocol import State
 from websockets.uri import parse_uri
 
 from plugrl_env_client.protocol.framing import MaskedFramer
-from plugrl_env_client.protocol.keepalive import GRACE_S, Keepalive
 from plugrl_env_client.protocol.transport import (
     CertificateNotVerified,
     ConnectFailed,
     Data,
     HandshakeRefused,
     InvalidServerURL,
-    Transport,
     TransportClosed,
     retain_freed_memory,
 )
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["KIND", "SansIOTransport", "WebSocketClient", "connect", "wait_any"]
+__all__ = ["WebSocketClient", "connect", "wait_any"]
 
-KIND = "sansio"
-"""This client's name among :data:`~plugrl_env_client.protocol.transport.TRANSPORTS`."""
 RECV_BUFSIZE = 1 << 20
 """Bytes asked of the socket per read. Each read is one trip through websockets' Python parser, so a multi-MB frame
 should take a handful of reads, not one per 64 KiB; a small reply still costs one read."""
@@ -87,8 +84,6 @@ Received = bytes | bytearray | str
 class WebSocketClient:
     """One client WebSocket over a socket this object owns (see the module docstring). Open one with
     :func:`connect`."""
-
-    kind = KIND
 
     def __init__(self, sock: socket.socket, protocol: ClientProtocol, close_timeout: float = 2.0) -> None:
         self._sock = sock
@@ -471,57 +466,3 @@ def _read_handshake(client: WebSocketClient, protocol: ClientProtocol, deadline:
             client._flush_protocol()
             client._note_close()
             return
-
-
-# ------------------------------------------------------------------------------------------------ Transport
-
-
-class SansIOTransport(Transport):
-    """A :class:`WebSocketClient` behind today's :class:`~plugrl_env_client.protocol.transport.Transport`
-    interface (``--transport sansio``), so the current connection and session run over it unchanged.
-
-    The interface has ``recv`` raise :class:`TimeoutError` for "nothing yet", so this adapter does; code written
-    for the client itself uses :attr:`client` (``recv`` returns None). Callers of the interface know nothing of env
-    calls, so a :class:`~plugrl_env_client.protocol.keepalive.Keepalive` here treats the time between two transport
-    calls as the owner's call: after ``GRACE_S`` away, it answers the server's pings until the owner comes back.
-    """
-
-    kind = KIND
-
-    def __init__(self, client: WebSocketClient, keepalive_grace_s: float = GRACE_S) -> None:
-        self.client = client
-        self._keepalive = Keepalive([client], grace_s=keepalive_grace_s)
-        self._keepalive.enter()  # the owner is away until its first call
-
-    def send(self, data: Data) -> None:
-        keepalive = self._keepalive
-        keepalive.exit()
-        try:
-            self.client.send(data)
-        finally:
-            keepalive.enter()
-
-    def recv(self, timeout: float | None = None) -> bytes | str:
-        keepalive = self._keepalive
-        keepalive.exit()
-        try:
-            message = self.client.recv(timeout)
-        finally:
-            keepalive.enter()
-        if message is None:
-            raise TimeoutError(f"no message within {timeout:g} s")
-        # A binary message may be the bytearray websockets parsed it into: bytes-like, which is all the interface's
-        # callers need of it (copying it into bytes would cost a copy per multi-MB frame).
-        return message  # type: ignore[return-value]
-
-    def close(self, code: int = 1000, reason: str = "") -> None:
-        self._keepalive.exit()
-        self._keepalive.close()
-        self.client.close(code, reason)
-
-
-def connect_transport(url: str, headers: Mapping[str, str] | None = None, open_timeout: float = 10.0,
-                      close_timeout: float = 2.0) -> Transport:
-    """:func:`connect` behind the :class:`~plugrl_env_client.protocol.transport.Transport` interface (what
-    ``transport.connect(..., kind="sansio")`` returns)."""
-    return SansIOTransport(connect(url, headers, open_timeout, close_timeout))

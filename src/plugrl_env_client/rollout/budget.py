@@ -30,7 +30,11 @@ class Budget(Protocol):
     launchers bring their own). ``finished`` is asked on every loop iteration, so it must be cheap."""
 
     target: int | None
-    stop: StopFlag
+
+    @property
+    def stop(self) -> StopFlag:
+        """The run's stop flag (read-only here: each budget brings the kind its processes can share)."""
+        ...
 
     def claim(self, process_id: int = 0) -> bool: ...
 
@@ -46,8 +50,27 @@ def shares(target: int, num_procs: int) -> list[int]:
     return [target // num_procs + (1 if p < target % num_procs else 0) for p in range(num_procs)]
 
 
+class SharedFlag:
+    """A flag shared with spawned processes whose reading is one memory load: the rollout asks for it on every loop
+    iteration, and multiprocessing's ``Event`` takes a lock and a semaphore for each look. It is set once and never
+    cleared, so no reader can see it torn or go back."""
+
+    def __init__(self, ctx: Any) -> None:
+        self._value = ctx.RawValue("b", 0)
+
+    def set(self) -> None:
+        self._value.value = 1
+
+    def is_set(self) -> bool:
+        return bool(self._value.value)
+
+
 class EpisodeBudget:
-    """Shared counters of claimed episodes (with an optional target) and env steps, and the run's stop flag."""
+    """Shared counters of claimed episodes (with an optional target) and env steps, and the run's stop flag.
+
+    Claims take the counters' lock, so they are exact; the questions the loop asks on every iteration
+    (:meth:`finished`, :meth:`exhausted`) read the counters without it (an aligned 64-bit read: a look a claim
+    later is as good as the claim's own answer, which :meth:`claim` gives exactly)."""
 
     def __init__(self, target: int | None, ctx: Any = None, num_procs: int = 1, split: Split = "shared") -> None:
         ctx = ctx or mp.get_context("spawn")
@@ -60,7 +83,8 @@ class EpisodeBudget:
         self._per_process = ctx.Array("q", num_procs, lock=False)
         self._shares = shares(target, num_procs) if (target is not None and split == "static") else None
         self._env_steps = ctx.Value("q", 0, lock=False)
-        self.stop = ctx.Event()
+        self._claimed_raw = self._claimed.get_obj()  # the same memory, read without the lock
+        self.stop = SharedFlag(ctx)
         """Set when the run must end early (a process failed, the user interrupted)."""
 
     def claim(self, process_id: int = 0) -> bool:
@@ -76,7 +100,7 @@ class EpisodeBudget:
 
     @property
     def claimed(self) -> int:
-        return int(self._claimed.value)
+        return int(self._claimed_raw.value)
 
     def exhausted(self, process_id: int = 0) -> bool:
         """True when ``process_id`` can claim no more (its share is used, or the target is reached)."""
@@ -84,7 +108,7 @@ class EpisodeBudget:
             return False
         if self._shares is not None and self._per_process[process_id] >= self._shares[process_id]:
             return True
-        return self.claimed >= self.target
+        return self._claimed_raw.value >= self.target
 
     def add_env_steps(self, count: int) -> None:
         with self._claimed.get_lock():

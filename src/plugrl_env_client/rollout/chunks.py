@@ -1,11 +1,22 @@
-"""Per-env action plans: which action each env takes next, and when its chunk is over.
+"""Per-env action plans: which action each env takes next, when its chunk is over, and what the server holds of it.
 
 A server answers an infer with a time-major chunk ``[H, m, *action_shape]``. Each env consumes its column step by
 step, up to ``replan_steps``. A chunk ends when it is used up or when the env's episode ends (the rest is
 dropped); the envs whose chunk ended get feedback on that step and ask for a new chunk on the next one.
+
+Three small objects, each used by the env group at one point of its step:
+
+* :class:`ActionPlans`: the chunks, and the mask of envs that need one (computed once per batch step, in
+  :meth:`~ActionPlans.advance`, and kept up to date by every call that changes it);
+* :class:`ChunkEnds`: which envs a step's feedback is for (the chunks that ended, plus, with ``align_chunks``, the
+  nearly used ones, plus whatever keeps "every feedback is followed by an infer" true);
+* :class:`HeldRows`: the envs whose current observation the server holds from their last feedback, so an infer
+  can leave their rows out (``reuse-feedback-obs``).
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import numpy as np
 
@@ -23,11 +34,13 @@ class ActionPlans:
         self.cursor = np.zeros(num_envs, np.int64)  # steps of it already taken
         self.chunk_reward = np.zeros(num_envs, np.float64)
         self.chunk_index = np.zeros(num_envs, np.int64)  # completed chunks in the current episode (step_ids)
+        self.needing = np.ones(num_envs, bool)
+        """Per env: its chunk is used up or was dropped (``cursor >= length``), kept current by every method."""
         self._all = np.arange(num_envs)
 
     def needing_actions_mask(self) -> np.ndarray:
         """Per env: its chunk is used up or was dropped."""
-        return self.cursor >= self.length
+        return self.needing
 
     def load(self, env_ids: np.ndarray, actions: np.ndarray) -> None:
         """Queue a time-major chunk ``actions[t, j]`` for env ``env_ids[j]``, cut to ``replan_steps``."""
@@ -43,6 +56,7 @@ class ActionPlans:
         self.length[env_ids] = steps
         self.cursor[env_ids] = 0
         self.chunk_reward[env_ids] = 0.0
+        self.needing[env_ids] = steps == 0
 
     def next_actions(self) -> np.ndarray:
         """The batch of actions for this env step. Every active env holds a chunk; an env that takes no part in
@@ -51,26 +65,28 @@ class ActionPlans:
 
     def advance(self, rewards: np.ndarray, done: np.ndarray, active: np.ndarray | None = None) -> np.ndarray:
         """Account one env step of the ``active`` envs (all when None); returns the envs whose chunk ended on it
-        (used up or episode over). Inactive envs (retired, or waiting) keep their plans as they are."""
+        (used up or episode over). Inactive envs (retired, or waiting) keep their plans as they are; ``done``
+        holds only active envs."""
+        cursor = self.cursor
         if active is None:
-            self.cursor += 1
+            cursor += 1
             self.chunk_reward += rewards
-            ended = (self.cursor >= self.length) | done
         else:
-            self.cursor += active
+            cursor += active
             self.chunk_reward += np.where(active, rewards, 0.0)
-            ended = active & ((self.cursor >= self.length) | done)
-        self.cursor[done] = self.length[done]
-        return ended.nonzero()[0]
+        np.copyto(cursor, self.length, where=done)
+        self.needing = needing = cursor >= self.length
+        return (needing if active is None else needing & active).nonzero()[0]
 
     def nearly_used(self, steps_left: int, candidates: np.ndarray) -> np.ndarray:
         """Among ``candidates`` (a bool mask), the envs with at most ``steps_left`` steps left in their chunk."""
-        return np.flatnonzero(candidates & (self.length - self.cursor <= steps_left) & (self.cursor < self.length))
+        return np.flatnonzero(candidates & (self.length - self.cursor <= steps_left) & ~self.needing)
 
     def cut(self, env_ids: np.ndarray) -> None:
         """End the chunks of ``env_ids`` now (a prefix of a chunk is a whole chunk to the protocol): they ask for
         a new one at the next infer."""
         self.cursor[env_ids] = self.length[env_ids]
+        self.needing[env_ids] = True
 
     def finish_chunks(self, env_ids: np.ndarray, done: np.ndarray) -> np.ndarray:
         """Step ids of the chunks that just ended at ``env_ids``; counts them and restarts done envs at 0."""
@@ -84,3 +100,59 @@ class ActionPlans:
         self.length[:] = 0
         self.cursor[:] = 0
         self.chunk_reward[:] = 0.0
+        self.needing[:] = True
+
+
+class ChunkEnds:
+    """Which envs get feedback on a step.
+
+    The envs whose chunk ended, always. With ``align`` A, also the active envs whose chunk has at most A steps
+    left (the protocol lets a client use any prefix of a chunk), so they join the next infer instead of needing one
+    of their own a step or two later. And the protocol's rule that every feedback is followed by an infer before
+    the next feedback: when no env of the feedback surely asks for actions next (``infer_follows`` says so), the
+    chunks of the other active envs end here too, so they ask instead.
+    """
+
+    def __init__(self, plans: ActionPlans, align: int,
+                 infer_follows: Callable[[np.ndarray, np.ndarray], bool]) -> None:
+        self.plans, self.align, self.infer_follows = plans, align, infer_follows
+
+    def rows(self, ended: np.ndarray, done: np.ndarray, active: np.ndarray | None) -> np.ndarray:
+        """The feedback's env rows (ascending, each once) for a step whose chunks ``ended`` (rows), with the
+        step's ``done`` mask and the ``active`` envs (None: all)."""
+        if ended.size == 0:
+            return ended
+        early = None
+        if self.align:
+            early = self.plans.nearly_used(self.align, ~done if active is None else active & ~done)
+        if not self.infer_follows(ended, done):
+            holding = ~done & ~self.plans.needing
+            early = np.flatnonzero(holding if active is None else holding & active)
+        if early is None or early.size == 0:
+            return ended
+        self.plans.cut(early)
+        return np.union1d(ended, early)
+
+
+class HeldRows:
+    """Envs whose current observation row is the one their last feedback on this connection carried: an env whose
+    chunk ended without ending its episode asks for its next chunk with exactly that row, so with the server's
+    ``reuse-feedback-obs`` the infer leaves it out."""
+
+    def __init__(self, num_envs: int, wanted: bool) -> None:
+        self.wanted = wanted
+        self.enabled = False  # the current connection offers the feature and we use it
+        self.held = np.zeros(num_envs, bool)
+
+    def connected(self, offered: bool) -> None:
+        """A fresh connection, which holds nothing; ``offered``: its server offers the feature."""
+        self.enabled = self.wanted and offered
+        self.held[:] = False
+
+    def reuse(self, need: np.ndarray) -> np.ndarray | None:
+        """The ``reuse`` mask of an infer for the envs ``need``; None without the feature."""
+        return self.held[need] if self.enabled else None
+
+    def fed_back(self, rows: np.ndarray, done: np.ndarray) -> None:
+        """A feedback went out for ``rows``: those not done are held from now on."""
+        self.held[rows] = ~done[rows]

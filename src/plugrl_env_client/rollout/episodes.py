@@ -2,6 +2,11 @@
 
 Kept per env (not per batch) so statistics stay right when envs finish on different steps.
 
+Two things a reset reports besides the observation have an object of their own here: :class:`Retirement` (envs
+whose reset had no episode for them, ``info["no_episode"]``, take no part any more) and :class:`Instructions`
+(``info["env_instruction"]``, recorded with the episode and, unless ``--runner.instruction off``, put in front of
+its first observation text).
+
 Metrics follow ROLL/GEM's convention: a step's ``info["metrics"]`` maps names to one value per env, and
 ``info["metrics_agg_mode"]`` says how a name is aggregated over an episode: ``sum``, ``mean``, ``min``, ``max``,
 ``first`` or ``last``; a name without a mode is averaged (``mean``). An unknown mode, or a mode that changes between
@@ -19,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from plugrl_env_client.envs.base_env import Observation
 from plugrl_env_client.envs.contract import describe_value
 from plugrl_env_client.errors import EnvContractError
 from plugrl_env_client.records import EpisodeRecord
@@ -192,3 +198,91 @@ class EpisodeTracker:
             "s": self.success[rows].copy(),
             "mask": done[rows].copy(),
         }
+
+
+class Retirement:
+    """Envs with no episode left: a reset that reports ``info["no_episode"]`` for an env retires it, and a retired
+    env takes no part in steps, infers or feedback any more (the batched step still steps its row).
+
+    ``may_retire`` says whether any env may still retire: the env declares it (``metadata["finite_episodes"]``), or
+    once reported ``no_episode``. Until then a done env surely starts a new episode at its reset."""
+
+    def __init__(self, num_envs: int, env_id: str, offset: int, declared: bool) -> None:
+        self.env_id, self.offset = env_id, offset
+        self.may_retire = declared
+        self.retired = np.zeros(num_envs, bool)
+        self.all_retired = False
+
+    def note_reset(self, info: dict[str, Any], started: np.ndarray) -> np.ndarray:
+        """The envs of ``started`` that did get an episode from the reset whose info is ``info`` (the others
+        retire)."""
+        no_episode = _no_episode(info, len(self.retired))
+        if no_episode is None:
+            return started
+        self.may_retire = True
+        retiring = started[no_episode[started]]
+        if retiring.size == 0:
+            return started
+        self.retired[retiring] = True
+        self.all_retired = bool(self.retired.all())
+        logger.info("env %s: no episode left for envs %s; they are retired", self.env_id,
+                    (self.offset + retiring).tolist())
+        return started[~no_episode[started]]
+
+
+class Instructions:
+    """``info["env_instruction"]`` of a reset: the instruction of each episode it starts, for its record, and (mode
+    ``prepend``) in front of that episode's first observation text, where a language policy reads it."""
+
+    def __init__(self, num_envs: int, mode: str) -> None:
+        self.n, self.prepend = num_envs, mode == "prepend"
+
+    def note_reset(self, obs: Observation, info: dict[str, Any], started: np.ndarray
+                   ) -> tuple[Observation, list[str] | None]:
+        """The observation the episodes ``started`` begin from, and their instructions (None: the env gave none)."""
+        instructions = _instructions(info.get("env_instruction"), self.n)
+        if instructions is None:
+            return obs, None
+        if self.prepend and started.size:
+            obs = _prepend(obs, started, instructions)
+        return obs, [instructions[i] for i in started]
+
+
+def _no_episode(info: dict[str, Any], n: int) -> np.ndarray | None:
+    """``info["no_episode"]`` as a bool mask of the batch (one bool for all envs, or one per env); None when the
+    env does not report it."""
+    if "no_episode" not in info:
+        return None
+    mask = np.asarray(info["no_episode"])
+    if mask.ndim == 0:
+        mask = np.full(n, bool(mask))
+    if mask.shape != (n,) or mask.dtype.kind not in "biu":
+        raise EnvContractError(f"reset() info['no_episode'] must be a bool or one bool per env ({n}); got "
+                               f"{mask.dtype} {mask.shape}")
+    return mask.astype(bool)
+
+
+def _instructions(value: Any, n: int) -> list[str] | None:
+    """``info["env_instruction"]``: one str for all envs, or one per env; None when the env gave none."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        return [value] * n
+    items = np.asarray(value, dtype=object).reshape(-1)
+    if items.shape != (n,):
+        raise EnvContractError(f"reset() info['env_instruction'] must be a str or one str per env ({n}); got "
+                               f"{items.shape[0]} values")
+    return ["" if v is None else str(v) for v in items]
+
+
+def _prepend(obs: Observation, rows: np.ndarray, instructions: list[str]) -> Observation:
+    """A copy of ``obs`` whose text rows ``rows`` start with their instruction (other arrays are shared)."""
+    texts = obs.text.astype(object)
+    for i in rows:
+        head, body = instructions[i], str(texts[i])
+        if head:
+            texts[i] = f"{head}\n\n{body}" if body else head
+    out = Observation.__new__(Observation)
+    out.images, out.states = obs.images, obs.states
+    out.text = np.asarray(texts.tolist(), dtype=str) if len(texts) else obs.text
+    return out

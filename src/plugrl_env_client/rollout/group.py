@@ -7,7 +7,15 @@ totals. Its steps, in the order a rollout calls them::
 
 ``send_feedback`` runs before ``finish_episodes`` resets anything, so a finished episode's feedback carries its
 terminal observation. A lockstep rollout drives one group; a pipelined one drives several, each with its own env
-object and connection, so one group's stepping overlaps the others' inference.
+object and connection, so one group's stepping overlaps the others' inference (``request_actions`` is then split
+in two: ``ask_for_actions`` sends the infer, ``take_actions`` picks its reply up).
+
+The steps hold no feature flags: each optional feature is a small object they call at one point, and does nothing
+when it is off. Seed groups (:class:`~plugrl_env_client.rollout.seeds.SeedGroups`), retirement and instructions
+(:class:`~plugrl_env_client.rollout.episodes.Retirement`, :class:`~plugrl_env_client.rollout.episodes.Instructions`)
+act when episodes end and start; align and "every feedback is followed by an infer"
+(:class:`~plugrl_env_client.rollout.chunks.ChunkEnds`) choose a feedback's rows; the rows the server holds
+(:class:`~plugrl_env_client.rollout.chunks.HeldRows`) shape an infer.
 
 Env ids: a group's envs are the process's envs ``offset .. offset + num_envs - 1`` (the ids in episodes.jsonl and
 the recorder); on the wire each connection numbers its own envs from 0. The first reset is seeded with the process
@@ -16,11 +24,17 @@ env i with seed + i, as Gymnasium's vector envs do).
 
 Some envs take no part in a step: an env retired because its reset had no episode for it (``info["no_episode"]``),
 and, with ``--runner.group-size``, an env waiting for the rest of its group to finish. The batched ``env.step`` still
-steps their rows (with a placeholder action); their results are not counted, fed back or recorded.
+steps their rows (with a placeholder action); their results are not counted, fed back or recorded. While every env
+takes part (the common case) :attr:`EnvGroup.active` is None and the steps use no masks at all.
+
+Every env call (reset, step) runs inside ``guard`` (the process's
+:class:`~plugrl_env_client.protocol.keepalive.Keepalive`): a call that lasts long has the server's pings answered
+for it, and between calls the sockets are serviced (SPEC C2).
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import time
@@ -38,11 +52,11 @@ from plugrl_env_client.protocol.connection import CloseAction, ConnectionLost
 from plugrl_env_client.protocol.messages import FEATURE_REUSE_FEEDBACK_OBS, ActionReply, ServerMetadata
 from plugrl_env_client.rollout import checks
 from plugrl_env_client.rollout.budget import Budget
-from plugrl_env_client.rollout.chunks import ActionPlans
+from plugrl_env_client.rollout.chunks import ActionPlans, ChunkEnds, HeldRows
 from plugrl_env_client.rollout.env_checks import EnvChecks
-from plugrl_env_client.rollout.episodes import EpisodeTracker
+from plugrl_env_client.rollout.episodes import EpisodeTracker, Instructions, Retirement
 from plugrl_env_client.rollout.interfaces import EpisodeHooks, ResultSink, ServerSession
-from plugrl_env_client.rollout.seeds import GroupSeeds
+from plugrl_env_client.rollout.seeds import GroupSeeds, SeedGroups
 from plugrl_env_client.rollout.settings import LoopSettings
 from plugrl_env_client.rollout.signals import deferred_interrupts
 from plugrl_env_client.timing import Timing
@@ -70,6 +84,7 @@ class StepResult:
     done: np.ndarray  # terminated | truncated, active envs only
     info: dict[str, Any]
     chunk_ended: np.ndarray  # envs whose chunk ended on this step (they get feedback)
+    active: np.ndarray | None  # the envs that took part (None: every env)
 
     def take_obs(self) -> Observation:
         """The step's observation, which the result no longer holds afterwards: whoever takes it decides how long
@@ -87,33 +102,32 @@ class EnvGroup:
     """One env object, its session, and the state of its envs between steps."""
 
     def __init__(self, env: BaseEnv, session: ServerSession, settings: LoopSettings, budget: Budget,
-                 sink: ResultSink, timing: Timing, offset: int = 0, hooks: EpisodeHooks | None = None) -> None:
+                 sink: ResultSink, timing: Timing, offset: int = 0, hooks: EpisodeHooks | None = None,
+                 guard: contextlib.AbstractContextManager[Any] | None = None) -> None:
         self.env, self.session, self.settings = env, session, settings
         self.budget, self.sink, self.timing, self.hooks = budget, sink, timing, hooks
-        self.n = env.num_envs
+        self.guard = guard if guard is not None else contextlib.nullcontext()
+        self.n = n = env.num_envs
         self.offset = offset
-        self.ids = np.arange(offset, offset + self.n)  # the process's env ids of this group's envs
+        self.ids = np.arange(offset, offset + n)  # the process's env ids of this group's envs
         self.space = contract.action_space_of(env)
-        self.plans = ActionPlans(self.n, tuple(self.space.shape or ()), _plan_dtype(self.space), settings.replan_steps)
-        self.tracker = EpisodeTracker(self.n, settings.success_threshold)
-        self.env_checks = EnvChecks(settings.env_id, self.n, settings.check_partial_reset)
-        self.reuse = False  # the current connection supports reuse-feedback-obs and we use it
-        self.held = np.zeros(self.n, bool)  # env's current obs row is the one its last feedback carried
-        self.retired = np.zeros(self.n, bool)  # no episode left for the env
-        # A reset may retire envs: the env declares it (metadata["finite_episodes"]) or reported info["no_episode"].
-        self.may_retire = bool(env.metadata.get("finite_episodes", False))
-        self._idle_any = False
-        self._all_retired = False
-        self.waiting = np.zeros(self.n, bool)  # done, waiting for the rest of its seed group
-        self.seeds = GroupSeeds(settings.seed, settings.process_id, offset, self.n, settings.group_size)
         if settings.group_size > 1 and not env.metadata.get("per_env_seeds", False):
             raise ConfigError(
                 f"--runner.group-size {settings.group_size} starts the envs of a group from one seed, but env "
                 f"{settings.env_id} does not take per-env seeds (reset(seed=[...]) with metadata['per_env_seeds'] = "
                 "True); use an env that does (Gym-v1, GEM-v1, GuessNumber-v1) or --runner.group-size 1"
             )
-        self._all = np.arange(self.n)
-        self._awaiting = False  # an infer of this group is on the wire (its reply names the envs it is for)
+        self.plans = ActionPlans(n, tuple(self.space.shape or ()), _plan_dtype(self.space), settings.replan_steps)
+        self.tracker = EpisodeTracker(n, settings.success_threshold)
+        self.env_checks = EnvChecks(settings.env_id, n, settings.check_partial_reset)
+        self.held = HeldRows(n, settings.reuse_feedback_obs)
+        self.retirement = Retirement(n, settings.env_id, offset, bool(env.metadata.get("finite_episodes", False)))
+        self.seed_groups = SeedGroups(GroupSeeds(settings.seed, settings.process_id, offset, n, settings.group_size))
+        self.instructions = Instructions(n, settings.instruction)
+        self.ends = ChunkEnds(self.plans, settings.align_chunks, self._infer_follows)
+        self.active: np.ndarray | None = None
+        """The envs that take part in steps (not retired, not waiting for their group); None while all do."""
+        self._all = np.arange(n)
         self.started = time.perf_counter()
         self.process_env_steps: Callable[[], int] = lambda: self.timing.env_steps
         """The process's env steps so far (its groups' total when the rollout runs several), for episode records."""
@@ -121,23 +135,13 @@ class EnvGroup:
     # ------------------------------------------------------------------------------------------ connection
 
     @property
-    def active(self) -> np.ndarray:
-        """Envs that take part in steps: not retired, not waiting for their group."""
-        return ~(self.retired | self.waiting)
-
-    @property
-    def all_active(self) -> bool:
-        """No env is idle: the common case, whose steps skip every mask (they are on the hot path)."""
-        return not self._idle_any
-
-    @property
     def all_retired(self) -> bool:
-        return self._all_retired
+        return self.retirement.all_retired
 
-    def _idle_changed(self) -> None:
-        """Refresh the flags derived from ``retired`` and ``waiting`` (call after changing either)."""
-        self._idle_any = bool(self.retired.any() or self.waiting.any())
-        self._all_retired = bool(self.retired.all())
+    @property
+    def awaiting_actions(self) -> bool:
+        """An infer of this group is on the wire (the session is the one that knows)."""
+        return self.session.awaiting
 
     def connect(self) -> None:
         """The first connection (reconnecting, or ending the run, as the server's closes say)."""
@@ -155,8 +159,6 @@ class EnvGroup:
                 logger.info("the run ended (%s)", lost.close.describe())
                 raise RunEnded
             self.plans.drop_all()
-            self._awaiting = False  # its reply will never come
-            self.held[:] = False  # a new connection holds nothing
             try:
                 meta = self.session.reconnect(lost.close)
             except ConnectionLost as again:
@@ -173,20 +175,21 @@ class EnvGroup:
     def reset_all(self) -> Observation:
         """The first reset of every env: seeded with the process seed plus this group's offset (or, with seed
         groups, each group's first seed)."""
-        seed = self.seeds.initial()
+        seed = self.seed_groups.seeds.initial()
         obs, info = self._reset(seed, None)
         if "_single_observation_space" not in vars(self.env):  # not declared: derived, for wrappers and recorders
             self.env.single_observation_space = observation_space_of(obs)
-        return self._started_episodes(obs, info, self._all, self.seeds.recorded(seed, self._all))
+        return self._started_episodes(obs, info, self._all, seed)
 
     def needs_actions(self) -> bool:
         """Whether some active env has no action for the next step (its chunk is used up or was dropped)."""
-        needing = self.plans.needing_actions_mask()
-        return bool((needing if self.all_active else needing & self.active).any())
+        needing = self.plans.needing
+        return bool((needing if self.active is None else needing & self.active).any())
 
     def can_step(self) -> bool:
         """Every active env has an action, and some env is active."""
-        return not self._all_retired and (self.all_active or bool(self.active.any())) and not self.needs_actions()
+        active = self.active
+        return not self.all_retired and (active is None or bool(active.any())) and not self.needs_actions()
 
     def request_actions(self, obs: Observation) -> None:
         """Infer for the active envs whose chunk ran out (ascending env index) and queue their chunks (lockstep:
@@ -200,53 +203,28 @@ class EnvGroup:
         request = self._infer_request(obs)
         if request is not None:
             self.session.send_infer(*request)
-            self._awaiting = True
-
-    @property
-    def awaiting_actions(self) -> bool:
-        """An infer of this group is on the wire."""
-        return self._awaiting
 
     def take_actions(self, timeout: float | None = 0.0) -> bool:
         """Queue the chunks answering the infer on the wire, if they arrive within ``timeout`` s (0: if they are
         in already; None: wait for them). Returns whether they did."""
-        assert self._awaiting, "ask_for_actions() sent no infer"
         reply = self.session.receive_actions(timeout)
         if reply is None:
             return False
-        self._awaiting = False
         self._load(reply)
         return True
-
-    def _infer_request(self, obs: Observation) -> tuple[Observation, np.ndarray, np.ndarray, np.ndarray | None] | None:
-        """(rows sent, env indices, step ids, reuse) of the infer for the active envs without actions; None when
-        every active env has its actions."""
-        needing = self.plans.needing_actions_mask()
-        need = np.flatnonzero(needing if self.all_active else needing & self.active)
-        if need.size == 0:
-            return None
-        reuse = self.held[need] if self.reuse else None
-        sent = need if reuse is None else need[~reuse]
-        return self._rows(obs, sent), need, self.plans.chunk_index[need], reuse
-
-    def _load(self, reply: ActionReply) -> None:
-        """Queue a reply's chunks for the envs it names (the connection checked they are the infer's)."""
-        actions = checks.check_actions(reply.actions, self.space, self.settings.replan_steps,
-                                       self.settings.non_finite_actions)
-        self.plans.load(reply.env_ids, actions)
 
     def step_envs(self) -> StepResult:
         """One batched env step with the planned actions; applies the time limit and chunk accounting."""
         actions = self.plans.next_actions()
-        active = None if self.all_active else self.active  # None: every env (the fast path)
+        active = self.active
         start = time.perf_counter()
         result = self._call_env("step", self.env.step, actions)
-        self.timing.env_step_s += time.perf_counter() - start
-        self.timing.batch_steps += 1
+        timing = self.timing
+        timing.env_step_s += time.perf_counter() - start
+        timing.batch_steps += 1
         steps = self.n if active is None else int(active.sum())
-        self.timing.env_steps += steps
-        self.timing.idle_env_steps += self.n - steps
-        self.budget.add_env_steps(steps)
+        timing.env_steps += steps  # the rollout adds them to the run's budget now and then
+        timing.idle_env_steps += self.n - steps
         out = self._checked(contract.check_step, result, self.settings.non_finite_rewards,
                             self.settings.non_finite_observations)
         self.env_checks.after_step(out.obs)
@@ -258,71 +236,39 @@ class EnvGroup:
             rewards = np.where(active, rewards, np.float32(0.0))
             terminated, truncated = terminated & active, truncated & active
         self.tracker.add_step(rewards, out.info, active)
-        if self.settings.max_episode_steps is not None:
-            over = (self.tracker.lengths >= self.settings.max_episode_steps) & ~terminated
+        limit = self.settings.max_episode_steps
+        if limit is not None:
+            over = (self.tracker.lengths >= limit) & ~terminated
             truncated = truncated | (over if active is None else over & active)
         done = terminated | truncated
         chunk_ended = self.plans.advance(rewards, done, active)
         if self.hooks is not None:
             self.hooks.on_step(out.obs, actions, rewards, self.ids)
-        return StepResult(out.obs, rewards, terminated, truncated, done, out.info, chunk_ended)
+        return StepResult(out.obs, rewards, terminated, truncated, done, out.info, chunk_ended, active)
 
     def send_feedback(self, step: StepResult) -> None:
-        """Feedback for the envs whose chunk ended: chunk-summed rewards, post-step (terminal) observations.
-
-        With ``align_chunks`` A, the chunks of active envs with at most A steps left end here too (the protocol
-        lets a client use any prefix of a chunk), so they join the next infer instead of needing one of their own.
-        A connection that is gone already is not an error here: it surfaces at the next infer.
-        """
-        rows = step.chunk_ended
+        """Feedback for the envs whose chunk ended (and those :class:`ChunkEnds` adds): chunk-summed rewards,
+        post-step (terminal) observations. A connection that is gone already is not an error here: it surfaces
+        at the next infer."""
+        rows = self.ends.rows(step.chunk_ended, step.done, step.active)
         if rows.size == 0:
             return
-        early = None
-        if self.settings.align_chunks:
-            early = self.plans.nearly_used(self.settings.align_chunks, self.active & ~step.done)
-        if not self._infer_follows(rows, step.done):
-            early = np.flatnonzero(self.active & ~step.done & ~self.plans.needing_actions_mask())
-        if early is not None and early.size:
-            self.plans.cut(early)
-            ending = np.zeros(self.n, bool)
-            ending[rows] = True
-            ending[early] = True
-            rows = ending.nonzero()[0]  # ascending, each env once
+        done = step.done
         info = checks.slice_info(step.info, rows, self.n)
-        if step.done[rows].any():
-            info["episode"] = self.tracker.episode_info(rows, step.done)
+        if done[rows].any():
+            info["episode"] = self.tracker.episode_info(rows, done)
             if self.tracker.judges_success:  # as PlugRL's client does: a server cannot tell a False "s" from no rule
                 info.setdefault("is_step_success", self.tracker.success[rows].copy())
-        # Known structurally: an env whose chunk ended without ending its episode asks for its next chunk with
-        # exactly the observation this feedback carries, so the server can reuse the row.
-        self.held[rows] = ~step.done[rows]
+        self.held.fed_back(rows, done)
         self.session.feedback(
             env_indices=rows,
-            step_ids=self.plans.finish_chunks(rows, step.done),
+            step_ids=self.plans.finish_chunks(rows, done),
             obs=self._rows(step.obs, rows),
             rewards=self.plans.chunk_reward[rows].astype(np.float32),
             terminated=step.terminated[rows],
             truncated=step.truncated[rows],
             info=info,
         )
-
-    def _infer_follows(self, rows: np.ndarray, done: np.ndarray) -> bool:
-        """Whether some env of this feedback surely asks for actions next, so an infer follows it.
-
-        Every feedback must be followed by an infer before the next feedback. An env whose chunk ended without
-        ending its episode asks again; so does a done env that is reset at once, unless it may go idle: waiting
-        for its seed group, or retired because its reset has no episode. When no env of the feedback surely asks
-        again, the chunks of the other active envs end here too (a prefix is a whole chunk to the protocol), so
-        they ask instead.
-        """
-        if (~done[rows]).any():
-            return True
-        if self.may_retire:
-            return False
-        if self.settings.group_size == 1:
-            return True
-        restarting = self.seeds.complete(self.waiting | self.retired | done) & done
-        return bool(restarting[rows].any())
 
     def finish_episodes(self, step: StepResult) -> Observation:
         """Record finished episodes and start the next ones (unless the run needs no more episodes); returns the
@@ -333,7 +279,7 @@ class EnvGroup:
             return obs
         records = self.tracker.finish(done, step.terminated, step.truncated, self.settings.process_id,
                                       time.perf_counter() - self.started, self.process_env_steps(), self.offset)
-        with deferred_interrupts():  # an episode is claimed and reported as one, never half
+        with self.guard, deferred_interrupts():  # an episode is claimed and reported as one, never half
             for record in records:
                 if self.budget.claim(self.settings.process_id):
                     self.sink.episode(record)
@@ -342,50 +288,55 @@ class EnvGroup:
         if self.budget.finished(self.settings.process_id):
             return obs
         del obs  # the reset returns the whole batch: the step's observation need not stay alive while it runs
-        return self._restart(done)
-
-    # ------------------------------------------------------------------------------------------ helpers
-
-    def _restart(self, done: np.ndarray) -> Observation:
-        """Reset the envs whose episode ended. With seed groups, a group starts its next episode once every member
-        is done, all from the group's next seed; a member done early is reset to that start at once (so its
-        simulator is in a valid state) and waits, its row idling, until the group starts together."""
-        if self.settings.group_size == 1:
-            return self._reset_and_start(done, None, done)
-        self.waiting[done] = True
-        complete = self.seeds.complete(self.waiting | self.retired)
-        starting = np.flatnonzero(complete & self.waiting)
-        rows = np.union1d(starting, done)
-        seed = self.seeds.upcoming(rows)
-        self.seeds.advance(starting)
-        self.waiting[starting] = False
-        self._idle_changed()
-        return self._reset_and_start(rows, seed, starting)
-
-    def _reset_and_start(self, rows: np.ndarray, seed: list[int | None] | None, starting: np.ndarray) -> Observation:
+        rows, seed, starting = self.seed_groups.restart(done, self.retirement.retired)
         mask = np.zeros(self.n, bool)
         mask[rows] = True
         obs, info = self._reset(seed, {"reset_mask": mask, "reset_indices": rows})
-        return self._started_episodes(obs, info, starting, self.seeds.recorded(seed, starting))
+        return self._started_episodes(obs, info, starting, seed)
+
+    # ------------------------------------------------------------------------------------------ helpers
+
+    def _infer_request(self, obs: Observation) -> tuple[Observation, np.ndarray, np.ndarray, np.ndarray | None] | None:
+        """(rows sent, env indices, step ids, reuse) of the infer for the active envs without actions; None when
+        every active env has its actions."""
+        needing = self.plans.needing
+        need = np.flatnonzero(needing if self.active is None else needing & self.active)
+        if need.size == 0:
+            return None
+        reuse = self.held.reuse(need)
+        sent = need if reuse is None else need[~reuse]
+        return self._rows(obs, sent), need, self.plans.chunk_index[need], reuse
+
+    def _load(self, reply: ActionReply) -> None:
+        """Queue a reply's chunks for the envs it names (the session checked they are the infer's)."""
+        actions = checks.check_actions(reply.actions, self.space, self.settings.replan_steps,
+                                       self.settings.non_finite_actions)
+        self.plans.load(reply.env_ids, actions)
+
+    def _infer_follows(self, rows: np.ndarray, done: np.ndarray) -> bool:
+        """Whether some env of a feedback for ``rows`` surely asks for actions next, so an infer follows it: one
+        whose chunk ended without ending its episode, or a done one that starts its next episode at once (it may
+        not if it may retire, or waits for its seed group)."""
+        if (~done[rows]).any():
+            return True
+        if self.retirement.may_retire:
+            return False
+        return self.seed_groups.restarts_at_once(rows, done, self.retirement.retired)
 
     def _started_episodes(self, obs: Observation, info: dict[str, Any], started: np.ndarray,
-                          seeds: list[int | None]) -> Observation:
-        """Bookkeeping for episodes that start at ``started``: retire envs that got none, note instructions, and
-        put each instruction in front of its episode's first observation text."""
-        no_episode = _no_episode(info, self.n)
-        if no_episode is not None:
-            self.may_retire = True
-        if no_episode is not None and no_episode[started].any():
-            retiring = started[no_episode[started]]
-            self.retired[retiring] = True
-            self._idle_changed()
-            logger.info("env %s: no episode left for envs %s; they are retired", self.settings.env_id,
-                        (self.offset + retiring).tolist())
-            started = started[~np.isin(started, retiring)]
-        instructions = _instructions(info.get("env_instruction"), self.n)
-        self.tracker.start(started, seeds, None if instructions is None else [instructions[i] for i in started])
-        if instructions is not None and self.settings.instruction == "prepend" and started.size:
-            obs = _prepend(obs, started, instructions)
+                          seed: int | list[int | None] | None) -> Observation:
+        """Bookkeeping for episodes that start at ``started`` after a reset with ``seed``: retire the envs that got
+        none, note the instructions, and tell the hooks."""
+        seeds = self.seed_groups.seeds.recorded(seed, started)
+        kept = self.retirement.note_reset(info, started)
+        if kept.size != started.size:
+            seeds = [s for s, keep in zip(seeds, np.isin(started, kept)) if keep]
+            started = kept
+        obs, instructions = self.instructions.note_reset(obs, info, started)
+        self.tracker.start(started, seeds, instructions)
+        if self.retirement.may_retire or self.seed_groups.grouped:  # only then may an env be idle
+            idle = self.retirement.retired | self.seed_groups.waiting
+            self.active = ~idle if idle.any() else None
         if self.hooks is not None and started.size:
             self.hooks.on_reset(obs, self.ids[started], started)
         return obs
@@ -401,7 +352,7 @@ class EnvGroup:
 
     def _check_metadata(self, meta: ServerMetadata) -> None:
         """What the server says about itself, checked before any env step on this connection."""
-        self.reuse = bool(self.settings.reuse_feedback_obs and meta.supports(FEATURE_REUSE_FEEDBACK_OBS))
+        self.held.connected(meta.supports(FEATURE_REUSE_FEEDBACK_OBS))
         _check_action_dim(meta.action_dim, self.space)
         horizon, replan = meta.action_horizon, self.settings.replan_steps
         if horizon is not None and replan is not None and replan > horizon:
@@ -429,47 +380,10 @@ class EnvGroup:
             raise EnvContractError(f"env {self.settings.env_id}: {exc}") from None
 
     def _call_env(self, name: str, fn: Any, *args: Any) -> Any:
-        return call_env(self.settings.env_id, name, fn, *args)
-
-
-def _no_episode(info: dict[str, Any], n: int) -> np.ndarray | None:
-    """``info["no_episode"]`` as a bool mask of the batch (one bool for all envs, or one per env); None when the
-    env does not report it."""
-    if "no_episode" not in info:
-        return None
-    mask = np.asarray(info["no_episode"])
-    if mask.ndim == 0:
-        mask = np.full(n, bool(mask))
-    if mask.shape != (n,) or mask.dtype.kind not in "biu":
-        raise EnvContractError(f"reset() info['no_episode'] must be a bool or one bool per env ({n}); got "
-                               f"{mask.dtype} {mask.shape}")
-    return mask.astype(bool)
-
-
-def _instructions(value: Any, n: int) -> list[str] | None:
-    """``info["env_instruction"]``: one str for all envs, or one per env; None when the env gave none."""
-    if value is None:
-        return None
-    if isinstance(value, str):
-        return [value] * n
-    items = np.asarray(value, dtype=object).reshape(-1)
-    if items.shape != (n,):
-        raise EnvContractError(f"reset() info['env_instruction'] must be a str or one str per env ({n}); got "
-                               f"{items.shape[0]} values")
-    return ["" if v is None else str(v) for v in items]
-
-
-def _prepend(obs: Observation, rows: np.ndarray, instructions: list[str]) -> Observation:
-    """A copy of ``obs`` whose text rows ``rows`` start with their instruction (other arrays are shared)."""
-    texts = obs.text.astype(object)
-    for i in rows:
-        head, body = instructions[i], str(texts[i])
-        if head:
-            texts[i] = f"{head}\n\n{body}" if body else head
-    out = Observation.__new__(Observation)
-    out.images, out.states = obs.images, obs.states
-    out.text = np.asarray(texts.tolist(), dtype=str) if len(texts) else obs.text
-    return out
+        """Every env call goes through here: inside the guard (the keepalive), its failure the env's (also a
+        ``sys.exit`` or a ``KeyboardInterrupt`` of the env's own: :func:`call_env`)."""
+        with self.guard:
+            return call_env(self.settings.env_id, name, fn, *args)
 
 
 def _check_action_dim(action_dim: int | None, space: Any) -> None:

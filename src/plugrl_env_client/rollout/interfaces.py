@@ -4,6 +4,7 @@ session, the run's writer (directly or over a queue) and the episode recorder.""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
@@ -20,7 +21,8 @@ if TYPE_CHECKING:
 
 class ServerSession(Protocol):
     """The rollout's server connection (a :class:`~plugrl_env_client.protocol.session.Session` over a WebSocket,
-    or an in-memory fake). Every call may raise :class:`~plugrl_env_client.protocol.connection.ConnectionLost`."""
+    or an in-memory fake). Every call may raise :class:`~plugrl_env_client.protocol.connection.ConnectionLost`,
+    except :meth:`wait`."""
 
     def open(self) -> ServerMetadata: ...
 
@@ -34,7 +36,16 @@ class ServerSession(Protocol):
         """The first half of ``infer``: send it, and let the caller step other envs until the reply is in."""
 
     def receive_actions(self, timeout: float | None = None) -> ActionReply | None:
-        """The second half: the reply to the infer sent last, or None if it is not in within ``timeout`` s."""
+        """The second half: the reply to the infer sent last, or None (nothing raised) if it is not in within
+        ``timeout`` s."""
+
+    @property
+    def awaiting(self) -> bool:
+        """An infer is on the wire and its reply not taken yet: the one place that knows."""
+
+    def wait(self, peers: Sequence[Any] = ()) -> None:
+        """Block until the reply to this session's infer or one of ``peers``' (sessions of its kind) is in, or
+        one of them needs looking at; then ``receive_actions(0)`` of each says which."""
 
     def feedback(self, env_indices: np.ndarray, step_ids: np.ndarray, obs: Observation, rewards: np.ndarray,
                  terminated: np.ndarray, truncated: np.ndarray, info: dict[str, Any]) -> None: ...

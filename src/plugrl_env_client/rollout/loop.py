@@ -7,10 +7,12 @@ its four named steps::
 
 Pipelined (``--runner.pipeline K``): the envs are split into K groups, each with its own env object and its own
 connection. One thread does everything: a group that needs actions sends its infer and the loop goes on stepping
-the groups that have theirs, picking up replies as they arrive; it blocks, on the reply asked for first, only when
-no group can step. So one group's stepping overlaps the others' inference, and a server that batches by waiting
-for one request per connected client never waits on us: every group either steps or has its infer on the wire.
-(No worker threads: Python work of a second thread would only take turns with the stepping on the GIL.)
+the groups that have theirs, picking up replies as they arrive (a poll that finds nothing costs one system call and
+raises nothing); it blocks, on every connection at once, only when no group can step. So one group's stepping
+overlaps the others' inference, and a server that batches by waiting for one request per connected client never
+waits on us: every group either steps or has its infer on the wire. (No worker threads: Python work of a second
+thread would only take turns with the stepping on the GIL, and no thread but this one reads the sockets, except a
+keepalive that answers pings while one env call runs long.)
 
 Invariants the server relies on, per connection: one infer outstanding at most, strictly ``infer action
 feedback``, feedback only for chunks that arrived on the current connection, rewards summed over a chunk, and the
@@ -39,6 +41,10 @@ logger = logging.getLogger(__name__)
 
 __all__ = ["LoopSettings", "Rollout", "StepResult"]
 
+ENV_STEPS_TELL_S = 0.05
+"""How often the loop adds the env steps taken since the last time to the run's shared budget (the progress line's
+count; a lock shared between processes each time), instead of once per batch step."""
+
 
 class Rollout:
     """Runs a process's env groups until the budget is spent, every env is retired, or the server ends the run."""
@@ -51,8 +57,9 @@ class Rollout:
             for group in groups:
                 group.process_env_steps = lambda: sum(t.env_steps for t in timings)
         self._started = time.perf_counter()
-        self._last_progress = time.monotonic()
+        self._last_progress = self._tell_at = time.monotonic()
         self._blocked_s = 0.0  # pipelined: time nothing could step, waiting for a reply
+        self._steps_told = 0  # env steps already added to the budget
 
     def timing(self) -> Timing:
         """The process's timing: its groups' counters and stage times added up. Pipelined, the groups' round trips
@@ -78,6 +85,7 @@ class Rollout:
             pass
         finally:
             self._stamp()
+            self._tell_env_steps()
             for group in self.groups:
                 group.close()
         return self._end_status()
@@ -101,25 +109,21 @@ class Rollout:
             self._report_progress()
 
     def _pipelined(self, obs: list[Observation]) -> None:
-        asked: list[int] = []  # the groups with an infer on the wire, in the order they sent it
         while not self._done():
-            self._ask(obs, asked)
-            stepped = self._step_ready(obs)
-            asked[:] = [g for g in asked if self.groups[g].awaiting_actions]  # replies taken: off the list
-            if not stepped and asked:  # nothing could step: wait for the reply asked for first
-                blocked = time.perf_counter()
-                self._guarded(self.groups[asked[0]].take_actions, asked[0], None)
-                self._blocked_s += time.perf_counter() - blocked
-                asked[:] = [g for g in asked if self.groups[g].awaiting_actions]
+            self._ask(obs)
+            if not self._step_ready(obs):  # nothing could step: wait for the first reply, on every connection
+                waiting = [group.session for group in self.groups if group.awaiting_actions]
+                if waiting:
+                    blocked = time.perf_counter()
+                    waiting[0].wait(waiting[1:])
+                    self._blocked_s += time.perf_counter() - blocked
             self._report_progress()
 
-    def _ask(self, obs: list[Observation], asked: list[int]) -> None:
+    def _ask(self, obs: list[Observation]) -> None:
         """Every group that needs actions and has no infer on the wire sends one."""
         for g, group in enumerate(self.groups):
-            if not group.awaiting_actions and group.needs_actions() and self._guarded(group.ask_for_actions, g,
-                                                                                      obs[g]):
-                if group.awaiting_actions:
-                    asked.append(g)
+            if not group.awaiting_actions and group.needs_actions():
+                self._guarded(group.ask_for_actions, g, obs[g])
 
     def _step_ready(self, obs: list[Observation]) -> bool:
         """Pick up the replies already in, and step every group that has its actions once; whether any did."""
@@ -161,12 +165,23 @@ class Rollout:
         return ProcessStatus.STOPPED_BY_SERVER
 
     def _report_progress(self) -> None:
-        """Hand the run's writer this process's timing every ``progress_period_s`` (so a crash loses little)."""
+        """Add the env steps taken to the budget every :data:`ENV_STEPS_TELL_S`, and hand the run's writer this
+        process's timing every ``progress_period_s`` (so a crash loses little)."""
         now = time.monotonic()
+        if now < self._tell_at:
+            return
+        self._tell_at = now + ENV_STEPS_TELL_S
+        self._tell_env_steps()
         if now - self._last_progress >= self.settings.progress_period_s:
             self._last_progress = now
             self._stamp()
             self.sink.progress(self.settings.process_id, ProcessStatus.RUNNING, self.timing())
+
+    def _tell_env_steps(self) -> None:
+        steps = sum(t.env_steps for t in self.timings)
+        if steps > self._steps_told:
+            self.budget.add_env_steps(steps - self._steps_told)
+            self._steps_told = steps
 
     def _stamp(self) -> None:
         """The collection time so far, on every group's timing (the process's total takes the longest)."""

@@ -13,6 +13,9 @@ every episode of a group starts all its members from one seed, a new one per gro
 where the process seed is ``--runner.seed + process * num_envs``; identical run to run (a random root when
 ``--runner.seed None``). Envs get them as a per-env list,
 ``reset(seed=[...])``, with None for envs not being reset.
+
+:class:`GroupSeeds` derives the seeds; :class:`SeedGroups` follows the groups through a run (who waits for the rest of
+its group, which envs a reset starts).
 """
 
 from __future__ import annotations
@@ -66,3 +69,40 @@ class GroupSeeds:
             key = (self.process_id, int(self.group_of[i]), int(episodes[i]))
             out[i] = int(np.random.SeedSequence(self._root, spawn_key=key).generate_state(1)[0])
         return out
+
+
+class SeedGroups:
+    """Seed groups over time: which envs wait for the rest of their group, and which envs a reset starts.
+
+    Without seed groups (size 1) every done env is reset at once and nobody waits. With them, a group starts its
+    next episode once every member is done, all from the group's next seed; a member done early is reset to that
+    start at once (so its simulator is in a valid state) and waits, its row idling, until the group starts together.
+    """
+
+    def __init__(self, seeds: GroupSeeds) -> None:
+        self.seeds = seeds
+        self.grouped = seeds.size > 1
+        self.waiting = np.zeros(seeds.n, bool)
+        """Done, and waiting for the rest of the group."""
+
+    def restart(self, done: np.ndarray, retired: np.ndarray) -> tuple[np.ndarray, list[int | None] | None, np.ndarray]:
+        """For the envs ``done`` (rows) on this step: (the rows to reset, the reset's seed argument, the rows whose
+        episode starts now). ``retired``: the mask of envs that will never start one."""
+        if not self.grouped:
+            return done, None, done
+        self.waiting[done] = True
+        complete = self.seeds.complete(self.waiting | retired)
+        starting = np.flatnonzero(complete & self.waiting)
+        rows = np.union1d(starting, done)
+        seed = self.seeds.upcoming(rows)
+        self.seeds.advance(starting)
+        self.waiting[starting] = False
+        return rows, seed, starting
+
+    def restarts_at_once(self, rows: np.ndarray, done: np.ndarray, retired: np.ndarray) -> bool:
+        """Whether some env of ``rows``, done on this step, starts its next episode at once (rather than waiting
+        for its group)."""
+        if not self.grouped:
+            return True
+        restarting = self.seeds.complete(self.waiting | retired | done) & done
+        return bool(restarting[rows].any())
