@@ -14,8 +14,8 @@ as a rollout with H=8 and reuse-feedback-obs sends one observation per env and c
 * ``websockets, defaults``: websockets' threading client and server as the library ships them (64 KiB reads, no
   allocator setting), the bare baseline.
 * ``sansio -> websockets``, ``sansio -> picows``: the client's one-thread Sans-I/O WebSocket
-  (:func:`plugrl_env_client.protocol.ws_client.connect`) against :func:`plugrl_env_client.protocol.transport.serve`
-  on either library (the server's handler answering in its own thread as the reference server's do).
+  (:func:`plugrl_env_client.protocol.ws_client.connect`) against :func:`plugrl_env_client.server.transport.serve`
+  on either library (the server's handler a coroutine on its one event loop, as the reference server's are).
 * ``stack``: a real :class:`~plugrl_env_client.protocol.session.Session` (encoder, connection, transport) against
   ``plugrl-run-policy-server``: each round is a feedback for all n envs, then an infer that reuses every row,
   answered by the random policy; the server decodes, validates and holds each row as in a run.
@@ -135,14 +135,15 @@ def serve(role: str) -> None:
         server = ws_serve(bare, "127.0.0.1", 0, compression=None, max_size=None)
         print(f"ready {server.socket.getsockname()[1]}", flush=True)
         server.serve_forever()
-    from plugrl_env_client.protocol import transport
+    from plugrl_env_client.protocol.transport import TransportClosed
+    from plugrl_env_client.server import transport
 
-    def handler(conn: transport.ServerTransport) -> None:
+    async def handler(conn: transport.Connection) -> None:
         try:
             while True:
-                conn.recv()
-                conn.send(reply)
-        except transport.TransportClosed:
+                await conn.recv()
+                await conn.send(reply)
+        except TransportClosed:
             pass
 
     tserver = transport.serve(handler, "127.0.0.1", 0, kind=role)

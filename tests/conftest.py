@@ -25,6 +25,8 @@ from plugrl_env_client.protocol import codec, messages
 # Importable helpers for tests (and for spawned rollout processes, which inherit sys.path).
 sys.path.insert(0, str(Path(__file__).parent / "_support"))
 
+from ws_servers import bare, served  # noqa: F401  (fixtures: WebSocket servers for a test)
+
 
 class HarnessConnection:
     def __init__(self, ws: ServerConnection, index: int) -> None:

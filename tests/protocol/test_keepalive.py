@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterator
-from typing import Any
+from collections.abc import Callable
 
 import pytest
-from websockets.sync.server import serve as ws_serve
+from ws_servers import echo
 
 from plugrl_env_client.protocol import ws_client
 from plugrl_env_client.protocol.keepalive import Keepalive
@@ -17,28 +16,6 @@ from plugrl_env_client.protocol.transport import TransportClosed
 
 PINGS = {"ping_interval": 0.5, "ping_timeout": 0.5}
 """A server that closes (1011) a connection whose pong is more than 0.5 s late; a long call below lasts 2.5 s."""
-
-
-@pytest.fixture
-def bare() -> Iterator[Callable[..., str]]:
-    made = []
-
-    def start(handler: Callable[[Any], None], **kwargs: Any) -> str:
-        server = ws_serve(handler, "127.0.0.1", 0, compression=None, max_size=None, **kwargs)
-        thread = threading.Thread(target=server.serve_forever, daemon=True)
-        thread.start()
-        made.append((server, thread))
-        return f"ws://127.0.0.1:{server.socket.getsockname()[1]}"
-
-    yield start
-    for server, thread in made:
-        server.shutdown()
-        thread.join(timeout=10)
-
-
-def echo(ws: Any) -> None:
-    for message in ws:
-        ws.send(message)
 
 
 def wait_for(condition: Callable[[], bool], timeout: float = 10.0) -> bool:

@@ -1,9 +1,11 @@
-"""Both server transports of :func:`transport.serve` (websockets, picows) against the client over real loopback
-sockets: bytes, closes, drops, headers, the parse hook, shutdown, the allocator setting.
+"""What the package's WebSockets share, over real loopback sockets: the client (:func:`ws_client.connect`) against
+the reference server's transport on both libraries (websockets, picows) moves every byte, and both ends report
+closes and drops as the same :class:`TransportClosed`; the server side knows its client and parses with its hook;
+the allocator setting keeps multi-MB buffers in the process.
 
-The client is the package's one client (:func:`ws_client.connect`, websockets' Sans-I/O protocol on the caller's
-thread); its own behaviour against peers that misbehave on purpose (handshake refusals, TLS, fragments, pings) is
-tests/protocol/test_ws_client.py's.
+The client's own behaviour against peers that misbehave on purpose (handshake refusals, TLS, fragments, pings) is
+tests/protocol/test_ws_client.py's; the server transport's limits (storms, handshake timeouts, keepalive) are
+tests/server/test_transport.py's.
 """
 
 from __future__ import annotations
@@ -14,66 +16,25 @@ import resource
 import socket
 import sys
 import threading
-from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
 import pytest
 from waiting import wait_until
+from ws_servers import echo_async
 
 from plugrl_env_client.errors import ConfigError, ProtocolError
 from plugrl_env_client.protocol import codec, transport, ws_client
-from plugrl_env_client.protocol.transport import (
-    ServerTransport,
-    TransportClosed,
-)
+from plugrl_env_client.protocol.transport import TransportClosed
+from plugrl_env_client.server import transport as server_transport
 
 _NO_PICOWS = pytest.mark.skipif(importlib.util.find_spec("picows") is None, reason="needs the fast extra (picows)")
 KINDS = ["websockets", pytest.param("picows", marks=_NO_PICOWS)]
 
 
-class Served:
-    """A :func:`transport.serve` server in a thread; records what each handler saw."""
-
-    def __init__(self, handler: Callable[[ServerTransport], None], kind: str, **kwargs: Any) -> None:
-        self.errors: list[BaseException] = []
-        self.seen: list[Any] = []
-
-        def guarded(conn: ServerTransport) -> None:
-            try:
-                handler(conn)
-            except TransportClosed as exc:
-                self.seen.append(exc)
-            except BaseException as exc:  # surfaced by the test
-                self.errors.append(exc)
-
-        self.server = transport.serve(guarded, "127.0.0.1", 0, kind=kind, **kwargs)
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-        self.thread.start()
-        self.url = f"ws://127.0.0.1:{self.server.address[1]}"
-
-    def stop(self) -> None:
-        self.server.shutdown()
-        self.thread.join(timeout=10)
-
-
-@pytest.fixture
-def served() -> Iterator[Callable[..., Served]]:
-    made: list[Served] = []
-
-    def start(handler: Callable[[ServerTransport], None], kind: str, **kwargs: Any) -> Served:
-        s = Served(handler, kind, **kwargs)
-        made.append(s)
-        return s
-
-    yield start
-    for s in made:
-        s.stop()
-
-
-def echo(conn: ServerTransport) -> None:
-    while True:
-        conn.send(conn.recv())
+async def recv_one(conn: Any) -> None:
+    """Wait for one message: a close or a drop ends up in ``seen``."""
+    await conn.recv()
 
 
 # ------------------------------------------------------------------------------------------------ bytes
@@ -81,7 +42,7 @@ def echo(conn: ServerTransport) -> None:
 
 @pytest.mark.parametrize("server_kind", KINDS)
 def test_round_trips_keep_every_byte(served, server_kind):
-    s = served(echo, server_kind)
+    s = served(echo_async, server_kind)
     rng = np.random.default_rng(0)
     big = rng.integers(0, 256, 5 * 2**20 + 3, dtype=np.uint8)
     conn = ws_client.connect(s.url)
@@ -108,11 +69,11 @@ def test_many_frames_in_a_row_arrive_in_order(served, kind):
     got: list[bytes] = []
     done = threading.Event()
 
-    def collect(conn):
+    async def collect(conn):
         while len(got) < 40:
-            got.append(bytes(conn.recv()))
+            got.append(bytes(await conn.recv()))
         done.set()
-        conn.recv()
+        await conn.recv()
 
     s = served(collect, kind)
     conn = ws_client.connect(s.url)
@@ -130,13 +91,13 @@ def test_server_parse_hook_decodes_and_its_errors_come_out_of_recv(served, kind)
     connection goes on."""
     results: list[Any] = []
 
-    def handler(conn):
+    async def handler(conn):
         for _ in range(3):
             try:
-                results.append(conn.recv())
+                results.append(await conn.recv())
             except ProtocolError as exc:
                 results.append(exc)
-            conn.send(b"ok")
+            await conn.send(b"ok")
 
     s = served(handler, kind, parse=codec.unpackb)
     conn = ws_client.connect(s.url)
@@ -161,9 +122,9 @@ def test_server_parse_hook_decodes_and_its_errors_come_out_of_recv(served, kind)
 @pytest.mark.parametrize("code, reason", [(1001, "plugrl-server-stop"), (1011, "Internal server error."),
                                           (4000, "über")])
 def test_server_close_code_and_reason_reach_the_client(served, server_kind, code, reason):
-    def handler(conn):
-        conn.recv()
-        conn.close(code, reason)
+    async def handler(conn):
+        await conn.recv()
+        await conn.close(code, reason)
 
     s = served(handler, server_kind)
     conn = ws_client.connect(s.url)
@@ -180,7 +141,7 @@ def test_server_close_code_and_reason_reach_the_client(served, server_kind, code
 
 @pytest.mark.parametrize("server_kind", KINDS)
 def test_client_close_reaches_the_server(served, server_kind):
-    s = served(lambda conn: conn.recv(), server_kind)
+    s = served(recv_one, server_kind)
     conn = ws_client.connect(s.url)
     conn.close(1000)
     conn.close(1000)  # a second close is a no-op
@@ -190,7 +151,7 @@ def test_client_close_reaches_the_server(served, server_kind):
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_a_client_that_drops_the_socket_is_a_close_without_code_on_the_server(served, kind):
-    s = served(lambda conn: conn.recv(), kind)
+    s = served(recv_one, kind)
     raw = socket.create_connection(("127.0.0.1", int(s.url.rsplit(":", 1)[1])))
     raw.sendall(b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
                 b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n")
@@ -204,12 +165,12 @@ def test_a_client_that_drops_the_socket_is_a_close_without_code_on_the_server(se
 def test_server_side_knows_its_client(served, kind):
     seen = {}
 
-    def handler(conn):
+    async def handler(conn):
         seen["header"] = conn.header("x-plugrl-test")
         seen["missing"] = conn.header("x-not-sent")
         seen["peer"] = conn.remote_address
-        conn.send(b"hi")
-        conn.recv()
+        await conn.send(b"hi")
+        await conn.recv()
 
     s = served(handler, kind)
     conn = ws_client.connect(s.url, {"X-PlugRL-Test": "3.1"})
@@ -222,18 +183,19 @@ def test_server_side_knows_its_client(served, kind):
 
 
 def test_unknown_kind_is_a_config_error():
-    with pytest.raises(ConfigError, match="unknown transport 'carrier-pigeon'; choose one of websockets, picows"):
-        transport.serve(echo, "127.0.0.1", 0, kind="carrier-pigeon")
+    with pytest.raises(ConfigError,
+                       match="unknown server transport 'carrier-pigeon'; choose one of websockets, picows"):
+        server_transport.serve(echo_async, "127.0.0.1", 0, kind="carrier-pigeon")
 
 
 def test_missing_picows_is_a_config_error_that_says_how_to_install(monkeypatch):
     monkeypatch.setitem(sys.modules, "picows", None)  # import picows now raises ImportError
-    transport._picows.cache_clear()
+    server_transport._picows.cache_clear()
     try:
         with pytest.raises(ConfigError, match=r"needs the picows package: pip install 'plugrl-env-client\[fast\]'"):
-            transport.serve(echo, "127.0.0.1", 0, kind="picows")
+            server_transport.serve(echo_async, "127.0.0.1", 0, kind="picows")
     finally:
-        transport._picows.cache_clear()
+        server_transport._picows.cache_clear()
 
 
 # ------------------------------------------------------------------------------------------------ timing
@@ -241,7 +203,7 @@ def test_missing_picows_is_a_config_error_that_says_how_to_install(monkeypatch):
 
 @pytest.mark.parametrize("server_kind", KINDS)
 def test_recv_timeout_leaves_the_connection_usable(served, server_kind):
-    s = served(echo, server_kind)
+    s = served(echo_async, server_kind)
     conn = ws_client.connect(s.url)
     try:
         assert conn.recv(timeout=0.2) is None
@@ -249,9 +211,6 @@ def test_recv_timeout_leaves_the_connection_usable(served, server_kind):
         assert conn.recv(timeout=10) == b"still here"
     finally:
         conn.close()
-
-
-# ------------------------------------------------------------------------------------------------ TLS
 
 
 # ------------------------------------------------------------------------------------------------ allocator
@@ -276,7 +235,7 @@ def test_freed_multi_mb_buffers_stay_in_the_process():
 
 @pytest.mark.parametrize("server_kind", KINDS)
 def test_server_shutdown_closes_open_connections_as_going_away(served, server_kind):
-    s = served(echo, server_kind)
+    s = served(echo_async, server_kind)
     conn = ws_client.connect(s.url)
     conn.send(b"x")
     assert conn.recv(timeout=10) == b"x"

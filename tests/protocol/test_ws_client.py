@@ -10,12 +10,12 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 import pytest
-from websockets.sync.server import serve as ws_serve
+from ws_servers import echo
 
 from plugrl_env_client.envs.base_env import Observation
 from plugrl_env_client.protocol import codec, messages, ws_client
@@ -34,35 +34,10 @@ from plugrl_env_client.server.server import PolicyServer
 
 
 @pytest.fixture
-def bare() -> Iterator[Callable[..., str]]:
-    """A websockets server running ``handler(ws)`` in a thread per connection; returns its URL."""
-    made = []
-
-    def start(handler: Callable[[Any], None], **kwargs: Any) -> str:
-        kwargs.setdefault("compression", None)
-        kwargs.setdefault("max_size", None)
-        server = ws_serve(handler, "127.0.0.1", 0, **kwargs)
-        thread = threading.Thread(target=server.serve_forever, daemon=True)
-        thread.start()
-        made.append((server, thread))
-        return f"ws://127.0.0.1:{server.socket.getsockname()[1]}"
-
-    yield start
-    for server, thread in made:
-        server.shutdown()
-        thread.join(timeout=10)
-
-
-@pytest.fixture
 def reference() -> Iterator[PolicyServer]:
     server = PolicyServer(make_policy(PolicyConfig(action_dim=2, action_horizon=4, seed=0)), port=0).start()
     yield server
     server.shutdown()
-
-
-def echo(ws: Any) -> None:
-    for message in ws:
-        ws.send(message)
 
 
 # ------------------------------------------------------------------------------------------------ opening
