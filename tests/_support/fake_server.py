@@ -41,6 +41,7 @@ from plugrl_env_client.protocol.messages import (
     ActionReply,
     ServerMetadata,
 )
+from plugrl_env_client.rollout.settings import LoopSettings
 
 RESYNC = Closed(CloseAction.RECONNECT, CLOSE_GOING_AWAY, REASON_RESYNC)
 """The server starts the connection over (the client reconnects)."""
@@ -498,6 +499,15 @@ class FakeServer:
 
 
 # ---------------------------------------------------------------------------------------------- the run's world
+
+
+def loop_settings(**overrides: Any) -> LoopSettings:
+    """The loop's settings of an in-memory run: env ``Scripted-v0``, process 0, no seed, no limits, no progress
+    lines; ``overrides`` set any field."""
+    values: dict[str, Any] = dict(env_id="Scripted-v0", process_id=0, seed=None, max_episode_steps=None,
+                                  replan_steps=None, success_threshold=None, progress_period_s=3600.0)
+    values.update(overrides)
+    return LoopSettings(**values)
 
 
 class MemorySink:

@@ -24,3 +24,18 @@ def imported(path: Path, name: str) -> Iterator[ModuleType]:
         yield module
     finally:
         sys.modules.pop(name, None)
+
+
+BENCH = Path(__file__).resolve().parents[2] / "bench"
+
+
+@contextlib.contextmanager
+def bench_script(script: str) -> Iterator[ModuleType]:
+    """``bench/<script>.py`` as module ``bench_<script>``, with ``bench/`` on ``sys.path`` for as long (the scripts
+    import their helper module ``machine`` by name)."""
+    sys.path.insert(0, str(BENCH))
+    try:
+        with imported(BENCH / f"{script}.py", f"bench_{script}") as module:
+            yield module
+    finally:
+        sys.path.remove(str(BENCH))

@@ -4,32 +4,19 @@ client and server (separate processes, loopback) must agree on every episode."""
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
+from file_modules import bench_script
 
 from plugrl_env_client.envs import discover_envs
-
-BENCH = Path(__file__).resolve().parents[2] / "bench"
 
 
 @pytest.fixture(scope="module")
 def learning():
-    sys.path.insert(0, str(BENCH))  # the bench scripts import their helper module `machine` by name
-    try:
-        spec = importlib.util.spec_from_file_location("bench_learning", BENCH / "learning.py")
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[spec.name] = module  # dataclasses look their module up there
-        spec.loader.exec_module(module)
+    with bench_script("learning") as module:
         discover_envs()
         yield module
-    finally:
-        sys.modules.pop("bench_learning", None)
-        sys.path.remove(str(BENCH))
 
 
 def test_the_client_changes_nothing_the_learner_sees(learning, tmp_path):

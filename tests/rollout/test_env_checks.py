@@ -19,7 +19,7 @@ import broken_envs
 import gymnasium as gym
 import numpy as np
 import pytest
-from fake_server import FakeServer, MemoryBudget, MemorySink
+from fake_server import FakeServer, MemoryBudget, MemorySink, loop_settings
 from scripted_env import ScriptedEnv, by_env
 
 from plugrl_env_client.app import run_client
@@ -32,17 +32,9 @@ from plugrl_env_client.records import ProcessStatus
 from plugrl_env_client.rollout.env_checks import ObservationSignature, PartialResetCheck, partial_reset_problem
 from plugrl_env_client.rollout.group import EnvGroup
 from plugrl_env_client.rollout.loop import Rollout
-from plugrl_env_client.rollout.settings import LoopSettings
 from plugrl_env_client.timing import Timing
 
 FIX = "reset only the rows of `mask = self.reset_mask(options)`"
-
-
-def settings(**overrides: Any) -> LoopSettings:
-    values: dict[str, Any] = dict(env_id="Scripted-v0", process_id=0, seed=None, max_episode_steps=None,
-                                  replan_steps=None, success_threshold=None, progress_period_s=3600.0)
-    values.update(overrides)
-    return LoopSettings(**values)
 
 
 @dataclasses.dataclass
@@ -55,9 +47,9 @@ class Run:
 def run(env: BaseEnv, server: FakeServer | None = None, episodes: int | None = 12, **overrides: Any) -> Run:
     """One group's rollout to its end (``episodes`` recorded, every env retired, or an error raised)."""
     server = server if server is not None else FakeServer()
-    budget, sink, loop_settings = MemoryBudget(episodes), MemorySink(), settings(**overrides)
-    group = EnvGroup(env, server.session(), loop_settings, budget, sink, Timing())
-    status = Rollout([group], loop_settings, budget, sink).run()
+    budget, sink, chosen = MemoryBudget(episodes), MemorySink(), loop_settings(**overrides)
+    group = EnvGroup(env, server.session(), chosen, budget, sink, Timing())
+    status = Rollout([group], chosen, budget, sink).run()
     return Run(status, server, sink)
 
 

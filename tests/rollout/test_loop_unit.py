@@ -30,6 +30,7 @@ from fake_server import (
     close_after,
     decode_action,
     encoded_chunks,
+    loop_settings,
     stop_after_feedbacks,
 )
 from scripted_env import Reset, ScriptedEnv, Step, by_env, col
@@ -39,17 +40,9 @@ from plugrl_env_client.errors import ConfigError
 from plugrl_env_client.records import EpisodeRecord, ProcessStatus
 from plugrl_env_client.rollout.group import EnvGroup
 from plugrl_env_client.rollout.loop import Rollout
-from plugrl_env_client.rollout.settings import LoopSettings
 from plugrl_env_client.timing import Timing
 
 LENGTHS = (3, 5, 4)
-
-
-def settings(**overrides: Any) -> LoopSettings:
-    values: dict[str, Any] = dict(env_id="Scripted-v0", process_id=0, seed=None, max_episode_steps=None,
-                                  replan_steps=None, success_threshold=None, progress_period_s=3600.0)
-    values.update(overrides)
-    return LoopSettings(**values)
 
 
 @dataclasses.dataclass
@@ -74,12 +67,12 @@ def run(envs: ScriptedEnv | Sequence[ScriptedEnv], server: FakeServer | None = N
     every env is retired, or the server ends the run."""
     envs = [envs] if isinstance(envs, ScriptedEnv) else list(envs)
     server = server if server is not None else FakeServer()
-    budget, sink, loop_settings = MemoryBudget(episodes), MemorySink(), settings(**overrides)
+    budget, sink, chosen = MemoryBudget(episodes), MemorySink(), loop_settings(**overrides)
     groups, offset = [], 0
     for env in envs:
-        groups.append(EnvGroup(env, server.session(), loop_settings, budget, sink, Timing(), offset))
+        groups.append(EnvGroup(env, server.session(), chosen, budget, sink, Timing(), offset))
         offset += env.num_envs
-    rollout = Rollout(groups, loop_settings, budget, sink)
+    rollout = Rollout(groups, chosen, budget, sink)
     status = rollout.run()
     return Run(status, server, envs, sink, rollout)
 
@@ -368,7 +361,7 @@ def test_seed_groups_start_together_from_one_seed_and_members_wait() -> None:
 
 def test_seed_groups_need_an_env_that_takes_per_env_seeds() -> None:
     with pytest.raises(ConfigError, match="does not take per-env seeds"):
-        EnvGroup(ScriptedEnv(4), FakeServer().session(), settings(group_size=2), MemoryBudget(), MemorySink(),
+        EnvGroup(ScriptedEnv(4), FakeServer().session(), loop_settings(group_size=2), MemoryBudget(), MemorySink(),
                  Timing())
 
 

@@ -9,15 +9,14 @@ threads and descriptors back to the baseline once the storm's sockets are gone, 
 
 from __future__ import annotations
 
-import importlib.util
 import socket
-import sys
 import threading
 import time
 from pathlib import Path
 
 import numpy as np
 import pytest
+from file_modules import bench_script
 from waiting import wait_until
 from websockets.exceptions import InvalidStatus
 from websockets.sync.client import connect
@@ -27,23 +26,13 @@ from plugrl_env_client.server.policies import PolicyConfig, make_policy
 from plugrl_env_client.server.server import PolicyServer
 from plugrl_env_client.server.transport import ServeLimits
 
-BENCH = Path(__file__).resolve().parents[2] / "bench"
 linux_only = pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads /proc (Linux)")
 
 
 @pytest.fixture(scope="module")
 def load():
-    sys.path.insert(0, str(BENCH))  # the bench scripts import their helper module `machine` by name
-    try:
-        spec = importlib.util.spec_from_file_location("bench_server_load", BENCH / "server_load.py")
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[spec.name] = module  # dataclasses look their module up there
-        spec.loader.exec_module(module)
+    with bench_script("server_load") as module:
         yield module
-    finally:
-        sys.modules.pop("bench_server_load", None)
-        sys.path.remove(str(BENCH))
 
 
 @linux_only
