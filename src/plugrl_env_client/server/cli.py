@@ -39,27 +39,29 @@ def main(args: Sequence[str] | None = None) -> None:
 
 def _serve(cfg: ServerArgs) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    server: PolicyServer | None = None
     try:
-        policy = make_policy(cfg.policy)
-        server = PolicyServer(policy, host=cfg.host, port=cfg.port, max_episodes=cfg.max_episodes,
-                              reuse_feedback_obs=cfg.reuse_feedback_obs, seed=cfg.policy.seed,
-                              transport=cfg.transport, latency_ms=cfg.policy.latency_ms)
-    except (TypeError, ValueError, OSError) as exc:  # a bad --policy.* value, the port is taken
-        raise ConfigError(str(exc)) from exc
-    shape = (f"{len(cfg.policy.choices)} choices" if cfg.policy.name == "text"
-             else f"action_dim={cfg.policy.action_dim}")
-    latency = f", latency={cfg.policy.latency_ms:g} ms" if cfg.policy.latency_ms else ""
-    print(f"Policy server ({cfg.policy.name}, {shape}, horizon={policy.horizon}{latency}, {cfg.transport}) "
-          f"listening on ws://{cfg.host}:{server.port}", flush=True)
-    # A policy that cannot serve the clients' env ends the run; then this process ends too, with the reason.
-    threading.Thread(target=_stop_on_failure, args=(server,), name="plugrl-failure-watch", daemon=True).start()
-    try:
+        try:
+            policy = make_policy(cfg.policy)
+            server = PolicyServer(policy, host=cfg.host, port=cfg.port, max_episodes=cfg.max_episodes,
+                                  reuse_feedback_obs=cfg.reuse_feedback_obs, seed=cfg.policy.seed,
+                                  transport=cfg.transport, latency_ms=cfg.policy.latency_ms)
+        except (TypeError, ValueError, OSError) as exc:  # a bad --policy.* value, the port is taken
+            raise ConfigError(str(exc)) from exc
+        shape = (f"{len(cfg.policy.choices)} choices" if cfg.policy.name == "text"
+                 else f"action_dim={cfg.policy.action_dim}")
+        latency = f", latency={cfg.policy.latency_ms:g} ms" if cfg.policy.latency_ms else ""
+        print(f"Policy server ({cfg.policy.name}, {shape}, horizon={policy.horizon}{latency}, {cfg.transport}) "
+              f"listening on ws://{cfg.host}:{server.port}", flush=True)
+        # A policy that cannot serve the clients' env ends the run; then this process ends too, with the reason.
+        threading.Thread(target=_stop_on_failure, args=(server,), name="plugrl-failure-watch", daemon=True).start()
         server.serve_forever()
-    except KeyboardInterrupt:  # Ctrl-C is how a server is stopped: not an error
+    except KeyboardInterrupt:  # Ctrl-C is how a server is stopped, also while it starts: not an error
         pass
     finally:
-        server.shutdown()
-    if server.failure is not None:  # a user error like any other: one line, exit 1
+        if server is not None:
+            server.shutdown()
+    if server is not None and server.failure is not None:  # a user error like any other: one line, exit 1
         raise ConfigError(str(server.failure))
     return 0
 
@@ -67,3 +69,7 @@ def _serve(cfg: ServerArgs) -> int:
 def _stop_on_failure(server: PolicyServer) -> None:
     server.failed.wait()
     server.shutdown()
+
+
+if __name__ == "__main__":  # python -m plugrl_env_client.server.cli, as plugrl-run-policy-server
+    main()

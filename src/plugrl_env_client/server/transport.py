@@ -119,19 +119,22 @@ class Listener(abc.ABC):
         self._handler = handler
         self._parse = parse
         self.limits = limits
-        self.loop = asyncio.new_event_loop()
+        self.loop: asyncio.AbstractEventLoop  # made by the loop's own thread, see _run
         self._stopped = threading.Event()
         self._thread = threading.Thread(target=self._run, name="plugrl-policy-server-loop", daemon=True)
         self._ready = threading.Event()
         self._thread.start()
-        self._ready.wait()
         try:
+            self._ready.wait()
             self.run(self._start())
-        except BaseException:
+        except BaseException:  # Ctrl-C while starting included: nothing keeps running
             self._stop_loop()
             raise
 
     def _run(self) -> None:
+        # The loop is built here, not in the caller's thread: Python delivers signals to the main thread only, so a
+        # Ctrl-C can never land inside the loop's constructor and leave a half-built loop behind.
+        self.loop = asyncio.new_event_loop()
         asyncio.set_event_loop(self.loop)
         self.loop.call_soon(self._ready.set)
         self.loop.run_forever()
@@ -185,7 +188,7 @@ class Listener(abc.ABC):
             self._stop_loop()
 
     def _stop_loop(self) -> None:
-        if self.loop.is_closed():
+        if not self._ready.wait(timeout=5) or self.loop.is_closed():
             return
         self.loop.call_soon_threadsafe(self.loop.stop)
         self._thread.join(timeout=5)
