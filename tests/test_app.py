@@ -648,3 +648,28 @@ def test_a_full_disk_stops_the_run_and_loses_nothing_written(tmp_path, procs):
     assert total["status"] == "failed" and set(total["failed_processes"]) == set(range(procs))
     assert "no space left on device" in total["errors"]["0"]
     assert f"Point-v1: {len(lines)} episodes" in result.stdout
+
+
+def test_recorder_files_that_fill_the_disk_stop_the_run_with_one_message(tmp_path):
+    """Sampled images and full rollouts of every episode on a 1 MiB disk: the recorder's writer thread used to log a
+    traceback per file and episode (about a thousand lines). Now the run stops with the one message, the recorder says
+    once how many recorded episodes it could not write, and every episode line is whole and counted."""
+    from small_disk import small_tmpfs
+
+    with small_tmpfs(tmp_path / "disk", "1m") as disk:
+        result = _cli(["dummy-v1", "--local-policy", "random", "--num-episodes", "1000000", "--num-envs", "4",
+                       "--recorder.episode-freq", "1", "--recorder.record-full-rollout", "--no-progress",
+                       "--output-dir", str(disk), "--exp-name", "run"], cwd=tmp_path)
+        assert result.returncode == 1, result.stderr
+        lines = [line for line in result.stderr.splitlines() if line.strip()]
+        assert f"error: no space left on device in {disk / 'run'} (writing rollout/proc_000/" in lines[-1], lines
+        assert all(line.startswith("WARNING: recorder: ") for line in lines[:-1]) and len(lines) <= 4, lines
+        assert "Traceback" not in result.stdout + result.stderr, result.stderr
+        text = (disk / "run" / "rollout/proc_000/episodes.jsonl").read_text()
+        assert text == "" or text.endswith("\n"), "no line is cut short"
+        manifest = json.loads((disk / "run" / "rollout/proc_000/manifest.json").read_text())
+        total = json.loads((disk / "run" / "summary.json").read_text())
+    assert total["completed_episodes"] == len(text.splitlines()) > 0
+    assert total["status"] == "failed"
+    recorder = manifest.get("recorder", manifest)
+    assert recorder["errors"] and "no space left on device" in recorder["errors"][0], manifest

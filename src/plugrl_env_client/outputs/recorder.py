@@ -67,7 +67,7 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 
 from plugrl_env_client.envs.base_env import Observation
-from plugrl_env_client.errors import ConfigError
+from plugrl_env_client.errors import ConfigError, OutputError
 from plugrl_env_client.outputs.run_dir import finite_json
 from plugrl_env_client.records import DEFAULT_METRIC_WINDOW, EpisodeRecord
 
@@ -210,6 +210,8 @@ class RecorderReport:
     """Recorded episodes that never ended: running at close, or reset again without an end."""
     errors: tuple[str, ...] = ()
     """Files that could not be written, with the reason (also in the log)."""
+    episodes_not_written: int = 0
+    """Recorded episodes not written because the output folder had failed (a full disk) before their turn."""
 
     def to_json(self) -> dict[str, Any]:
         return {**dataclasses.asdict(self), "files": list(self.files), "errors": list(self.errors)}
@@ -354,6 +356,8 @@ class EpisodeRecorder:
         self._written = 0
         self._files: dict[str, None] = {}  # insertion-ordered set
         self._errors: list[str] = []
+        self._folder_failed = False  # the output folder failed (OutputError): nothing more is tried
+        self._not_written = 0
         self._lines: dict[str, list[bytes]] = {}  # JSON lines so far, for sinks that cannot append
         self._handoff = _HandOff(queue_episodes, queue_bytes)
         self._thread: threading.Thread | None = None
@@ -495,11 +499,15 @@ class EpisodeRecorder:
             report = RecorderReport(
                 files=tuple(self._files), episodes_recorded=self._written, episodes_dropped=self._dropped,
                 frames_dropped=self._frames_dropped, frames_truncated=self._truncated,
-                episodes_unfinished=self._unfinished, errors=tuple(self._errors))
+                episodes_unfinished=self._unfinished, errors=tuple(self._errors),
+                episodes_not_written=self._not_written)
             if report.episodes_dropped:
                 logger.warning("recorder: %d recorded episodes (%d observations) were dropped because the writer was "
                                "behind", report.episodes_dropped, report.frames_dropped)
-            if report.errors:
+            if report.episodes_not_written:
+                logger.warning("recorder: %d recorded episodes were not written: the output folder had failed (the "
+                               "run's error says why)", report.episodes_not_written)
+            elif report.errors:
                 logger.warning("recorder: %d files could not be written (first: %s)", len(report.errors),
                                report.errors[0])
             self._report = report
@@ -513,7 +521,11 @@ class EpisodeRecorder:
             self._written += int(ok)
 
     def _write_episode(self, episode: _Episode, record: EpisodeRecord) -> bool:
-        """Every output of one episode; a failing output is logged and the others still written."""
+        """Every output of one episode; a failing output is logged and the others still written, unless the output
+        folder itself failed (a full disk): the run writer has said so once and stops the run, so this stops too."""
+        if self._folder_failed:
+            self._not_written += 1
+            return False
         ok = True
         outputs: list[tuple[str, Any]] = [("samples", self._write_samples)]
         if self.config.record_video:
@@ -527,6 +539,11 @@ class EpisodeRecorder:
         for what, write in outputs:
             try:
                 write(episode)
+            except OutputError as exc:  # said once by the run writer, which stops the run: no trace per file
+                self._errors.append(f"{episode.stem} {what}: {exc}")
+                self._folder_failed = True
+                self._not_written += 1
+                return False
             except Exception as exc:  # a broken file must not end the run; it is reported instead
                 ok = False
                 message = f"{episode.stem} {what}: {type(exc).__name__}: {exc}"
