@@ -408,6 +408,29 @@ def test_env_code_that_calls_sys_exit_in_an_actor_fails_the_run_with_its_message
     assert summary["errors"]["1"].startswith("env RayGated-v1 called sys.exit(0) in step()"), summary["errors"]
 
 
+def test_a_full_disk_fails_a_ray_run_once_and_keeps_every_episode_written(cluster, tmp_path):
+    """The actors write into the same run folder as local processes do: a disk that fills is an output failure of
+    the process, not an actor death to restart, and the run ends with the summary counting every line on disk."""
+    from small_disk import small_tmpfs
+
+    from plugrl_env_client.envs.point.point_env import PointEnvConfig
+
+    with small_tmpfs(tmp_path / "disk", "200k") as disk:
+        cfg = ray_config(disk, cluster, "run", env=PointEnvConfig(), num_envs=32, num_procs=2, num_episodes=10**6,
+                         local_policy="zero")
+        started = time.monotonic()
+        assert run_client(cfg, "Point-v1") == 1
+        took = time.monotonic() - started
+        summary = read(disk / "run", "summary.json")
+        lines = sum(len(episodes(disk / "run", pid)) for pid in (0, 1))
+        for pid in (0, 1):
+            text = (disk / "run" / "rollout" / f"proc_{pid:03d}" / "episodes.jsonl").read_text()
+            assert text == "" or text.endswith("\n"), "no line is cut short"
+    assert summary["status"] == "failed" and summary["completed_episodes"] == lines > 0
+    assert any("no space left on device" in e for e in summary["errors"].values()), summary["errors"]
+    assert took < 120, f"the run took {took:.0f} s to stop"
+
+
 @pytest.mark.parametrize("split,max_restarts", [("static", 3), ("shared", 3), ("shared", 0)])
 def test_killed_actor_is_restarted_and_the_total_stays_exact(cluster, tmp_path, split, max_restarts):
     """Process 0 kills itself in its 4th step; process 1 holds in its 4th step until the driver has taken in the
