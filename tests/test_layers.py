@@ -70,9 +70,9 @@ UPPER = (f"{NAME}.cli", f"{NAME}.app", f"{NAME}.config", f"{NAME}.launch")
     (("outputs",), (*UPPER, f"{NAME}.rollout", f"{NAME}.server", f"{NAME}.check", f"{NAME}.report")),
     (("server",), (*UPPER, f"{NAME}.rollout", f"{NAME}.check", f"{NAME}.report")),
     (("report",), (*UPPER, f"{NAME}.rollout", f"{NAME}.server", f"{NAME}.check")),
-    (("launch",), (*CLIENT_FRONT, f"{NAME}.app", f"{NAME}.check", f"{NAME}.report")),
+    (("launch",), (*CLIENT_FRONT, f"{NAME}.app", f"{NAME}.config", f"{NAME}.check", f"{NAME}.report")),
     (("app",), (*CLIENT_FRONT, f"{NAME}.check")),
-    (("config",), (*CLIENT_FRONT, f"{NAME}.app", f"{NAME}.launch.process", f"{NAME}.launch.local")),
+    (("config",), (*CLIENT_FRONT, f"{NAME}.app", f"{NAME}.launch.local")),
     (("env_commands",), (*CLIENT_FRONT, f"{NAME}.app", f"{NAME}.config", f"{NAME}.launch", f"{NAME}.check")),
 ], ids=lambda v: "/".join(v) if isinstance(v, tuple) and not v[0].startswith(NAME) else "")
 def test_no_layer_imports_a_layer_above_it(layer: tuple[str, ...], forbidden: tuple[str, ...]) -> None:

@@ -3,7 +3,7 @@
 The sections are the dataclasses of the modules that read them, so a flag is declared once, next to its use, and
 reaches it without being copied field by field:
 
-* ``runner`` (``--runner.*``): :class:`RunnerConfig`, the rollout loop's :class:`~plugrl_env_client.rollout.settings.LoopConfig`
+* ``runner`` (``--runner.*``): :class:`~plugrl_env_client.launch.process.RunnerConfig`, the rollout loop's :class:`~plugrl_env_client.rollout.settings.LoopConfig`
   plus what the launcher reads (processes, pipeline groups, episode split);
 * ``connection`` (flags without a prefix: ``--connect-timeout``, ``--max-reconnects``, ...): the session's
   :class:`~plugrl_env_client.protocol.session.ConnectionConfig`;
@@ -22,31 +22,12 @@ from typing import Annotated, Literal
 import tyro
 
 from plugrl_env_client.envs.base_env import BaseEnvConfig
+from plugrl_env_client.launch.process import RunnerConfig
 from plugrl_env_client.launch.ray.config import RayConfig
 from plugrl_env_client.outputs.recorder import RecorderConfig
 from plugrl_env_client.outputs.tracking import TrackingKind
 from plugrl_env_client.protocol.session import ConnectionConfig
 from plugrl_env_client.rollout.settings import LoopConfig
-
-
-@dataclasses.dataclass(frozen=True)
-class RunnerConfig(LoopConfig):
-    """How the rollout steps its envs, builds them, and shares the work between processes."""
-
-    # The loop's choices are LoopConfig's fields (inherited); these are read by the launcher and process setup.
-
-    pass_proc_id: bool = False
-    """Pass process_id and total_processes to the env's constructor."""
-    use_env_lock: bool = False
-    """Build envs one process at a time (for simulators whose setup is not safe to run concurrently)."""
-    start_method: Literal["spawn", "forkserver", "fork"] = "spawn"
-    """How --num-procs processes are started."""
-    pipeline: int = 1
-    """Split each process's envs into this many groups, each with its own env object and connection, and step one
-    group while the others wait for their actions (1: every env in lockstep)."""
-    episode_split: Literal["static", "shared"] = "static"
-    """With --num-episodes and several processes: static gives each process a fixed share (shares differ by at most
-    one), so the episodes depend only on the seed; shared lets whichever process finishes first take the next one."""
 
 
 @dataclasses.dataclass

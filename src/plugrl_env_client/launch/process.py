@@ -13,24 +13,23 @@ import dataclasses
 import logging
 import os
 import signal
-from typing import Any
+from typing import Any, ClassVar, Literal, Protocol
 from urllib.parse import urlsplit
 
-from plugrl_env_client.config import ClientConfig
 from plugrl_env_client.envs import contract
-from plugrl_env_client.envs.base_env import BaseEnv
+from plugrl_env_client.envs.base_env import BaseEnv, BaseEnvConfig
 from plugrl_env_client.envs.calls import call_env
 from plugrl_env_client.envs.registry import get_spec, make_env
 from plugrl_env_client.errors import ConfigError, EnvCrashedError, EnvExitError, PlugRLError
-from plugrl_env_client.outputs.recorder import EpisodeRecorder
+from plugrl_env_client.outputs.recorder import EpisodeRecorder, RecorderConfig
 from plugrl_env_client.protocol.keepalive import Keepalive
-from plugrl_env_client.protocol.session import Session, SessionConfig
+from plugrl_env_client.protocol.session import ConnectionConfig, Session, SessionConfig
 from plugrl_env_client.records import ProcessResult, ProcessStatus
 from plugrl_env_client.rollout.budget import Budget
 from plugrl_env_client.rollout.group import EnvGroup
 from plugrl_env_client.rollout.interfaces import ResultSink
 from plugrl_env_client.rollout.loop import Rollout
-from plugrl_env_client.rollout.settings import LoopSettings
+from plugrl_env_client.rollout.settings import LoopConfig, LoopSettings
 from plugrl_env_client.rollout.signals import shielded
 from plugrl_env_client.server.embedded import local_policy_flag, server_command
 from plugrl_env_client.timing import Timing
@@ -40,12 +39,56 @@ logger = logging.getLogger(__name__)
 PROGRESS_PERIOD_S = 2.0
 
 
+@dataclasses.dataclass(frozen=True)
+class RunnerConfig(LoopConfig):
+    """How the rollout steps its envs, builds them, and shares the work between processes."""
+
+    # The loop's choices are LoopConfig's fields (inherited); these are read by the launcher and process setup.
+
+    pass_proc_id: bool = False
+    """Pass process_id and total_processes to the env's constructor."""
+    use_env_lock: bool = False
+    """Build envs one process at a time (for simulators whose setup is not safe to run concurrently)."""
+    start_method: Literal["spawn", "forkserver", "fork"] = "spawn"
+    """How --num-procs processes are started."""
+    pipeline: int = 1
+    """Split each process's envs into this many groups, each with its own env object and connection, and step one
+    group while the others wait for their actions (1: every env in lockstep)."""
+    episode_split: Literal["static", "shared"] = "static"
+    """With --num-episodes and several processes: static gives each process a fixed share (shares differ by at most
+    one), so the episodes depend only on the seed; shared lets whichever process finishes first take the next one."""
+
+
+class RunConfig(Protocol):
+    """What a rollout process reads of its run's config: the command line's ``ClientConfig`` is one, and so is any
+    dataclass with these sections (this layer does not import the command line's config tree, which sits above it).
+    A dataclass, so that a launcher can ``dataclasses.replace`` a section (the Ray launcher gives a restarted actor
+    fresh seeds)."""
+
+    __dataclass_fields__: ClassVar[dict[str, dataclasses.Field[Any]]]
+
+    @property
+    def num_envs(self) -> int: ...
+    @property
+    def num_episodes(self) -> int | None: ...
+    @property
+    def num_procs(self) -> int: ...
+    @property
+    def env(self) -> BaseEnvConfig: ...
+    @property
+    def runner(self) -> RunnerConfig: ...
+    @property
+    def recorder(self) -> RecorderConfig: ...
+    @property
+    def connection(self) -> ConnectionConfig: ...
+
+
 @dataclasses.dataclass
 class ProcessJob:
     """Everything a rollout process needs to know (picklable: it crosses to spawned processes)."""
 
     env_id: str
-    config: ClientConfig
+    config: RunConfig
     process_id: int
     url: str
 
@@ -64,7 +107,7 @@ def build_env(job: ProcessJob, env_lock: Any = None, num_envs: int | None = None
                                                                config=cfg.env, **ids), passthrough=(PlugRLError,))
 
 
-def group_sizes(config: ClientConfig) -> list[int]:
+def group_sizes(config: RunConfig) -> list[int]:
     """Envs per pipeline group: ``--num-envs`` split into ``--runner.pipeline`` equal groups, each a whole number
     of ``--runner.group-size`` seed groups (otherwise a clear error)."""
     n, k, g = config.num_envs, config.runner.pipeline, config.runner.group_size
