@@ -23,7 +23,8 @@ other bad value.
 Every connection is a coroutine on one event loop (:mod:`~plugrl_env_client.server.transport`, websockets' asyncio
 server or picows), so a storm of connections costs no threads, and each connection's state is touched by its own
 coroutine only. ``latency_ms`` holds each action back that long, as a model's inference would: an ``await``, so it
-delays only its own connection while every other one is served.
+delays only its own connection while every other one is served (to within a tenth of a millisecond:
+:mod:`~plugrl_env_client.server.delay`, since asyncio's own timers would add up to one).
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ import numpy as np
 from plugrl_env_client.errors import ConfigError, ProtocolError
 from plugrl_env_client.protocol import codec, messages
 from plugrl_env_client.protocol.transport import TransportClosed
+from plugrl_env_client.server.delay import Delays
 from plugrl_env_client.server.episodes import EpisodeFile, EpisodeLog, Source, SuccessJudging
 from plugrl_env_client.server.info import EpisodeReport, read_info
 from plugrl_env_client.server.policies import Policy
@@ -77,6 +79,7 @@ class PolicyServer:
             raise ValueError(f"--policy.latency-ms must be a finite number >= 0, got {latency_ms}")
         self.policy = policy
         self.latency_s = latency_ms / 1000.0
+        self._delays = Delays()
         self.seed = seed if seed is not None else int(np.random.SeedSequence().entropy % (1 << 63))  # type: ignore[operator]
         self._streams: dict[tuple[int, int], int] = {}  # connections seen per client stream
         self._warned_stream = False
@@ -142,6 +145,7 @@ class PolicyServer:
         except (TimeoutError, RuntimeError):  # the loop is gone or stuck: the listener's shutdown drops what is left
             pass
         self._server.shutdown()
+        self._delays.close()
         logger.info("stopped: %s", self.log.line())  # the periodic line may be older than the last episodes
         if self._thread is not None:
             self._thread.join(timeout=5)
@@ -247,7 +251,7 @@ class PolicyServer:
                 actions = _parse(policy.infer, obs, request.env_indices, request.step_ids)
                 reply = codec.packb(messages.action_message(request.env_indices, actions))
                 if self.latency_s:
-                    await asyncio.sleep(self.latency_s)
+                    await self._delays.sleep(self.latency_s)
                 await ws.send(reply)
                 outstanding.update(envs)
                 seen.update(envs)
