@@ -526,6 +526,29 @@ def test_pipelined_groups_give_the_episodes_of_lockstep(k: int) -> None:
     assert overlapped, "a group stepped while another one's infer was out"
 
 
+def test_a_pipelined_group_asks_for_its_next_actions_before_the_next_group_steps() -> None:
+    """With chunks of one step every step ends a chunk: group g's next infer must go out right after its step (and
+    feedback), so its round trip overlaps the other groups' steps; sent only once every group had stepped, a
+    server's latency would overlap nothing."""
+    timeline: list = []
+    envs = [ScriptedEnv(2, lambda e, k: 5, first_id=g * 2, timeline=timeline, name=f"g{g}") for g in range(2)]
+    server = FakeServer(horizon=1, timeline=timeline, delay=1)
+    assert run(envs, server, episodes=8).status is ProcessStatus.FINISHED
+    events = [(what, who if what == "step" else f"g{who[0]}") for what, who, _ in timeline
+              if what in ("step", "infer")]
+    checked = 0
+    for i, (what, group) in enumerate(events):
+        if what != "step":
+            continue
+        later = events[i + 1:]
+        next_other = next((j for j, (w, g) in enumerate(later) if w == "step" and g != group), None)
+        if next_other is None or not any(e == ("infer", group) for e in later):
+            continue  # the last steps of the run: no further infer of this group, or no other step after it
+        assert ("infer", group) in later[:next_other], f"{group} stepped at event {i} but asked only after another group's step"
+        checked += 1
+    assert checked >= 10, checked
+
+
 def test_a_close_in_one_pipeline_group_leaves_the_others_alone() -> None:
     length = by_env([6, 9, 7])
     envs = [ScriptedEnv(3, length, first_id=3 * g, name=f"g{g}") for g in range(2)]

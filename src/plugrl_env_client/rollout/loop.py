@@ -126,7 +126,9 @@ class Rollout:
                 self._guarded(group.ask_for_actions, g, obs[g])
 
     def _step_ready(self, obs: list[Observation]) -> bool:
-        """Pick up the replies already in, and step every group that has its actions once; whether any did."""
+        """Pick up the replies already in, and step every group that has its actions once; whether any did. A group
+        asks for its next actions as soon as it has stepped, before the next group steps: its round trip then
+        overlaps that step (asked only once every group had stepped, a server's latency is hidden by nothing)."""
         stepped = False
         for g, group in enumerate(self.groups):
             if group.awaiting_actions:
@@ -136,6 +138,8 @@ class Rollout:
                 group.send_feedback(step)
                 obs[g] = group.finish_episodes(step)
                 stepped = True
+                if group.needs_actions() and not self._done():
+                    self._guarded(group.ask_for_actions, g, obs[g])
         return stepped
 
     def _guarded(self, call: Callable[..., object], g: int, *args: Any) -> bool:
