@@ -68,8 +68,19 @@ def test_a_real_signal_during_an_env_call_stays_an_interruption():
     assert not is_signal(KeyboardInterrupt())
 
 
+@pytest.fixture
+def pythons_own_sigint_handler():
+    """Python's own SIGINT handler for the test, whatever the tests were started with (``nohup pytest &`` starts
+    them with SIGINT ignored)."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
 @pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
-def test_signals_marked_marks_a_ctrl_c_where_pythons_own_handler_is_in_place():
+def test_signals_marked_marks_a_ctrl_c_where_pythons_own_handler_is_in_place(pythons_own_sigint_handler):
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
     with pytest.raises(KeyboardInterrupt) as info, signals_marked():
         slow_step_interrupted()
