@@ -55,7 +55,7 @@ from plugrl_env_client.rollout.budget import Budget
 from plugrl_env_client.rollout.chunks import ActionPlans, ChunkEnds, HeldRows
 from plugrl_env_client.rollout.env_checks import EnvChecks
 from plugrl_env_client.rollout.episodes import EpisodeTracker, Instructions, Retirement
-from plugrl_env_client.rollout.interfaces import EpisodeHooks, ResultSink, ServerSession
+from plugrl_env_client.rollout.interfaces import NO_HOOKS, EpisodeHooks, ResultSink, ServerSession
 from plugrl_env_client.rollout.seeds import GroupSeeds, SeedGroups
 from plugrl_env_client.rollout.settings import LoopSettings
 from plugrl_env_client.rollout.signals import deferred_interrupts
@@ -105,7 +105,8 @@ class EnvGroup:
                  sink: ResultSink, timing: Timing, offset: int = 0, hooks: EpisodeHooks | None = None,
                  guard: contextlib.AbstractContextManager[Any] | None = None) -> None:
         self.env, self.session, self.settings = env, session, settings
-        self.budget, self.sink, self.timing, self.hooks = budget, sink, timing, hooks
+        self.budget, self.sink, self.timing = budget, sink, timing
+        self.hooks: EpisodeHooks = hooks if hooks is not None else NO_HOOKS
         self.guard = guard if guard is not None else contextlib.nullcontext()
         self.n = n = env.num_envs
         self.offset = offset
@@ -242,8 +243,7 @@ class EnvGroup:
             truncated = truncated | (over if active is None else over & active)
         done = terminated | truncated
         chunk_ended = self.plans.advance(rewards, done, active)
-        if self.hooks is not None:
-            self.hooks.on_step(out.obs, actions, rewards, self.ids)
+        self.hooks.on_step(out.obs, actions, rewards, self.ids)
         return StepResult(out.obs, rewards, terminated, truncated, done, out.info, chunk_ended, active)
 
     def send_feedback(self, step: StepResult) -> None:
@@ -283,8 +283,7 @@ class EnvGroup:
             for record in records:
                 if self.budget.claim(self.settings.process_id):
                     self.sink.episode(record)
-                    if self.hooks is not None:
-                        self.hooks.on_episode_end(record)
+                    self.hooks.on_episode_end(record)
         if self.budget.finished(self.settings.process_id):
             return obs
         del obs  # the reset returns the whole batch: the step's observation need not stay alive while it runs
@@ -337,7 +336,7 @@ class EnvGroup:
         if self.retirement.may_retire or self.seed_groups.grouped:  # only then may an env be idle
             idle = self.retirement.retired | self.seed_groups.waiting
             self.active = ~idle if idle.any() else None
-        if self.hooks is not None and started.size:
+        if started.size:
             self.hooks.on_reset(obs, self.ids[started], started)
         return obs
 

@@ -76,3 +76,20 @@ class EpisodeHooks(Protocol):
     def on_step(self, obs: Observation, actions: np.ndarray, rewards: np.ndarray, env_ids: np.ndarray) -> None: ...
 
     def on_episode_end(self, record: EpisodeRecord) -> None: ...
+
+
+class NoHooks:
+    """The hooks of a rollout that nobody watches (no recorder): each call does nothing, so the loop calls its hooks
+    without asking first whether it has any."""
+
+    def on_reset(self, obs: Observation, env_ids: np.ndarray, rows: np.ndarray) -> None:
+        pass
+
+    def on_step(self, obs: Observation, actions: np.ndarray, rewards: np.ndarray, env_ids: np.ndarray) -> None:
+        pass
+
+    def on_episode_end(self, record: EpisodeRecord) -> None:
+        pass
+
+
+NO_HOOKS: EpisodeHooks = NoHooks()
