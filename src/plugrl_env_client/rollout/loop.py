@@ -121,9 +121,13 @@ class Rollout:
 
     def _ask(self, obs: list[Observation]) -> None:
         """Every group that needs actions and has no infer on the wire sends one."""
-        for g, group in enumerate(self.groups):
-            if not group.awaiting_actions and group.needs_actions():
-                self._guarded(group.ask_for_actions, g, obs[g])
+        for g in range(len(self.groups)):
+            self._ask_group(g, obs[g])
+
+    def _ask_group(self, g: int, obs: Observation) -> None:
+        group = self.groups[g]
+        if not group.awaiting_actions and group.needs_actions():
+            self._guarded(group.ask_for_actions, g, obs)
 
     def _step_ready(self, obs: list[Observation]) -> bool:
         """Pick up the replies already in, and step every group that has its actions once; whether any did. A group
@@ -138,8 +142,8 @@ class Rollout:
                 group.send_feedback(step)
                 obs[g] = group.finish_episodes(step)
                 stepped = True
-                if group.needs_actions() and not self._done():
-                    self._guarded(group.ask_for_actions, g, obs[g])
+                if not self._done():
+                    self._ask_group(g, obs[g])
         return stepped
 
     def _guarded(self, call: Callable[..., object], g: int, *args: Any) -> bool:
