@@ -135,12 +135,12 @@ def test_a_parts_cost_is_timed_on_that_part():
         assert seconds[heavy] > 20 * seconds[1 - heavy]
 
 
-def test_a_skeleton_whose_bytes_hold_the_slot_marker_draws_another():
-    packer = FramePacker()
-    sly = packer._slot_marker
-    skeleton = {"sly": sly, "obs": SLOT}
-    frame, _ = packer.pack_parts(skeleton, [np.arange(4)], key=KEY)
-    assert bytes(frame) == expected({"sly": sly, "obs": np.arange(4)})
+def test_a_skeleton_may_hold_any_bytes_and_its_slots_anywhere():
+    """Slots are pieces of their own (no marker in the bytes that a value could collide with)."""
+    skeleton = {"sly": FramePacker()._marker, "obs": SLOT, "deep": {"x": np.arange(3), "info": SLOT}}
+    frame, _ = FramePacker().pack_parts(skeleton, [np.arange(4), {"a": 1}], key=KEY)
+    assert bytes(frame) == expected({"sly": skeleton["sly"], "obs": np.arange(4), "deep": {"x": np.arange(3),
+                                                                                          "info": {"a": 1}}})
 
 
 def test_parts_the_codec_refuses_are_a_protocol_error():

@@ -10,7 +10,8 @@ on the send path drops by one frame, and so does the memory traffic.
 The bytes are exactly those of :func:`~plugrl_env_client.protocol.codec.packb` (the same rules: arrays through
 :func:`~plugrl_env_client.protocol.codec.encode_numpy`, everything else through msgpack), framed as a masked,
 final binary frame: the tests compare them byte for byte. Small messages (under :data:`WALK_MIN` bytes of arrays)
-are packed and then masked by websockets' C helper: two copies of little cost less than laying a frame out.
+are written by a :class:`~plugrl_env_client.protocol.writer.MessageWriter` (each array's layout kept from message
+to message) and then masked by websockets' C helper: two copies of little cost less than laying a frame out.
 
 :meth:`FramePacker.pack_parts` packs a message whose parts are packed (and timed) one by one, which is how a
 feedback's observation and info costs are measured in the one encoding the message gets.
@@ -19,7 +20,6 @@ feedback's observation and info costs are measured in the one encoding the messa
 from __future__ import annotations
 
 import os
-import struct
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -30,6 +30,7 @@ from websockets.frames import apply_mask
 
 from plugrl_env_client.protocol import codec
 from plugrl_env_client.protocol.framing import frame_header
+from plugrl_env_client.protocol.writer import SLOT, MessageWriter, bin_header
 
 __all__ = ["BIG_ARRAY", "SLOT", "WALK_MIN", "FramePacker"]
 
@@ -41,17 +42,6 @@ BIG_ARRAY = 1 << 14
 bytes around them."""
 _HEAD_ROOM = 16  # the payload starts here in the buffer (8-aligned); the header (at most 14 bytes) ends here
 _MSGPACK_ERRORS = (OverflowError, UnicodeEncodeError, ValueError, TypeError)
-
-
-class _Slot:
-    """Where a part goes in the skeleton of :meth:`FramePacker.pack_parts`."""
-
-    def __repr__(self) -> str:
-        return "SLOT"
-
-
-SLOT = _Slot()
-"""The placeholder of a part in a skeleton message (see :meth:`FramePacker.pack_parts`)."""
 
 
 class FramePacker:
@@ -71,23 +61,16 @@ class FramePacker:
         self._next_key = 0
         self._marker = os.urandom(16)
         self._marked = msgpack.packb(self._marker, use_bin_type=True)  # bin8 header + marker
-        self._slot_marked = b""
-        self._new_slot_marker()
         self._big: list[Any] = []  # the arrays' bytes standing behind the markers of the message being packed
-        # One packer each for the connection's life: msgpack.packb makes a new one (and a 256 KiB buffer) per call.
-        self._packer = msgpack.Packer(default=codec.encode_numpy, use_bin_type=True)
+        # One of each for the connection's life: msgpack.packb makes a new packer (and a 256 KiB buffer) per call.
+        self._writer = MessageWriter()
         self._marking_packer = msgpack.Packer(default=self._mark, use_bin_type=True)
-        self._skeleton_packer = msgpack.Packer(default=self._slot, use_bin_type=True)
 
     def _key(self) -> bytes:
         if self._next_key >= len(self._keys):
             self._keys, self._next_key = os.urandom(4 * 1024), 0  # one system call per 1024 frames
         self._next_key += 4
         return self._keys[self._next_key - 4:self._next_key]
-
-    def _new_slot_marker(self) -> None:
-        self._slot_marker = os.urandom(16)
-        self._slot_marked = msgpack.packb(self._slot_marker, use_bin_type=True)
 
     def _mark(self, obj: Any) -> Any:
         encoded = codec.encode_numpy(obj)
@@ -97,9 +80,6 @@ class FramePacker:
             self._big.append(obj.reshape(-1).view(np.uint8) if isinstance(data, memoryview) else data)
             encoded[b"data"] = self._marker
         return encoded
-
-    def _slot(self, obj: Any) -> Any:
-        return self._slot_marker if obj is SLOT else codec.encode_numpy(obj)
 
     # ------------------------------------------------------------------------------------------ packing
 
@@ -114,7 +94,7 @@ class FramePacker:
                 pieces = self._lay_out(self._marking_packer.pack(msg))
                 if pieces is not None:
                     return self._frame(pieces, key)
-            payload = self._packer.pack(msg)
+            payload = self._writer.write(msg)
         except codec.ProtocolError:
             raise
         except _MSGPACK_ERRORS as exc:
@@ -131,21 +111,20 @@ class FramePacker:
         key = self._key() if key is None else key
         seconds: list[float] = []
         try:
-            walk = size_hint >= WALK_MIN
-            packer = self._marking_packer if walk else self._packer
+            pack = self._marking_packer.pack if size_hint >= WALK_MIN else self._writer.write
             self._big.clear()
             packed = []
             for part in parts:
                 start = time.perf_counter()
-                packed.append(packer.pack(part))
+                packed.append(pack(part))
                 seconds.append(time.perf_counter() - start)
-            around = self._around_slots(skeleton, len(parts))
-            payload = _interleave(around, packed)
+            around = self._writer.pieces(skeleton)
+            payload = _filled(around, packed)
             if self._big:
                 pieces = self._lay_out(payload)
                 if pieces is not None:
                     return self._frame(pieces, key), seconds
-                payload = _interleave(around, [self._packer.pack(part) for part in parts])  # a marker showed up
+                payload = _filled(around, [self._writer.write(part) for part in parts])  # a marker showed up
         except codec.ProtocolError:
             raise
         except _MSGPACK_ERRORS as exc:
@@ -153,16 +132,6 @@ class FramePacker:
         finally:
             self._big.clear()
         return _masked(payload, key), seconds
-
-    def _around_slots(self, skeleton: Any, count: int) -> list[bytes]:
-        """The skeleton's msgpack bytes split at its slots (``count + 1`` pieces)."""
-        while True:
-            around = self._skeleton_packer.pack(skeleton).split(self._slot_marked)
-            if len(around) == count + 1:
-                return around
-            if len(around) < count + 1:
-                raise RuntimeError(f"the skeleton holds {len(around) - 1} slots for {count} parts")
-            self._new_slot_marker()  # the skeleton's own bytes held the marker (a 2**-128 chance): draw another
 
     def _lay_out(self, packed: bytes) -> list[Any] | None:
         """``packed`` (with the markers of :attr:`_big` in it) as pieces in order: msgpack bytes (bytes) and the
@@ -176,7 +145,7 @@ class FramePacker:
             return None
         pieces: list[Any] = []
         for before, data in zip(around, big):
-            pieces.append(before + _bin_header(data.nbytes if isinstance(data, np.ndarray) else len(data)))
+            pieces.append(before + bin_header(data.nbytes if isinstance(data, np.ndarray) else len(data)))
             pieces.append(data)
         pieces.append(around[-1])
         return pieces
@@ -212,12 +181,15 @@ def _masked(payload: bytes, key: bytes) -> memoryview:
     return memoryview(frame_header(len(payload)) + key + apply_mask(payload, key))
 
 
-def _interleave(around: list[bytes], packed: list[bytes]) -> bytes:
-    pieces = [around[0]]
-    for part, after in zip(packed, around[1:]):
-        pieces.append(part)
-        pieces.append(after)
-    return b"".join(pieces)
+def _filled(pieces: list[Any], parts: list[bytes]) -> bytes:
+    """A skeleton's pieces with its slots filled by ``parts`` in order, joined."""
+    slots = [i for i, piece in enumerate(pieces) if piece is SLOT]
+    if len(slots) != len(parts):
+        raise RuntimeError(f"the skeleton holds {len(slots)} slots for {len(parts)} parts")
+    filled = list(pieces)
+    for i, part in zip(slots, parts):
+        filled[i] = part
+    return b"".join(filled)
 
 
 def _alignment(pieces: list[Any], sizes: list[int], base: int) -> int:
@@ -230,12 +202,6 @@ def _alignment(pieces: list[Any], sizes: list[int], base: int) -> int:
         return 0
     offset = sum(sizes[:largest])
     return int((piece.ctypes.data - base - offset) % 8)
-
-
-def _bin_header(n: int) -> bytes:
-    if n < 1 << 8:
-        return b"\xc4" + bytes((n,))
-    return b"\xc5" + struct.pack("!H", n) if n < 1 << 16 else b"\xc6" + struct.pack("!I", n)
 
 
 def _xor_into(src: np.ndarray, key: bytes, out: np.ndarray, address: int) -> None:

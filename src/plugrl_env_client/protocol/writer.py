@@ -1,0 +1,144 @@
+"""A message's msgpack bytes, written with each array's layout kept from one message to the next.
+
+msgpack-python packs an ndarray through the codec's ``default`` hook: a Python call per array that builds a
+four-key map (``__ndarray__``, ``data``, ``dtype``, ``shape``), which msgpack then packs key by key. A rollout's
+messages carry the same arrays step after step (a Gymnasium info alone is a dozen small arrays per feedback), so
+that map costs the same work every time for bytes that only the data changes. :class:`MessageWriter` keeps, per
+``(dtype, shape)``, the bytes around an array's data (the map header, the keys, the ``bin`` header, the dtype string
+and the shape), and per str the bytes of a map key, and writes a message as a list of pieces: those kept bytes and
+the arrays themselves, joined once. That halves the packing of a typical feedback (24 -> 12 us for 8 Hopper envs).
+
+The bytes are exactly those of :func:`~plugrl_env_client.protocol.codec.packb`: what the writer does not lay out
+itself (numbers, lists, None, numpy scalars, dict subclasses, non-str keys, arrays that are not plain, C-contiguous
+and of a kind the buffer protocol exports) goes to a msgpack packer with the codec's hook, which is what packb is,
+and a message nested deeper than :data:`MAX_DEPTH` is packed by msgpack whole (so msgpack's own nesting limit
+applies). The tests compare the bytes with packb's.
+
+A :data:`SLOT` in a message stays a piece of its own (:meth:`MessageWriter.pieces`): a caller fills it with a part
+packed (and timed) apart, which is how a feedback's observation and info costs are measured.
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import Any
+
+import msgpack
+import numpy as np
+
+from plugrl_env_client.protocol import codec
+
+__all__ = ["MAX_DEPTH", "SLOT", "MessageWriter", "bin_header"]
+
+MAX_DEPTH = 32
+"""Maps nested deeper than this are left to msgpack (messages nest four or five deep)."""
+MAX_KEPT = 4096
+"""At most this many strs and array layouts are kept (a peer of ever new keys must not grow them without bound)."""
+MAX_KEPT_STR = 64
+"""Longer strs are not kept (text values change from message to message; keys and message types do not)."""
+
+_BUFFER_KINDS = frozenset("biufSU")  # the codec hands these to msgpack as buffers (the same bytes as these pieces)
+
+
+class _Slot:
+    """Where a part goes in a skeleton message."""
+
+    def __repr__(self) -> str:
+        return "SLOT"
+
+
+SLOT = _Slot()
+"""The placeholder of a part in a skeleton message (see :meth:`MessageWriter.pieces`)."""
+
+
+class _TooDeep(Exception):
+    """Raised inside :meth:`MessageWriter._emit` to hand a deeply nested message to msgpack whole."""
+
+
+def _map_header(n: int) -> bytes:
+    if n < 16:
+        return bytes((0x80 | n,))
+    return b"\xde" + struct.pack("!H", n) if n < 1 << 16 else b"\xdf" + struct.pack("!I", n)
+
+
+def bin_header(n: int) -> bytes:
+    """The msgpack ``bin`` header of ``n`` bytes."""
+    if n < 1 << 8:
+        return b"\xc4" + bytes((n,))
+    return b"\xc5" + struct.pack("!H", n) if n < 1 << 16 else b"\xc6" + struct.pack("!I", n)
+
+
+_MAP_HEADERS = [_map_header(n) for n in range(16)]
+
+
+class MessageWriter:
+    """Writes messages as msgpack pieces (see the module docstring). Not thread-safe: one per packer."""
+
+    def __init__(self) -> None:
+        self._packer = msgpack.Packer(default=codec.encode_numpy, use_bin_type=True)
+        self._strs: dict[str, bytes] = {}
+        self._layouts: dict[tuple[np.dtype, tuple[int, ...]], tuple[bytes, bytes]] = {}
+        pack = self._packer.pack
+        self._array_head = _MAP_HEADERS[4] + pack(b"__ndarray__") + pack(True) + pack(b"data")
+        self._dtype_key, self._shape_key = pack(b"dtype"), pack(b"shape")
+
+    def write(self, msg: Any) -> bytes:
+        """The msgpack bytes of ``msg`` (a message without slots): the bytes of ``codec.packb(msg)``. Raises what
+        msgpack and the codec raise for what they cannot carry."""
+        return b"".join(self.pieces(msg))
+
+    def pieces(self, msg: Any) -> list[Any]:
+        """``msg`` as a list of pieces whose concatenation is its msgpack bytes: bytes, arrays (their own memory,
+        not copied) and, for each :data:`SLOT`, the SLOT itself, in the order of the message."""
+        out: list[Any] = []
+        try:
+            self._emit(msg, out, 0)
+        except _TooDeep:
+            return [self._packer.pack(msg)]  # (a slot in such a message is refused by the codec's hook)
+        return out
+
+    def _emit(self, obj: Any, out: list[Any], depth: int) -> None:
+        kind = type(obj)
+        if kind is dict:
+            if depth >= MAX_DEPTH:
+                raise _TooDeep
+            n = len(obj)
+            out.append(_MAP_HEADERS[n] if n < 16 else _map_header(n))
+            strs = self._strs
+            for key, value in obj.items():
+                if type(key) is str:
+                    packed = strs.get(key)
+                    out.append(packed if packed is not None else self._str(key))
+                else:
+                    out.append(self._packer.pack(key))
+                self._emit(value, out, depth + 1)
+        elif kind is np.ndarray and obj.ndim and obj.flags.c_contiguous and obj.dtype.kind in _BUFFER_KINDS:
+            layout = self._layouts.get((obj.dtype, obj.shape))
+            if layout is None:
+                layout = self._layout(obj)
+            out.append(layout[0])
+            out.append(obj)
+            out.append(layout[1])
+        elif kind is str:
+            packed = self._strs.get(obj)
+            out.append(packed if packed is not None else self._str(obj))
+        elif obj is SLOT:
+            out.append(SLOT)
+        else:
+            out.append(self._packer.pack(obj))
+
+    def _str(self, text: str) -> bytes:
+        packed = self._packer.pack(text)
+        if len(text) <= MAX_KEPT_STR and len(self._strs) < MAX_KEPT:
+            self._strs[text] = packed
+        return packed
+
+    def _layout(self, arr: np.ndarray) -> tuple[bytes, bytes]:
+        """The bytes before and after an array's data: what :func:`codec.encode_numpy`'s map packs to."""
+        pack = self._packer.pack
+        layout = (self._array_head + bin_header(arr.nbytes),
+                  self._dtype_key + pack(arr.dtype.str) + self._shape_key + pack(list(arr.shape)))
+        if len(self._layouts) < MAX_KEPT:
+            self._layouts[(arr.dtype, arr.shape)] = layout
+        return layout
+

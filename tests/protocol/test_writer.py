@@ -1,0 +1,114 @@
+"""MessageWriter: packb's exact bytes, with layouts kept from message to message (and bounded)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from plugrl_env_client.errors import ProtocolError
+from plugrl_env_client.protocol import codec, writer
+from plugrl_env_client.protocol.frame_packer import FramePacker
+from plugrl_env_client.protocol.writer import SLOT, MessageWriter
+
+DTYPES = ["<f4", "<f8", ">f4", "<i8", "<u2", "|i1", "|u1", "|b1", "<U3", "|S2", "<f2", "<M8[s]", "<m8[ms]"]
+
+
+def arrays() -> st.SearchStrategy[np.ndarray]:
+    """Plain arrays of many kinds and shapes (0-d and empty ones too), and views that are not C-contiguous."""
+
+    def build(dtype: str, shape: tuple[int, ...], seed: int, view: str) -> np.ndarray:
+        raw = np.random.default_rng(seed).integers(0, 120, size=shape)
+        arr = raw.astype(dtype)
+        if view == "strided" and arr.ndim and arr.shape[0] > 1:
+            return arr[::2]
+        if view == "transposed" and arr.ndim > 1:
+            return arr.T
+        if view == "masked":
+            return np.ma.masked_array(arr)
+        return arr
+
+    shapes = st.lists(st.integers(0, 4), min_size=0, max_size=3).map(tuple)
+    return st.builds(build, st.sampled_from(DTYPES), shapes, st.integers(0, 1000),
+                     st.sampled_from(["plain", "plain", "strided", "transposed", "masked"]))
+
+
+leaves = st.one_of(
+    arrays(), st.none(), st.booleans(), st.integers(-(1 << 63), (1 << 64) - 1), st.floats(allow_nan=False),
+    st.text(max_size=80), st.binary(max_size=20), st.sampled_from(["message_type", "infer", "feedback", "x"]),
+    st.builds(np.float32, st.floats(-1e6, 1e6, width=32)), st.builds(np.int64, st.integers(-100, 100)),
+)
+keys = st.one_of(st.sampled_from(["images", "states", "text", "data", "obs"]), st.text(max_size=70),
+                 st.binary(max_size=5), st.integers(-3, 3), st.booleans())
+messages = st.recursive(leaves, lambda inner: st.one_of(st.lists(inner, max_size=4),
+                                                        st.dictionaries(keys, inner, max_size=18)), max_leaves=30)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(messages, min_size=1, max_size=4))
+def test_every_message_gets_the_bytes_of_packb_also_after_the_ones_before(msgs):
+    """One writer for a sequence of messages: what it kept from the earlier ones never changes a later one's bytes."""
+    w = MessageWriter()
+    for msg in msgs:
+        assert w.write(msg) == codec.packb(msg)
+
+
+def test_the_same_layout_with_new_data_and_a_new_row_count():
+    w = MessageWriter()
+    for n in (3, 3, 5, 0, 3):
+        msg = {"message_type": "feedback", "data": {"obs": {"states": {"q": np.random.rand(n, 7).astype("<f4")}},
+                                                    "info": {"x": np.arange(n), "_x": np.ones(n, bool)}}}
+        assert w.write(msg) == codec.packb(msg)
+
+
+def test_keys_that_compare_equal_across_types_stay_apart():
+    """True == 1 and 'a' != b'a': only str keys are kept, so {True: ...}, {1: ...} and {b'a': ...} keep their own
+    bytes."""
+    w = MessageWriter()
+    for msg in ({"a": 1}, {b"a": 1}, {1: "x"}, {True: "x"}, {1.0: "x"}, {"a": 1}):
+        assert w.write(msg) == codec.packb(msg)
+
+
+def test_nesting_deeper_than_the_writer_goes_to_msgpack_with_its_own_limit():
+    deep: object = np.arange(3)
+    for _ in range(writer.MAX_DEPTH + 5):
+        deep = {"d": deep}
+    assert MessageWriter().write(deep) == codec.packb(deep)
+    too_deep: object = 1
+    for _ in range(2000):  # beyond msgpack's own limit
+        too_deep = {"d": too_deep}
+    with pytest.raises(ProtocolError, match="ValueError"):  # msgpack's ValueError, as packb reports it
+        codec.packb(too_deep)
+    with pytest.raises(ValueError):
+        MessageWriter().write(too_deep)
+    with pytest.raises(ProtocolError, match="ValueError"):
+        FramePacker().pack(too_deep)
+
+
+@pytest.mark.parametrize("bad, match", [
+    (np.array([object()], dtype=object), "dtype object"),
+    (np.zeros(2, complex), "dtype complex128"),
+    (object(), "type object"),
+])
+def test_what_the_codec_refuses_is_refused_the_same_way(bad, match):
+    with pytest.raises(ProtocolError, match=match):
+        MessageWriter().write({"data": {"x": bad}})
+
+
+def test_what_it_keeps_is_bounded():
+    w = MessageWriter()
+    for i in range(writer.MAX_KEPT + 50):
+        msg = {f"key{i}": np.zeros((1, i % 7 + 1, i), np.float32)}
+        assert w.write(msg) == codec.packb(msg)
+    assert len(w._strs) <= writer.MAX_KEPT and len(w._layouts) <= writer.MAX_KEPT
+    long_text = "t" * (writer.MAX_KEPT_STR + 1)
+    w.write({"text": long_text})
+    assert long_text not in w._strs
+
+
+def test_slots_are_pieces_of_their_own_and_arrays_are_not_copied():
+    arr = np.arange(6, dtype=np.float32)
+    pieces = MessageWriter().pieces({"a": SLOT, "b": arr, "c": {"d": SLOT}})
+    assert [p for p in pieces if p is SLOT] == [SLOT, SLOT]
+    assert any(p is arr for p in pieces)
