@@ -98,30 +98,45 @@ class MessageWriter:
         return out
 
     def _emit(self, obj: Any, out: list[Any], depth: int) -> None:
-        kind = type(obj)
-        if kind is dict:
-            if depth >= MAX_DEPTH:
-                raise _TooDeep
-            n = len(obj)
-            out.append(_MAP_HEADERS[n] if n < 16 else _map_header(n))
-            strs = self._strs
-            for key, value in obj.items():
-                if type(key) is str:
-                    packed = strs.get(key)
-                    out.append(packed if packed is not None else self._str(key))
-                else:
-                    out.append(self._packer.pack(key))
+        """``obj``'s pieces onto ``out``. A map's values are laid out here, in its loop (one call per map, not per
+        value: a feedback holds a few maps and a few dozen values)."""
+        if type(obj) is not dict:
+            self._value(obj, out)
+            return
+        if depth >= MAX_DEPTH:
+            raise _TooDeep
+        n = len(obj)
+        out.append(_MAP_HEADERS[n] if n < 16 else _map_header(n))
+        strs, layouts, pack = self._strs, self._layouts, self._packer.pack
+        for key, value in obj.items():
+            if type(key) is str:
+                packed = strs.get(key)
+                out.append(packed if packed is not None else self._str(key))
+            else:
+                out.append(pack(key))
+            kind = type(value)
+            if kind is np.ndarray and value.ndim and value.flags.c_contiguous and value.dtype.kind in _BUFFER_KINDS:
+                layout = layouts.get((value.dtype, value.shape))
+                if layout is None:
+                    layout = self._layout(value)
+                out.append(layout[0])
+                out.append(value)
+                out.append(layout[1])
+            elif kind is dict:
                 self._emit(value, out, depth + 1)
-        elif kind is np.ndarray and obj.ndim and obj.flags.c_contiguous and obj.dtype.kind in _BUFFER_KINDS:
-            layout = self._layouts.get((obj.dtype, obj.shape))
-            if layout is None:
-                layout = self._layout(obj)
-            out.append(layout[0])
-            out.append(obj)
-            out.append(layout[1])
-        elif kind is str:
-            packed = self._strs.get(obj)
-            out.append(packed if packed is not None else self._str(obj))
+            elif kind is str:
+                packed = strs.get(value)
+                out.append(packed if packed is not None else self._str(value))
+            else:
+                self._value(value, out)
+
+    def _value(self, obj: Any, out: list[Any]) -> None:
+        """A value that is not a dict."""
+        if type(obj) is np.ndarray and obj.ndim and obj.flags.c_contiguous and obj.dtype.kind in _BUFFER_KINDS:
+            layout = self._layouts.get((obj.dtype, obj.shape)) or self._layout(obj)
+            out.extend((layout[0], obj, layout[1]))
+        elif type(obj) is str:
+            out.append(self._strs.get(obj) or self._str(obj))
         elif obj is SLOT:
             out.append(SLOT)
         else:
