@@ -315,6 +315,18 @@ def test_infer_refused(mutate, words) -> None:
     refused(parse_infer, msg, words)
 
 
+@pytest.mark.parametrize("n", [2, messages.SMALL_BATCH, messages.SMALL_BATCH + 1, 3 * messages.SMALL_BATCH])
+def test_a_repeated_env_index_is_found_in_batches_of_any_size(n) -> None:
+    """Small batches are checked as a set, large ones with numpy: both find the one repeat."""
+    ids = np.arange(n)
+    ids[-1] = ids[0]
+    msg = infer(n)
+    msg["env_indices"] = ids
+    refused(parse_infer, msg, "infer env_indices must be unique")
+    msg["env_indices"] = np.arange(n)
+    parse_infer(msg)
+
+
 def test_infer_row_count_must_match() -> None:
     refused(parse_infer, wire(infer_message(obs(3), [0, 1], [0, 0])), "infer data holds 3 rows but 2 rows are expected")
     # reuse: data holds the non-reused rows only
