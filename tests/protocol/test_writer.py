@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -84,6 +86,57 @@ def test_nesting_deeper_than_the_writer_goes_to_msgpack_with_its_own_limit():
         MessageWriter().write(too_deep)
     with pytest.raises(ProtocolError, match="ValueError"):
         FramePacker().pack(too_deep)
+
+
+def _deepest_list_packb_takes() -> int:
+    low, high = 1, 5000
+    while low < high:
+        mid = (low + high + 1) // 2
+        value: object = 1
+        for _ in range(mid):
+            value = [value]
+        low, high = (mid, high) if _outcome(codec.packb, value) != "refused" else (low, mid - 1)
+    return low
+
+
+def _outcome(pack: Any, msg: object) -> object:
+    try:
+        return pack(msg)
+    except (ProtocolError, ValueError):  # packb's ProtocolError wraps msgpack's ValueError; the writer raises it bare
+        return "refused"
+
+
+@pytest.mark.parametrize("maps", [1, 10, writer.MAX_DEPTH - 1, writer.MAX_DEPTH + 1])
+def test_lists_under_maps_count_towards_msgpack_s_nesting_limit_as_in_packb(maps):
+    """msgpack counts every level, maps and lists alike: a message just under its limit and one just over it are
+    treated as packb treats them, however the levels are split between maps and lists."""
+    limit = _deepest_list_packb_takes()
+    wanted = []
+    for lists in (limit - maps, limit - maps + 1):  # just under and just over, with the maps on top
+        value: object = 1
+        for _ in range(lists):
+            value = [value]
+        for _ in range(maps):
+            value = {"k": value}
+        want = _outcome(codec.packb, value)
+        assert _outcome(MessageWriter().write, value) == want, (maps, lists)
+        wanted.append(want)
+    assert wanted[0] != "refused" and wanted[1] == "refused"
+
+
+def test_arrays_of_4_gib_are_refused_as_packb_refuses_them():
+    big = np.zeros(1 << 32, np.uint8)
+    with pytest.raises(ProtocolError, match="memoryview is too large"):
+        codec.packb({"a": big})
+    with pytest.raises(ProtocolError, match="memoryview is too large"):
+        FramePacker().pack({"a": big})
+    with pytest.raises(ProtocolError, match="memoryview is too large"):
+        FramePacker().pack({"a": big}, size_hint=big.nbytes)
+
+
+def test_a_message_with_slots_is_not_written_whole():
+    with pytest.raises(RuntimeError, match="holding slots"):
+        MessageWriter().write({"a": SLOT})
 
 
 @pytest.mark.parametrize("bad, match", [

@@ -28,8 +28,8 @@ from plugrl_env_client.errors import ProtocolError
 __all__ = ["Encoder", "ProtocolError", "encode_numpy", "packb", "unencodable", "unpackb"]
 
 _REFUSED_KINDS = frozenset("OVc")
-# Kinds numpy exports through the buffer protocol (datetime/timedelta are not), so they can be sent without a copy.
-_BUFFER_KINDS = frozenset("biufSU")
+BUFFER_KINDS = frozenset("biufSU")
+"""Kinds numpy exports through the buffer protocol (datetime/timedelta are not), so they can be sent without a copy."""
 _MAX_CODE_POINT = 0x10FFFF
 _ND, _NG, _DATA, _DTYPE, _SHAPE = b"__ndarray__", b"__npgeneric__", b"data", b"dtype", b"shape"
 
@@ -45,7 +45,7 @@ def encode_numpy(obj: Any) -> Any:
         # Subclasses go through tobytes(): some override ``.data`` (np.ma.MaskedArray) or ``tobytes`` (which is
         # what the reference convention sends).
         data: memoryview | bytes
-        if type(obj) is np.ndarray and obj.flags.c_contiguous and obj.ndim > 0 and obj.dtype.kind in _BUFFER_KINDS:
+        if type(obj) is np.ndarray and obj.flags.c_contiguous and obj.ndim > 0 and obj.dtype.kind in BUFFER_KINDS:
             data = memoryview(obj)  # type: ignore[arg-type]  # numpy arrays export the buffer protocol
         else:
             data = obj.tobytes()

@@ -107,7 +107,8 @@ class FramePacker:
                    ) -> tuple[memoryview, list[float]]:
         """The frame of ``skeleton`` with its :data:`SLOT` s replaced by ``parts`` (in the order the slots come in
         the message: dicts keep their order), and the seconds msgpack spent on each part. The bytes are those of
-        :meth:`pack` on the whole message."""
+        :meth:`pack` on the whole message. Slots are values of plain maps (``dict``), as a feedback's obs and info
+        are; the skeleton holds no list or tuple."""
         key = self._key() if key is None else key
         seconds: list[float] = []
         try:

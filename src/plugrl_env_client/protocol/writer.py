@@ -6,16 +6,17 @@ messages carry the same arrays step after step (a Gymnasium info alone is a doze
 that map costs the same work every time for bytes that only the data changes. :class:`MessageWriter` keeps, per
 ``(dtype, shape)``, the bytes around an array's data (the map header, the keys, the ``bin`` header, the dtype string
 and the shape), and per str the bytes of a map key, and writes a message as a list of pieces: those kept bytes and
-the arrays themselves, joined once. That halves the packing of a typical feedback (24 -> 12 us for 8 Hopper envs).
+the arrays themselves, joined once. That halves the packing of a typical feedback (24 -> 13 us for 8 Hopper envs).
 
 The bytes are exactly those of :func:`~plugrl_env_client.protocol.codec.packb`: what the writer does not lay out
-itself (numbers, lists, None, numpy scalars, dict subclasses, non-str keys, arrays that are not plain, C-contiguous
-and of a kind the buffer protocol exports) goes to a msgpack packer with the codec's hook, which is what packb is,
-and a message nested deeper than :data:`MAX_DEPTH` is packed by msgpack whole (so msgpack's own nesting limit
-applies). The tests compare the bytes with packb's.
+itself (numbers, None, numpy scalars, non-str keys, arrays that are not plain, C-contiguous and of a kind the
+buffer protocol exports) goes to a msgpack packer with the codec's hook, which is what packb is. A message that holds
+a container msgpack would nest (a list, a tuple, a dict subclass), or maps nested deeper than :data:`MAX_DEPTH`, is
+packed by msgpack whole, so that msgpack's own nesting limit counts every level as it does in packb (PlugRL's infer
+and feedback messages hold neither). The tests compare the bytes with packb's.
 
-A :data:`SLOT` in a message stays a piece of its own (:meth:`MessageWriter.pieces`): a caller fills it with a part
-packed (and timed) apart, which is how a feedback's observation and info costs are measured.
+A :data:`SLOT` as a map's value stays a piece of its own (:meth:`MessageWriter.pieces`): a caller fills it with a
+part packed (and timed) apart, which is how a feedback's observation and info costs are measured.
 """
 
 from __future__ import annotations
@@ -37,7 +38,8 @@ MAX_KEPT = 4096
 MAX_KEPT_STR = 64
 """Longer strs are not kept (text values change from message to message; keys and message types do not)."""
 
-_BUFFER_KINDS = frozenset("biufSU")  # the codec hands these to msgpack as buffers (the same bytes as these pieces)
+_BUFFER_KINDS = codec.BUFFER_KINDS  # the codec hands these to msgpack as buffers: the same bytes as these pieces
+_NESTING = (dict, list, tuple)  # what msgpack nests: a message holding one the writer does not lay out goes whole
 
 
 class _Slot:
@@ -51,8 +53,8 @@ SLOT = _Slot()
 """The placeholder of a part in a skeleton message (see :meth:`MessageWriter.pieces`)."""
 
 
-class _TooDeep(Exception):
-    """Raised inside :meth:`MessageWriter._emit` to hand a deeply nested message to msgpack whole."""
+class _ToMsgpack(Exception):
+    """Raised inside :meth:`MessageWriter._emit` to hand the whole message to msgpack (see the module docstring)."""
 
 
 def _map_header(n: int) -> bytes:
@@ -62,7 +64,9 @@ def _map_header(n: int) -> bytes:
 
 
 def bin_header(n: int) -> bytes:
-    """The msgpack ``bin`` header of ``n`` bytes."""
+    """The msgpack ``bin`` header of ``n`` bytes; a ValueError from 4 GiB on, worded as msgpack words it."""
+    if n >= 1 << 32:
+        raise ValueError("memoryview is too large")
     if n < 1 << 8:
         return b"\xc4" + bytes((n,))
     return b"\xc5" + struct.pack("!H", n) if n < 1 << 16 else b"\xc6" + struct.pack("!I", n)
@@ -85,7 +89,13 @@ class MessageWriter:
     def write(self, msg: Any) -> bytes:
         """The msgpack bytes of ``msg`` (a message without slots): the bytes of ``codec.packb(msg)``. Raises what
         msgpack and the codec raise for what they cannot carry."""
-        return b"".join(self.pieces(msg))
+        pieces = self.pieces(msg)
+        try:
+            return b"".join(pieces)
+        except TypeError:
+            if any(piece is SLOT for piece in pieces):
+                raise RuntimeError("write() got a message holding slots: fill them (FramePacker.pack_parts)") from None
+            raise
 
     def pieces(self, msg: Any) -> list[Any]:
         """``msg`` as a list of pieces whose concatenation is its msgpack bytes: bytes, arrays (their own memory,
@@ -93,7 +103,7 @@ class MessageWriter:
         out: list[Any] = []
         try:
             self._emit(msg, out, 0)
-        except _TooDeep:
+        except _ToMsgpack:
             return [self._packer.pack(msg)]  # (a slot in such a message is refused by the codec's hook)
         return out
 
@@ -104,7 +114,7 @@ class MessageWriter:
             self._value(obj, out)
             return
         if depth >= MAX_DEPTH:
-            raise _TooDeep
+            raise _ToMsgpack
         n = len(obj)
         out.append(_MAP_HEADERS[n] if n < 16 else _map_header(n))
         strs, layouts, pack = self._strs, self._layouts, self._packer.pack
@@ -119,6 +129,8 @@ class MessageWriter:
                 layout = layouts.get((value.dtype, value.shape))
                 if layout is None:
                     layout = self._layout(value)
+                    if layout is None:  # 4 GiB or more: msgpack says why it cannot
+                        raise _ToMsgpack
                 out.append(layout[0])
                 out.append(value)
                 out.append(layout[1])
@@ -131,14 +143,11 @@ class MessageWriter:
                 self._value(value, out)
 
     def _value(self, obj: Any, out: list[Any]) -> None:
-        """A value that is not a dict."""
-        if type(obj) is np.ndarray and obj.ndim and obj.flags.c_contiguous and obj.dtype.kind in _BUFFER_KINDS:
-            layout = self._layouts.get((obj.dtype, obj.shape)) or self._layout(obj)
-            out.extend((layout[0], obj, layout[1]))
-        elif type(obj) is str:
-            out.append(self._strs.get(obj) or self._str(obj))
-        elif obj is SLOT:
+        """A value the writer does not lay out: a slot, or msgpack's (the whole message's, when msgpack nests it)."""
+        if obj is SLOT:
             out.append(SLOT)
+        elif isinstance(obj, _NESTING):
+            raise _ToMsgpack
         else:
             out.append(self._packer.pack(obj))
 
@@ -148,8 +157,11 @@ class MessageWriter:
             self._strs[text] = packed
         return packed
 
-    def _layout(self, arr: np.ndarray) -> tuple[bytes, bytes]:
-        """The bytes before and after an array's data: what :func:`codec.encode_numpy`'s map packs to."""
+    def _layout(self, arr: np.ndarray) -> tuple[bytes, bytes] | None:
+        """The bytes before and after an array's data: what :func:`codec.encode_numpy`'s map packs to (None for 4 GiB
+        or more, which msgpack's bin cannot hold)."""
+        if arr.nbytes >= 1 << 32:
+            return None
         pack = self._packer.pack
         layout = (self._array_head + bin_header(arr.nbytes),
                   self._dtype_key + pack(arr.dtype.str) + self._shape_key + pack(list(arr.shape)))
