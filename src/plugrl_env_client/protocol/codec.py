@@ -86,8 +86,11 @@ def _dtype(value: Any) -> np.dtype:
 def _decode_ndarray(obj: dict) -> np.ndarray:
     dtype = _dtype(obj.get(_DTYPE))
     shape, data = obj.get(_SHAPE), obj.get(_DATA)
-    if not isinstance(shape, (list, tuple)) or not all(type(d) is int and d >= 0 for d in shape):  # no bools
+    if not isinstance(shape, (list, tuple)):
         raise ProtocolError(f"array shape must be a list of non-negative ints, got {shape!r}")
+    for d in shape:  # a loop, not all(...): no generator per array (a feedback carries a dozen)
+        if type(d) is not int or d < 0:  # type(): no bools
+            raise ProtocolError(f"array shape must be a list of non-negative ints, got {shape!r}")
     if not isinstance(data, bytes):
         raise ProtocolError(f"array data must be bytes, got {type(data).__name__}")
     expected = math.prod(shape) * dtype.itemsize

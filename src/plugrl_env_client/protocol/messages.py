@@ -108,14 +108,15 @@ def metadata_message(data: dict[str, Any]) -> dict[str, Any]:
 
 
 def infer_message(obs: dict[str, Any], env_indices: np.ndarray, step_ids: np.ndarray, reuse: np.ndarray | None = None) -> dict[str, Any]:
-    msg = {"message_type": INFER, "data": obs, "env_indices": _i8(env_indices), "step_ids": _i8(step_ids)}
+    msg = {"message_type": INFER, "data": obs, "env_indices": np.asarray(env_indices, dtype=_I8),
+           "step_ids": np.asarray(step_ids, dtype=_I8)}
     if reuse is not None:
         msg["reuse"] = np.asarray(reuse, dtype=bool)
     return msg
 
 
 def action_message(env_ids: np.ndarray, actions: np.ndarray) -> dict[str, Any]:
-    return {"message_type": ACTION, "data": {"env_ids": _i8(env_ids), "action": actions}}
+    return {"message_type": ACTION, "data": {"env_ids": np.asarray(env_ids, dtype=_I8), "action": actions}}
 
 
 def feedback_message(
@@ -131,8 +132,8 @@ def feedback_message(
     the message is packed (:meth:`~plugrl_env_client.protocol.frame_packer.FramePacker.pack_parts`)."""
     return {
         "message_type": FEEDBACK,
-        "env_indices": _i8(env_indices),
-        "step_ids": _i8(step_ids),
+        "env_indices": np.asarray(env_indices, dtype=_I8),
+        "step_ids": np.asarray(step_ids, dtype=_I8),
         "data": {
             "obs": obs,
             "rewards": np.asarray(rewards, dtype="<f4"),
@@ -143,8 +144,8 @@ def feedback_message(
     }
 
 
-def _i8(values: np.ndarray) -> np.ndarray:
-    return np.asarray(values, dtype="<i8")
+_I8 = np.dtype("<i8")
+"""env indices and step ids travel as little-endian int64"""
 
 
 # ----------------------------------------------------------------------------------------------- parsers

@@ -512,7 +512,12 @@ class Session:
 
 def _payload_bytes(wire: dict[str, Any]) -> int:
     """Bytes of an observation's arrays (images, states, text): the bulk of its frame."""
-    return sum(int(a.nbytes) for key in ("images", "states") for a in wire[key].values()) + int(wire["text"].nbytes)
+    total = int(wire["text"].nbytes)
+    for arr in wire["images"].values():
+        total += arr.nbytes
+    for arr in wire["states"].values():
+        total += arr.nbytes
+    return total
 
 
 def _seconds(value: float) -> str:

@@ -89,7 +89,11 @@ class MessageWriter:
     def write(self, msg: Any) -> bytes:
         """The msgpack bytes of ``msg`` (a message without slots): the bytes of ``codec.packb(msg)``. Raises what
         msgpack and the codec raise for what they cannot carry."""
-        pieces = self.pieces(msg)
+        pieces: list[Any] = []
+        try:
+            self._emit(msg, pieces, 0)
+        except _ToMsgpack:
+            return self._packer.pack(msg)
         try:
             return b"".join(pieces)
         except TypeError:

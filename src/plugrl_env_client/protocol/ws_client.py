@@ -133,8 +133,10 @@ class WebSocketClient:
     def send_frame(self, frame: Data) -> None:
         """Send a whole masked client frame built by a
         :class:`~plugrl_env_client.protocol.frame_packer.FramePacker` (header, key and masked payload)."""
-        self._check_owner()
-        self._check_open()
+        if self.lent:  # (the checks inline on the common path: a frame or two per env step)
+            self._check_owner()
+        if self._protocol.state is not State.OPEN:
+            self._check_open()
         self._write(frame)
 
     def recv(self, timeout: float | None = None) -> Received | None:
@@ -152,7 +154,7 @@ class WebSocketClient:
                 if messages:
                     return messages.popleft()
                 raise self._closed
-            if self.tls_pending():
+            if self._tls and self.tls_pending():
                 ready = True
             elif deadline is None:
                 ready = self._wait(self._readable if _HAS_POLL else None, None)

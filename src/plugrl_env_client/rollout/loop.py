@@ -163,7 +163,12 @@ class Rollout:
         return group.reset_all()
 
     def _done(self) -> bool:
-        return self.budget.finished(self.settings.process_id) or all(g.all_retired for g in self.groups)
+        if self.budget.finished(self.settings.process_id):
+            return True
+        for group in self.groups:  # (a loop, not all(...): this is asked several times per group step)
+            if not group.all_retired:
+                return False
+        return True
 
     def _end_status(self) -> ProcessStatus:
         if self.budget.exhausted(self.settings.process_id) or all(g.all_retired for g in self.groups):
