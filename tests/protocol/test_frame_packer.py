@@ -135,7 +135,7 @@ def test_a_parts_cost_is_timed_on_that_part():
         assert seconds[heavy] > 20 * seconds[1 - heavy]
 
 
-def test_a_skeleton_may_hold_any_bytes_and_its_slots_anywhere():
+def test_a_skeleton_may_hold_any_bytes_and_slots_in_nested_maps():
     """Slots are pieces of their own (no marker in the bytes that a value could collide with)."""
     skeleton = {"sly": FramePacker()._marker, "obs": SLOT, "deep": {"x": np.arange(3), "info": SLOT}}
     frame, _ = FramePacker().pack_parts(skeleton, [np.arange(4), {"a": 1}], key=KEY)

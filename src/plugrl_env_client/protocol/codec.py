@@ -32,6 +32,8 @@ BUFFER_KINDS = frozenset("biufSU")
 """Kinds numpy exports through the buffer protocol (datetime/timedelta are not), so they can be sent without a copy."""
 _MAX_CODE_POINT = 0x10FFFF
 _ND, _NG, _DATA, _DTYPE, _SHAPE = b"__ndarray__", b"__npgeneric__", b"data", b"dtype", b"shape"
+DATA_KEY = _DATA
+"""The key of an array's bytes in its map (what :class:`~plugrl_env_client.protocol.writer.MessageWriter` fills)."""
 
 
 def encode_numpy(obj: Any) -> Any:

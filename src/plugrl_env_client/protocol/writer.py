@@ -21,6 +21,7 @@ part packed (and timed) apart, which is how a feedback's observation and info co
 
 from __future__ import annotations
 
+import os
 import struct
 from typing import Any
 
@@ -82,18 +83,13 @@ class MessageWriter:
         self._packer = msgpack.Packer(default=codec.encode_numpy, use_bin_type=True)
         self._strs: dict[str, bytes] = {}
         self._layouts: dict[tuple[np.dtype, tuple[int, ...]], tuple[bytes, bytes]] = {}
-        pack = self._packer.pack
-        self._array_head = _MAP_HEADERS[4] + pack(b"__ndarray__") + pack(True) + pack(b"data")
-        self._dtype_key, self._shape_key = pack(b"dtype"), pack(b"shape")
+        self._marker = os.urandom(16)  # stands for an array's data while its layout is worked out
+        self._marked = self._packer.pack(self._marker)
 
     def write(self, msg: Any) -> bytes:
         """The msgpack bytes of ``msg`` (a message without slots): the bytes of ``codec.packb(msg)``. Raises what
         msgpack and the codec raise for what they cannot carry."""
-        pieces: list[Any] = []
-        try:
-            self._emit(msg, pieces, 0)
-        except _ToMsgpack:
-            return self._packer.pack(msg)
+        pieces = self.pieces(msg)
         try:
             return b"".join(pieces)
         except TypeError:
@@ -133,7 +129,7 @@ class MessageWriter:
                 layout = layouts.get((value.dtype, value.shape))
                 if layout is None:
                     layout = self._layout(value)
-                    if layout is None:  # 4 GiB or more: msgpack says why it cannot
+                    if layout is None:  # 4 GiB or more (msgpack says why it cannot), or a marker clash
                         raise _ToMsgpack
                 out.append(layout[0])
                 out.append(value)
@@ -162,14 +158,18 @@ class MessageWriter:
         return packed
 
     def _layout(self, arr: np.ndarray) -> tuple[bytes, bytes] | None:
-        """The bytes before and after an array's data: what :func:`codec.encode_numpy`'s map packs to (None for 4 GiB
-        or more, which msgpack's bin cannot hold)."""
+        """The bytes before and after an array's data, taken from the codec's own map for it
+        (:func:`codec.encode_numpy`, packed with a marker for the data: one rule for what an array travels as).
+        None for 4 GiB or more (msgpack's bin cannot hold it), or if the marker turned up twice (a 2**-128 chance):
+        the message then goes to msgpack whole."""
         if arr.nbytes >= 1 << 32:
             return None
-        pack = self._packer.pack
-        layout = (self._array_head + bin_header(arr.nbytes),
-                  self._dtype_key + pack(arr.dtype.str) + self._shape_key + pack(list(arr.shape)))
+        encoded = codec.encode_numpy(arr)
+        encoded[codec.DATA_KEY] = self._marker
+        around = self._packer.pack(encoded).split(self._marked)
+        if len(around) != 2:
+            return None
+        layout = (around[0] + bin_header(arr.nbytes), around[1])
         if len(self._layouts) < MAX_KEPT:
             self._layouts[(arr.dtype, arr.shape)] = layout
         return layout
-

@@ -163,15 +163,16 @@ class Rollout:
         return group.reset_all()
 
     def _done(self) -> bool:
-        if self.budget.finished(self.settings.process_id):
-            return True
+        return self.budget.finished(self.settings.process_id) or self._all_retired()
+
+    def _all_retired(self) -> bool:
         for group in self.groups:  # (a loop, not all(...): this is asked several times per group step)
             if not group.all_retired:
                 return False
         return True
 
     def _end_status(self) -> ProcessStatus:
-        if self.budget.exhausted(self.settings.process_id) or all(g.all_retired for g in self.groups):
+        if self.budget.exhausted(self.settings.process_id) or self._all_retired():
             return ProcessStatus.FINISHED
         if self.budget.stop.is_set():
             return ProcessStatus.INTERRUPTED
