@@ -14,12 +14,12 @@ open file descriptors and resident memory are read from /proc.
    waves of 200), each connection one of five kinds, in turn: a bare TCP connect; half an HTTP upgrade request; a
    whole handshake, then the socket dropped without a close frame; a handshake and half a frame; a handshake, the
    metadata read and a clean close. The first, second and fourth kinds hold their socket open for a random time up to
-   ``--hold`` seconds (full scale: 20 s) before they let go. They run in a child process (asyncio, raw sockets). All
+   ``--hold`` seconds (full scale: 90 s) before they let go. They run in a child process (asyncio, raw sockets). All
    the while a well-behaved client (this process, a thread) connects, reads the metadata, sends an infer, reads the
    action and closes, once every 0.25 s. Targets: every one of its round trips served, the slowest within 2 s;
    once the storm's sockets are gone, the server's threads and open descriptors back to what they were before it,
-   within 30 s; no traceback in the server's log.
-2. Memory and exact counts. ``--clients`` client processes of 16 ``Probe-v1`` envs (full scale: 32, as one
+   within 60 s; no traceback in the server's log.
+2. Memory and exact counts. ``--clients`` client processes of 16 ``Point-v1`` envs (full scale: 32, as one
    ``plugrl-run-env-client --num-procs 32`` run) against the server: a warm-up run, then runs of 12,000 episodes
    each (full scale: 3). The server's resident memory is read after each run (the server then idles: no message is
    in flight). Targets: after the warm-up it grows by less than 15 MB over each 12,000 episodes; every run records

@@ -18,10 +18,6 @@ with one ~200 B action frame. Clients, each sending real PlugRL frames it encode
   package's client.
 * ``sansio + Encoder``: the same client fed by ``codec.Encoder`` + ``send``: the transport's share alone.
 
-(Until the package's client became the Sans-I/O one, its client transports were the threading websockets client,
-framing with ``MaskedFramer``, and picows under an asyncio loop in a bridge thread; bench/README.md keeps the figures
-that chose between them.)
-
 Cells: (a) a ~1 KB infer and its ~200 B reply in lockstep, round trips per second; (b) 3 MB and 24 MB observation
 frames (Dummy-v1-shaped images and states of 16 and 128 envs), MB/s and the peak resident memory above the
 process's baseline (taken after the observation is built and the connection is open) in frames; (c) the client
