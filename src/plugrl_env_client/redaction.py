@@ -15,8 +15,11 @@ This module is the bottom of the package: it imports nothing of it, so every lay
 
 from __future__ import annotations
 
+import ctypes
 import re
+import sys
 from collections.abc import Sequence
+from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
 REDACTED = "***"
@@ -71,8 +74,57 @@ def redact_argv(argv: Sequence[str]) -> list[str]:
     return out
 
 
+def hide_secrets_of_this_process() -> bool:
+    """Redact this process's own command line, as Python and as the OS show it; whether the OS's view changed.
+
+    ``sys.argv`` becomes :func:`redact_argv`'s. The OS's view (``/proc/<pid>/cmdline``: what ``ps`` shows every
+    user of the machine, and what Ray records as a driver's job entrypoint) is the process's original argument
+    memory: each secret in it is overwritten in place with as many ``*`` (the arguments keep their sizes, so the
+    kernel's view keeps its shape). Linux only; elsewhere only ``sys.argv`` changes. Python has its own copies of
+    the arguments, so the overwritten memory is read by nothing else.
+    """
+    sys.argv[:] = redact_argv(sys.argv)
+    try:
+        fields = Path("/proc/self/stat").read_text().rpartition(")")[2].split()
+        start, end = int(fields[45]), int(fields[46])  # proc(5): arg_start and arg_end, fields 48 and 49
+    except (OSError, IndexError, ValueError):
+        return False
+    if not 0 < start < end:
+        return False
+    raw = ctypes.string_at(start, end - start)
+    if raw != Path("/proc/self/cmdline").read_bytes():  # not the plain argument block: leave it alone
+        return False
+    args = raw[:-1].split(b"\0") if raw.endswith(b"\0") else raw.split(b"\0")
+    try:
+        texts = [a.decode() for a in args]
+    except UnicodeDecodeError:
+        return False
+    masked = [_masked(a, r) for a, r in zip(texts, redact_argv(texts), strict=True)]
+    if masked == texts:
+        return False
+    block = b"\0".join(m.encode() for m in masked) + (b"\0" if raw.endswith(b"\0") else b"")
+    if len(block) != len(raw):
+        return False
+    ctypes.memmove(start, block, len(block))
+    return True
+
+
+def _masked(arg: str, shown: str) -> str:
+    """``arg`` with what :func:`redact_argv` hid in it (the stretch between what ``arg`` and ``shown`` have in
+    common at both ends) overwritten with as many ``*``, so that it keeps its length."""
+    if arg == shown:
+        return arg
+    head = 0
+    while head < min(len(arg), len(shown)) and arg[head] == shown[head]:
+        head += 1
+    tail = 0
+    while tail < min(len(arg), len(shown)) - head and arg[-1 - tail] == shown[-1 - tail]:
+        tail += 1
+    return arg[:head] + "*" * (len(arg) - head - tail) + arg[len(arg) - tail:]
+
+
 def _is_secret_flag(arg: str) -> bool:
     return arg.startswith("--") and "--" + arg[2:].replace("_", "-") in SECRET_FLAGS
 
 
-__all__ = ["REDACTED", "SECRET_FLAGS", "redact_argv", "redact_text", "redact_url"]
+__all__ = ["REDACTED", "SECRET_FLAGS", "hide_secrets_of_this_process", "redact_argv", "redact_text", "redact_url"]
