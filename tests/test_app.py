@@ -210,7 +210,7 @@ def test_api_key_is_not_written_to_disk(policy_server, tmp_path):
     for path in (tmp_path / "run").rglob("*"):
         if path.is_file():
             assert "s3cret" not in path.read_text(), path
-    assert json.loads((tmp_path / "run" / "client_config.json").read_text())["connection"]["api_key"] == "<redacted>"
+    assert json.loads((tmp_path / "run" / "client_config.json").read_text())["connection"]["api_key"] == "***"
 
 
 def test_a_local_policy_run_records_the_port_its_embedded_server_used(tmp_path):

@@ -63,6 +63,7 @@ UPPER = (f"{NAME}.cli", f"{NAME}.app", f"{NAME}.config", f"{NAME}.launch")
 
 @pytest.mark.parametrize("layer, forbidden", [
     (("records",), (NAME + ".",)),
+    (("redaction",), (NAME + ".",)),
     (("envs",), (*UPPER, f"{NAME}.protocol", f"{NAME}.rollout", f"{NAME}.server", f"{NAME}.outputs",
                  f"{NAME}.check", f"{NAME}.report")),
     (("protocol",), (*UPPER, f"{NAME}.envs", f"{NAME}.rollout", f"{NAME}.server", f"{NAME}.outputs")),

@@ -38,6 +38,7 @@ from plugrl_env_client.outputs.run_dir import (
 from plugrl_env_client.outputs.run_writer import RunWriter
 from plugrl_env_client.outputs.tracking import make_tracker, require
 from plugrl_env_client.records import ProcessResult, ProcessStatus
+from plugrl_env_client.redaction import REDACTED, redact_url
 from plugrl_env_client.rollout.budget import EpisodeBudget
 from plugrl_env_client.rollout.signals import interrupt_handlers, shielded
 from plugrl_env_client.server.server import PolicyServer
@@ -110,7 +111,7 @@ def run_client(config: ClientConfig, env_id: str, sources: EnvSources | None = N
 def _run(config: ClientConfig, uid: str, run_dir: RunDir, writer: RunWriter, jobs: list[ProcessJob],
          sources: EnvSources, env: BaseEnv | None) -> None:
     logger.info("run %s: env %s, %d proc x %d envs, server %s", run_dir.root, uid, config.num_procs,
-                config.num_envs, jobs[0].url)
+                config.num_envs, redact_url(jobs[0].url))
     if config.local_policy and config.num_episodes is None:
         logger.warning("--local-policy without --num-episodes: collecting until Ctrl-C (the embedded server never "
                        "ends a run)")
@@ -198,11 +199,14 @@ def _served_at(config: ClientConfig, url: str) -> ClientConfig:
 
 
 def _recorded_config(config: ClientConfig, env_id: str, env_kwargs: dict[str, Any]) -> dict[str, Any]:
-    """Every flag of the run for ``client_config.json``; the API key is not written to disk."""
+    """Every flag of the run for ``client_config.json``; the API key and the server URL's password are not
+    written to disk."""
     flags = dataclasses.asdict(config)
     flags["output_dir"] = str(config.output_dir)
     if flags["connection"].get("api_key"):
-        flags["connection"]["api_key"] = "<redacted>"
+        flags["connection"]["api_key"] = REDACTED
+    if config.server_url is not None:
+        flags["server_url"] = redact_url(config.server_url)
     return {"env_id": env_id, "env_kwargs": env_kwargs, **flags}
 
 
@@ -243,9 +247,9 @@ def _check_server_port(config: ClientConfig) -> None:
     connect to: the client would wait for ever)."""
     if config.server_url is not None:
         try:
-            port, flag = urlsplit(config.server_url).port, f"--server-url {config.server_url}"
+            port, flag = urlsplit(config.server_url).port, f"--server-url {redact_url(config.server_url)}"
         except ValueError:  # a port that is no number, or out of range
-            port, flag = -1, f"--server-url {config.server_url}"
+            port, flag = -1, f"--server-url {redact_url(config.server_url)}"
     else:
         port, flag = config.server_port, f"--server-port {config.server_port}"
     if port is not None and not 1 <= port <= 65535:

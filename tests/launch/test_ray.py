@@ -649,3 +649,49 @@ def test_init_connects_again_once_when_the_client_server_failed_to_start(caplog)
     with pytest.raises(ConnectionError, match="no cluster"):
         ray_cluster._init(other, {"address": "auto"})
     assert other.inits == 1, "other connection errors are reported at once"
+
+
+# ------------------------------------------------------------------------------------------------ secrets
+
+
+def test_a_ray_run_keeps_the_key_and_the_url_password_out_of_everything(cluster, tmp_path):
+    """--api-key and a password in --server-url, with --launcher ray: not in the run folder, not on the terminal,
+    not in the driver's command line as the OS shows it (what Ray records as the job's entrypoint), and not in the
+    Ray session's logs. The processes hold in a step while the driver's command line is read."""
+    import psutil
+
+    from plugrl_env_client.server.policies import PolicyConfig, make_policy
+    from plugrl_env_client.server.server import PolicyServer
+
+    key, password = "ray-k3y-SECRET-5550123", "ray-pw-SECRET-5550321"
+    env = gated_env(tmp_path, hold_after_steps=2)
+    server = PolicyServer(make_policy(PolicyConfig(action_dim=2)), host="127.0.0.1", port=0).start()
+    port = server.port
+    url = f"ws://user:{password}@127.0.0.1:{port}"
+    cmd = [sys.executable, "-m", "plugrl_env_client", "raygated-v1", "--env-path", GATED_ENV, "--env.gate", env.gate,
+           "--env.hold-after-steps", "2", "--runner.pass-proc-id", "--num-procs", "2", "--num-envs", "2",
+           "--num-episodes", "6", "--api-key", key, "--server-url", url, "--output-dir", str(tmp_path),
+           "--exp-name", "run", "--no-progress", "--launcher", "ray", "--ray.address", cluster.address]
+    shown: list[str] = []
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        with gate_opened_after(env, Step("both processes hold", files_exist(env.held_file(0), env.held_file(1)),
+                                         lambda: shown.extend(psutil.Process(proc.pid).cmdline()))) as progress:
+            out, err = proc.communicate(timeout=300)
+    finally:
+        proc.kill()
+        proc.wait()
+        server.shutdown()
+    assert progress.done == 1, progress.error
+    assert proc.returncode == 0, (out, err)
+    assert key not in " ".join(shown) and password not in " ".join(shown), shown
+    assert "--api-key" in shown and f"ws://user:{'*' * len(password)}@127.0.0.1:{port}" in shown
+    assert read(tmp_path / "run", "summary.json")["completed_episodes"] == 6
+    for path in [p for p in (tmp_path / "run").rglob("*") if p.is_file()]:
+        data = path.read_bytes()
+        assert key.encode() not in data and password.encode() not in data, path
+    assert key not in out + err and password not in out + err, (out, err)
+    logs = Path(cluster.head_node.get_logs_dir_path())
+    for path in [p for p in logs.rglob("*") if p.is_file()]:
+        data = path.read_bytes()
+        assert key.encode() not in data and password.encode() not in data, path

@@ -46,6 +46,7 @@ from plugrl_env_client.outputs.run_dir import (
 )
 from plugrl_env_client.outputs.tracking import NoTracker, Tracker
 from plugrl_env_client.records import DEFAULT_METRIC_WINDOW, EpisodeRecord, EpisodeStats, ProcessResult, ProcessStatus
+from plugrl_env_client.redaction import redact_argv
 from plugrl_env_client.timing import Timing
 
 logger = logging.getLogger(__name__)
@@ -98,7 +99,8 @@ class RunWriter:
     to it directly, others through the launcher that delivers their reports to it.
 
     ``num_envs`` (each process's env count), ``recorder_args`` (the recorder's settings, by PlugRL's names) and
-    ``command_line`` (default: this process's ``sys.argv``) go into each process's ``manifest.json``. ``tracker``
+    ``command_line`` (default: this process's ``sys.argv``; its secrets redacted) go into each process's
+    ``manifest.json``. ``tracker``
     (live tracking, :mod:`~plugrl_env_client.outputs.tracking`) gets every episode and progress report as it comes,
     and is closed with the writer.
     """
@@ -113,7 +115,7 @@ class RunWriter:
         self.metric_window = metric_window
         self.num_envs = num_envs
         self.recorder_args = dict(recorder_args or {})
-        self.command_line = list(sys.argv if command_line is None else command_line)
+        self.command_line = redact_argv(sys.argv if command_line is None else command_line)
         self.tracker: Tracker = tracker or NoTracker()
         self._lock = threading.RLock()
         self._procs = {pid: _ProcessState(run_dir, pid, metric_window) for pid in range(num_procs)}

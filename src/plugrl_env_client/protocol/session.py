@@ -48,6 +48,7 @@ from plugrl_env_client.protocol import codec, messages, transport, ws_client
 from plugrl_env_client.protocol.connection import CloseAction, Closed, ConnectionLost, classify_close
 from plugrl_env_client.protocol.frame_packer import SLOT, FramePacker
 from plugrl_env_client.protocol.messages import ActionReply, ObservationLike, ServerMetadata
+from plugrl_env_client.redaction import redact_text, redact_url
 from plugrl_env_client.timing import Timing
 
 if TYPE_CHECKING:
@@ -144,6 +145,7 @@ class Session:
         if config.infer_timeout is not None and not config.infer_timeout > 0:
             raise ConfigError(f"--infer-timeout must be a positive number of seconds, got {config.infer_timeout}")
         self.config = config
+        self._shown_url = redact_url(config.url)  # the URL in messages: without its password
         self.timing = timing if timing is not None else Timing()
         self.metadata: ServerMetadata | None = None
         self._should_stop = should_stop
@@ -390,7 +392,7 @@ class Session:
                 raise ConnectionLost(STOPPED_LOCALLY)
             left = None if deadline is None else deadline - time.monotonic()
             if left is not None and left <= 0 and attempt > 0:
-                raise ConfigError(f"no policy server answered at {self.config.url} within {timeout_s:g} s ({flag}); "
+                raise ConfigError(f"no policy server answered at {self._shown_url} within {timeout_s:g} s ({flag}); "
                                   f"{self._hint(flag)}")
             client = self._dial(attempt, OPEN_TIMEOUT_S if left is None else max(0.05, min(OPEN_TIMEOUT_S, left)))
             if client is not None:
@@ -415,7 +417,7 @@ class Session:
             raise ConnectionLost(self._closed(exc)) from None
         if frame is None:
             self.close()
-            raise ConfigError(f"the server at {self.config.url} accepted the connection but sent no metadata within "
+            raise ConfigError(f"the server at {self._shown_url} accepted the connection but sent no metadata within "
                               f"{timeout_s:g} s ({flag}); is it a PlugRL v1 policy server?")
         reply = self._decode(frame)
         if messages.message_type(reply) != messages.METADATA:
@@ -424,7 +426,7 @@ class Session:
                 "is this a PlugRL v1 policy server?"
             )
         self.metadata = meta = messages.parse_metadata(reply)
-        logger.info("connected to %s; server metadata: %s", self.config.url, messages.short_repr(meta.raw, 400))
+        logger.info("connected to %s; server metadata: %s", self._shown_url, messages.short_repr(meta.raw, 400))
         return meta
 
     def _read_first(self, client: ws_client.WebSocketClient, deadline: float | None) -> Any:
@@ -440,7 +442,7 @@ class Session:
             if deadline is not None and now >= deadline:
                 return None
             if now >= next_warning:
-                logger.warning("connected to %s, but no metadata from the server for %s s", self.config.url,
+                logger.warning("connected to %s, but no metadata from the server for %s s", self._shown_url,
                                _seconds(now - opened))
                 next_warning = now + 2 * self._warn_s
 
@@ -453,15 +455,15 @@ class Session:
             return ws_client.connect(self.config.url, headers, open_timeout=open_timeout, close_timeout=2.0)
         except transport.CertificateNotVerified as exc:
             raise ConfigError(
-                f"the TLS certificate of {self.config.url} did not verify ({exc.verify_message}); point SSL_CERT_FILE "
+                f"the TLS certificate of {self._shown_url} did not verify ({exc.verify_message}); point SSL_CERT_FILE "
                 "at the CA that signed it, or use ws:// on a trusted network"
             ) from None
         except transport.InvalidServerURL as exc:
-            raise ConfigError(f"invalid server URL {self.config.url!r}: {exc}; use ws://host:port or wss://host:port") from None
+            raise ConfigError(f"invalid server URL {self._shown_url!r}: {redact_text(str(exc))}; use ws://host:port or wss://host:port") from None
         except transport.HandshakeRefused as exc:
             if 400 <= exc.status < 500 and exc.status not in RETRYABLE_STATUS:
                 raise ConfigError(
-                    f"the server at {self.config.url} refused the WebSocket handshake with HTTP {exc.status}; check the "
+                    f"the server at {self._shown_url} refused the WebSocket handshake with HTTP {exc.status}; check the "
                     "URL and --api-key / $PLUGRL_API_KEY"
                 ) from None
             self._say_waiting(attempt, exc)
@@ -484,7 +486,7 @@ class Session:
             logger.warning(
                 "waiting for a policy server at %s (%s). Start one with `%s`, or run with `%s` to use the "
                 "embedded one.",
-                self.config.url,
+                self._shown_url,
                 exc,
                 self.config.server_command,
                 self.config.local_flag,
@@ -495,19 +497,19 @@ class Session:
         twice the warning period (a minute by default)."""
         if not closed.ends_a_run:
             self._stop_waits_since = None
-            logger.warning("reconnecting to %s after close (%s)", self.config.url, closed.describe())
+            logger.warning("reconnecting to %s after close (%s)", self._shown_url, closed.describe())
             return
         now = time.monotonic()
         if self._stop_waits_since is None or progressed:
             self._stop_waits_since, self._stop_reminder_at = now, now + 2 * self._warn_s
             logger.warning("the server at %s ended its run (%s); waiting for its next run (--reconnect-on-server-stop)",
-                           self.config.url, closed.describe())
+                           self._shown_url, closed.describe())
         elif now >= self._stop_reminder_at:
             self._stop_reminder_at = now + 2 * self._warn_s
             logger.warning("still waiting for the next run of the server at %s (for %s s; --reconnect-on-server-stop)",
-                           self.config.url, _seconds(now - self._stop_waits_since))
+                           self._shown_url, _seconds(now - self._stop_waits_since))
         else:
-            logger.debug("the server at %s ended its run again (%s); reconnecting", self.config.url, closed.describe())
+            logger.debug("the server at %s ended its run again (%s); reconnecting", self._shown_url, closed.describe())
 
 
 def _payload_bytes(wire: dict[str, Any]) -> int:

@@ -18,11 +18,19 @@ from plugrl_env_client.launch.ray.config import RayConfig
 from plugrl_env_client.launch.ray.placement import Demand
 from plugrl_env_client.launch.ray.signals import handlers_kept
 from plugrl_env_client.launch.ray.sources import ShippedSources
+from plugrl_env_client.redaction import hide_secrets_of_this_process
 from plugrl_env_client.rollout.signals import shielded
 
 logger = logging.getLogger(__name__)
 
 UPLOAD_EXCLUDES = [".git", "__pycache__", "*.pyc", ".venv", "runs"]
+
+BEYOND_LOOPBACK = ("--ray.address local: the private Ray instance listens on every network interface (its GCS, "
+                   "raylet, worker and dashboard-agent gRPC ports, its agents' HTTP and metrics ports): Ray binds "
+                   "them to all interfaces and has no setting for loopback only; keep this machine's ports closed "
+                   "to untrusted networks (docs/ray.md, 'Network')")
+"""Said once per run with a private instance (Ray's own services, which the run needs, cannot be kept off the
+network; the dashboard's web UI, which it does not need, is not started)."""
 
 
 def import_ray() -> Any:
@@ -43,7 +51,10 @@ def connected(ray: Any, config: RayConfig, demand: Demand, num_procs: int, shipp
         yield
         return
     kwargs: dict[str, Any] = {"logging_level": logging.WARNING, "log_to_driver": True}
+    # Ray records the driver's command line (as the OS shows it) as the job's entrypoint: no secret may be in it.
+    hide_secrets_of_this_process()
     if config.address == "local":
+        logger.warning(BEYOND_LOOPBACK)
         cpus = max(os.cpu_count() or 1, math.ceil(demand.cpus * num_procs))
         # Ray runs its workers at nice 15 by default, below everything else on the machine; the processes are this
         # run's main work (and local processes run at the default priority).

@@ -29,6 +29,7 @@ from plugrl_env_client.launch.ray.worker import LeaseRequest, Message, RolloutAc
 from plugrl_env_client.launch.reports import EpisodeReport, LogReport, ProgressReport, ResultReport
 from plugrl_env_client.outputs.run_writer import RunWriter
 from plugrl_env_client.records import ProcessResult, ProcessStatus
+from plugrl_env_client.redaction import redact_url
 from plugrl_env_client.rollout.budget import EpisodeBudget
 from plugrl_env_client.rollout.signals import deferred_interrupts, shielded
 from plugrl_env_client.timing import Timing
@@ -331,7 +332,7 @@ class Supervisor:
             logger.warning(
                 "process %d runs on node %s but connects to %s, a loopback address (that node itself, not this "
                 "machine): start the policy server with --host 0.0.0.0 and pass --server-url "
-                "ws://<its address>:<port>", proc.pid, node["ip"], proc.job.url)
+                "ws://<its address>:<port>", proc.pid, node["ip"], redact_url(proc.job.url))
 
     def _control(self, proc: _Proc, grant: Grant | None = None, stop: bool = False) -> None:
         self._controls.append(proc.actor.control.remote(proc.epoch, grant, stop))

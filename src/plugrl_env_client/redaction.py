@@ -1,0 +1,130 @@
+"""Secrets out of everything a run shows or writes: the API key and the password of a server URL.
+
+A run needs both to connect, and must never put either into its run folder (``client_config.json``, manifests,
+summaries, logs), onto the terminal, or into what a cluster records about it (Ray's job metadata). Every place
+that shows a command line, a URL or a message that may hold one passes it through this module, so there is one
+rule for what is a secret and one way of hiding it: the value becomes :data:`REDACTED`.
+
+* a URL's password: ``ws://user:pass@host:8000`` shows as ``ws://user:***@host:8000`` (the user name stays: it
+  says which account connected);
+* the value of ``--api-key`` in both spellings (``--api-key KEY``, ``--api-key=KEY``; ``--api_key`` too, which
+  the parser accepts as well).
+
+This module is the bottom of the package: it imports nothing of it, so every layer may use it.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import re
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
+
+REDACTED = "***"
+"""What a secret is replaced with."""
+
+SECRET_FLAGS = ("--api-key",)
+"""Flags whose value is a secret (spelled with '-'; '_' in their names is matched as well)."""
+
+_URL_PASSWORD = re.compile(r"(?P<head>\b[A-Za-z][A-Za-z0-9+.-]*://[^\s/?#@:'\"]*:)[^\s/?#'\"]*@")
+"""A URL's ``scheme://user:`` and its password up to the last ``@`` of the authority (a password may hold a
+raw ``@``; urllib splits at the last one too)."""
+
+
+def redact_url(url: str) -> str:
+    """``url`` with its password replaced (``ws://user:***@host:port``); a URL without one is returned as it is."""
+    try:
+        parts = urlsplit(url)
+        password = parts.password
+    except ValueError:  # e.g. a port that is no number: still a URL whose password must not show
+        return redact_text(url)
+    if password is None:
+        return url
+    user = parts.username or ""
+    host = parts.netloc.rpartition("@")[2]
+    return urlunsplit(parts._replace(netloc=f"{user}:{REDACTED}@{host}"))
+
+
+def redact_text(text: str) -> str:
+    """``text`` (a message, an error, a log line) with the password of every URL in it replaced."""
+    return _URL_PASSWORD.sub(lambda m: f"{m.group('head')}{REDACTED}@", text)
+
+
+def redact_argv(argv: Sequence[str]) -> list[str]:
+    """A command line fit to record or show: the values of :data:`SECRET_FLAGS` replaced (``--api-key ***``,
+    ``--api-key=***``), and the password of every URL in an argument (``--server-url ws://user:***@host``)."""
+    out: list[str] = []
+    secret_next = False
+    for arg in argv:
+        if secret_next:
+            out.append(REDACTED)
+            secret_next = False
+            continue
+        name, eq, _value = arg.partition("=")
+        if _is_secret_flag(name):
+            if eq:
+                out.append(f"{name}={REDACTED}")
+            else:
+                out.append(arg)
+                secret_next = True
+            continue
+        out.append(redact_text(arg))
+    return out
+
+
+def hide_secrets_of_this_process() -> bool:
+    """Redact this process's own command line, as Python and as the OS show it; whether the OS's view changed.
+
+    ``sys.argv`` becomes :func:`redact_argv`'s. The OS's view (``/proc/<pid>/cmdline``: what ``ps`` shows every
+    user of the machine, and what Ray records as a driver's job entrypoint) is the process's original argument
+    memory: each secret in it is overwritten in place with as many ``*`` (the arguments keep their sizes, so the
+    kernel's view keeps its shape). Linux only; elsewhere only ``sys.argv`` changes. Python has its own copies of
+    the arguments, so the overwritten memory is read by nothing else.
+    """
+    sys.argv[:] = redact_argv(sys.argv)
+    try:
+        fields = Path("/proc/self/stat").read_text().rpartition(")")[2].split()
+        start, end = int(fields[45]), int(fields[46])  # proc(5): arg_start and arg_end, fields 48 and 49
+    except (OSError, IndexError, ValueError):
+        return False
+    if not 0 < start < end:
+        return False
+    raw = ctypes.string_at(start, end - start)
+    if raw != Path("/proc/self/cmdline").read_bytes():  # not the plain argument block: leave it alone
+        return False
+    args = raw[:-1].split(b"\0") if raw.endswith(b"\0") else raw.split(b"\0")
+    try:
+        texts = [a.decode() for a in args]
+    except UnicodeDecodeError:
+        return False
+    masked = [_masked(a, r) for a, r in zip(texts, redact_argv(texts), strict=True)]
+    if masked == texts:
+        return False
+    block = b"\0".join(m.encode() for m in masked) + (b"\0" if raw.endswith(b"\0") else b"")
+    if len(block) != len(raw):
+        return False
+    ctypes.memmove(start, block, len(block))
+    return True
+
+
+def _masked(arg: str, shown: str) -> str:
+    """``arg`` with what :func:`redact_argv` hid in it (the stretch between what ``arg`` and ``shown`` have in
+    common at both ends) overwritten with as many ``*``, so that it keeps its length."""
+    if arg == shown:
+        return arg
+    head = 0
+    while head < min(len(arg), len(shown)) and arg[head] == shown[head]:
+        head += 1
+    tail = 0
+    while tail < min(len(arg), len(shown)) - head and arg[-1 - tail] == shown[-1 - tail]:
+        tail += 1
+    return arg[:head] + "*" * (len(arg) - head - tail) + arg[len(arg) - tail:]
+
+
+def _is_secret_flag(arg: str) -> bool:
+    return arg.startswith("--") and "--" + arg[2:].replace("_", "-") in SECRET_FLAGS
+
+
+__all__ = ["REDACTED", "SECRET_FLAGS", "hide_secrets_of_this_process", "redact_argv", "redact_text", "redact_url"]
