@@ -230,8 +230,8 @@ class EnvGroup:
                             self.settings.non_finite_observations)
         self.env_checks.after_step(out.obs)
         if out.zeroed_rewards.size:
-            logger.warning("env %s returned NaN/inf rewards for envs %s; replaced by 0 (--runner.non-finite-rewards "
-                           "zero)", self.settings.env_id, (self.offset + out.zeroed_rewards).tolist())
+            logger.warning("env %s returned %s for envs %s; replaced by 0 (--runner.non-finite-rewards zero)",
+                           self.settings.env_id, out.zeroed_why, (self.offset + out.zeroed_rewards).tolist())
         rewards, terminated, truncated = out.rewards, out.terminated, out.truncated
         if active is not None:
             rewards = np.where(active, rewards, np.float32(0.0))
