@@ -39,3 +39,13 @@ def test_a_reward_beyond_float32_is_zeroed_with_the_zero_mode_and_the_warning_sa
     assert result.returncode == 0, result.stderr
     assert said in result.stderr.splitlines() and "NaN" not in result.stderr
     assert [e["return"] for e in episodes_of(tmp_path)] == [0.0, 0.0]
+
+
+def test_an_env_that_resets_itself_inside_step_fails_the_run_in_the_checkers_words(tmp_path: Path) -> None:
+    result = run_odd(tmp_path, "--env.reset-in-step-at", "5")
+    said = ("error: process 0 failed: env Odd-v1: step() called the env's reset(): do not reset inside step(): return "
+            "the terminal observation with terminated or truncated set; the client calls reset(options="
+            "{'reset_mask': ...}) for finished envs")
+    assert result.returncode == 1 and said in result.stderr.splitlines(), result.stderr
+    assert "Traceback" not in result.stderr
+    assert [e["length"] for e in episodes_of(tmp_path)] == [3], "the episode before it is kept"

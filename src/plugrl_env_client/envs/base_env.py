@@ -204,10 +204,15 @@ def _deriving_observation_space(reset: Callable[..., Any]) -> Callable[..., Any]
     none. Only the most derived ``reset`` does: a subclass's reset may change what its parent's returned.
 
     A reset that returns something other than ``(Observation, info)``, or an observation the space cannot be
-    built from, is left to the contract checks, which say what is wrong (the space stays undeclared)."""
+    built from, is left to the contract checks, which say what is wrong (the space stays undeclared).
+
+    It also notes a call made while the rollout is inside the env's ``step`` (:attr:`BaseEnv.in_step`): the env
+    reset itself there, and the rollout stops with the contract's words once ``step`` returns."""
 
     @functools.wraps(reset)
     def reset_deriving_space(self: BaseEnv, *args: Any, **kwargs: Any) -> Any:
+        if self.in_step:
+            self.reset_in_step = True
         result = reset(self, *args, **kwargs)
         if "_single_observation_space" not in self.__dict__ and type(self).reset is reset_deriving_space:
             obs = result[0] if isinstance(result, tuple) and result else None
@@ -254,6 +259,11 @@ class BaseEnv(gym.vector.VectorEnv[Observation, np.ndarray, np.ndarray], Generic
 
     metadata: dict[str, Any] = {"autoreset_mode": AutoresetMode.DISABLED}
     config: ConfigT
+    in_step: bool = False
+    """Set by the rollout while it is inside this env's ``step`` (a boolean on the hot path, nothing more)."""
+    reset_in_step: bool = False
+    """Set when the env's own ``reset`` ran while :attr:`in_step` was: the env reset itself inside ``step``, which
+    the contract forbids (the client resets finished envs after sending their terminal observation)."""
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         """A subclass's ``reset`` also derives the observation space on the first reset, when none is declared."""

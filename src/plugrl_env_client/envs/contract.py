@@ -222,6 +222,14 @@ def check_step(
     return out
 
 
+RESET_IN_STEP = Problem("step() called the env's reset()",
+                        "do not reset inside step(): return the terminal observation with terminated or truncated "
+                        "set; the client calls reset(options={'reset_mask': ...}) for finished envs", key="reset in step")
+"""An env that resets itself inside ``step`` sends next-episode observations as terminal ones. The rollout stops
+at it (it sees the env's own ``reset`` run inside ``step``: :attr:`BaseEnv.reset_in_step`), and ``plugrl-check-env``
+reports it (rule 9)."""
+
+
 def _step_arity_problem(result: Any) -> Problem:
     head = f"step() must return 5 values {_STEP_VALUES}; got "
     if isinstance(result, tuple):

@@ -219,13 +219,20 @@ class EnvGroup:
         actions = self.plans.next_actions()
         active = self.active
         start = time.perf_counter()
-        result = self._call_env("step", self.env.step, actions)
+        env = self.env
+        env.in_step = True  # the env's own reset() notices it is called inside step()
+        try:
+            result = self._call_env("step", env.step, actions)
+        finally:
+            env.in_step = False
         timing = self.timing
         timing.env_step_s += time.perf_counter() - start
         timing.batch_steps += 1
         steps = self.n if active is None else int(active.sum())
         timing.env_steps += steps  # the rollout adds them to the run's budget now and then
         timing.idle_env_steps += self.n - steps
+        if getattr(env, "reset_in_step", False):
+            raise EnvContractError(f"env {self.settings.env_id}: {contract.RESET_IN_STEP.message}")
         out = self._checked(contract.check_step, result, self.settings.non_finite_rewards,
                             self.settings.non_finite_observations)
         self.env_checks.after_step(out.obs)
