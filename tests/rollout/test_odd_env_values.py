@@ -4,6 +4,7 @@ clear line, a warning or the run's error, and never a traceback."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -49,3 +50,36 @@ def test_an_env_that_resets_itself_inside_step_fails_the_run_in_the_checkers_wor
     assert result.returncode == 1 and said in result.stderr.splitlines(), result.stderr
     assert "Traceback" not in result.stderr
     assert [e["length"] for e in episodes_of(tmp_path)] == [3], "the episode before it is kept"
+
+
+def assert_strict_json_lines(path: Path) -> list[dict]:
+    """Every line of ``path`` is strict UTF-8 JSON: it encodes as UTF-8 and has no ``\\ud800``-``\\udfff`` escape,
+    which strict readers (Go, Rust, jq) refuse unless two form a pair (none of our writers pairs them)."""
+    rows = []
+    for line in path.read_bytes().decode("utf-8", "strict").splitlines():
+        line.encode("utf-8", "strict")
+        assert not re.search(r"\\u[dD][89a-fA-F][0-9a-fA-F]{2}", line), line
+        rows.append(json.loads(line))
+    return rows
+
+
+def test_lone_surrogates_in_text_instruction_and_metric_names_become_u_fffd(tmp_path: Path) -> None:
+    result = run_odd(tmp_path, "--env.surrogate", "--recorder.episode-freq", "1",
+                     "--recorder.record-episode-metrics", episodes=2)
+    assert result.returncode == 0, result.stderr
+    assert "Traceback" not in result.stderr
+    lines = result.stderr.splitlines()
+    for field in ("the observation's text", "info['env_instruction']", "a key of info['metrics']"):
+        said = (f"WARNING: env Odd-v1 returned a lone surrogate (half of a UTF-16 pair, which no UTF-8 file or message "
+                f"can hold) in {field}; each one is replaced by U+FFFD")
+        assert lines.count(said) == 1, (field, result.stderr)
+    proc = tmp_path / "run/rollout/proc_000"
+    episodes = assert_strict_json_lines(proc / "episodes.jsonl")
+    assert [(e["instruction"], e["metrics"]) for e in episodes] == [("go\ufffd", {"score\ufffd": 1.0})] * 2
+    assert_strict_json_lines(proc / "metrics/episode_metrics.jsonl")
+    for path in [proc / "summary.json", proc / "manifest.json", tmp_path / "run/summary.json"]:
+        text = path.read_bytes().decode("utf-8", "strict")
+        assert not re.search(r"\\u[dD][89a-fA-F][0-9a-fA-F]{2}", text) and json.loads(text), path
+    samples = sorted(proc.glob("sampled/*_text.txt"))
+    assert len(samples) == 4, "first and last text of both episodes"
+    assert all("\ufffd" in p.read_text("utf-8") for p in samples)

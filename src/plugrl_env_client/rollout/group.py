@@ -235,7 +235,7 @@ class EnvGroup:
             raise EnvContractError(f"env {self.settings.env_id}: {contract.RESET_IN_STEP.message}")
         out = self._checked(contract.check_step, result, self.settings.non_finite_rewards,
                             self.settings.non_finite_observations)
-        self.env_checks.after_step(out.obs)
+        info = self.env_checks.after_step(out.obs, out.info)
         if out.zeroed_rewards.size:
             logger.warning("env %s returned %s for envs %s; replaced by 0 (--runner.non-finite-rewards zero)",
                            self.settings.env_id, out.zeroed_why, (self.offset + out.zeroed_rewards).tolist())
@@ -243,7 +243,7 @@ class EnvGroup:
         if active is not None:
             rewards = np.where(active, rewards, np.float32(0.0))
             terminated, truncated = terminated & active, truncated & active
-        self.tracker.add_step(rewards, out.info, active)
+        self.tracker.add_step(rewards, info, active)
         limit = self.settings.max_episode_steps
         if limit is not None:
             over = (self.tracker.lengths >= limit) & ~terminated
@@ -251,7 +251,7 @@ class EnvGroup:
         done = terminated | truncated
         chunk_ended = self.plans.advance(rewards, done, active)
         self.hooks.on_step(out.obs, actions, rewards, self.ids)
-        return StepResult(out.obs, rewards, terminated, truncated, done, out.info, chunk_ended, active)
+        return StepResult(out.obs, rewards, terminated, truncated, done, info, chunk_ended, active)
 
     def send_feedback(self, step: StepResult) -> None:
         """Feedback for the envs whose chunk ended (and those :class:`ChunkEnds` adds): chunk-summed rewards,
@@ -375,8 +375,7 @@ class EnvGroup:
         result = self._call_env("reset", lambda: self.env.reset(seed=seed, options=options))  # type: ignore[arg-type]
         self.timing.reset_s += time.perf_counter() - start
         obs, info = self._checked(contract.check_reset, result, self.settings.non_finite_observations)
-        self.env_checks.after_reset(obs)
-        return obs, info
+        return obs, self.env_checks.after_reset(obs, info)
 
     def _checked(self, check: Any, result: Any, *modes: str) -> Any:
         """An env's return value through its contract check; a violation names the env."""
