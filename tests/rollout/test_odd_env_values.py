@@ -83,3 +83,14 @@ def test_lone_surrogates_in_text_instruction_and_metric_names_become_u_fffd(tmp_
     samples = sorted(proc.glob("sampled/*_text.txt"))
     assert len(samples) == 4, "first and last text of both episodes"
     assert all("\ufffd" in p.read_text("utf-8") for p in samples)
+
+
+def test_states_of_another_dtype_than_declared_warn_once(tmp_path: Path) -> None:
+    result = run_odd(tmp_path, "--env.states-dtype", "float64", episodes=3)
+    said = ("WARNING: env Odd-v1: states['pos'] is float64 where the space declares float32: declare the dtypes the env "
+            "returns (observation_space(states={'pos': np.zeros(2, np.float32)}) takes an example array's shape and "
+            "dtype) or return the declared ones")
+    assert result.returncode == 0, result.stderr
+    assert result.stderr.splitlines().count(said) == 1, result.stderr
+    (tmp_path / "same").mkdir()
+    assert "declares" not in run_odd(tmp_path / "same", episodes=1).stderr, "the declared dtype: no warning"

@@ -181,22 +181,35 @@ def describe_space(space: gym.Space) -> str:
 
 def observation_space(
     images: Mapping[str, tuple[int, int, int]] | None = None,
-    states: Mapping[str, tuple[int, ...] | gym.spaces.Box] | None = None,
+    states: Mapping[str, tuple[int, ...] | gym.spaces.Box | np.ndarray] | None = None,
     text: gym.spaces.Text | None = None,
 ) -> gym.spaces.Dict:
     """The single-env observation space of an :class:`Observation`: ``images`` name -> (h, w, c) (uint8),
-    ``states`` name -> shape (float64, unbounded) or a Box, and a Text space for ``text``."""
+    ``states`` name -> shape (float64, unbounded), a Box, or an example array of one env's state (its shape and
+    dtype: ``np.zeros(2, np.float32)`` declares the float32 states the guide recommends), and a Text space for
+    ``text``. The rollout warns once when the first observation's dtypes differ from the declared ones."""
     image_spaces: dict[str, gym.Space] = {k: gym.spaces.Box(0, 255, tuple(shape), np.uint8)
                                           for k, shape in (images or {}).items()}
-    state_spaces: dict[str, gym.Space] = {
-        k: v if isinstance(v, gym.spaces.Box) else gym.spaces.Box(-np.inf, np.inf, tuple(v), np.float64)
-        for k, v in (states or {}).items()}
+    state_spaces: dict[str, gym.Space] = {k: _state_space(v) for k, v in (states or {}).items()}
     return gym.spaces.Dict({
         "images": gym.spaces.Dict(image_spaces),
         "states": gym.spaces.Dict(state_spaces),
         "text": text if text is not None else gym.spaces.Text(TEXT_SPACE_LENGTH, min_length=0,
                                                               charset=_PRINTABLE),
     })
+
+
+def _state_space(value: tuple[int, ...] | gym.spaces.Box | np.ndarray) -> gym.spaces.Box:
+    """One state's space: a Box as given, an example array's shape and dtype, or a shape (float64)."""
+    if isinstance(value, gym.spaces.Box):
+        return value
+    if isinstance(value, np.ndarray):
+        if value.dtype.kind == "f":
+            return gym.spaces.Box(-np.inf, np.inf, value.shape, value.dtype)
+        info = np.iinfo(value.dtype) if value.dtype.kind in "iu" else None
+        low, high = (info.min, info.max) if info is not None else (0, 1)
+        return gym.spaces.Box(low, high, value.shape, value.dtype)
+    return gym.spaces.Box(-np.inf, np.inf, tuple(value), np.float64)
 
 
 def _deriving_observation_space(reset: Callable[..., Any]) -> Callable[..., Any]:
@@ -228,14 +241,7 @@ def _deriving_observation_space(reset: Callable[..., Any]) -> Callable[..., Any]
 
 def observation_space_of(obs: Observation) -> gym.spaces.Dict:
     """The single-env observation space an observation batch implies (shapes and dtypes of its rows)."""
-    states: dict[str, gym.spaces.Box] = {}
-    for k, v in obs.states.items():
-        if v.dtype.kind == "f":
-            states[k] = gym.spaces.Box(-np.inf, np.inf, v.shape[1:], v.dtype)
-        else:
-            info = np.iinfo(v.dtype) if v.dtype.kind in "iu" else None
-            low, high = (info.min, info.max) if info is not None else (0, 1)
-            states[k] = gym.spaces.Box(low, high, v.shape[1:], v.dtype)
+    states = {k: _state_space(v[0] if len(v) else np.empty(v.shape[1:], v.dtype)) for k, v in obs.states.items()}
     images = {k: tuple(v.shape[1:]) for k, v in obs.images.items()}
     return observation_space(images=images, states=dict(states))
 

@@ -203,6 +203,31 @@ class PartialResetCheck:
         return partial_reset_problem(np.flatnonzero(self._reset_rows), sorted(changed))
 
 
+# ------------------------------------------------------------------------------------------------ declared space
+
+
+def undeclared_dtypes(space: Any, obs: Observation) -> list[str]:
+    """Image and state arrays of ``obs`` whose dtype differs from the env's declared ``single_observation_space``,
+    one phrase each (``states['pos'] is float64 where the space declares float32``). Checked once, on the first
+    reset: gymnasium wrappers and recorders read the space, the server gets the arrays."""
+    out = []
+    for kind, arrays in (("images", obs.images), ("states", obs.states)):
+        declared = _subspaces(space, kind)
+        for key, arr in arrays.items():
+            box = declared.get(key)
+            dtype = getattr(box, "dtype", None)
+            if dtype is not None and np.dtype(dtype) != arr.dtype:
+                out.append(f"{kind}[{key!r}] is {arr.dtype} where the space declares {np.dtype(dtype)}")
+    return out
+
+
+def _subspaces(space: Any, kind: str) -> dict[str, Any]:
+    try:
+        return dict(space[kind].spaces)
+    except (KeyError, TypeError, AttributeError):
+        return {}
+
+
 # ------------------------------------------------------------------------------------------------ lone surrogates
 
 _SURROGATE_CODES = (0xD800, 0xE000)

@@ -53,7 +53,7 @@ from plugrl_env_client.protocol.messages import FEATURE_REUSE_FEEDBACK_OBS, Acti
 from plugrl_env_client.rollout import checks
 from plugrl_env_client.rollout.budget import Budget
 from plugrl_env_client.rollout.chunks import ActionPlans, ChunkEnds, HeldRows
-from plugrl_env_client.rollout.env_checks import EnvChecks
+from plugrl_env_client.rollout.env_checks import EnvChecks, undeclared_dtypes
 from plugrl_env_client.rollout.episodes import EpisodeTracker, Instructions, Retirement
 from plugrl_env_client.rollout.interfaces import NO_HOOKS, EpisodeHooks, ResultSink, ServerSession
 from plugrl_env_client.rollout.seeds import GroupSeeds, SeedGroups
@@ -180,6 +180,10 @@ class EnvGroup:
         obs, info = self._reset(seed, None)
         if "_single_observation_space" not in vars(self.env):  # not declared: derived, for wrappers and recorders
             self.env.single_observation_space = observation_space_of(obs)
+        elif self.offset == 0 and (odd := undeclared_dtypes(self.env.single_observation_space, obs)):
+            logger.warning("env %s: %s: declare the dtypes the env returns (observation_space(states={'pos': "
+                           "np.zeros(2, np.float32)}) takes an example array's shape and dtype) or return the "
+                           "declared ones", self.settings.env_id, "; ".join(odd))
         return self._started_episodes(obs, info, self._all, seed)
 
     def needs_actions(self) -> bool:
