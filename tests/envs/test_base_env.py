@@ -440,3 +440,15 @@ def test_select_of_one_ascending_run_is_a_view() -> None:
         assert not np.shares_memory(sub.images["cam"], obs.images["cam"])
     with pytest.raises(IndexError):
         obs.select([4, 5])  # past the batch: an error, as with any other selection
+
+
+def test_observation_space_takes_an_example_arrays_shape_and_dtype() -> None:
+    import gymnasium as gym
+
+    from plugrl_env_client.envs.base_env import observation_space
+
+    space = observation_space(states={"pos": np.zeros(2, np.float32), "n": np.zeros((3, 1), np.int16), "s": (4,)})
+    states = space["states"]
+    assert states["pos"] == gym.spaces.Box(-np.inf, np.inf, (2,), np.float32)
+    assert states["n"].dtype == np.int16 and states["n"].shape == (3, 1) and states["n"].high.max() == 32767
+    assert states["s"].dtype == np.float64, "a bare shape still declares float64"

@@ -160,9 +160,26 @@ def test_non_finite_rewards_name_the_rows_and_the_flag(bad: float) -> None:
     assert "--runner.non-finite-rewards zero" in msg
 
 
-def test_float64_reward_beyond_float32_range_is_reported_as_non_finite() -> None:
-    with pytest.raises(EnvContractError, match=re.escape("rewards for envs [0]")):
-        contract.check_step(2, _step(_obs(2), np.array([1e300, 0.0])))
+def test_a_finite_float64_reward_beyond_float32_range_does_not_fit_float32() -> None:
+    with pytest.raises(EnvContractError) as err:
+        contract.check_step(2, _step(_obs(2), np.array([1e39, 0.0])))
+    assert str(err.value) == ("step() returned rewards that do not fit float32 (1e+39; float32's largest is "
+                              "3.40282e+38) for envs [0]: scale the rewards into float32's range, or pass "
+                              "--runner.non-finite-rewards zero to replace them by 0.0")
+
+
+def test_nan_next_to_a_reward_too_large_for_float32_is_named_as_nan() -> None:
+    with pytest.raises(EnvContractError, match=re.escape("step() returned NaN or infinite rewards for envs [1]:")):
+        contract.check_step(2, _step(_obs(2), np.array([1e39, np.nan])))
+
+
+def test_rewards_too_large_for_float32_are_zeroed_under_their_own_words() -> None:
+    out = contract.check_step(3, _step(_obs(3), np.array([-1e39, 2.0, np.inf])), non_finite_rewards="zero")
+    assert out.rewards.tolist() == [0.0, 2.0, 0.0] and out.zeroed_rewards.tolist() == [0, 2]
+    assert out.zeroed_why == ("NaN/inf rewards and rewards that do not fit float32 (-1e+39; float32's largest is "
+                              "3.40282e+38)")
+    assert contract.check_step(1, _step(_obs(1), np.array([1e39])), non_finite_rewards="zero").zeroed_why == (
+        "rewards that do not fit float32 (1e+39; float32's largest is 3.40282e+38)")
 
 
 def test_non_finite_rewards_replaced_by_zero_and_the_rows_returned() -> None:
@@ -170,7 +187,7 @@ def test_non_finite_rewards_replaced_by_zero_and_the_rows_returned() -> None:
     out = contract.check_step(3, _step(_obs(3), rewards), non_finite_rewards="zero")
     assert out.rewards.tolist() == [0.0, 2.0, 0.0]
     assert out.rewards.dtype == np.float32
-    assert out.zeroed_rewards.tolist() == [0, 2]
+    assert out.zeroed_rewards.tolist() == [0, 2] and out.zeroed_why == "NaN/inf rewards"
     assert np.isnan(rewards[0])  # the env's own array is not written to
 
 

@@ -8,6 +8,7 @@ without needing openpi-client installed. ``test_matches_openpi_client`` re-check
 from __future__ import annotations
 
 import math
+import warnings
 
 import msgpack
 import numpy as np
@@ -258,6 +259,16 @@ def test_unpackb_refuses(frame: bytes, words: str) -> None:
     with pytest.raises(ProtocolError) as info:
         codec.unpackb(frame)
     assert words in str(info.value)
+
+
+@pytest.mark.parametrize("typestr", ["a", "|a5", "a0", "<a2", "=a1"])
+def test_numpys_deprecated_a_alias_is_refused_without_a_warning(typestr: str) -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(ProtocolError) as info:
+            codec.unpackb(_nd(typestr, [1], b"\0" * 5))
+    assert str(info.value).endswith(f"array dtype {typestr!r} uses numpy's deprecated 'a' alias; send bytes as 'S' "
+                                    "(e.g. '|S5')")
 
 
 @pytest.mark.parametrize("cut", [1, 5, 20, -20, -1])

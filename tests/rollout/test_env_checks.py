@@ -390,3 +390,39 @@ def test_a_run_whose_env_rerandomises_every_row_fails_unless_told_not_to_check(
     assert "--runner.check-partial-reset off" in err
     off = client(tmp_path, exp_name="off", runner=RunnerConfig(check_partial_reset="off"))
     assert run_client(off, "Rerandomising-v1") == 0
+
+
+# ------------------------------------------------------------------------------------------------ lone surrogates
+
+
+def test_text_without_a_lone_surrogate_is_left_as_it_is(caplog) -> None:
+    from plugrl_env_client.rollout.env_checks import TextCheck
+
+    check = TextCheck("E-v1")
+    obs = Observation(states={"x": np.zeros((2, 1))}, text=["plain", "\U0001f600 and \ud7ff and \ue000"])
+    text = obs.text
+    info = {"env_instruction": ["go", "go"], "metrics": {"m": np.ones(2)}, "tags": np.array(["a", "b"]), 3: "x"}
+    check.observation(obs)
+    assert obs.text is text and check.info(info) is info and not caplog.records
+
+
+def test_lone_surrogates_become_u_fffd_with_one_warning_per_field(caplog) -> None:
+    from plugrl_env_client.rollout.env_checks import TextCheck
+
+    check = TextCheck("E-v1")
+    env_text = np.array(["a\ud800b", "ok"])
+    obs = Observation(text=env_text)
+    info = {"env_instruction": ("go\udfff", "fine"), "metrics": {"score\udc80": np.ones(2)},
+            "tags": np.array(["\ud800", "t"]), "note": "n\ud801"}
+    for _ in range(2):
+        check.observation(obs)
+        fixed = check.info(info)
+    assert obs.text.tolist() == ["a\ufffdb", "ok"] and env_text[0] == "a\ud800b", "the env's array is not written to"
+    assert fixed["env_instruction"] == ("go\ufffd", "fine") and list(fixed["metrics"]) == ["score\ufffd"]
+    assert fixed["tags"].tolist() == ["\ufffd", "t"] and fixed["note"] == "n\ufffd"
+    assert list(info["metrics"]) == ["score\udc80"], "the env's info is not written to"
+    fields = ["the observation's text", "info['env_instruction']", "a key of info['metrics']", "info['tags']",
+              "info['note']"]
+    assert sorted(r.getMessage() for r in caplog.records) == sorted(
+        f"env E-v1 returned a lone surrogate (half of a UTF-16 pair, which no UTF-8 file or message can hold) in "
+        f"{field}; each one is replaced by U+FFFD" for field in fields)

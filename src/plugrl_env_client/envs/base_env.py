@@ -181,16 +181,16 @@ def describe_space(space: gym.Space) -> str:
 
 def observation_space(
     images: Mapping[str, tuple[int, int, int]] | None = None,
-    states: Mapping[str, tuple[int, ...] | gym.spaces.Box] | None = None,
+    states: Mapping[str, tuple[int, ...] | gym.spaces.Box | np.ndarray] | None = None,
     text: gym.spaces.Text | None = None,
 ) -> gym.spaces.Dict:
     """The single-env observation space of an :class:`Observation`: ``images`` name -> (h, w, c) (uint8),
-    ``states`` name -> shape (float64, unbounded) or a Box, and a Text space for ``text``."""
+    ``states`` name -> shape (float64, unbounded), a Box, or an example array of one env's state (its shape and
+    dtype: ``np.zeros(2, np.float32)`` declares the float32 states the guide recommends), and a Text space for
+    ``text``. The rollout warns once when the first observation's dtypes differ from the declared ones."""
     image_spaces: dict[str, gym.Space] = {k: gym.spaces.Box(0, 255, tuple(shape), np.uint8)
                                           for k, shape in (images or {}).items()}
-    state_spaces: dict[str, gym.Space] = {
-        k: v if isinstance(v, gym.spaces.Box) else gym.spaces.Box(-np.inf, np.inf, tuple(v), np.float64)
-        for k, v in (states or {}).items()}
+    state_spaces: dict[str, gym.Space] = {k: _state_space(v) for k, v in (states or {}).items()}
     return gym.spaces.Dict({
         "images": gym.spaces.Dict(image_spaces),
         "states": gym.spaces.Dict(state_spaces),
@@ -199,15 +199,33 @@ def observation_space(
     })
 
 
+def _state_space(value: tuple[int, ...] | gym.spaces.Box | np.ndarray) -> gym.spaces.Box:
+    """One state's space: a Box as given, an example array's shape and dtype, or a shape (float64)."""
+    if isinstance(value, gym.spaces.Box):
+        return value
+    if isinstance(value, np.ndarray):
+        if value.dtype.kind == "f":
+            return gym.spaces.Box(-np.inf, np.inf, value.shape, value.dtype)
+        info = np.iinfo(value.dtype) if value.dtype.kind in "iu" else None
+        low, high = (info.min, info.max) if info is not None else (0, 1)
+        return gym.spaces.Box(low, high, value.shape, value.dtype)
+    return gym.spaces.Box(-np.inf, np.inf, tuple(value), np.float64)
+
+
 def _deriving_observation_space(reset: Callable[..., Any]) -> Callable[..., Any]:
     """``reset``, which then sets ``single_observation_space`` from the observation it returns while the env has
     none. Only the most derived ``reset`` does: a subclass's reset may change what its parent's returned.
 
     A reset that returns something other than ``(Observation, info)``, or an observation the space cannot be
-    built from, is left to the contract checks, which say what is wrong (the space stays undeclared)."""
+    built from, is left to the contract checks, which say what is wrong (the space stays undeclared).
+
+    It also notes a call made while the rollout is inside the env's ``step`` (:attr:`BaseEnv.in_step`): the env
+    reset itself there, and the rollout stops with the contract's words once ``step`` returns."""
 
     @functools.wraps(reset)
     def reset_deriving_space(self: BaseEnv, *args: Any, **kwargs: Any) -> Any:
+        if self.in_step:
+            self.reset_in_step = True
         result = reset(self, *args, **kwargs)
         if "_single_observation_space" not in self.__dict__ and type(self).reset is reset_deriving_space:
             obs = result[0] if isinstance(result, tuple) and result else None
@@ -223,14 +241,7 @@ def _deriving_observation_space(reset: Callable[..., Any]) -> Callable[..., Any]
 
 def observation_space_of(obs: Observation) -> gym.spaces.Dict:
     """The single-env observation space an observation batch implies (shapes and dtypes of its rows)."""
-    states: dict[str, gym.spaces.Box] = {}
-    for k, v in obs.states.items():
-        if v.dtype.kind == "f":
-            states[k] = gym.spaces.Box(-np.inf, np.inf, v.shape[1:], v.dtype)
-        else:
-            info = np.iinfo(v.dtype) if v.dtype.kind in "iu" else None
-            low, high = (info.min, info.max) if info is not None else (0, 1)
-            states[k] = gym.spaces.Box(low, high, v.shape[1:], v.dtype)
+    states = {k: _state_space(v[0] if len(v) else np.empty(v.shape[1:], v.dtype)) for k, v in obs.states.items()}
     images = {k: tuple(v.shape[1:]) for k, v in obs.images.items()}
     return observation_space(images=images, states=dict(states))
 
@@ -254,6 +265,11 @@ class BaseEnv(gym.vector.VectorEnv[Observation, np.ndarray, np.ndarray], Generic
 
     metadata: dict[str, Any] = {"autoreset_mode": AutoresetMode.DISABLED}
     config: ConfigT
+    in_step: bool = False
+    """Set by the rollout while it is inside this env's ``step`` (a boolean on the hot path, nothing more)."""
+    reset_in_step: bool = False
+    """Set when the env's own ``reset`` ran while :attr:`in_step` was: the env reset itself inside ``step``, which
+    the contract forbids (the client resets finished envs after sending their terminal observation)."""
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         """A subclass's ``reset`` also derives the observation space on the first reset, when none is declared."""

@@ -83,8 +83,12 @@ class StepOutput:
     truncated: np.ndarray
     info: dict[str, Any]
     zeroed_rewards: np.ndarray
-    """Env indices whose NaN/inf reward was replaced by 0.0 (only with ``non_finite_rewards="zero"``; usually
-    empty). The caller logs them: a replaced reward changes the return the run reports."""
+    """Env indices whose NaN/inf reward, or finite reward beyond float32's range, was replaced by 0.0 (only with
+    ``non_finite_rewards="zero"``; usually empty). The caller logs them: a replaced reward changes the return the
+    run reports."""
+    zeroed_why: str = ""
+    """What the zeroed rewards were, for the caller's warning: ``"NaN/inf rewards"``, ``"rewards that do not fit
+    float32 (...)"``, or both."""
 
 
 # ------------------------------------------------------------------------------------------------ action space
@@ -200,7 +204,8 @@ def check_step(
     broken rule is an :class:`EnvContractError`; rewards come back as float32, flags as bool.
 
     NaN/inf rewards are an error naming the env rows, or (``non_finite_rewards="zero"``) are replaced by 0.0 and
-    listed in :attr:`StepOutput.zeroed_rewards`. NaN/inf in float state arrays are an error unless
+    listed in :attr:`StepOutput.zeroed_rewards`. So are finite rewards the cast to float32 would make infinite
+    (1e39), under their own words: they "do not fit float32". NaN/inf in float state arrays are an error unless
     ``non_finite_observations="allow"``. Images are uint8 (checked) and cannot hold either.
     """
     out, problems = read_step(num_envs, result, warnings=False)
@@ -210,11 +215,19 @@ def check_step(
     if problems:
         raise _first_error(problems)
     if not np.isfinite(out.rewards).all():
-        rewards, zeroed = _non_finite_rewards(out.rewards, non_finite_rewards)
-        out = StepOutput(out.obs, rewards, out.terminated, out.truncated, out.info, zeroed)
+        rewards, zeroed, why = _non_finite_rewards(out.rewards, np.asarray(result[1]), non_finite_rewards)
+        out = StepOutput(out.obs, rewards, out.terminated, out.truncated, out.info, zeroed, why)
     if non_finite_observations != "allow":
         check_finite_observation(out.obs, "step()")
     return out
+
+
+RESET_IN_STEP = Problem("step() called the env's reset()",
+                        "do not reset inside step(): return the terminal observation with terminated or truncated "
+                        "set; the client calls reset(options={'reset_mask': ...}) for finished envs", key="reset in step")
+"""An env that resets itself inside ``step`` sends next-episode observations as terminal ones. The rollout stops
+at it (it sees the env's own ``reset`` run inside ``step``: :attr:`BaseEnv.reset_in_step`), and ``plugrl-check-env``
+reports it (rule 9)."""
 
 
 def _step_arity_problem(result: Any) -> Problem:
@@ -241,7 +254,7 @@ def _rewards(num_envs: int, value: Any, problems: list[Problem], warnings: bool)
     if warnings:
         problems.append(Problem(f"rewards have dtype {arr.dtype} (the client casts them to float32)",
                                 "return `reward.astype(np.float32)`", "warning", "rewards dtype"))
-    with np.errstate(over="ignore"):  # a float64 beyond float32's range becomes inf, reported as non-finite
+    with np.errstate(over="ignore"):  # a float64 beyond float32's range becomes inf: check_step says it does not fit
         return arr.astype(np.float32)
 
 
@@ -256,15 +269,33 @@ def _flags(num_envs: int, name: str, value: Any, problems: list[Problem]) -> np.
     return arr
 
 
-def _non_finite_rewards(rewards: np.ndarray, mode: str) -> tuple[np.ndarray, np.ndarray]:
-    bad = np.flatnonzero(~np.isfinite(rewards))
-    if mode == "zero":
-        return np.where(np.isfinite(rewards), rewards, np.float32(0.0)), bad
-    if mode != "error":
+def _non_finite_rewards(rewards: np.ndarray, returned: np.ndarray, mode: str) -> tuple[np.ndarray, np.ndarray, str]:
+    """``rewards`` (cast to float32) hold NaN or inf: values the env returned so, or finite values beyond float32's
+    range that the cast made infinite (``returned`` holds the rewards as the env returned them). Replaced by 0.0
+    (``mode="zero"``: the rows and what they were come back for the caller's warning), or an error."""
+    if mode not in ("error", "zero"):
         raise ValueError(f"non_finite_rewards must be 'error' or 'zero', got {mode!r}")
+    bad = np.flatnonzero(~np.isfinite(rewards))
+    with np.errstate(invalid="ignore"):  # the env's own values: NaN, inf, or numbers of any numeric dtype
+        too_large = bad[np.isfinite(returned[bad])] if returned.dtype.kind == "f" else bad
+    parts = []
+    if too_large.size < bad.size:
+        parts.append("NaN/inf rewards")
+    if too_large.size:
+        value = float(returned[too_large[0]])
+        parts.append(f"rewards that do not fit float32 ({value:g}; float32's largest is "
+                     f"{float(np.finfo(np.float32).max):g})")
+    why = " and ".join(parts)
+    if mode == "zero":
+        return np.where(np.isfinite(rewards), rewards, np.float32(0.0)), bad, why
+    if too_large.size == bad.size:
+        raise EnvContractError(
+            f"step() returned {why} for envs {rows_text(too_large)}: scale the rewards into float32's range, or pass "
+            f"{REWARDS_FLAG} to replace them by 0.0"
+        )
     raise EnvContractError(
-        f"step() returned NaN or infinite rewards for envs {rows_text(bad)}: return finite rewards, or pass "
-        f"{REWARDS_FLAG} to replace them by 0.0"
+        f"step() returned NaN or infinite rewards for envs {rows_text(np.setdiff1d(bad, too_large))}: return finite "
+        f"rewards, or pass {REWARDS_FLAG} to replace them by 0.0"
     )
 
 

@@ -72,6 +72,8 @@ def _dtype(value: Any) -> np.dtype:
         return known
     if not isinstance(value, str):
         raise ProtocolError(f"array dtype must be a numpy typestr string, got {value!r}")
+    if value.lstrip("<>|=").startswith("a"):  # numpy 2 deprecates the alias (a warning, then an error): refuse it
+        raise ProtocolError(f"array dtype {value!r} uses numpy's deprecated 'a' alias; send bytes as 'S' (e.g. '|S5')")
     try:
         dtype = np.dtype(value)
     except TypeError:

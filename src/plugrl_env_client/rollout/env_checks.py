@@ -27,11 +27,20 @@ reset and step (:meth:`EnvChecks.after_reset`, :meth:`EnvChecks.after_step`) and
 
 The partial-reset rule has two callers, as the env contract has: this check, and ``plugrl-check-env``'s rule 8,
 which both say :func:`partial_reset_problem`.
+
+One more thing is fixed here rather than refused, because it is easy to produce and the fix is obvious: a lone
+surrogate (``"\\ud800"``, from text cut in the middle of a UTF-16 pair or decoded with ``surrogateescape``) in an
+env's text. Python holds it, but no UTF-8 encoder writes it: the wire, the recorder's text samples and every JSON
+line would fail on it. :class:`TextCheck` replaces each one by U+FFFD (the replacement character) in the text
+observation and in the info's text (keys, str values and '<U' arrays, ``info["env_instruction"]`` and metric names
+among them), and warns once per env and field. Text without one costs one reduction over its code points (or one
+``str.encode``); a text is only copied when it holds one.
 """
 
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Sequence
 from typing import Any, Literal
 
@@ -194,18 +203,149 @@ class PartialResetCheck:
         return partial_reset_problem(np.flatnonzero(self._reset_rows), sorted(changed))
 
 
+# ------------------------------------------------------------------------------------------------ declared space
+
+
+def undeclared_dtypes(space: Any, obs: Observation) -> list[str]:
+    """Image and state arrays of ``obs`` whose dtype differs from the env's declared ``single_observation_space``,
+    one phrase each (``states['pos'] is float64 where the space declares float32``). Checked once, on the first
+    reset: gymnasium wrappers and recorders read the space, the server gets the arrays."""
+    out = []
+    for kind, arrays in (("images", obs.images), ("states", obs.states)):
+        declared = _subspaces(space, kind)
+        for key, arr in arrays.items():
+            box = declared.get(key)
+            dtype = getattr(box, "dtype", None)
+            if dtype is not None and np.dtype(dtype) != arr.dtype:
+                out.append(f"{kind}[{key!r}] is {arr.dtype} where the space declares {np.dtype(dtype)}")
+    return out
+
+
+def _subspaces(space: Any, kind: str) -> dict[str, Any]:
+    try:
+        return dict(space[kind].spaces)
+    except (KeyError, TypeError, AttributeError):
+        return {}
+
+
+# ------------------------------------------------------------------------------------------------ lone surrogates
+
+_SURROGATE_CODES = (0xD800, 0xE000)
+_REPLACEMENT = 0xFFFD
+_LONE = re.compile("[\ud800-\udfff]")
+
+
+def _codes(text: np.ndarray) -> np.ndarray:
+    """The code points of a C-contiguous '<U' array, flat (a view: writing to it writes to ``text``)."""
+    return text.reshape(-1).view(np.uint32)
+
+
+def _surrogate_mask(text: np.ndarray) -> np.ndarray | None:
+    """Where a '<U' array holds a surrogate code point (a mask over its flat code points), or None when it holds
+    none: one ``max`` for the common text entirely below U+D800, one range test otherwise."""
+    if text.size == 0 or text.itemsize == 0:
+        return None
+    codes = _codes(np.ascontiguousarray(text))
+    if int(codes.max()) < _SURROGATE_CODES[0]:
+        return None
+    mask = (codes >= _SURROGATE_CODES[0]) & (codes < _SURROGATE_CODES[1])
+    return mask if mask.any() else None
+
+
+def _text_array_fixed(text: np.ndarray) -> np.ndarray | None:
+    """A copy of a '<U' array with every surrogate replaced by U+FFFD, or None when it holds none."""
+    mask = _surrogate_mask(text)
+    if mask is None:
+        return None
+    fixed = np.array(text, copy=True, order="C")
+    _codes(fixed)[mask] = _REPLACEMENT
+    return fixed
+
+
+def _str_fixed(text: str) -> str | None:
+    """``text`` with every lone surrogate replaced by U+FFFD, or None when it holds none (``encode`` refuses
+    surrogates and nothing else)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return _LONE.sub("\ufffd", text)
+    return None
+
+
+class TextCheck:
+    """Lone surrogates in an env's text replaced by U+FFFD, with a warning once per field (see the module
+    docstring)."""
+
+    __slots__ = ("env_id", "_warned")
+
+    def __init__(self, env_id: str) -> None:
+        self.env_id = env_id
+        self._warned: set[str] = set()
+
+    def observation(self, obs: Observation) -> None:
+        """The observation's text, fixed in place (a new array: the env's own is not written to)."""
+        fixed = _text_array_fixed(obs.text)
+        if fixed is not None:
+            obs.text = fixed
+            self._warn("the observation's text")
+
+    def info(self, info: dict[str, Any], where: str = "info") -> dict[str, Any]:
+        """``info`` with its text fixed: the same dict when it holds no lone surrogate, else a copy of the maps on
+        the way to each one (the env's own are not written to)."""
+        out: dict[str, Any] | None = None
+        for key, value in info.items():
+            name = key
+            if type(key) is str and (fixed_key := _str_fixed(key)) is not None:
+                name = fixed_key
+                self._warn(f"a key of {where}")
+            fixed = self._value(value, f"{where}[{name!r}]")
+            if name is not key or fixed is not None:
+                if out is None:
+                    out = dict(info)
+                if name is not key:
+                    del out[key]
+                out[name] = value if fixed is None else fixed
+        return info if out is None else out
+
+    def _value(self, value: Any, where: str) -> Any:
+        """``value`` with its text fixed, or None when it needs no fix."""
+        fixed: Any = None
+        if isinstance(value, np.ndarray):
+            if value.dtype.kind == "U":
+                fixed = _text_array_fixed(value)
+        elif isinstance(value, dict):
+            fixed = self.info(value, where)
+            return None if fixed is value else fixed
+        elif isinstance(value, str):
+            fixed = _str_fixed(value)
+        elif isinstance(value, (list, tuple)) and any(type(v) is str for v in value):
+            texts = [_str_fixed(v) if type(v) is str else None for v in value]
+            if any(t is not None for t in texts):
+                fixed = type(value)(v if t is None else t for v, t in zip(value, texts))
+        if fixed is not None:
+            self._warn(where)
+        return fixed
+
+    def _warn(self, field: str) -> None:
+        if field not in self._warned:
+            self._warned.add(field)
+            logger.warning("env %s returned a lone surrogate (half of a UTF-16 pair, which no UTF-8 file or message "
+                           "can hold) in %s; each one is replaced by U+FFFD", self.env_id, field)
+
+
 # ------------------------------------------------------------------------------------------------ the bundle
 
 
 class EnvChecks:
     """The checks across calls of one env object, as its group calls them."""
 
-    __slots__ = ("env_id", "n", "layout", "rows")
+    __slots__ = ("env_id", "n", "layout", "rows", "text")
 
     def __init__(self, env_id: str, num_envs: int, check_partial_reset: Literal["on", "off"] = "on") -> None:
         self.env_id, self.n = env_id, num_envs
         self.layout = ObservationSignature()
         self.rows = PartialResetCheck() if check_partial_reset == "on" else None
+        self.text = TextCheck(env_id)
 
     def before_reset(self, options: dict[str, Any] | None) -> None:
         """Call right before ``env.reset(options=options)``."""
@@ -214,20 +354,27 @@ class EnvChecks:
             self.rows.before(mask if isinstance(mask, np.ndarray) and mask.dtype == np.bool_ and mask.shape == (self.n,)
                              else reset_mask_of(options, self.n))
 
-    def after_reset(self, obs: Observation) -> None:
-        """Call with the (contract-checked) observation ``env.reset`` returned, before anything uses it."""
+    def after_reset(self, obs: Observation, info: dict[str, Any]) -> dict[str, Any]:
+        """Call with the (contract-checked) observation and info ``env.reset`` returned, before anything uses them;
+        use the info it returns (its text fixed, see :class:`TextCheck`)."""
         self._layout(obs, "reset()")
+        self.text.observation(obs)
+        info = self.text.info(info)
         if self.rows is not None:
             problem = self.rows.after(obs)
             if problem is not None:
                 raise EnvContractError(f"env {self.env_id}: {problem.message} (checked after every partial reset; "
                                        f"{PARTIAL_RESET_FLAG} skips the check)")
+        return info
 
-    def after_step(self, obs: Observation) -> None:
-        """Call with the (contract-checked) observation ``env.step`` returned, before anything uses it."""
+    def after_step(self, obs: Observation, info: dict[str, Any]) -> dict[str, Any]:
+        """Call with the (contract-checked) observation and info ``env.step`` returned, before anything uses them;
+        use the info it returns (its text fixed, see :class:`TextCheck`)."""
         self._layout(obs, "step()")
         if self.rows is not None:
             self.rows.seen(obs)
+        self.text.observation(obs)
+        return self.text.info(info) if info else info
 
     def _layout(self, obs: Observation, where: str) -> None:
         try:

@@ -53,7 +53,7 @@ from plugrl_env_client.protocol.messages import FEATURE_REUSE_FEEDBACK_OBS, Acti
 from plugrl_env_client.rollout import checks
 from plugrl_env_client.rollout.budget import Budget
 from plugrl_env_client.rollout.chunks import ActionPlans, ChunkEnds, HeldRows
-from plugrl_env_client.rollout.env_checks import EnvChecks
+from plugrl_env_client.rollout.env_checks import EnvChecks, undeclared_dtypes
 from plugrl_env_client.rollout.episodes import EpisodeTracker, Instructions, Retirement
 from plugrl_env_client.rollout.interfaces import NO_HOOKS, EpisodeHooks, ResultSink, ServerSession
 from plugrl_env_client.rollout.seeds import GroupSeeds, SeedGroups
@@ -180,6 +180,10 @@ class EnvGroup:
         obs, info = self._reset(seed, None)
         if "_single_observation_space" not in vars(self.env):  # not declared: derived, for wrappers and recorders
             self.env.single_observation_space = observation_space_of(obs)
+        elif self.offset == 0 and (odd := undeclared_dtypes(self.env.single_observation_space, obs)):
+            logger.warning("env %s: %s: declare the dtypes the env returns (observation_space(states={'pos': "
+                           "np.zeros(2, np.float32)}) takes an example array's shape and dtype) or return the "
+                           "declared ones", self.settings.env_id, "; ".join(odd))
         return self._started_episodes(obs, info, self._all, seed)
 
     def needs_actions(self) -> bool:
@@ -219,24 +223,31 @@ class EnvGroup:
         actions = self.plans.next_actions()
         active = self.active
         start = time.perf_counter()
-        result = self._call_env("step", self.env.step, actions)
+        env = self.env
+        env.in_step = True  # the env's own reset() notices it is called inside step()
+        try:
+            result = self._call_env("step", env.step, actions)
+        finally:
+            env.in_step = False
         timing = self.timing
         timing.env_step_s += time.perf_counter() - start
         timing.batch_steps += 1
         steps = self.n if active is None else int(active.sum())
         timing.env_steps += steps  # the rollout adds them to the run's budget now and then
         timing.idle_env_steps += self.n - steps
+        if getattr(env, "reset_in_step", False):
+            raise EnvContractError(f"env {self.settings.env_id}: {contract.RESET_IN_STEP.message}")
         out = self._checked(contract.check_step, result, self.settings.non_finite_rewards,
                             self.settings.non_finite_observations)
-        self.env_checks.after_step(out.obs)
+        info = self.env_checks.after_step(out.obs, out.info)
         if out.zeroed_rewards.size:
-            logger.warning("env %s returned NaN/inf rewards for envs %s; replaced by 0 (--runner.non-finite-rewards "
-                           "zero)", self.settings.env_id, (self.offset + out.zeroed_rewards).tolist())
+            logger.warning("env %s returned %s for envs %s; replaced by 0 (--runner.non-finite-rewards zero)",
+                           self.settings.env_id, out.zeroed_why, (self.offset + out.zeroed_rewards).tolist())
         rewards, terminated, truncated = out.rewards, out.terminated, out.truncated
         if active is not None:
             rewards = np.where(active, rewards, np.float32(0.0))
             terminated, truncated = terminated & active, truncated & active
-        self.tracker.add_step(rewards, out.info, active)
+        self.tracker.add_step(rewards, info, active)
         limit = self.settings.max_episode_steps
         if limit is not None:
             over = (self.tracker.lengths >= limit) & ~terminated
@@ -244,7 +255,7 @@ class EnvGroup:
         done = terminated | truncated
         chunk_ended = self.plans.advance(rewards, done, active)
         self.hooks.on_step(out.obs, actions, rewards, self.ids)
-        return StepResult(out.obs, rewards, terminated, truncated, done, out.info, chunk_ended, active)
+        return StepResult(out.obs, rewards, terminated, truncated, done, info, chunk_ended, active)
 
     def send_feedback(self, step: StepResult) -> None:
         """Feedback for the envs whose chunk ended (and those :class:`ChunkEnds` adds): chunk-summed rewards,
@@ -368,8 +379,7 @@ class EnvGroup:
         result = self._call_env("reset", lambda: self.env.reset(seed=seed, options=options))  # type: ignore[arg-type]
         self.timing.reset_s += time.perf_counter() - start
         obs, info = self._checked(contract.check_reset, result, self.settings.non_finite_observations)
-        self.env_checks.after_reset(obs)
-        return obs, info
+        return obs, self.env_checks.after_reset(obs, info)
 
     def _checked(self, check: Any, result: Any, *modes: str) -> Any:
         """An env's return value through its contract check; a violation names the env."""

@@ -23,7 +23,7 @@ from plugrl_env_client.check.harness import (
     steps_text,
 )
 from plugrl_env_client.check.rules.rows import differences, row_equal
-from plugrl_env_client.envs.contract import read_reset, rows_text
+from plugrl_env_client.envs.contract import RESET_IN_STEP, read_reset, rows_text
 from plugrl_env_client.rollout.env_checks import partial_reset_problem
 
 GENEROUS_STEPS = 1000
@@ -99,10 +99,8 @@ def rule_no_reset_in_step(ctx: Context) -> Outcome:
                                 "keep BaseEnv's AutoresetMode.DISABLED and reset only in reset()"))
     calls = [rec.number for rec in traj.steps if rec.reset_calls]
     if calls:
-        findings.append(Finding("fail", f"step() called the env's reset() (at {steps_text(calls)} of the run)",
-                                "do not reset inside step(): return the terminal observation with terminated or "
-                                "truncated set; the client calls reset(options={'reset_mask': ...}) for finished "
-                                "envs"))
+        findings.append(Finding("fail", f"{RESET_IN_STEP.seen} (at {steps_text(calls)} of the run)",
+                                RESET_IN_STEP.fix))
     keys = sorted({k for rec in traj.steps for k in rec.info if k in _AUTORESET_INFO_KEYS})
     if keys:
         findings.append(Finding("fail", f"info carries {keys}, keys of an env that resets in step",
