@@ -7,6 +7,7 @@ Both ends live here (client and reference server) so the two can never disagree 
 from __future__ import annotations
 
 import dataclasses
+import reprlib
 from collections.abc import Mapping
 from typing import Any, Protocol
 
@@ -151,10 +152,18 @@ _I8 = np.dtype("<i8")
 # ----------------------------------------------------------------------------------------------- parsers
 
 
+_SHORT = reprlib.Repr()
+"""How a peer's values show in a log line or an error: a few levels deep and the start of each long value, so any
+nesting and any size (a server may send anything under keys it adds, SPEC 4.1) gives a short line, never a
+RecursionError."""
+_SHORT.maxlevel, _SHORT.maxdict, _SHORT.maxlist, _SHORT.maxtuple = 4, 20, 10, 10
+_SHORT.maxstring, _SHORT.maxother, _SHORT.maxlong = 80, 80, 40
+
+
 def short_repr(value: Any, limit: int = 300) -> str:
-    """``repr(value)`` cut to ``limit`` characters (then ``...``): a message's content in a log line or an error
-    stays readable when it holds large arrays."""
-    text = repr(value)
+    """``value`` shown by :data:`_SHORT`, then cut to ``limit`` characters (then ``...``): a message's content in a
+    log line or an error stays readable when it holds large arrays or deep maps."""
+    text = _SHORT.repr(value)
     return text if len(text) <= limit else text[:limit] + "..."
 
 
@@ -187,12 +196,12 @@ def parse_metadata(msg: Any) -> ServerMetadata:
     if not isinstance(data, dict):
         raise ProtocolError(f"metadata 'data' must be a map, got {type(data).__name__}")
     features = data.get("features") or ()
-    features = tuple(str(f) for f in features) if isinstance(features, (list, tuple)) else ()
+    features = tuple(f if isinstance(f, str) else short_repr(f, 80) for f in features) if isinstance(features, (list, tuple)) else ()
     server = data.get("server")
     return ServerMetadata(
         raw=data,
         protocol_version=_opt_int(data, "protocol_version"),
-        server=str(server) if server is not None else None,
+        server=(server if isinstance(server, str) else short_repr(server, 80)) if server is not None else None,
         action_horizon=_opt_int(data, "action_horizon"),
         action_dim=_opt_int(data, "action_dim"),
         features=features,

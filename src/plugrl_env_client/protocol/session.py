@@ -37,7 +37,6 @@ import datetime
 import logging
 import os
 import random
-import reprlib
 import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Literal, NoReturn
@@ -58,19 +57,6 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 __all__ = ["ConnectionConfig", "Session", "SessionConfig", "warning_period"]
-
-_METADATA_REPR = reprlib.Repr()
-"""The metadata as a log line shows it: a server may send any keys (SPEC 4.1: unknown keys are ignored), nested
-without limit, so the line shows a few levels and the start of each long value, never the whole map."""
-_METADATA_REPR.maxlevel, _METADATA_REPR.maxdict, _METADATA_REPR.maxlist = 4, 20, 10
-_METADATA_REPR.maxstring, _METADATA_REPR.maxother, _METADATA_REPR.maxlong = 80, 80, 40
-
-
-def _metadata_repr(raw: dict[str, Any], limit: int = 400) -> str:
-    """The server's metadata for the log, bounded in depth and size (any nesting, any length, no recursion)."""
-    text = _METADATA_REPR.repr(raw)
-    return text if len(text) <= limit else text[:limit] + "..."
-
 
 STOPPED_LOCALLY = Closed(CloseAction.END, None, "the run was stopped locally")
 RETRYABLE_STATUS = (408, 429)  # request timeout, too many requests: worth another try
@@ -440,7 +426,7 @@ class Session:
                 "is this a PlugRL v1 policy server?"
             )
         self.metadata = meta = messages.parse_metadata(reply)
-        logger.info("connected to %s; server metadata: %s", self._shown_url, _metadata_repr(meta.raw))
+        logger.info("connected to %s; server metadata: %s", self._shown_url, messages.short_repr(meta.raw, 400))
         return meta
 
     def _read_first(self, client: ws_client.WebSocketClient, deadline: float | None) -> Any:
