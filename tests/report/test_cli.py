@@ -119,6 +119,45 @@ def test_report_from_a_subprocess(one_proc, tmp_path):
     assert set(EXPECTED) <= figures(root)
 
 
+def with_metric(root: Path, name: str) -> None:
+    """Give every episode of the run's process 0 the metric ``name``, as an env reporting it would."""
+    episodes = root / "rollout/proc_000/episodes.jsonl"
+    rows = [json.loads(line) for line in episodes.read_text().splitlines()]
+    for i, row in enumerate(rows):
+        row["metrics"] = {name: float(i % 5)}
+    episodes.write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def test_a_metric_named_like_mathtext_is_plotted_as_written(one_proc, tmp_path):
+    root = copy_of(one_proc, tmp_path)
+    with_metric(root, "x$^$")
+    done = subprocess.run([sys.executable, "-m", "plugrl_env_client.report.cli", str(root)],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stderr == ""
+    assert_real_png(root / "report" / "metric_x.png")
+    text = assert_page_is_sound(root)
+    assert 'alt="x$^$"' in text and "<strong>x$^$</strong>" in text
+
+
+def test_a_figure_that_cannot_be_drawn_is_skipped_with_one_warning(one_proc, tmp_path, monkeypatch, capsys):
+    from plugrl_env_client.report import plots
+
+    def broken(run, out):
+        raise ValueError("cannot draw this\n   ^ and a second line")
+
+    monkeypatch.setattr(plots, "draw_length_histogram", broken)
+    root = copy_of(one_proc, tmp_path)
+    assert main([str(root)]) == 0
+    err = capsys.readouterr().err.splitlines()
+    assert err == ["warning: the figure 'episode lengths' could not be drawn and is left out (ValueError: cannot "
+                   "draw this)"]
+    assert "length_histogram.png" not in figures(root)
+    assert set(EXPECTED) - {"length_histogram.png"} <= figures(root)
+    text = assert_page_is_sound(root)
+    assert "the figure &#x27;episode lengths&#x27; could not be drawn and is left out" in text
+
+
 def test_two_processes_get_per_process_series(two_procs, tmp_path):
     root = copy_of(two_procs, tmp_path)
     assert main([str(root)]) == 0

@@ -28,6 +28,8 @@ class Report:
     page: Path
     figures: list[Path]
     thumbnails: list[Path]
+    skipped: list[plots.SkippedFigure] = dataclasses.field(default_factory=list)
+    """Figures that could not be drawn (the page says so, and so does the command)."""
 
 
 def build_report(root: Path, window: int | None = None) -> Report:
@@ -39,14 +41,15 @@ def build_report(root: Path, window: int | None = None) -> Report:
     k = window if window is not None else default_window(len(run.pooled))
     out = root / REPORT_DIR
     _clear_old_figures(out)
-    figures = plots.draw_all(run, k, out)
+    drawn = plots.draw_all(run, k, out)
     media = find_media([(p.process_id, p.folder) for p in run.processes])
     thumbnails = _thumbnails(media, out / THUMB_DIR, root)
-    page = html.Page(run=run, rows=summary_rows(run), plots=figures, plot_dir=out, media=media,
-                     thumbnails=thumbnails, window=k, window_given=window is not None)
+    page = html.Page(run=run, rows=summary_rows(run), plots=drawn.made, plot_dir=out, media=media,
+                     thumbnails=thumbnails, window=k, window_given=window is not None,
+                     skipped=[s.message for s in drawn.skipped])
     target = root / REPORT_PAGE
     write_text_atomic(target, html.render(page))
-    return Report(target, [out / f.name for f in figures], sorted(set(thumbnails.values())))
+    return Report(target, [out / f.name for f in drawn.made], sorted(set(thumbnails.values())), drawn.skipped)
 
 
 def _thumbnails(media: RunMedia, folder: Path, root: Path) -> dict[Path, Path]:

@@ -67,6 +67,8 @@ class Page:
     """Sampled image -> the smaller copy shown for it (images that are small already are shown as they are)."""
     window: int
     window_given: bool
+    skipped: list[str] = dataclasses.field(default_factory=list)
+    """Figures that could not be drawn, one line each."""
 
 
 def fmt(value: float | int | None, spec: str = ".4g") -> str:
@@ -88,7 +90,7 @@ def render(page: Page) -> str:
         f"<h1>{_e(title)}</h1>",
         f'<p class="sub">{_e(_subtitle(page))}</p>',
         _nav(page),
-        _notes(run.notes),
+        _notes([*run.notes, *page.skipped]),
         "<h2 id=\"summary\">Summary</h2>",
         _summary_table(page.rows),
         _config(run),
