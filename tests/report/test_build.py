@@ -191,21 +191,27 @@ def test_a_process_folder_never_made_is_listed_without_summary(tmp_path):
     assert "<td>process 1</td><td class=\"text\">no summary</td><td>0</td>" in text
 
 
-def test_large_sampled_images_get_thumbnails_small_ones_are_shown_as_they_are(tmp_path):
+def test_sampled_images_are_shown_shrunk_enlarged_or_as_they_are(tmp_path):
     root = write_run(tmp_path / "run", {0: episode_lines(0, 10)})
     sampled = root / "rollout/proc_000/sampled"
     sampled.mkdir()
-    big = np.random.default_rng(0).random((400, 300, 3))
-    mpimg.imsave(sampled / "ep000001_first_base.png", big)
-    mpimg.imsave(sampled / "ep000001_last_gray.png", np.zeros((32, 48)), cmap="gray")
+    mpimg.imsave(sampled / "ep000001_first_base.png", np.random.default_rng(0).random((400, 300, 3)))
+    tiny = np.random.default_rng(1).integers(0, 256, (12, 20, 3)).astype(np.uint8)
+    mpimg.imsave(sampled / "ep000001_last_tiny.png", tiny)
+    mpimg.imsave(sampled / "ep000002_last_mid.png", np.zeros((100, 120)), cmap="gray")
     report = build_report(root)
-    assert len(report.thumbnails) == 1
-    thumb = mpimg.imread(report.thumbnails[0])
+    shown = {p.name.split("__")[-1]: p for p in report.thumbnails}
+    assert set(shown) == {"ep000001_first_base.png", "ep000001_last_tiny.png"}
+    thumb = mpimg.imread(shown["ep000001_first_base.png"])
     assert max(thumb.shape[:2]) <= 160 and thumb.shape[0] > thumb.shape[1], "the aspect ratio is kept"
+    big = np.round(mpimg.imread(shown["ep000001_last_tiny.png"])[..., :3] * 255).astype(np.uint8)
+    assert big.shape == (12 * 8, 20 * 8, 3), "enlarged 8 times: the largest whole factor within 160 px"
+    assert np.array_equal(big, np.repeat(np.repeat(tiny, 8, axis=0), 8, axis=1)), "each pixel a sharp 8x8 block"
     parser = sources(report.page)
-    assert "report/thumbs/" + report.thumbnails[0].name in parser.src
-    assert "rollout/proc_000/sampled/ep000001_first_base.png" in parser.href, "the thumbnail links the original"
-    assert "rollout/proc_000/sampled/ep000001_last_gray.png" in parser.src
+    for name, copy in shown.items():
+        assert "report/thumbs/" + copy.name in parser.src
+        assert f"rollout/proc_000/sampled/{name}" in parser.href, "the copy links the original"
+    assert "rollout/proc_000/sampled/ep000002_last_mid.png" in parser.src, "about the shown size: as it is"
     assert "episode 1, first, base" in report.page.read_text()
 
 

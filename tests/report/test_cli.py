@@ -54,9 +54,13 @@ class Links(HTMLParser):
     def __init__(self) -> None:
         super().__init__()
         self.src: list[str] = []
+        self.href: list[str] = []
         self.videos: list[str] = []
 
     def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        href = dict(attrs).get("href")
+        if href:
+            self.href.append(href)
         src = dict(attrs).get("src")
         if src:
             self.src.append(src)
@@ -226,8 +230,10 @@ def test_sampled_frames_and_videos_are_shown(one_proc, tmp_path):
     imageio.mimwrite(proc / "videos/ep000000_base.mp4", frames, fps=4)
     assert main([str(root)]) == 0
     page = links(root / "report.html")
-    assert "rollout/proc_000/sampled/ep000000_first_base.png" in page.src
-    assert "rollout/proc_000/sampled/ep000000_last_base.png" in page.src
+    for name in ("ep000000_first_base.png", "ep000000_last_base.png"):
+        shown = f"report/thumbs/proc_000__sampled__{name}"
+        assert shown in page.src and f"rollout/proc_000/sampled/{name}" in page.href
+        assert mpimg.imread(root / shown).shape[:2] == (160, 160), "a 32 px frame is shown 5 times as large"
     assert page.videos == ["rollout/proc_000/videos/ep000000_base.mp4"]
     assert (proc / "videos/ep000000_base.mp4").stat().st_size > 0
     assert_page_is_sound(root)

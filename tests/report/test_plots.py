@@ -175,6 +175,18 @@ def test_thumbnails_shrink_colour_and_grayscale_images(tmp_path):
     assert not plots.make_thumbnail(tmp_path / "broken.png", tmp_path / "t/broken.png", 80)
 
 
+def test_small_images_are_enlarged_by_a_whole_factor_with_sharp_pixels(tmp_path):
+    (tmp_path / "gray.png").write_bytes(gray_png(16, 9))
+    assert plots.make_thumbnail(tmp_path / "gray.png", tmp_path / "t/gray.png", 160)
+    original = np.round(mpimg.imread(tmp_path / "gray.png") * 255)
+    big = np.round(mpimg.imread(tmp_path / "t/gray.png")[..., 0] * 255)
+    assert big.shape == (90, 160)
+    assert np.array_equal(big, np.repeat(np.repeat(original, 10, axis=0), 10, axis=1))
+    mpimg.imsave(tmp_path / "mid.png", np.random.default_rng(0).random((90, 100, 3)))
+    assert plots.make_thumbnail(tmp_path / "mid.png", tmp_path / "t/mid.png", 160)
+    assert mpimg.imread(tmp_path / "t/mid.png").shape[:2] == (90, 100), "no whole factor fits: as it is"
+
+
 def test_missing_matplotlib_is_a_config_error_naming_the_extra(monkeypatch):
     monkeypatch.setitem(sys.modules, "matplotlib", None)
     with pytest.raises(ConfigError, match=r'pip install "plugrl-env-client\[report\]"'):

@@ -20,7 +20,8 @@ REPORT_PAGE = "report.html"
 REPORT_DIR = "report"
 THUMB_DIR = "thumbs"
 THUMB_PX = 160
-"""Sampled images larger than this on either side are shown as a smaller copy linking to the original."""
+"""The size sampled images are shown at: one larger than this on either side is shown as a smaller copy, one at
+most half of it on both sides as a copy enlarged by a whole factor (sharp pixels), each linking to the original."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,7 +54,7 @@ def build_report(root: Path, window: int | None = None) -> Report:
 
 
 def _thumbnails(media: RunMedia, folder: Path, root: Path) -> dict[Path, Path]:
-    """A small copy of every large sampled image the page shows (small ones are shown as they are)."""
+    """The copy shown for every sampled image the page shows that is too large or too small to show as it is."""
     made: dict[Path, Path] = {}
     per_process: dict[int, int] = {}
     for sample in media.images:
@@ -61,7 +62,7 @@ def _thumbnails(media: RunMedia, folder: Path, root: Path) -> dict[Path, Path]:
         if per_process[sample.process_id] > html.MAX_IMAGES_PER_PROCESS:
             continue
         size = png_size(sample.path)
-        if size is None or max(size) <= THUMB_PX:
+        if size is None or THUMB_PX // 2 < max(size) <= THUMB_PX:
             continue
         rel = sample.path.relative_to(root / "rollout")
         dst = folder / ("__".join(rel.parts[:-1] + (rel.name,)))

@@ -64,7 +64,8 @@ class Page:
     plot_dir: Path
     media: RunMedia
     thumbnails: dict[Path, Path]
-    """Sampled image -> the smaller copy shown for it (images that are small already are shown as they are)."""
+    """Sampled image -> the copy shown for it, shrunk or enlarged (images of about the shown size are shown as they
+    are)."""
     window: int
     window_given: bool
     skipped: list[str] = dataclasses.field(default_factory=list)

@@ -371,7 +371,13 @@ def metric_files(names: list[str]) -> dict[str, str]:
 
 
 def make_thumbnail(src: Path, dst: Path, max_px: int) -> bool:
-    """A copy of a PNG at most ``max_px`` on its longer side (block-averaged); False if it cannot be read."""
+    """A copy of a PNG sized for the page; False if it cannot be read.
+
+    A large image is shrunk to at most ``max_px`` on its longer side (block-averaged). A small one (an 8x8 grid
+    world, a 64x64 frame) is enlarged by the largest whole factor that keeps it within ``max_px``, each pixel
+    repeated into a square block (nearest neighbour): it is shown big and its pixels stay sharp, whatever the
+    browser's scaling. An image already between half of ``max_px`` and ``max_px`` is copied as it is.
+    """
     require_matplotlib()
     from matplotlib import image as mpimg
 
@@ -381,11 +387,14 @@ def make_thumbnail(src: Path, dst: Path, max_px: int) -> bool:
         return False
     if image.ndim not in (2, 3) or image.size == 0:
         return False
-    k = int(np.ceil(max(image.shape[:2]) / max_px))
+    longer = max(image.shape[:2])
+    k = int(np.ceil(longer / max_px))
     if k > 1:
         h, w = (image.shape[0] // k) * k, (image.shape[1] // k) * k
         cropped = image[:h, :w]
         image = cropped.reshape(h // k, k, w // k, k, *cropped.shape[2:]).mean(axis=(1, 3))
+    elif (up := max_px // longer) > 1:
+        image = np.repeat(np.repeat(image, up, axis=0), up, axis=1)
     image = np.clip(np.nan_to_num(image.astype(np.float64)), 0.0, 1.0)
     dst.parent.mkdir(parents=True, exist_ok=True)
     if image.ndim == 2:
