@@ -215,6 +215,22 @@ def test_sampled_images_are_shown_shrunk_enlarged_or_as_they_are(tmp_path):
     assert "episode 1, first, base" in report.page.read_text()
 
 
+def test_recorder_drops_are_noted_from_the_summaries_or_the_manifests(tmp_path):
+    root = write_run(tmp_path / "run", {0: episode_lines(0, 10), 1: episode_lines(1, 10), 2: episode_lines(2, 5)})
+    assert "recorder dropped" not in build_report(root).page.read_text(), "no drops, no note"
+    proc0 = root / "rollout/proc_000/summary.json"
+    summary = json.loads(proc0.read_text())
+    summary["recorder"] = {"episodes_recorded": 5, "episodes_dropped": 3, "frames_dropped": 120}
+    proc0.write_text(json.dumps(summary))
+    (root / "rollout/proc_001/manifest.json").write_text(json.dumps(  # a run whose summaries predate the counts
+        {"recorder": {"files": [], "episodes_recorded": 1, "episodes_dropped": 1, "frames_dropped": 7}}))
+    (root / "rollout/proc_002/manifest.json").write_text(json.dumps({"recorder": {"episodes_dropped": 0}}))
+    text = build_report(root).page.read_text()
+    assert ("<li>the recorder dropped 4 recorded episodes (127 observations) because its writer was behind (3 in "
+            "process 0, 1 in process 1): they have no sampled observations or videos. Record fewer episodes with a "
+            "larger --recorder.episode-freq</li>") in text
+
+
 def test_states_and_texts_are_described(tmp_path):
     root = write_run(tmp_path / "run", {0: episode_lines(0, 10)})
     sampled = root / "rollout/proc_000/sampled"

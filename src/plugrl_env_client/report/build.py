@@ -8,12 +8,14 @@ report are removed first: a figure the data no longer supports must not linger n
 from __future__ import annotations
 
 import dataclasses
+import json
 from pathlib import Path
+from typing import Any
 
 from plugrl_env_client.errors import ConfigError
 from plugrl_env_client.outputs.run_dir import write_text_atomic
 from plugrl_env_client.report import html, plots
-from plugrl_env_client.report.data import default_window, load_run, summary_rows
+from plugrl_env_client.report.data import RunData, default_window, load_run, summary_rows
 from plugrl_env_client.report.media import RunMedia, find_media, png_size
 
 REPORT_PAGE = "report.html"
@@ -47,7 +49,7 @@ def build_report(root: Path, window: int | None = None) -> Report:
     thumbnails = _thumbnails(media, out / THUMB_DIR, root)
     page = html.Page(run=run, rows=summary_rows(run), plots=drawn.made, plot_dir=out, media=media,
                      thumbnails=thumbnails, window=k, window_given=window is not None,
-                     skipped=[s.message for s in drawn.skipped])
+                     notes=[*recorder_notes(run), *(s.message for s in drawn.skipped)])
     target = root / REPORT_PAGE
     write_text_atomic(target, html.render(page))
     return Report(target, [out / f.name for f in drawn.made], sorted(set(thumbnails.values())), drawn.skipped)
@@ -69,6 +71,42 @@ def _thumbnails(media: RunMedia, folder: Path, root: Path) -> dict[Path, Path]:
         if plots.make_thumbnail(sample.path, dst, THUMB_PX):
             made[sample.path] = dst
     return made
+
+
+def recorder_drops(run: RunData) -> dict[int, tuple[int, int]]:
+    """(episodes, observations) each process's recorder dropped because its writer was behind, for the processes
+    that dropped some: from the process's summary (``recorder``), else from its manifest (older runs)."""
+    drops: dict[int, tuple[int, int]] = {}
+    for p in run.processes:
+        counts = (p.summary or {}).get("recorder")
+        if not isinstance(counts, dict):
+            counts = _manifest(p.folder).get("recorder")
+        if not isinstance(counts, dict):
+            continue
+        episodes, frames = counts.get("episodes_dropped"), counts.get("frames_dropped")
+        if isinstance(episodes, int) and episodes > 0:
+            drops[p.process_id] = (episodes, frames if isinstance(frames, int) and frames >= 0 else 0)
+    return drops
+
+
+def recorder_notes(run: RunData) -> list[str]:
+    """A note on the page when the recorder dropped episodes: their files are missing from the samples and videos."""
+    drops = recorder_drops(run)
+    if not drops:
+        return []
+    episodes, frames = sum(e for e, _ in drops.values()), sum(f for _, f in drops.values())
+    where = ", ".join(f"{e} in process {pid}" for pid, (e, _) in sorted(drops.items()))
+    return [f"the recorder dropped {episodes} recorded episode{'s' if episodes != 1 else ''} ({frames} observations) "
+            f"because its writer was behind ({where}): they have no sampled observations or videos. Record fewer "
+            "episodes with a larger --recorder.episode-freq"]
+
+
+def _manifest(folder: Path) -> dict[str, Any]:
+    try:
+        data = json.loads((folder / "manifest.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
 
 
 def _clear_old_figures(out: Path) -> None:

@@ -68,8 +68,8 @@ class Page:
     are)."""
     window: int
     window_given: bool
-    skipped: list[str] = dataclasses.field(default_factory=list)
-    """Figures that could not be drawn, one line each."""
+    notes: list[str] = dataclasses.field(default_factory=list)
+    """What the report adds to the run's notes, one line each: figures left out, recorded episodes dropped."""
 
 
 def fmt(value: float | int | None, spec: str = ".4g") -> str:
@@ -91,7 +91,7 @@ def render(page: Page) -> str:
         f"<h1>{_e(title)}</h1>",
         f'<p class="sub">{_e(_subtitle(page))}</p>',
         _nav(page),
-        _notes([*run.notes, *page.skipped]),
+        _notes([*run.notes, *page.notes]),
         "<h2 id=\"summary\">Summary</h2>",
         _summary_table(page.rows),
         _config(run),
