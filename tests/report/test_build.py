@@ -231,6 +231,26 @@ def test_recorder_drops_are_noted_from_the_summaries_or_the_manifests(tmp_path):
             "larger --recorder.episode-freq</li>") in text
 
 
+def test_a_run_without_episodes_says_whether_to_wait_or_what_happened(tmp_path):
+    root = write_run(tmp_path / "run", {0: [], 1: []})
+    total = root / "summary.json"
+
+    def page_for(status: str, errors: dict[str, str]) -> str:
+        total.write_text(json.dumps({**json.loads(total.read_text()), "status": status, "errors": errors}))
+        return build_report(root).page.read_text()
+
+    assert "Run the report again once episodes are written" in page_for("running", {})
+    text = page_for("interrupted", {})
+    assert "The run was interrupted before any episode finished, so there is nothing to plot." in text
+    assert "It left no log at logs/client.log." in text and "Run the report again" not in text
+    text = page_for("failed", {str(pid): f"error {pid} &lt;b&gt;" for pid in range(5)})
+    assert ("Its errors (summary.json): process 0: error 0 &amp;lt;b&amp;gt;; process 1: error 1 &amp;lt;b&amp;gt;; "
+            "process 2: error 2 &amp;lt;b&amp;gt;; and 2 more.") in text
+    assert "The run ended (stopped by server) before any episode finished" in page_for("stopped by server", {})
+    total.unlink()  # the processes' own summaries decide then
+    assert "The run ended (finished) before any episode finished" in build_report(root).page.read_text()
+
+
 def test_states_and_texts_are_described(tmp_path):
     root = write_run(tmp_path / "run", {0: episode_lines(0, 10)})
     sampled = root / "rollout/proc_000/sampled"

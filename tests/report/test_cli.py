@@ -201,6 +201,24 @@ def test_run_with_zero_episodes(one_proc, tmp_path):
     assert '<td>process 0</td><td class="text">no summary</td><td>0</td><td>n/a</td><td>n/a</td><td>n/a</td>' in text
 
 
+def test_a_run_that_failed_before_any_episode_says_why_and_where_its_log_is(tmp_path, capsys):
+    from faulty_env import FaultyConfig  # tests/_support, on sys.path (conftest)
+
+    config = ClientConfig(num_envs=2, num_episodes=2, local_policy="random", exp_name="broken", output_dir=tmp_path,
+                          progress=False, env=FaultyConfig(fail_in_init=True))
+    assert run_client(config, "Faulty-v1") == 1
+    capsys.readouterr()
+    root = tmp_path / "broken"
+    assert main([str(root)]) == 0
+    text = assert_page_is_sound(root)
+    assert "The run failed before any episode finished, so there is nothing to plot." in text
+    assert re.search(r"Its error \(summary.json\): process 0: [^<]*simulator license not found", text)
+    assert 'Its log: <a href="logs/client.log">logs/client.log</a>.' in text
+    assert "simulator license not found" in (root / "logs/client.log").read_text()
+    assert "Run the report again once episodes are written" not in text
+    assert capsys.readouterr().err == ""
+
+
 def test_old_episode_lines_still_report(one_proc, tmp_path):
     root = copy_of(one_proc, tmp_path)
     episodes = root / "rollout/proc_000/episodes.jsonl"
