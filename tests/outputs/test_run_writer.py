@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from plugrl_env_client.outputs.recorder import RecorderReport
 from plugrl_env_client.outputs.run_dir import RunDir
 from plugrl_env_client.outputs.run_writer import RunWriter
 from plugrl_env_client.records import EpisodeRecord, ProcessResult, ProcessStatus
@@ -101,6 +102,27 @@ def test_manifest_has_plugrls_keys_and_the_command_line(tmp_path: Path) -> None:
     default.close()
     manifest = json.loads((tmp_path / "b/rollout/proc_000/manifest.json").read_text())
     assert manifest["command_line"] == sys.argv and manifest["args"] == {}
+
+
+def test_recorder_drops_are_in_each_summary_and_summed_in_the_aggregate(tmp_path: Path) -> None:
+    writer = _writer(tmp_path, procs=3)
+    writer.write_summaries()
+    assert _read(tmp_path, 0)["recorder"] is None and _read(tmp_path)["recorder"] is None, "nothing reported yet"
+    reports = {0: RecorderReport(files=("sampled/a.png",), episodes_recorded=4, episodes_dropped=3, frames_dropped=90),
+               1: RecorderReport(episodes_recorded=2, episodes_dropped=1, frames_dropped=11, errors=("x: full",))}
+    for pid, report in reports.items():
+        writer.result(ProcessResult(pid, ProcessStatus.FINISHED, recorder=report.to_json()))
+    writer.result(ProcessResult(2, ProcessStatus.FINISHED))  # recorded nothing
+    writer.close()
+    first, second = _read(tmp_path, 0)["recorder"], _read(tmp_path, 1)["recorder"]
+    assert (first["episodes_recorded"], first["episodes_dropped"], first["frames_dropped"]) == (4, 3, 90)
+    assert (second["episodes_dropped"], second["frames_dropped"]) == (1, 11)
+    assert "files" not in first and "errors" not in second, "the lists stay in the manifest"
+    assert _read(tmp_path, 2)["recorder"] is None
+    total = _read(tmp_path)["recorder"]
+    assert (total["episodes_recorded"], total["episodes_dropped"], total["frames_dropped"]) == (6, 4, 101)
+    manifest = json.loads((tmp_path / "run/rollout/proc_000/manifest.json").read_text())
+    assert manifest["recorder"]["episodes_dropped"] == 3 and manifest["recorder"]["files"] == ["sampled/a.png"]
 
 
 def test_window_means_are_over_the_latest_episodes_and_all_episodes_are_exact(tmp_path: Path) -> None:

@@ -31,8 +31,9 @@ def read_scalars(folder: Path) -> dict[str, list[tuple[int, float]]]:
     return {tag: [(e.step, e.value) for e in events.Scalars(tag)] for tag in events.Tags()["scalars"]}
 
 
-def episode(pid: int, ret: float, length: int, success: bool | None) -> EpisodeRecord:
-    return EpisodeRecord(0, ret, length, success, terminated=True, truncated=False, process_id=pid)
+def episode(pid: int, ret: float, length: int, success: bool | None, env_steps: int | None = None) -> EpisodeRecord:
+    return EpisodeRecord(0, ret, length, success, terminated=True, truncated=False, process_id=pid,
+                         env_steps=env_steps)
 
 
 def test_what_the_writer_gets_becomes_scalars(tmp_path: Path) -> None:
@@ -57,6 +58,22 @@ def test_what_the_writer_gets_becomes_scalars(tmp_path: Path) -> None:
     assert scalars["server/reconnects"] == [(360, 2.0)]
     for series in scalars.values():
         assert all(math.isfinite(v) for _, v in series)
+
+
+def test_episodes_are_also_stepped_by_the_runs_env_steps(tmp_path: Path) -> None:
+    tracker = TensorBoardTracker(tmp_path / "tb", flush_period_s=60.0)
+    tracker.episode(episode(0, 1.0, 10, True, env_steps=40))
+    tracker.episode(episode(1, 2.0, 12, None, env_steps=30))  # run: 40 + 30
+    tracker.episode(episode(0, math.inf, 8, False, env_steps=40))  # same batch step as the first
+    tracker.episode(episode(1, 3.0, 5, None))  # no count: only in episode/*
+    tracker.episode(episode(0, 4.0, 20, True, env_steps=100))  # run: 100 + 30
+    tracker.episode(episode(1, 5.0, 6, None, env_steps=8))  # process 1 started again: its 8 add to the 30
+    tracker.close()
+    scalars = read_scalars(tmp_path / "tb")
+    assert scalars["episode_by_env_steps/length"] == [(40, 10.0), (70, 12.0), (70, 8.0), (130, 20.0), (138, 6.0)]
+    assert scalars["episode_by_env_steps/return"] == [(40, 1.0), (70, 2.0), (130, 4.0), (138, 5.0)]
+    assert scalars["episode_by_env_steps/success"] == [(40, 1.0), (70, 0.0), (130, 1.0)]
+    assert [step for step, _ in scalars["episode/length"]] == [1, 2, 3, 4, 5, 6], "the numbered series is unchanged"
 
 
 def test_the_events_are_on_disk_while_the_tracker_runs(tmp_path: Path) -> None:
@@ -125,6 +142,10 @@ def test_a_run_is_tracked_from_every_process_while_it_goes_on(slow_server: Polic
     assert all(lines.values()), "both processes' episodes are in the series"
     assert sorted(v for _, v in final["episode/length"]) == sorted(
         float(json.loads(line)["length"]) for p in (0, 1) for line in lines[p])
+    by_steps = [step for step, _ in final["episode_by_env_steps/length"]]
+    assert len(by_steps) == summary["completed_episodes"] and by_steps == sorted(by_steps)
+    assert by_steps[-1] == sum(json.loads(lines[p][-1])["env_steps"] for p in (0, 1)), "the run's env steps"
+    assert sorted(v for _, v in final["episode_by_env_steps/return"]) == sorted(v for _, v in final["episode/return"])
     assert final["rollout/env_steps"][-1][1] <= summary["timing"]["env_steps"]
     assert all(v > 0 for _, v in final["rollout/env_steps_per_s"])
     for series in final.values():

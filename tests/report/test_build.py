@@ -191,22 +191,64 @@ def test_a_process_folder_never_made_is_listed_without_summary(tmp_path):
     assert "<td>process 1</td><td class=\"text\">no summary</td><td>0</td>" in text
 
 
-def test_large_sampled_images_get_thumbnails_small_ones_are_shown_as_they_are(tmp_path):
+def test_sampled_images_are_shown_shrunk_enlarged_or_as_they_are(tmp_path):
     root = write_run(tmp_path / "run", {0: episode_lines(0, 10)})
     sampled = root / "rollout/proc_000/sampled"
     sampled.mkdir()
-    big = np.random.default_rng(0).random((400, 300, 3))
-    mpimg.imsave(sampled / "ep000001_first_base.png", big)
-    mpimg.imsave(sampled / "ep000001_last_gray.png", np.zeros((32, 48)), cmap="gray")
+    mpimg.imsave(sampled / "ep000001_first_base.png", np.random.default_rng(0).random((400, 300, 3)))
+    tiny = np.random.default_rng(1).integers(0, 256, (12, 20, 3)).astype(np.uint8)
+    mpimg.imsave(sampled / "ep000001_last_tiny.png", tiny)
+    mpimg.imsave(sampled / "ep000002_last_mid.png", np.zeros((100, 120)), cmap="gray")
     report = build_report(root)
-    assert len(report.thumbnails) == 1
-    thumb = mpimg.imread(report.thumbnails[0])
+    shown = {p.name.split("__")[-1]: p for p in report.thumbnails}
+    assert set(shown) == {"ep000001_first_base.png", "ep000001_last_tiny.png"}
+    thumb = mpimg.imread(shown["ep000001_first_base.png"])
     assert max(thumb.shape[:2]) <= 160 and thumb.shape[0] > thumb.shape[1], "the aspect ratio is kept"
+    big = np.round(mpimg.imread(shown["ep000001_last_tiny.png"])[..., :3] * 255).astype(np.uint8)
+    assert big.shape == (12 * 8, 20 * 8, 3), "enlarged 8 times: the largest whole factor within 160 px"
+    assert np.array_equal(big, np.repeat(np.repeat(tiny, 8, axis=0), 8, axis=1)), "each pixel a sharp 8x8 block"
     parser = sources(report.page)
-    assert "report/thumbs/" + report.thumbnails[0].name in parser.src
-    assert "rollout/proc_000/sampled/ep000001_first_base.png" in parser.href, "the thumbnail links the original"
-    assert "rollout/proc_000/sampled/ep000001_last_gray.png" in parser.src
+    for name, copy in shown.items():
+        assert "report/thumbs/" + copy.name in parser.src
+        assert f"rollout/proc_000/sampled/{name}" in parser.href, "the copy links the original"
+    assert "rollout/proc_000/sampled/ep000002_last_mid.png" in parser.src, "about the shown size: as it is"
     assert "episode 1, first, base" in report.page.read_text()
+
+
+def test_recorder_drops_are_noted_from_the_summaries_or_the_manifests(tmp_path):
+    root = write_run(tmp_path / "run", {0: episode_lines(0, 10), 1: episode_lines(1, 10), 2: episode_lines(2, 5)})
+    assert "recorder dropped" not in build_report(root).page.read_text(), "no drops, no note"
+    proc0 = root / "rollout/proc_000/summary.json"
+    summary = json.loads(proc0.read_text())
+    summary["recorder"] = {"episodes_recorded": 5, "episodes_dropped": 3, "frames_dropped": 120}
+    proc0.write_text(json.dumps(summary))
+    (root / "rollout/proc_001/manifest.json").write_text(json.dumps(  # a run whose summaries predate the counts
+        {"recorder": {"files": [], "episodes_recorded": 1, "episodes_dropped": 1, "frames_dropped": 7}}))
+    (root / "rollout/proc_002/manifest.json").write_text(json.dumps({"recorder": {"episodes_dropped": 0}}))
+    text = build_report(root).page.read_text()
+    assert ("<li>the recorder dropped 4 recorded episodes (127 observations) because its writer was behind (3 in "
+            "process 0, 1 in process 1): they have no sampled observations or videos. Record fewer episodes with a "
+            "larger --recorder.episode-freq</li>") in text
+
+
+def test_a_run_without_episodes_says_whether_to_wait_or_what_happened(tmp_path):
+    root = write_run(tmp_path / "run", {0: [], 1: []})
+    total = root / "summary.json"
+
+    def page_for(status: str, errors: dict[str, str]) -> str:
+        total.write_text(json.dumps({**json.loads(total.read_text()), "status": status, "errors": errors}))
+        return build_report(root).page.read_text()
+
+    assert "Run the report again once episodes are written" in page_for("running", {})
+    text = page_for("interrupted", {})
+    assert "The run was interrupted before any episode finished, so there is nothing to plot." in text
+    assert "It left no log at logs/client.log." in text and "Run the report again" not in text
+    text = page_for("failed", {str(pid): f"error {pid} &lt;b&gt;" for pid in range(5)})
+    assert ("Its errors (summary.json): process 0: error 0 &amp;lt;b&amp;gt;; process 1: error 1 &amp;lt;b&amp;gt;; "
+            "process 2: error 2 &amp;lt;b&amp;gt;; and 2 more.") in text
+    assert "The run ended (stopped by server) before any episode finished" in page_for("stopped by server", {})
+    total.unlink()  # the processes' own summaries decide then
+    assert "The run ended (finished) before any episode finished" in build_report(root).page.read_text()
 
 
 def test_states_and_texts_are_described(tmp_path):

@@ -54,9 +54,13 @@ class Links(HTMLParser):
     def __init__(self) -> None:
         super().__init__()
         self.src: list[str] = []
+        self.href: list[str] = []
         self.videos: list[str] = []
 
     def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        href = dict(attrs).get("href")
+        if href:
+            self.href.append(href)
         src = dict(attrs).get("src")
         if src:
             self.src.append(src)
@@ -119,6 +123,45 @@ def test_report_from_a_subprocess(one_proc, tmp_path):
     assert set(EXPECTED) <= figures(root)
 
 
+def with_metric(root: Path, name: str) -> None:
+    """Give every episode of the run's process 0 the metric ``name``, as an env reporting it would."""
+    episodes = root / "rollout/proc_000/episodes.jsonl"
+    rows = [json.loads(line) for line in episodes.read_text().splitlines()]
+    for i, row in enumerate(rows):
+        row["metrics"] = {name: float(i % 5)}
+    episodes.write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def test_a_metric_named_like_mathtext_is_plotted_as_written(one_proc, tmp_path):
+    root = copy_of(one_proc, tmp_path)
+    with_metric(root, "x$^$")
+    done = subprocess.run([sys.executable, "-m", "plugrl_env_client.report.cli", str(root)],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stderr == ""
+    assert_real_png(root / "report" / "metric_x.png")
+    text = assert_page_is_sound(root)
+    assert 'alt="x$^$"' in text and "<strong>x$^$</strong>" in text
+
+
+def test_a_figure_that_cannot_be_drawn_is_skipped_with_one_warning(one_proc, tmp_path, monkeypatch, capsys):
+    from plugrl_env_client.report import plots
+
+    def broken(run, out):
+        raise ValueError("cannot draw this\n   ^ and a second line")
+
+    monkeypatch.setattr(plots, "draw_length_histogram", broken)
+    root = copy_of(one_proc, tmp_path)
+    assert main([str(root)]) == 0
+    err = capsys.readouterr().err.splitlines()
+    assert err == ["warning: the figure 'episode lengths' could not be drawn and is left out (ValueError: cannot "
+                   "draw this)"]
+    assert "length_histogram.png" not in figures(root)
+    assert set(EXPECTED) - {"length_histogram.png"} <= figures(root)
+    text = assert_page_is_sound(root)
+    assert "the figure &#x27;episode lengths&#x27; could not be drawn and is left out" in text
+
+
 def test_two_processes_get_per_process_series(two_procs, tmp_path):
     root = copy_of(two_procs, tmp_path)
     assert main([str(root)]) == 0
@@ -158,6 +201,24 @@ def test_run_with_zero_episodes(one_proc, tmp_path):
     assert '<td>process 0</td><td class="text">no summary</td><td>0</td><td>n/a</td><td>n/a</td><td>n/a</td>' in text
 
 
+def test_a_run_that_failed_before_any_episode_says_why_and_where_its_log_is(tmp_path, capsys):
+    from faulty_env import FaultyConfig  # tests/_support, on sys.path (conftest)
+
+    config = ClientConfig(num_envs=2, num_episodes=2, local_policy="random", exp_name="broken", output_dir=tmp_path,
+                          progress=False, env=FaultyConfig(fail_in_init=True))
+    assert run_client(config, "Faulty-v1") == 1
+    capsys.readouterr()
+    root = tmp_path / "broken"
+    assert main([str(root)]) == 0
+    text = assert_page_is_sound(root)
+    assert "The run failed before any episode finished, so there is nothing to plot." in text
+    assert re.search(r"Its error \(summary.json\): process 0: [^<]*simulator license not found", text)
+    assert 'Its log: <a href="logs/client.log">logs/client.log</a>.' in text
+    assert "simulator license not found" in (root / "logs/client.log").read_text()
+    assert "Run the report again once episodes are written" not in text
+    assert capsys.readouterr().err == ""
+
+
 def test_old_episode_lines_still_report(one_proc, tmp_path):
     root = copy_of(one_proc, tmp_path)
     episodes = root / "rollout/proc_000/episodes.jsonl"
@@ -187,8 +248,10 @@ def test_sampled_frames_and_videos_are_shown(one_proc, tmp_path):
     imageio.mimwrite(proc / "videos/ep000000_base.mp4", frames, fps=4)
     assert main([str(root)]) == 0
     page = links(root / "report.html")
-    assert "rollout/proc_000/sampled/ep000000_first_base.png" in page.src
-    assert "rollout/proc_000/sampled/ep000000_last_base.png" in page.src
+    for name in ("ep000000_first_base.png", "ep000000_last_base.png"):
+        shown = f"report/thumbs/proc_000__sampled__{name}"
+        assert shown in page.src and f"rollout/proc_000/sampled/{name}" in page.href
+        assert mpimg.imread(root / shown).shape[:2] == (160, 160), "a 32 px frame is shown 5 times as large"
     assert page.videos == ["rollout/proc_000/videos/ep000000_base.mp4"]
     assert (proc / "videos/ep000000_base.mp4").stat().st_size > 0
     assert_page_is_sound(root)

@@ -58,15 +58,16 @@ def test_non_finite_values_never_reach_matplotlib(tmp_path, finite_only):
     data[5]["metrics"] = {"d": None}
     data[6]["success"] = None
     write_episodes(tmp_path, 0, data)
-    made = plots.draw_all(load_run(tmp_path), 5, tmp_path / "out")
-    assert {"return_env_steps.png", "metric_d.png", "success_wall_time.png"} <= {m.name for m in made}
+    drawn = plots.draw_all(load_run(tmp_path), 5, tmp_path / "out")
+    assert drawn.skipped == [], "a check that failed inside a figure would show as a skipped figure"
+    assert {"return_env_steps.png", "metric_d.png", "success_wall_time.png"} <= {m.name for m in drawn.made}
     assert {"plot", "scatter", "stairs", "hist"} <= set(finite_only)
 
 
 def test_an_empty_run_draws_nothing(tmp_path):
     write_episodes(tmp_path, 0, [])
     run = load_run(tmp_path)
-    assert plots.draw_all(run, 5, tmp_path / "out") == []
+    assert plots.draw_all(run, 5, tmp_path / "out") == plots.Figures([], [])
     assert list((tmp_path / "out").iterdir()) == []
 
 
@@ -80,9 +81,51 @@ def test_a_metric_without_a_finite_value_gets_no_figure(tmp_path):
 
 def test_all_returns_null_gives_no_return_figure(tmp_path):
     write_episodes(tmp_path, 0, rows(5, **{"return": None}))
-    names = {m.name for m in plots.draw_all(load_run(tmp_path), 5, tmp_path / "out")}
+    names = {m.name for m in plots.draw_all(load_run(tmp_path), 5, tmp_path / "out").made}
     assert not {n for n in names if n.startswith("return")}
     assert "length_env_steps.png" in names
+
+
+def test_names_from_the_run_are_drawn_as_plain_text_not_mathtext(tmp_path):
+    names = ["x$^$", "$\\frac{1", "a_{b}$ and $c^", "50% $$"]
+    write_episodes(tmp_path, 0, rows(8, metrics={n: 1.5 for n in names}))
+    drawn = plots.draw_all(load_run(tmp_path), 3, tmp_path / "out")
+    assert drawn.skipped == []
+    made = {m.title: m for m in drawn.made}
+    for name, file in plots.metric_files(names).items():
+        assert made[name].name == file and mpimg.imread(tmp_path / "out" / file).shape[:2] == (360, 640)
+
+
+def test_a_figure_that_fails_is_skipped_and_named_the_others_are_drawn(tmp_path, monkeypatch):
+    write_episodes(tmp_path, 0, rows(12, metrics={"d": 1.0}))
+
+    def broken(run, out):
+        raise RuntimeError("no room for the legend\nsecond line")
+
+    monkeypatch.setattr(plots, "draw_throughput", broken)
+    drawn = plots.draw_all(load_run(tmp_path), 3, tmp_path / "out")
+    assert [(s.title, s.reason) for s in drawn.skipped] == [("throughput over time",
+                                                           "RuntimeError: no room for the legend")]
+    assert drawn.skipped[0].message == ("the figure 'throughput over time' could not be drawn and is left out "
+                                        "(RuntimeError: no room for the legend)")
+    names = {m.name for m in drawn.made}
+    assert {"return_env_steps.png", "length_histogram.png", "metric_d.png"} - names == set()
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == sorted(names)
+
+
+def test_a_figure_failing_while_saved_leaves_no_partial_file(tmp_path, monkeypatch):
+    write_episodes(tmp_path, 0, rows(6))
+    Figure = pytest.importorskip("matplotlib.figure").Figure
+    real_savefig = Figure.savefig
+
+    def half_written(self, fname, *args, **kwargs):
+        real_savefig(self, fname, *args, **kwargs)
+        raise OSError("disk went away")
+
+    monkeypatch.setattr(Figure, "savefig", half_written)
+    drawn = plots.draw_all(load_run(tmp_path), 3, tmp_path / "out")
+    assert drawn.made == [] and len(drawn.skipped) >= 5
+    assert list((tmp_path / "out").iterdir()) == []
 
 
 def test_figures_are_the_set_size(tmp_path):
@@ -130,6 +173,18 @@ def test_thumbnails_shrink_colour_and_grayscale_images(tmp_path):
     assert small[0, 0, 0] < 0.1 and small[0, -1, 0] > 0.9, "the left-to-right ramp survives"
     (tmp_path / "broken.png").write_bytes(b"\x89PNG\r\n\x1a\nnot really")
     assert not plots.make_thumbnail(tmp_path / "broken.png", tmp_path / "t/broken.png", 80)
+
+
+def test_small_images_are_enlarged_by_a_whole_factor_with_sharp_pixels(tmp_path):
+    (tmp_path / "gray.png").write_bytes(gray_png(16, 9))
+    assert plots.make_thumbnail(tmp_path / "gray.png", tmp_path / "t/gray.png", 160)
+    original = np.round(mpimg.imread(tmp_path / "gray.png") * 255)
+    big = np.round(mpimg.imread(tmp_path / "t/gray.png")[..., 0] * 255)
+    assert big.shape == (90, 160)
+    assert np.array_equal(big, np.repeat(np.repeat(original, 10, axis=0), 10, axis=1))
+    mpimg.imsave(tmp_path / "mid.png", np.random.default_rng(0).random((90, 100, 3)))
+    assert plots.make_thumbnail(tmp_path / "mid.png", tmp_path / "t/mid.png", 160)
+    assert mpimg.imread(tmp_path / "t/mid.png").shape[:2] == (90, 100), "no whole factor fits: as it is"
 
 
 def test_missing_matplotlib_is_a_config_error_naming_the_extra(monkeypatch):

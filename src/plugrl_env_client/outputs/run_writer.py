@@ -12,7 +12,9 @@ types, so a script written for PlugRL's file reads ours (``exp_name``, ``process
 ``mean_success_rate`` over the latest ``metric_window`` episodes as floats: 0.0 over no episode, and a success rate
 of 0.0 when no episode was judged by a success rule, with ``has_success_rule`` beside it to tell which). Our own
 keys follow our rule, null for what is undefined: exact means over every episode under ``all_episodes``, the
-timing, and the whole aggregate ``summary.json``, whose ``mean_success_rate`` is null without a success rule.
+timing, the recorder's counts under ``recorder`` (episodes recorded, dropped because its writer was behind, ...:
+null for a process that recorded nothing or has not ended; summed over the processes in the aggregate), and the
+whole aggregate ``summary.json``, whose ``mean_success_rate`` is null without a success rule.
 The per-process ``manifest.json`` has PlugRL's keys too (``num_envs``, ``metric_window``, and ``args``: the
 recorder's settings), and the command line that started the run.
 
@@ -290,6 +292,7 @@ class RunWriter:
             "error": state.error,
             **_with_plugrl_types(_statistics(self.metric_window, [state.stats])),
             "timing": state.timing.to_json(),
+            "recorder": recorder_counts(state.recorder),
         }
 
     def _aggregate(self, states: list[_ProcessState]) -> dict[str, Any]:
@@ -304,6 +307,7 @@ class RunWriter:
             "errors": {str(s.process_id): s.error for s in states if s.error},
             **_statistics(self.metric_window, [s.stats for s in states]),
             "timing": Timing.across_processes(s.timing for s in states).to_json(),
+            "recorder": _summed([c for s in states if (c := recorder_counts(s.recorder)) is not None]),
         }
 
 
@@ -358,6 +362,26 @@ def _with_plugrl_types(statistics: dict[str, Any]) -> dict[str, Any]:
     """``statistics`` for PlugRL's file: PlugRL's means as floats, 0.0 where ours are null (``completed_episodes``
     and ``has_success_rule`` say which 0.0 means nothing to average)."""
     return {k: (0.0 if v is None else v) if k in PLUGRL_FLOATS else v for k, v in statistics.items()}
+
+
+def recorder_counts(report: Mapping[str, Any] | None) -> dict[str, int] | None:
+    """The counts of a process's recorder report (``episodes_recorded``, ``episodes_dropped`` because its writer was
+    behind, ...) for the summaries, which keep the numbers and leave the file list to the manifest; None for a
+    process that recorded nothing or has not ended yet (the report comes with how it ended)."""
+    if report is None:
+        return None
+    return {k: v for k, v in report.items() if isinstance(v, int) and not isinstance(v, bool)}
+
+
+def _summed(counts: list[dict[str, int]]) -> dict[str, int] | None:
+    """Each count added up over the processes that have one; None when none has."""
+    if not counts:
+        return None
+    total: dict[str, int] = {}
+    for part in counts:
+        for key, value in part.items():
+            total[key] = total.get(key, 0) + value
+    return total
 
 
 def _overall(statuses: Iterable[ProcessStatus]) -> str:

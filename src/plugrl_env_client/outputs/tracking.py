@@ -12,6 +12,11 @@ The scalars, one series each for the whole run, under ``runs/<exp>/tensorboard/`
 * ``episode/return``, ``episode/length``, ``episode/success`` (1 or 0; episodes the env has no success rule for
   are left out): one point per episode, its step the episode's number in the run (1, 2, ... in the order they
   reached the writer), its wall time the moment it did;
+* ``episode_by_env_steps/return``, ``episode_by_env_steps/length``, ``episode_by_env_steps/success``: the same
+  points with the run's env steps when the episode ended as their step, the x axis of a learning curve. The run's
+  count is every process's latest episode count (each record's ``env_steps``) added up, as the report pools them:
+  exact at each episode and never going back (a process whose count restarts, a Ray restart, adds from zero
+  again). Episodes of several envs that end on the same batch step share a step;
 * ``rollout/env_steps_per_s``: the processes' env steps per second, each process over its latest progress
   interval (about 2 s, on its own clock), added up; ``rollout/env_steps``: every process's env steps;
 * ``server/infer_round_trip_ms``: the mean wait for an infer's actions (send to decoded reply: the round trip and
@@ -119,8 +124,10 @@ class TensorBoardTracker(Tracker):
         # large enough that a flush's events never wait for room.
         self._writer = SummaryWriter(str(folder), max_queue=10_000, flush_secs=max(1, round(flush_period_s)))
         self._lock = threading.Lock()
-        self._episodes: list[tuple[float, EpisodeRecord]] = []
+        self._episodes: list[tuple[float, EpisodeRecord, int | None]] = []
         self._count = 0
+        self._episode_steps: dict[int, int] = {}  # each process's env steps at its latest episode
+        self._run_steps = 0  # the run's env steps: those counts added up
         self._latest: dict[int, Timing] = {}
         self._intervals: dict[int, _Interval] = {}
         self._new_progress = False
@@ -137,7 +144,16 @@ class TensorBoardTracker(Tracker):
     def episode(self, record: EpisodeRecord) -> None:
         with self._lock:
             if not self._closed:
-                self._episodes.append((time.time(), record))
+                self._episodes.append((time.time(), record, self._count_steps(record)))
+
+    def _count_steps(self, record: EpisodeRecord) -> int | None:
+        """The run's env steps when ``record`` ended (None for a record without a count). Called with the lock."""
+        if record.env_steps is None:
+            return None
+        before = self._episode_steps.get(record.process_id, 0)
+        self._run_steps += record.env_steps - before if record.env_steps >= before else record.env_steps
+        self._episode_steps[record.process_id] = record.env_steps
+        return self._run_steps
 
     def progress(self, process_id: int, timing: Timing) -> None:
         with self._lock:
@@ -181,11 +197,14 @@ class TensorBoardTracker(Tracker):
         if self._failed:
             return
         try:
-            for number, (when, record) in enumerate(episodes, start=first):
-                self._scalar("episode/return", record.episode_return, number, when)
-                self._scalar("episode/length", record.length, number, when)
+            for number, (when, record, run_steps) in enumerate(episodes, start=first):
+                values = {"return": record.episode_return, "length": record.length}
                 if record.success is not None:
-                    self._scalar("episode/success", float(record.success), number, when)
+                    values["success"] = float(record.success)
+                for name, value in values.items():
+                    self._scalar(f"episode/{name}", value, number, when)
+                    if run_steps is not None:
+                        self._scalar(f"episode_by_env_steps/{name}", value, run_steps, when)
             if snapshot is not None:
                 when, step, values = snapshot
                 for tag, value in values.items():

@@ -8,19 +8,22 @@ report are removed first: a figure the data no longer supports must not linger n
 from __future__ import annotations
 
 import dataclasses
+import json
 from pathlib import Path
+from typing import Any
 
 from plugrl_env_client.errors import ConfigError
 from plugrl_env_client.outputs.run_dir import write_text_atomic
 from plugrl_env_client.report import html, plots
-from plugrl_env_client.report.data import default_window, load_run, summary_rows
+from plugrl_env_client.report.data import RunData, default_window, load_run, summary_rows
 from plugrl_env_client.report.media import RunMedia, find_media, png_size
 
 REPORT_PAGE = "report.html"
 REPORT_DIR = "report"
 THUMB_DIR = "thumbs"
 THUMB_PX = 160
-"""Sampled images larger than this on either side are shown as a smaller copy linking to the original."""
+"""The size sampled images are shown at: one larger than this on either side is shown as a smaller copy, one at
+most half of it on both sides as a copy enlarged by a whole factor (sharp pixels), each linking to the original."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -28,6 +31,8 @@ class Report:
     page: Path
     figures: list[Path]
     thumbnails: list[Path]
+    skipped: list[plots.SkippedFigure] = dataclasses.field(default_factory=list)
+    """Figures that could not be drawn (the page says so, and so does the command)."""
 
 
 def build_report(root: Path, window: int | None = None) -> Report:
@@ -39,18 +44,19 @@ def build_report(root: Path, window: int | None = None) -> Report:
     k = window if window is not None else default_window(len(run.pooled))
     out = root / REPORT_DIR
     _clear_old_figures(out)
-    figures = plots.draw_all(run, k, out)
+    drawn = plots.draw_all(run, k, out)
     media = find_media([(p.process_id, p.folder) for p in run.processes])
     thumbnails = _thumbnails(media, out / THUMB_DIR, root)
-    page = html.Page(run=run, rows=summary_rows(run), plots=figures, plot_dir=out, media=media,
-                     thumbnails=thumbnails, window=k, window_given=window is not None)
+    page = html.Page(run=run, rows=summary_rows(run), plots=drawn.made, plot_dir=out, media=media,
+                     thumbnails=thumbnails, window=k, window_given=window is not None,
+                     notes=[*recorder_notes(run), *(s.message for s in drawn.skipped)])
     target = root / REPORT_PAGE
     write_text_atomic(target, html.render(page))
-    return Report(target, [out / f.name for f in figures], sorted(set(thumbnails.values())))
+    return Report(target, [out / f.name for f in drawn.made], sorted(set(thumbnails.values())), drawn.skipped)
 
 
 def _thumbnails(media: RunMedia, folder: Path, root: Path) -> dict[Path, Path]:
-    """A small copy of every large sampled image the page shows (small ones are shown as they are)."""
+    """The copy shown for every sampled image the page shows that is too large or too small to show as it is."""
     made: dict[Path, Path] = {}
     per_process: dict[int, int] = {}
     for sample in media.images:
@@ -58,13 +64,49 @@ def _thumbnails(media: RunMedia, folder: Path, root: Path) -> dict[Path, Path]:
         if per_process[sample.process_id] > html.MAX_IMAGES_PER_PROCESS:
             continue
         size = png_size(sample.path)
-        if size is None or max(size) <= THUMB_PX:
+        if size is None or THUMB_PX // 2 < max(size) <= THUMB_PX:
             continue
         rel = sample.path.relative_to(root / "rollout")
         dst = folder / ("__".join(rel.parts[:-1] + (rel.name,)))
         if plots.make_thumbnail(sample.path, dst, THUMB_PX):
             made[sample.path] = dst
     return made
+
+
+def recorder_drops(run: RunData) -> dict[int, tuple[int, int]]:
+    """(episodes, observations) each process's recorder dropped because its writer was behind, for the processes
+    that dropped some: from the process's summary (``recorder``), else from its manifest (older runs)."""
+    drops: dict[int, tuple[int, int]] = {}
+    for p in run.processes:
+        counts = (p.summary or {}).get("recorder")
+        if not isinstance(counts, dict):
+            counts = _manifest(p.folder).get("recorder")
+        if not isinstance(counts, dict):
+            continue
+        episodes, frames = counts.get("episodes_dropped"), counts.get("frames_dropped")
+        if isinstance(episodes, int) and episodes > 0:
+            drops[p.process_id] = (episodes, frames if isinstance(frames, int) and frames >= 0 else 0)
+    return drops
+
+
+def recorder_notes(run: RunData) -> list[str]:
+    """A note on the page when the recorder dropped episodes: their files are missing from the samples and videos."""
+    drops = recorder_drops(run)
+    if not drops:
+        return []
+    episodes, frames = sum(e for e, _ in drops.values()), sum(f for _, f in drops.values())
+    where = ", ".join(f"{e} in process {pid}" for pid, (e, _) in sorted(drops.items()))
+    return [f"the recorder dropped {episodes} recorded episode{'s' if episodes != 1 else ''} ({frames} observations) "
+            f"because its writer was behind ({where}): they have no sampled observations or videos. Record fewer "
+            "episodes with a larger --recorder.episode-freq"]
+
+
+def _manifest(folder: Path) -> dict[str, Any]:
+    try:
+        data = json.loads((folder / "manifest.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
 
 
 def _clear_old_figures(out: Path) -> None:

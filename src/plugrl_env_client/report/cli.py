@@ -2,7 +2,9 @@
 
 Exit codes, as for every plugrl command (:mod:`plugrl_env_client.cli_support`): 0 when the report was written, 1 on
 a user error (a folder that is not a run, a bad ``--window``, matplotlib not installed, a folder the report cannot
-be written into) with a one-line message on stderr and no traceback, 2 on a command line the parser refuses.
+be written into) with a one-line message on stderr and no traceback, 2 on a command line the parser refuses. A
+figure that cannot be drawn is left out with one ``warning:`` line on stderr naming it; the page is still written
+(exit 0).
 """
 
 from __future__ import annotations
@@ -49,6 +51,8 @@ def _report(parsed: ReportArgs) -> int:
         report = build_report(parsed.run, parsed.window)
     except OSError as exc:  # a read-only run folder, a full disk
         raise ConfigError(f"could not write the report into {parsed.run}: {exc}") from exc
+    for skipped in report.skipped:
+        print(f"warning: {skipped.message}", file=sys.stderr)
     print(f"report: {report.page} ({len(report.figures)} figures in {report.page.parent / 'report'})")
     if parsed.open:
         _open(report.page)

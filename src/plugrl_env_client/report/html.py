@@ -15,7 +15,8 @@ import math
 from pathlib import Path
 from urllib.parse import quote
 
-from plugrl_env_client.outputs.run_dir import finite_json
+from plugrl_env_client.outputs.run_dir import RunDir, finite_json
+from plugrl_env_client.records import ProcessStatus
 from plugrl_env_client.report.data import RunData, SummaryRow, instruction_rows
 from plugrl_env_client.report.media import RunMedia, Sample, describe_state, text_preview
 from plugrl_env_client.report.plots import PlotFile
@@ -24,6 +25,8 @@ MAX_IMAGES_PER_PROCESS = 48
 MAX_OTHER_SAMPLES_PER_PROCESS = 24
 MAX_VIDEOS_PER_PROCESS = 12
 MAX_INSTRUCTIONS = 15
+MAX_ERRORS = 3
+"""Errors of a run that ended without episodes quoted on the page (the rest are in summary.json and the log)."""
 CONFIG_KEYS = ("env_id", "num_envs", "num_procs", "num_episodes", "local_policy")
 """The flags the page shows in its table (then the server's URL); the full client_config.json is folded below."""
 SECTIONS = (("returns", "Returns"), ("success", "Success"), ("lengths", "Episode lengths"),
@@ -64,9 +67,12 @@ class Page:
     plot_dir: Path
     media: RunMedia
     thumbnails: dict[Path, Path]
-    """Sampled image -> the smaller copy shown for it (images that are small already are shown as they are)."""
+    """Sampled image -> the copy shown for it, shrunk or enlarged (images of about the shown size are shown as they
+    are)."""
     window: int
     window_given: bool
+    notes: list[str] = dataclasses.field(default_factory=list)
+    """What the report adds to the run's notes, one line each: figures left out, recorded episodes dropped."""
 
 
 def fmt(value: float | int | None, spec: str = ".4g") -> str:
@@ -88,7 +94,7 @@ def render(page: Page) -> str:
         f"<h1>{_e(title)}</h1>",
         f'<p class="sub">{_e(_subtitle(page))}</p>',
         _nav(page),
-        _notes(run.notes),
+        _notes([*run.notes, *page.notes]),
         "<h2 id=\"summary\">Summary</h2>",
         _summary_table(page.rows),
         _config(run),
@@ -181,8 +187,7 @@ def _plot_sections(page: Page) -> list[str]:
     out: list[str] = []
     root = page.run.root
     if not len(page.run.pooled):
-        out.append('<h2 id="episodes">Episodes</h2><p>No episode has finished in this run yet, so there is nothing '
-                   "to plot. Run the report again once episodes are written to rollout/proc_NNN/episodes.jsonl.</p>")
+        out.append(f'<h2 id="episodes">Episodes</h2><p>{_no_episodes(page.run)}</p>')
     for key, heading in SECTIONS:
         plots = [p for p in page.plots if p.section == key]
         if not plots:
@@ -198,6 +203,49 @@ def _plot_sections(page: Page) -> list[str]:
     if len(run.pooled) and not run.success_defined:
         out.append("<p>Success rate: n/a (the env reports no success).</p>")
     return out
+
+
+ENDED = {s.value for s in ProcessStatus if s.ended} | {"mixed"}
+"""Statuses of a summary whose run will write no more episodes (``mixed``: processes that ended differently)."""
+
+
+def _no_episodes(run: RunData) -> str:
+    """Why there is nothing to plot: the run is still going (wait), or it ended without an episode (what happened,
+    and where its log is)."""
+    ended = _how_it_ended(run)
+    if ended is None:
+        return ("No episode has finished in this run yet, so there is nothing to plot. Run the report again once "
+                "episodes are written to rollout/proc_NNN/episodes.jsonl.")
+    status, errors = ended
+    what = {"failed": "The run failed", "interrupted": "The run was interrupted"}.get(status, f"The run ended ({status})")
+    text = _e(f"{what} before any episode finished, so there is nothing to plot.")
+    if errors:
+        shown = "; ".join(errors[:MAX_ERRORS]) + (f"; and {len(errors) - MAX_ERRORS} more" if len(errors) > MAX_ERRORS
+                                                 else "")
+        text += " " + _e(f"{'Its error' if len(errors) == 1 else 'Its errors'} (summary.json): {shown}.")
+    log = RunDir(run.root).log_file
+    if log.is_file():
+        text += f' Its log: <a href="{_href(log, run.root)}">{_e(log.relative_to(run.root).as_posix())}</a>.'
+    else:
+        text += _e(f" It left no log at {log.relative_to(run.root).as_posix()}.")
+    return text
+
+
+def _how_it_ended(run: RunData) -> tuple[str, list[str]] | None:
+    """The run's status and its errors (``process N: message``) when its summaries say it ended, else None: the
+    aggregate summary's, or, without one, the processes' when every process has one."""
+    if run.summary is not None:
+        status = str(run.summary.get("status"))
+        raw = run.summary.get("errors")
+        errors = [f"process {pid}: {message}" for pid, message in raw.items() if message] if isinstance(raw, dict) else []
+    else:
+        summaries = [(p.process_id, p.summary) for p in run.processes if p.summary is not None]
+        if not summaries or len(summaries) < len(run.processes):
+            return None
+        statuses = {str(s.get("status")) for _, s in summaries}
+        status = "failed" if "failed" in statuses else statuses.pop() if len(statuses) == 1 else "mixed"
+        errors = [f"process {pid}: {s['error']}" for pid, s in summaries if s.get("error")]
+    return (status, errors) if status in ENDED else None
 
 
 def _instructions(run: RunData) -> str:

@@ -7,11 +7,18 @@ figures alive in pyplot's registry.
 
 No figure is drawn from an empty series, and every array handed to matplotlib is filtered to finite values first:
 a plot of nothing is left out, never drawn as an empty frame or a NaN line.
+
+Text that comes from the run (metric names, labels) is drawn as written: every figure is made and saved with
+matplotlib's ``text.parse_math`` and ``text.usetex`` off, so a metric named ``x$^$`` is a label, not a mathtext
+expression that fails to parse. A figure that cannot be drawn for any other reason is left out and named in
+:attr:`Figures.skipped`; the other figures and the page do not depend on it.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
+import os
 import re
 from collections.abc import Callable
 from pathlib import Path
@@ -36,6 +43,8 @@ SIZE = (6.4, 3.6)
 MAX_RAW_POINTS = 20_000
 MAX_LEGEND = 12
 MAX_METRICS = 40
+PLAIN_TEXT = {"text.parse_math": False, "text.usetex": False}
+"""matplotlib settings every figure is drawn under: text from the run is shown as written, never parsed."""
 PART_COLORS = {"env step": "#4c72b0", "infer wait": "#dd8452", "packing": "#55a868", "feedback": "#8172b3",
                "reset": "#c44e52", "other": "#b0b0b0"}
 
@@ -48,6 +57,27 @@ class PlotFile:
     section: str
     title: str
     caption: str
+
+
+@dataclasses.dataclass(frozen=True)
+class SkippedFigure:
+    """A figure the data called for that could not be drawn."""
+
+    title: str
+    reason: str
+
+    @property
+    def message(self) -> str:
+        """One line for the console and the page."""
+        return f"the figure '{self.title}' could not be drawn and is left out ({self.reason})"
+
+
+@dataclasses.dataclass(frozen=True)
+class Figures:
+    """What :func:`draw_all` wrote, and what it had to leave out."""
+
+    made: list[PlotFile]
+    skipped: list[SkippedFigure]
 
 
 def require_matplotlib() -> Any:
@@ -72,7 +102,13 @@ def _figure(height: float = SIZE[1], width: float = SIZE[0]) -> Any:
 
 
 def _save(fig: Any, path: Path) -> None:
-    fig.savefig(path, dpi=DPI)
+    """The figure as ``path``, whole or not at all (a drawing error leaves no partial PNG behind)."""
+    partial = path.with_name(f".{path.name}.partial")
+    try:
+        fig.savefig(partial, dpi=DPI, format="png")
+        os.replace(partial, path)
+    finally:
+        partial.unlink(missing_ok=True)
 
 
 def _finite_pairs(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -110,6 +146,10 @@ AXES = {"env_steps": "env steps", "wall_time": "wall time (s)"}
 AXIS_TITLES = {"env_steps": "env steps", "wall_time": "wall time"}
 
 
+def _title(quantity: str, axis: str, per_process: bool = False) -> str:
+    return f"{QUANTITIES[quantity][1]} against {AXIS_TITLES[axis]}" + (", per process" if per_process else "")
+
+
 def _x_of(series: EpisodeSeries, axis: str) -> np.ndarray | None:
     return series.env_steps if axis == "env_steps" else series.wall_time_s
 
@@ -134,7 +174,7 @@ def draw_pooled(run: RunData, quantity: str, axis: str, window: int, out: Path) 
     _save(fig, out / name)
     shown = "Every episode of every process (grey) and the" if quantity != "success" else \
         f"Over the {x.size} episodes judged for success, the"
-    return PlotFile(name, section, f"{label} against {AXIS_TITLES[axis]}",
+    return PlotFile(name, section, _title(quantity, axis),
                     f"{shown} moving average over {window} episodes.")
 
 
@@ -160,7 +200,7 @@ def draw_by_process(run: RunData, quantity: str, axis: str, window: int, out: Pa
            points=len(run.pooled))
     name = f"{quantity}_{axis}_by_process.png"
     _save(fig, out / name)
-    return PlotFile(name, section, f"{label} against {AXIS_TITLES[axis]}, per process",
+    return PlotFile(name, section, _title(quantity, axis, per_process=True),
                     f"Moving average over {window} episodes of each process.")
 
 
@@ -280,23 +320,41 @@ def draw_metric(run: RunData, metric: str, window: int, out: Path, name: str) ->
     return PlotFile(name, "metrics", metric, f"{x.size} episodes report it.")
 
 
-def draw_all(run: RunData, window: int, out: Path) -> list[PlotFile]:
-    """Every figure the run's data supports, written to ``out``."""
-    require_matplotlib()
+def draw_all(run: RunData, window: int, out: Path) -> Figures:
+    """Every figure the run's data supports, written to ``out``; one that fails to draw is skipped, not fatal."""
+    matplotlib = require_matplotlib()
     out.mkdir(parents=True, exist_ok=True)
     quantities = [q for q in QUANTITIES if q != "success" or run.success_defined]
-    made: list[PlotFile | None] = []
+    jobs: list[tuple[str, Callable[[], PlotFile | None]]] = []
     for quantity in quantities:
         for axis in AXES:
-            made.append(draw_pooled(run, quantity, axis, window, out))
-            made.append(draw_by_process(run, quantity, axis, window, out))
+            jobs.append((_title(quantity, axis), functools.partial(draw_pooled, run, quantity, axis, window, out)))
+            jobs.append((_title(quantity, axis, per_process=True),
+                         functools.partial(draw_by_process, run, quantity, axis, window, out)))
         if quantity == "length":
-            made.append(draw_length_histogram(run, out))
-    made.append(draw_throughput(run, out))
-    made.append(draw_time_split(run, out))
+            jobs.append(("episode lengths", functools.partial(draw_length_histogram, run, out)))
+    jobs.append(("throughput over time", functools.partial(draw_throughput, run, out)))
+    jobs.append(("time split per process", functools.partial(draw_time_split, run, out)))
     for metric, name in metric_files(list(run.pooled.metrics)[:MAX_METRICS]).items():
-        made.append(draw_metric(run, metric, window, out, name))
-    return [m for m in made if m is not None]
+        jobs.append((metric, functools.partial(draw_metric, run, metric, window, out, name)))
+    made: list[PlotFile] = []
+    skipped: list[SkippedFigure] = []
+    for title, draw in jobs:
+        try:
+            with matplotlib.rc_context(PLAIN_TEXT):
+                figure = draw()
+        except Exception as exc:  # one figure's failure must not cost the page or the other figures
+            skipped.append(SkippedFigure(title, _one_line(exc)))
+            continue
+        if figure is not None:
+            made.append(figure)
+    return Figures(made, skipped)
+
+
+def _one_line(exc: BaseException) -> str:
+    """``Type: first line of the message``: matplotlib's parse errors span several lines."""
+    first = next((line.strip() for line in str(exc).splitlines() if line.strip()), "")
+    return f"{type(exc).__name__}: {first}" if first else type(exc).__name__
 
 
 def metric_files(names: list[str]) -> dict[str, str]:
@@ -313,7 +371,13 @@ def metric_files(names: list[str]) -> dict[str, str]:
 
 
 def make_thumbnail(src: Path, dst: Path, max_px: int) -> bool:
-    """A copy of a PNG at most ``max_px`` on its longer side (block-averaged); False if it cannot be read."""
+    """A copy of a PNG sized for the page; False if it cannot be read.
+
+    A large image is shrunk to at most ``max_px`` on its longer side (block-averaged). A small one (an 8x8 grid
+    world, a 64x64 frame) is enlarged by the largest whole factor that keeps it within ``max_px``, each pixel
+    repeated into a square block (nearest neighbour): it is shown big and its pixels stay sharp, whatever the
+    browser's scaling. An image already between half of ``max_px`` and ``max_px`` is copied as it is.
+    """
     require_matplotlib()
     from matplotlib import image as mpimg
 
@@ -323,11 +387,14 @@ def make_thumbnail(src: Path, dst: Path, max_px: int) -> bool:
         return False
     if image.ndim not in (2, 3) or image.size == 0:
         return False
-    k = int(np.ceil(max(image.shape[:2]) / max_px))
+    longer = max(image.shape[:2])
+    k = int(np.ceil(longer / max_px))
     if k > 1:
         h, w = (image.shape[0] // k) * k, (image.shape[1] // k) * k
         cropped = image[:h, :w]
         image = cropped.reshape(h // k, k, w // k, k, *cropped.shape[2:]).mean(axis=(1, 3))
+    elif (up := max_px // longer) > 1:
+        image = np.repeat(np.repeat(image, up, axis=0), up, axis=1)
     image = np.clip(np.nan_to_num(image.astype(np.float64)), 0.0, 1.0)
     dst.parent.mkdir(parents=True, exist_ok=True)
     if image.ndim == 2:
