@@ -53,7 +53,8 @@ def _report(parsed: ReportArgs) -> int:
         raise ConfigError(f"could not write the report into {parsed.run}: {exc}") from exc
     for skipped in report.skipped:
         print(f"warning: {skipped.message}", file=sys.stderr)
-    print(f"report: {report.page} ({len(report.figures)} figures in {report.page.parent / 'report'})")
+    n = len(report.figures)
+    print(f"report: {report.page} ({n} figure{'' if n == 1 else 's'} in {report.page.parent / 'report'})")
     if parsed.open:
         _open(report.page)
     return 0
