@@ -71,10 +71,14 @@ def test_multi_process_run_aggregates_exactly(policy_server, tmp_path):
     assert client_config["env_id"] == "Point-v1" and client_config["num_procs"] == 2
     assert client_config["output_dir"] == str(tmp_path) and client_config["env"]["step_size"] == 0.1
     assert client_config["uid"] == "Point-v1" and client_config["env"]["max_episode_steps"] == 7, "PlugRL's keys"
+    assert client_config["reconnect_on_server_stop"] is False and client_config["runner"]["uid"] == "Point-v1"
+    assert isinstance(client_config["recorder"]["video_fps"], float)
     for p in (0, 1):
         manifest = json.loads((tmp_path / "run" / f"rollout/proc_{p:03d}/manifest.json").read_text())
         assert (manifest["num_envs"], manifest["metric_window"]) == (3, 100)
         assert manifest["args"]["episode_freq"] == 0 and manifest["args"]["metric_window"] == 100
+        assert isinstance(manifest["args"]["video_fps"], float) and manifest["effective_episode_freq"] == 0
+        assert manifest["full_rollout_video"] is False
         assert isinstance(manifest["command_line"], list)
 
 

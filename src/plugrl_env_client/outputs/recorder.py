@@ -107,7 +107,7 @@ class RecorderConfig:
     """Record in process 0 only."""
     record_video: bool = False
     """An MP4 of each recorded episode's images (extra video)."""
-    video_fps: int = 30
+    video_fps: float = 30.0
     """Frames per second of the videos (--recorder.record-video)."""
     record_full_rollout: bool = False
     """Every step's observation, action and reward of each recorded episode, as NPZ."""
@@ -659,7 +659,7 @@ def encode_png(image: np.ndarray) -> bytes:
             + chunk(b"IEND", b""))
 
 
-def encode_mp4(images: list[np.ndarray], fps: int) -> bytes:
+def encode_mp4(images: list[np.ndarray], fps: float) -> bytes:
     """An H.264 MP4 of uint8 frames (gray, RGB or RGBA; one size), padded to even width and height.
 
     H.264 with 4:2:0 chroma (what players accept) needs even sizes; frames are padded by repeating their last row
