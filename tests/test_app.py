@@ -416,7 +416,7 @@ def test_recorder_files_come_home_and_are_listed_in_the_manifest(tmp_path):
 
     cfg = config(tmp_path, env=DummyEnvConfig(base_image_size=32, wrist_image_size=16, terminated_prob=0.2),
                  num_envs=2, num_procs=2, num_episodes=8, local_policy="random",
-                 recorder=RecorderConfig(episode_freq=2, record_video=True, record_episode_metrics=True))
+                 recorder=RecorderConfig(episode_freq=2, record_video=True, thread0_only=False))
     assert run_client(cfg, "Dummy-v1") == 0
     for p in (0, 1):
         folder = tmp_path / "run" / "rollout" / f"proc_{p:03d}"
@@ -425,11 +425,12 @@ def test_recorder_files_come_home_and_are_listed_in_the_manifest(tmp_path):
         on_disk = {str(f.relative_to(folder)) for f in folder.rglob("*") if f.is_file()}
         assert listed == on_disk
         assert any(f.startswith("videos/") and f.endswith(".mp4") for f in listed)
-        assert any(f.startswith("sampled/") and f.endswith("_first_base.png") for f in listed)
+        assert any(re.fullmatch(r"sampled/ep_\d{6}/env_00[01]/obs/first/images/base\.png", f) for f in listed)
+        assert "metrics/episode_metrics.jsonl" in listed and "metrics/obs_stats.jsonl" in listed
         assert manifest["recorder"]["episodes_recorded"] >= 1
     assert report_main([str(tmp_path / "run")]) == 0
     html = (tmp_path / "run" / "report.html").read_text()
-    assert "_first_base.png" in html and ".mp4" in html
+    assert "/obs/first/images/base.png" in html and ".mp4" in html
 
 
 def test_a_config_built_in_code_without_env_gets_the_envs_defaults(tmp_path):
