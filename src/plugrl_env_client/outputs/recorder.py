@@ -1,25 +1,32 @@
-"""The episode recorder: what a run keeps of some episodes besides ``episodes.jsonl``.
+"""The episode recorder: what a run keeps of some episodes besides ``episodes.jsonl``, in PlugRL's layout.
 
 For every K-th episode of a process (``--recorder.episode-freq K``) the recorder keeps copies of the episode's
 observations while it runs and, once it ends, writes under the process folder (``rollout/proc_NNN/``)::
 
-    sampled/ep{NNNNNN}_env{EEE}_{first|last}_{key}.png   each image key (uint8 images with 1 to 4 channels)
-    sampled/ep{NNNNNN}_env{EEE}_{first|last}_{key}.npy   each state key (and any image PNG cannot hold)
-    sampled/ep{NNNNNN}_env{EEE}_{first|last}_text.txt    the text, when the first or last observation has any
-    videos/ep{NNNNNN}_env{EEE}_{key}.mp4                 --recorder.record-video: each image key, H.264
-    rollouts/ep{NNNNNN}_env{EEE}.npz                     --recorder.record-full-rollout
-    metrics/obs_stats.jsonl                              --recorder.record-obs-stats: one line per episode
-    metrics/episode_metrics.jsonl                        --recorder.record-episode-metrics: one line per episode
+    sampled/ep_NNNNNN/env_EEE/obs/{first,last}/images/{key}.png   each image key (uint8, 1 to 4 channels; .npy else)
+    sampled/ep_NNNNNN/env_EEE/obs/{first,last}/states/{key}.npy   each state key
+    sampled/ep_NNNNNN/env_EEE/obs/{first,last}/text.txt           the text (empty when the env gives none)
+    sampled/ep_NNNNNN/env_EEE/obs/last/info.json                  the env's part of the last step's info
+    videos/epNNNNNN_envEEE_{key}.mp4     --recorder.record-video: each image key, H.264
+    rollouts/epNNNNNN_envEEE.npz         --recorder.record-full-rollout
+    metrics/obs_stats.jsonl              --recorder.record-obs-stats (on): PlugRL's line per episode
+    metrics/episode_metrics.jsonl        --recorder.record-episode-metrics (on): PlugRL's line per episode
 
-``NNNNNN`` is the episode's start index in its process, ``EEE`` the env's index in the process. Keys are used in
-file names with every character outside ``[A-Za-z0-9._-]`` replaced by ``_``.
+``NNNNNN`` is the episode's number by completion in its process (the process's count of completed episodes when
+it ended, from 1, as PlugRL numbers it), ``EEE`` the env's index in the process. Keys are used in file names with
+every character outside ``[A-Za-z0-9._-]`` replaced by ``_``. The JSON lines start with PlugRL's fields
+(``completed_episode``, ``process_id``, ``env_id``, ``env_episode_id``: the env's own episode number from 1); ours
+follow them.
 
 Which episodes: the decision is taken when an episode *starts*, so that its frames can be kept from its first
-observation on. The recorder numbers episode starts per process in the order :meth:`EpisodeRecorder.on_reset`
-reports them (within one call, in the order of its ``env_ids``) and records starts 0, K, 2K, ... . With several
-env groups (``--runner.pipeline``) the numbering interleaves the groups in the order they reset. An episode is
-written only once it ends: episodes still running at :meth:`EpisodeRecorder.close`, and episodes whose env is reset
-again without having ended, are counted in the report but not written.
+observation on, and its number by completion is known only when it ends. So the recorder records the K-th, 2K-th,
+... episode to start in the process (starts counted in the order :meth:`EpisodeRecorder.on_reset` reports them;
+within one call, in the order of its ``env_ids``) and names it by its completion number when it ends. Where
+episodes end in the order they start (envs of one length, stepped together), these are PlugRL's episodes K, 2K,
+...; otherwise the same count of episodes, numbered as they completed. With several env groups
+(``--runner.pipeline``) the starts interleave the groups in the order they reset. An episode is written only once
+it ends: episodes still running at :meth:`EpisodeRecorder.close`, and episodes whose env is reset again without
+having ended, are counted in the report but not written.
 
 Why a writer thread and a bounded hand-off: the rollout must never wait for PNG, MP4 or NPZ encoding, nor for the
 disk. The rollout thread only copies the rows of the envs being recorded (a one-array mask test decides that, so
@@ -29,12 +36,11 @@ blocking the rollout; the report and a log warning say how many.
 
 Memory: an episode's frames stay in memory until it ends. At most ``max_frames`` (10 000 by default) steps of
 observations, actions and rewards are kept per episode; later steps only update the last observation (so the
-``last`` samples stay right), and the video, the NPZ and the statistics cover the steps kept. Only the outputs that
-need every step (video, full rollout, observation statistics) make the recorder keep them; otherwise it holds two
-observations per recorded episode.
+``last`` samples stay right), and the video and the NPZ cover the steps kept. Only the outputs that need every step
+(video, full rollout) make the recorder keep them; otherwise it holds two observations per recorded episode.
 
-JSON lines are strict JSON (NaN and infinities become null); ``.npy`` and ``.npz`` files hold the arrays as the
-env produced them.
+JSON files are strict JSON (NaN and infinities become null; statistics are over an array's finite values, with
+``non_finite`` counting the others); ``.npy`` and ``.npz`` files hold the arrays as the env produced them.
 
 Frames rendered for the recorder only: an env that renders only for the recorder (``--env.render-for-recorder-only``
 of Gym-v1 and MuJoCo-v1) sends no frames in its observations and says so with ``frames_for_recorder``;
