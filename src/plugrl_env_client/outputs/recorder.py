@@ -856,7 +856,8 @@ def _array_stats(array: np.ndarray) -> dict[str, Any]:
     moments.add(array)
     out: dict[str, Any] = {"shape": list(array.shape), "dtype": str(array.dtype)}
     if array.dtype.kind in "biuf":
-        out.update(moments.to_json())
+        stats = moments.to_json()
+        out.update({k: stats[k] for k in ("mean", "std", "min", "max", "count", "non_finite")})  # PlugRL's order
     return out
 
 
