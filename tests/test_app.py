@@ -71,10 +71,14 @@ def test_multi_process_run_aggregates_exactly(policy_server, tmp_path):
     assert client_config["env_id"] == "Point-v1" and client_config["num_procs"] == 2
     assert client_config["output_dir"] == str(tmp_path) and client_config["env"]["step_size"] == 0.1
     assert client_config["uid"] == "Point-v1" and client_config["env"]["max_episode_steps"] == 7, "PlugRL's keys"
+    assert client_config["reconnect_on_server_stop"] is False and client_config["runner"]["uid"] == "Point-v1"
+    assert isinstance(client_config["recorder"]["video_fps"], float)
     for p in (0, 1):
         manifest = json.loads((tmp_path / "run" / f"rollout/proc_{p:03d}/manifest.json").read_text())
         assert (manifest["num_envs"], manifest["metric_window"]) == (3, 100)
         assert manifest["args"]["episode_freq"] == 0 and manifest["args"]["metric_window"] == 100
+        assert isinstance(manifest["args"]["video_fps"], float) and manifest["effective_episode_freq"] == 0
+        assert manifest["full_rollout_video"] is False
         assert isinstance(manifest["command_line"], list)
 
 
@@ -412,7 +416,7 @@ def test_recorder_files_come_home_and_are_listed_in_the_manifest(tmp_path):
 
     cfg = config(tmp_path, env=DummyEnvConfig(base_image_size=32, wrist_image_size=16, terminated_prob=0.2),
                  num_envs=2, num_procs=2, num_episodes=8, local_policy="random",
-                 recorder=RecorderConfig(episode_freq=2, record_video=True, record_episode_metrics=True))
+                 recorder=RecorderConfig(episode_freq=2, record_video=True, thread0_only=False))
     assert run_client(cfg, "Dummy-v1") == 0
     for p in (0, 1):
         folder = tmp_path / "run" / "rollout" / f"proc_{p:03d}"
@@ -421,11 +425,12 @@ def test_recorder_files_come_home_and_are_listed_in_the_manifest(tmp_path):
         on_disk = {str(f.relative_to(folder)) for f in folder.rglob("*") if f.is_file()}
         assert listed == on_disk
         assert any(f.startswith("videos/") and f.endswith(".mp4") for f in listed)
-        assert any(f.startswith("sampled/") and f.endswith("_first_base.png") for f in listed)
+        assert any(re.fullmatch(r"sampled/ep_\d{6}/env_00[01]/obs/first/images/base\.png", f) for f in listed)
+        assert "metrics/episode_metrics.jsonl" in listed and "metrics/obs_stats.jsonl" in listed
         assert manifest["recorder"]["episodes_recorded"] >= 1
     assert report_main([str(tmp_path / "run")]) == 0
     html = (tmp_path / "run" / "report.html").read_text()
-    assert "_first_base.png" in html and ".mp4" in html
+    assert "/obs/first/images/base.png" in html and ".mp4" in html
 
 
 def test_a_config_built_in_code_without_env_gets_the_envs_defaults(tmp_path):

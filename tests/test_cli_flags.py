@@ -37,7 +37,7 @@ CLIENT_FLAGS = {
     "--runner.episode-split": "{static,shared}", "--runner.instruction": "{prepend,off}",
     "--runner.align-chunks": "INT", "--runner.group-size": "INT",
     "--recorder.episode-freq": "INT", "--recorder.thread0-only": "", "--recorder.no-thread0-only": "",
-    "--recorder.record-video": "", "--recorder.no-record-video": "", "--recorder.video-fps": "INT",
+    "--recorder.record-video": "", "--recorder.no-record-video": "", "--recorder.video-fps": "FLOAT",
     "--recorder.record-full-rollout": "", "--recorder.no-record-full-rollout": "",
     "--recorder.record-obs-stats": "", "--recorder.no-record-obs-stats": "",
     "--recorder.record-episode-metrics": "", "--recorder.no-record-episode-metrics": "",

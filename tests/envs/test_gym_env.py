@@ -519,8 +519,8 @@ def test_a_run_renders_only_the_episodes_it_records(tmp_path: Path, registry: No
     proc = tmp_path / "rec/rollout/proc_000"
     videos = sorted(p.name for p in (proc / "videos").iterdir())
     assert videos and all(name.endswith("_render.mp4") for name in videos)
-    firsts = sorted((proc / "sampled").glob("*_first_render.png"))
-    assert [p.name.replace("_first_render.png", "_render.mp4") for p in firsts] == videos
+    firsts = sorted((proc / "sampled").glob("ep_*/env_*/obs/first/images/render.png"))
+    assert [f"{p.parts[-6].replace('_', '')}_{p.parts[-5].replace('_', '')}_render.mp4" for p in firsts] == videos
     episodes = [json.loads(line) for line in (proc / "episodes.jsonl").read_text().splitlines()]
     assert len(videos) < len(episodes), "not every episode was rendered"
     timing = json.loads((proc / "summary.json").read_text())["timing"]

@@ -35,6 +35,8 @@ from plugrl_env_client.records import EpisodeRecord
 
 CAM = (16, 16, 3)
 WRIST = (15, 17, 3)  # odd height and width: videos must pad it
+SAMPLE = "sampled/ep_000001/env_000/obs"
+"""The sample folder of a process's first completed episode, in env 0."""
 EVERYTHING = dict(record_video=True, record_full_rollout=True, record_obs_stats=True, record_episode_metrics=True)
 
 
@@ -86,11 +88,15 @@ class MemorySink:
 
 @dataclasses.dataclass
 class Log:
-    """What the fake rollout did: episode starts in order, and the episodes that ended (start -> env, length)."""
+    """What the fake rollout did: episode starts in order, the episodes that ended (start -> env, length), their
+    completion numbers (start -> the process's count of ended episodes when it ended) and each start's number of
+    its env's episode (from 1)."""
 
     starts: list[int] = dataclasses.field(default_factory=list)
     current: dict[int, int] = dataclasses.field(default_factory=dict)
     ended: dict[int, tuple[int, int]] = dataclasses.field(default_factory=dict)
+    completed: dict[int, int] = dataclasses.field(default_factory=dict)
+    env_episode: dict[int, int] = dataclasses.field(default_factory=dict)
 
 
 class Group:
@@ -112,6 +118,7 @@ class Group:
         self.t[rows] = 0
         for env in self.ids[rows].tolist():
             self.log.current[env] = len(self.log.starts)
+            self.log.env_episode[len(self.log.starts)] = self.log.starts.count(env) + 1
             self.log.starts.append(env)
         self.rec.on_reset(self.obs(), self.ids[rows], np.asarray(rows))
 
@@ -124,10 +131,18 @@ class Group:
 
     def end(self, env: int) -> None:
         length = int(self.t[list(self.ids).index(env)])
-        self.log.ended[self.log.current.pop(env)] = (env, length)
+        start = self.log.current.pop(env)
+        self.log.ended[start] = (env, length)
+        self.log.completed[start] = len(self.log.completed) + 1
         ret = sum(reward(env, t) for t in range(1, length + 1))
-        self.rec.on_episode_end(EpisodeRecord(env, ret, length, None, terminated=True, truncated=False,
-                                              metrics={"dist": 0.5 * env}))
+        self.rec.on_episode_end(EpisodeRecord(env, ret, length, env % 2 == 0 if env < 2 else None, terminated=True,
+                                              truncated=False, metrics={"dist": 0.5 * env}), last_info(env, length))
+
+
+def last_info(env: int, length: int) -> dict[str, Any]:
+    """An env's part of its last step's info, as the rollout hands it over: numpy values, one of them NaN."""
+    return {"dist": np.float32(env + length / 4), "goal": np.array([env, length]), "bad": np.float64("nan"),
+            "sub": {"flag": np.bool_(env % 2 == 0)}}
 
 
 def scenario(rec: EpisodeRecorder) -> Log:
@@ -163,10 +178,10 @@ def recorder(sink: Any, k: int = 1, process_id: int = 0, num_envs: int = 4, **op
 
 
 def recorded(files: Any) -> set[tuple[int, int]]:
-    """(episode, env) pairs named by the files."""
+    """(completion number, env) pairs named by the files."""
     found = set()
     for relpath in files:
-        match = re.search(r"ep(\d{6})_env(\d{3})", relpath)
+        match = re.search(r"ep_?(\d{6})[_/]env_?(\d{3})", relpath)
         if match:
             found.add((int(match.group(1)), int(match.group(2))))
     return found
@@ -189,39 +204,39 @@ def test_the_scenario_starts_and_ends_the_episodes_its_docstring_says() -> None:
 
 
 @pytest.mark.parametrize("k", [1, 2, 3])
-def test_every_kth_episode_start_of_the_process_is_recorded(k: int) -> None:
+def test_the_kth_2kth_episode_start_is_recorded_and_named_by_its_completion(k: int) -> None:
     sink = MemorySink()
     rec = recorder(sink, k=k)
     log = scenario(rec)
     report = rec.close()
-    expected = {(start, env) for start, (env, _) in log.ended.items() if start % k == 0}
+    expected = {(log.completed[start], env) for start, (env, _) in log.ended.items() if (start + 1) % k == 0}
     assert recorded(sink.files) == expected
     assert report.episodes_recorded == len(expected)
-    running = [start for start in log.current.values() if start % k == 0]
+    running = [start for start in log.current.values() if (start + 1) % k == 0]
     assert report.episodes_unfinished == len(running)
     assert report.episodes_dropped == 0 and report.errors == ()
-    if k == 3:
-        assert expected == {(0, 0), (3, 3), (6, 2)}
+    if k == 3:  # starts 3 (env 2, third to end) and 6 (env 3, seventh to end); start 9 (env 1) still runs
+        assert expected == {(3, 2), (7, 3)} and report.episodes_unfinished == 1
 
 
 def test_thread0_only_records_in_process_zero_only() -> None:
     quiet, loud = MemorySink(), MemorySink()
-    off = recorder(quiet, k=1, process_id=1, thread0_only=True)
-    on = recorder(loud, k=1, process_id=0, thread0_only=True)
+    off = recorder(quiet, k=1, process_id=1)  # PlugRL's default: process 0 only
+    on = recorder(loud, k=1, process_id=0)
     assert not off.enabled and on.enabled
     scenario(off)
     scenario(on)
     assert off.close() == RecorderReport() and quiet.files == {}
     assert on.close().episodes_recorded == 7 and len(recorded(loud.files)) == 7
-    other = recorder(MemorySink(), k=1, process_id=1)
-    assert other.enabled  # without the flag every process records
+    other = recorder(MemorySink(), k=1, process_id=1, thread0_only=False)
+    assert other.enabled  # --recorder.no-thread0-only: every process records
     other.close()
 
 
 # ------------------------------------------------------------------------------------------------ files and contents
 
 
-def test_relpaths_of_one_recorded_episode() -> None:
+def test_relpaths_of_one_recorded_episode_follow_plugrls_layout() -> None:
     sink = MemorySink()
     rec = recorder(sink, k=1, num_envs=1, **EVERYTHING)
     group = Group(rec, [0], Log())
@@ -229,39 +244,49 @@ def test_relpaths_of_one_recorded_episode() -> None:
     group.step()
     group.end(0)
     report = rec.close()
+    folder = "sampled/ep_000001/env_000/obs"
     assert sorted(sink.files) == sorted(report.files) == [
         "metrics/episode_metrics.jsonl",
         "metrics/obs_stats.jsonl",
-        "rollouts/ep000000_env000.npz",
-        "sampled/ep000000_env000_first_cam.png",
-        "sampled/ep000000_env000_first_pos.npy",
-        "sampled/ep000000_env000_first_text.txt",
-        "sampled/ep000000_env000_first_wrist.png",
-        "sampled/ep000000_env000_last_cam.png",
-        "sampled/ep000000_env000_last_pos.npy",
-        "sampled/ep000000_env000_last_text.txt",
-        "sampled/ep000000_env000_last_wrist.png",
-        "videos/ep000000_env000_cam.mp4",
-        "videos/ep000000_env000_wrist.mp4",
+        "rollouts/ep000001_env000.npz",
+        f"{folder}/first/images/cam.png",
+        f"{folder}/first/images/wrist.png",
+        f"{folder}/first/states/pos.npy",
+        f"{folder}/first/text.txt",
+        f"{folder}/last/images/cam.png",
+        f"{folder}/last/images/wrist.png",
+        f"{folder}/last/info.json",
+        f"{folder}/last/states/pos.npy",
+        f"{folder}/last/text.txt",
+        "videos/ep000001_env000_cam.mp4",
+        "videos/ep000001_env000_wrist.mp4",
     ]
 
 
-def test_without_options_only_samples_are_written_and_keys_are_made_safe_for_file_names() -> None:
+def test_with_the_json_lines_off_only_samples_are_written_and_keys_are_made_safe_for_file_names() -> None:
     sink = MemorySink()
-    rec = recorder(sink, k=1, num_envs=1)
+    rec = recorder(sink, k=1, num_envs=1, record_obs_stats=False, record_episode_metrics=False)
     obs = Observation(images={"cam/left view": np.zeros((1, 4, 4, 3), np.uint8)}, states={"q": np.zeros((1, 2))})
     rec.on_reset(obs, np.array([0]), np.array([0]))
     rec.on_step(obs, np.zeros((1, 1)), np.zeros(1), np.array([0]))
     rec.on_episode_end(EpisodeRecord(0, 0.0, 1, None, True, False))
     rec.close()
-    assert sorted(sink.files) == ["sampled/ep000000_env000_first_cam_left_view.png",
-                                  "sampled/ep000000_env000_first_q.npy",
-                                  "sampled/ep000000_env000_last_cam_left_view.png",
-                                  "sampled/ep000000_env000_last_q.npy"]  # no text: the env gave none
+    folder = "sampled/ep_000001/env_000/obs"
+    assert sorted(sink.files) == [f"{folder}/first/images/cam_left_view.png", f"{folder}/first/states/q.npy",
+                                  f"{folder}/first/text.txt", f"{folder}/last/images/cam_left_view.png",
+                                  f"{folder}/last/info.json", f"{folder}/last/states/q.npy",
+                                  f"{folder}/last/text.txt"]
+    assert sink.files[f"{folder}/first/text.txt"] == b"" and json.loads(sink.files[f"{folder}/last/info.json"]) == {}
+
+
+def test_recorders_defaults_are_plugrls() -> None:
+    config = RecorderConfig()
+    assert (config.thread0_only, config.record_obs_stats, config.record_episode_metrics) == (True, True, True)
+    assert isinstance(config.video_fps, float) and config.episode_freq == 0
 
 
 def test_every_file_holds_what_the_episode_observed(tmp_path: Path) -> None:
-    rec = recorder(DirectorySink(tmp_path), k=1, video_fps=10, **EVERYTHING)
+    rec = recorder(DirectorySink(tmp_path), k=1, video_fps=10.0, metric_window=3, **EVERYTHING)
     log = scenario(rec)
     report = rec.close()
     on_disk = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*") if p.is_file())
@@ -269,13 +294,16 @@ def test_every_file_holds_what_the_episode_observed(tmp_path: Path) -> None:
     assert report.errors == () and report.episodes_recorded == len(log.ended) == 7
 
     for start, (env, length) in log.ended.items():
-        stem = f"ep{start:06d}_env{env:03d}"
-        sampled = tmp_path / "sampled"
+        n = log.completed[start]
+        stem = f"ep{n:06d}_env{env:03d}"
+        folder = tmp_path / f"sampled/ep_{n:06d}/env_{env:03d}/obs"
         for moment, t in (("first", 0), ("last", length)):
-            np.testing.assert_array_equal(iio.imread(sampled / f"{stem}_{moment}_cam.png"), image(env, t, CAM))
-            np.testing.assert_array_equal(iio.imread(sampled / f"{stem}_{moment}_wrist.png"), image(env, t, WRIST))
-            np.testing.assert_array_equal(np.load(sampled / f"{stem}_{moment}_pos.npy"), state(env, t))
-            assert (sampled / f"{stem}_{moment}_text.txt").read_text() == text(env, t)
+            np.testing.assert_array_equal(iio.imread(folder / moment / "images/cam.png"), image(env, t, CAM))
+            np.testing.assert_array_equal(iio.imread(folder / moment / "images/wrist.png"), image(env, t, WRIST))
+            np.testing.assert_array_equal(np.load(folder / moment / "states/pos.npy"), state(env, t))
+            assert (folder / moment / "text.txt").read_text() == text(env, t)
+        info = json.loads((folder / "last/info.json").read_text(), parse_constant=float)
+        assert info == {"dist": env + length / 4, "goal": [env, length], "bad": None, "sub": {"flag": env % 2 == 0}}
 
         with np.load(tmp_path / "rollouts" / f"{stem}.npz", allow_pickle=False) as npz:
             steps = range(length + 1)
@@ -285,7 +313,8 @@ def test_every_file_holds_what_the_episode_observed(tmp_path: Path) -> None:
             assert npz["text"].tolist() == [text(env, t) for t in steps]
             np.testing.assert_array_equal(npz["actions"], np.stack([action(env, t) for t in steps[1:]]))
             np.testing.assert_array_equal(npz["rewards"], [reward(env, t) for t in steps[1:]])
-            assert (int(npz["episode"]), int(npz["env_index"]), int(npz["num_steps"])) == (start, env, length)
+            assert (int(npz["episode"]), int(npz["env_index"]), int(npz["num_steps"])) == (n, env, length)
+            assert int(npz["env_episode"]) == log.env_episode[start]
 
         for key, shape in (("cam", CAM), ("wrist", WRIST)):
             video = tmp_path / "videos" / f"{stem}_{key}.mp4"
@@ -296,25 +325,50 @@ def test_every_file_holds_what_the_episode_observed(tmp_path: Path) -> None:
                 assert np.abs(decoded - image(env, t, shape)).mean() < 3  # lossy, but close
                 assert np.abs(decoded - image(env, t + 1, shape)).mean() > 10  # and not another step's frame
 
+    by_completion = {n: start for start, n in log.completed.items()}
     stats = strict_lines((tmp_path / "metrics/obs_stats.jsonl").read_bytes())
-    assert sorted(row["episode"] for row in stats) == sorted(log.ended)
+    assert [row["completed_episode"] for row in stats] == list(range(1, 8))
     for row in stats:
-        env, length = log.ended[row["episode"]]
-        pos = np.stack([state(env, t) for t in range(length + 1)])
-        assert row["env_index"] == env and row["observations"] == length + 1
-        assert row["states"]["pos"]["min"] == pos.min() and row["states"]["pos"]["max"] == pos.max()
-        assert row["states"]["pos"]["mean"] == pytest.approx(pos.mean())
-        assert row["states"]["pos"]["std"] == pytest.approx(pos.std())
-        cams = np.stack([image(env, t, CAM) for t in range(length + 1)])
-        assert row["images"]["cam"]["mean"] == pytest.approx(cams.mean())
-        assert row["images"]["cam"]["std"] == pytest.approx(cams.std())
+        start = by_completion[row["completed_episode"]]
+        env, length = log.ended[start]
+        assert list(row)[:7] == ["completed_episode", "process_id", "env_id", "env_episode_id", "first", "last",
+                                 "last_info"], "PlugRL's fields, in PlugRL's order"
+        assert (row["process_id"], row["env_id"], row["env_episode_id"]) == (0, env, log.env_episode[start])
+        for moment, t in (("first", 0), ("last", length)):
+            pos, cam = state(env, t), image(env, t, CAM)
+            got = row[moment]
+            assert got["states"]["pos"] | {"mean": 0, "std": 0} == {
+                "shape": [3], "dtype": "float64", "mean": 0, "std": 0, "min": pos.min(), "max": pos.max(),
+                "count": 3, "non_finite": 0}
+            assert got["states"]["pos"]["mean"] == pytest.approx(pos.mean())
+            assert got["states"]["pos"]["std"] == pytest.approx(pos.std())
+            assert (got["images"]["cam"]["shape"], got["images"]["cam"]["dtype"]) == (list(CAM), "uint8")
+            assert got["images"]["cam"]["mean"] == pytest.approx(cam.mean())
+            assert got["text"]["value"] == [text(env, t)] and got["text"]["shape"] == [1]
+            assert got["text"]["dtype"] == str(np.array([text(env, t)]).dtype)
+        assert row["last_info"]["goal"] == [env, length] and row["last_info"]["bad"] is None
 
     metrics = strict_lines((tmp_path / "metrics/episode_metrics.jsonl").read_bytes())
-    assert [row["episode"] for row in metrics] == [row["episode"] for row in stats]
+    assert [row["completed_episode"] for row in metrics] == list(range(1, 8))
+    returns: list[float] = []
+    judged: list[bool | None] = []
     for row in metrics:
-        env, length = log.ended[row["episode"]]
-        assert (row["env_index"], row["length"], row["metrics"]) == (env, length, {"dist": 0.5 * env})
-        assert row["return"] == pytest.approx(sum(reward(env, t) for t in range(1, length + 1)))
+        start = by_completion[row["completed_episode"]]
+        env, length = log.ended[start]
+        assert list(row)[:8] == ["completed_episode", "process_id", "env_id", "env_episode_id", "episode_return",
+                                 "episode_success", "mean_return", "mean_success_rate"]
+        ret = sum(reward(env, t) for t in range(1, length + 1))
+        success = env % 2 == 0 if env < 2 else None
+        returns.append(ret)
+        judged.append(success)
+        assert (row["env_id"], row["env_episode_id"], row["length"]) == (env, log.env_episode[start], length)
+        assert row["episode_return"] == pytest.approx(ret), "the episode's own return"
+        assert row["episode_success"] is bool(success) and row["has_success_rule"] is (success is not None)
+        window = returns[-3:]
+        assert row["mean_return"] == pytest.approx(sum(window) / len(window)), "over the metric window"
+        rated = [s for s in judged[-3:] if s is not None]
+        assert row["mean_success_rate"] == pytest.approx(sum(rated) / len(rated) if rated else 0.0)
+        assert isinstance(row["mean_success_rate"], float) and row["metrics"] == {"dist": 0.5 * env}
 
 
 def test_recorded_frames_are_copies_that_later_changes_to_the_batch_do_not_reach() -> None:
@@ -333,11 +387,11 @@ def test_recorded_frames_are_copies_that_later_changes_to_the_batch_do_not_reach
     act[:] = 5.0
     rec.on_episode_end(EpisodeRecord(0, 1.0, 1, None, True, False))
     rec.close()
-    npz = np.load(io.BytesIO(sink.files["rollouts/ep000000_env000.npz"]))
+    npz = np.load(io.BytesIO(sink.files["rollouts/ep000001_env000.npz"]))
     assert npz["images/cam"][:, 0, 0, 0].tolist() == [7, 9]
     assert npz["states/pos"][:, 0].tolist() == [0.0, 3.0]
     assert npz["actions"].tolist() == [[1.0]]
-    assert iio.imread(sink.files["sampled/ep000000_env000_last_cam.png"])[0, 0, 0] == 9
+    assert iio.imread(sink.files[f"{SAMPLE}/last/images/cam.png"])[0, 0, 0] == 9
 
 
 def test_frames_past_the_cap_are_not_kept_but_the_last_observation_is() -> None:
@@ -349,10 +403,10 @@ def test_frames_past_the_cap_are_not_kept_but_the_last_observation_is() -> None:
         group.step()
     group.end(0)
     report = rec.close()
-    npz = np.load(io.BytesIO(sink.files["rollouts/ep000000_env000.npz"]))
+    npz = np.load(io.BytesIO(sink.files["rollouts/ep000001_env000.npz"]))
     assert npz["states/pos"][:, 1].tolist() == [0, 1, 2, 3] and int(npz["num_steps"]) == 5
     assert npz["actions"].shape == (3, 2) and report.frames_truncated == 2
-    np.testing.assert_array_equal(np.load(io.BytesIO(sink.files["sampled/ep000000_env000_last_pos.npy"])),
+    np.testing.assert_array_equal(np.load(io.BytesIO(sink.files[f"{SAMPLE}/last/states/pos.npy"])),
                                   state(0, 5))
 
 
@@ -364,17 +418,23 @@ def test_json_lines_are_strict_when_the_episode_holds_nan_and_infinity() -> None
         rec.on_reset(Observation(states={"q": np.array([[1.0, 2.0]])}), np.array([0]), np.array([0]))
         rec.on_step(Observation(states={"q": np.array([[np.nan, -4.0]])}), np.zeros((1, 1)), np.zeros(1),
                     np.array([0]))
-        rec.on_step(Observation(states={"q": np.array([[np.inf, np.nan]])}), np.zeros((1, 1)), np.zeros(1),
+        rec.on_step(Observation(states={"q": np.array([[np.inf, -3.0]])}), np.zeros((1, 1)), np.zeros(1),
                     np.array([0]))
-        rec.on_episode_end(EpisodeRecord(0, float("nan"), 2, None, True, False, metrics={"m": float("inf")}))
+        rec.on_episode_end(EpisodeRecord(0, float("nan"), 2, None, True, False, metrics={"m": float("inf")}),
+                           {"x": np.array(np.inf), "y": np.array([np.nan, 1.0])})
     assert rec.close().episodes_recorded == 2
     stats = strict_lines(sink.files["metrics/obs_stats.jsonl"])
-    assert [row["episode"] for row in stats] == [0, 1]
-    assert stats[0]["states"]["q"] == {"min": -4.0, "max": 2.0, "mean": pytest.approx(-1 / 3),
-                                       "std": pytest.approx(np.std([1.0, 2.0, -4.0])), "count": 3, "non_finite": 3}
+    assert [row["completed_episode"] for row in stats] == [1, 2]
+    assert [row["env_episode_id"] for row in stats] == [1, 2]
+    assert stats[0]["first"]["states"]["q"] == {"shape": [2], "dtype": "float64", "mean": 1.5, "std": 0.5,
+                                                "min": 1.0, "max": 2.0, "count": 2, "non_finite": 0}
+    assert stats[0]["last"]["states"]["q"] == {"shape": [2], "dtype": "float64", "mean": -3.0, "std": 0.0,
+                                               "min": -3.0, "max": -3.0, "count": 1, "non_finite": 1}
+    assert stats[0]["last_info"] == {"x": None, "y": [None, 1.0]}
     metrics = strict_lines(sink.files["metrics/episode_metrics.jsonl"])
-    assert [(row["episode"], row["return"], row["metrics"]) for row in metrics] == [(0, None, {"m": None}),
-                                                                                    (1, None, {"m": None})]
+    assert [(row["completed_episode"], row["episode_return"], row["metrics"]) for row in metrics] == [
+        (1, None, {"m": None}), (2, None, {"m": None})]
+    assert [row["mean_return"] for row in metrics] == [0.0, 0.0], "a NaN return counts as 0, as in summary.json"
 
 
 def test_obs_stats_of_a_key_without_finite_values_are_null() -> None:
@@ -384,7 +444,8 @@ def test_obs_stats_of_a_key_without_finite_values_are_null() -> None:
     rec.on_episode_end(EpisodeRecord(0, 0.0, 0, None, True, False))
     rec.close()
     (row,) = strict_lines(sink.files["metrics/obs_stats.jsonl"])
-    assert row["states"]["q"] == {"min": None, "max": None, "mean": None, "std": None, "count": 0, "non_finite": 1}
+    assert row["first"]["states"]["q"] == {"shape": [1], "dtype": "float64", "min": None, "max": None,
+                                           "mean": None, "std": None, "count": 0, "non_finite": 1}
 
 
 @pytest.mark.parametrize("shape", [(5, 7), (5, 7, 1), (5, 7, 2), (5, 7, 3), (5, 7, 4), (1, 1, 3)])
@@ -402,13 +463,13 @@ def test_images_png_cannot_hold_are_sampled_as_npy() -> None:
     rec.on_reset(Observation(images={"depth": depth}), np.array([0]), np.array([0]))
     rec.on_episode_end(EpisodeRecord(0, 0.0, 0, None, True, False))
     rec.close()
-    np.testing.assert_array_equal(np.load(io.BytesIO(sink.files["sampled/ep000000_env000_first_depth.npy"])),
+    np.testing.assert_array_equal(np.load(io.BytesIO(sink.files[f"{SAMPLE}/first/images/depth.npy"])),
                                   depth[0])
 
 
 def test_samples_whose_names_meet_get_distinct_files() -> None:
-    """An image saved as NPY and a state of the same key, and keys that differ only in unsafe characters, each keep
-    their own file."""
+    """Keys that differ only in unsafe characters each keep their own file (an image and a state of one key are in
+    folders of their own)."""
     sink = MemorySink()
     rec = recorder(sink, k=1, num_envs=1)
     depth = np.ones((1, 3, 4, 1), np.float32)
@@ -417,11 +478,11 @@ def test_samples_whose_names_meet_get_distinct_files() -> None:
     rec.on_reset(obs, np.array([0]), np.array([0]))
     rec.on_episode_end(EpisodeRecord(0, 0.0, 0, None, True, False))
     rec.close()
-    first = {name.removeprefix("sampled/ep000000_env000_first_"): np.load(io.BytesIO(data))
-             for name, data in sink.files.items() if name.startswith("sampled/ep000000_env000_first_")}
-    assert sorted(first) == ["a_b.npy", "a_b_2.npy", "depth.npy", "depth_2.npy"]
-    assert first["depth.npy"].shape == (3, 4, 1) and first["depth_2.npy"].tolist() == [2.0, 2.0]
-    assert {first["a_b.npy"].item(), first["a_b_2.npy"].item()} == {3.0, 4.0}
+    first = {name.removeprefix(f"{SAMPLE}/first/"): np.load(io.BytesIO(data))
+             for name, data in sink.files.items() if name.startswith(f"{SAMPLE}/first/") and name.endswith(".npy")}
+    assert sorted(first) == ["images/depth.npy", "states/a_b.npy", "states/a_b_2.npy", "states/depth.npy"]
+    assert first["images/depth.npy"].shape == (3, 4, 1) and first["states/depth.npy"].tolist() == [2.0, 2.0]
+    assert {first["states/a_b.npy"].item(), first["states/a_b_2.npy"].item()} == {3.0, 4.0}
 
 
 # ------------------------------------------------------------------------------------------------ cost and blocking
@@ -461,10 +522,10 @@ def test_steps_of_envs_not_recorded_copy_nothing_and_steps_of_recorded_ones_do()
     try:
         start = tracemalloc.get_traced_memory()[0]
         for _ in range(10):
-            rec.on_step(one, np.zeros((1, 1)), np.zeros(1), np.array([1]))  # env 1 holds episode 1: not recorded
+            rec.on_step(one, np.zeros((1, 1)), np.zeros(1), np.array([0]))  # env 0 holds start 1: not recorded
         not_recorded = tracemalloc.get_traced_memory()[0] - start
         for _ in range(10):
-            rec.on_step(one, np.zeros((1, 1)), np.zeros(1), np.array([0]))  # env 0 holds episode 0: recorded
+            rec.on_step(one, np.zeros((1, 1)), np.zeros(1), np.array([1]))  # env 1 holds start 2: recorded
         recorded_growth = tracemalloc.get_traced_memory()[0] - start - not_recorded
     finally:
         tracemalloc.stop()
@@ -509,7 +570,7 @@ def test_a_full_hand_off_drops_and_counts_instead_of_blocking(limits: dict[str, 
         sink.release.set()
     report = rec.close()
     assert (report.episodes_recorded, report.episodes_dropped, report.frames_dropped) == (2, 2, 4)
-    assert recorded(sink.files) == {(0, 0), (1, 1)}
+    assert recorded(sink.files) == {(1, 0), (2, 1)}
     assert "writer is behind" in caplog.text and "2 recorded episodes (4 observations) were dropped" in caplog.text
 
 
@@ -533,7 +594,7 @@ def test_close_is_idempotent_and_nothing_is_recorded_after_it() -> None:
     group.reset([0])
     group.step()
     group.end(0)
-    assert sink.files == files and recorded(files) == {(0, 0)}
+    assert sink.files == files and recorded(files) == {(1, 0)}
     assert rec.close() == report
 
 
@@ -547,7 +608,7 @@ def test_an_env_reset_again_without_an_end_loses_its_recorded_episode() -> None:
     group.step()
     group.end(0)
     report = rec.close()
-    assert recorded(sink.files) == {(1, 0)} and report.episodes_unfinished == 1
+    assert recorded(sink.files) == {(1, 0)} and report.episodes_unfinished == 1  # the second start ended first
 
 
 def test_a_failing_sink_is_reported_and_the_run_goes_on(caplog: pytest.LogCaptureFixture) -> None:
@@ -606,12 +667,12 @@ def _warnings(caplog: pytest.LogCaptureFixture, text: str) -> list[str]:
 def test_record_flags_without_an_episode_freq_are_named_once_by_process_zero(caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level("WARNING", logger="plugrl_env_client.outputs.recorder")
     for pid in (0, 1, 2):
-        recorder(MemorySink(), k=0, process_id=pid, record_video=True, record_episode_metrics=True).close()
+        recorder(MemorySink(), k=0, process_id=pid, record_video=True, record_full_rollout=True).close()
     (message,) = _warnings(caplog, "--recorder.episode-freq")
-    assert message.startswith("--recorder.record-video, --recorder.record-episode-metrics record nothing without")
+    assert message.startswith("--recorder.record-video, --recorder.record-full-rollout record nothing without")
     assert "add --recorder.episode-freq 1" in message
     caplog.clear()
-    recorder(MemorySink(), k=0, process_id=0).close()  # nothing asked for: nothing to say
+    recorder(MemorySink(), k=0, process_id=0).close()  # nothing asked for (PlugRL's defaults on): nothing to say
     recorder(MemorySink(), k=2, process_id=0, record_full_rollout=True).close()
     assert _warnings(caplog, "--recorder.episode-freq") == []
 
@@ -638,7 +699,8 @@ def test_a_run_of_two_processes_warns_once(tmp_path: Path) -> None:
     done = subprocess.run(sigint_default([
         sys.executable, "-m", "plugrl_env_client", "point-v1", "--num-procs", "2", "--num-envs", "2",
         "--num-episodes", "4", "--local-policy", "random", "--env.max-episode-steps", "5", "--no-progress",
-        "--recorder.episode-freq", "1", "--recorder.record-video", "--output-dir", str(tmp_path),
+        "--recorder.episode-freq", "1", "--recorder.no-thread0-only", "--recorder.record-video",
+        "--output-dir", str(tmp_path),
         "--exp-name", "run"]), capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stderr.count("hold no image") == 1, done.stderr
@@ -676,7 +738,7 @@ class Plain:
 
 def test_envs_that_render_for_the_recorder_draw_only_the_recorded_envs_frames() -> None:
     sink = MemorySink()
-    rec = recorder(sink, k=3, num_envs=4, record_video=True)
+    rec = recorder(sink, k=2, num_envs=4, record_video=True)
     first, second = Renders(0, 2), Renders(2, 2)
     rec.render_for([first, second])
     log = Log()
@@ -686,20 +748,20 @@ def test_envs_that_render_for_the_recorder_draw_only_the_recorded_envs_frames() 
         env.t += 1
         group.step()
 
-    a.reset([0, 1])  # starts 0 (env 0: recorded) and 1
-    b.reset([0, 1])  # starts 2 and 3 (env 3: recorded)
+    a.reset([0, 1])  # starts 1 and 2 (env 1: recorded)
+    b.reset([0, 1])  # starts 3 and 4 (env 3: recorded)
     for _ in range(2):
         step(a, first)
         step(b, second)
-    a.end(0)
+    a.end(1)
     b.end(3)
     rec.close()
-    assert first.asked == [[0], [0], [0]] and second.asked == [[1], [1], [1]], "the recorded rows, each time"
-    for stem, env, steps in (("ep000000_env000", 0, 2), ("ep000003_env003", 3, 2)):
+    assert first.asked == [[1], [1], [1]] and second.asked == [[1], [1], [1]], "the recorded rows, each time"
+    for n, env, steps in ((1, 1, 2), (2, 3, 2)):
         for moment, t in (("first", 0), ("last", steps)):
-            png = sink.files[f"sampled/{stem}_{moment}_render.png"]
+            png = sink.files[f"sampled/ep_{n:06d}/env_{env:03d}/obs/{moment}/images/render.png"]
             np.testing.assert_array_equal(iio.imread(png, extension=".png"), image(env, t, (4, 6, 3)))
-        assert f"videos/{stem}_render.mp4" in sink.files
+        assert f"videos/ep{n:06d}_env{env:03d}_render.mp4" in sink.files
 
 
 def test_rendering_for_the_recorder_without_an_episode_freq_is_named(caplog: pytest.LogCaptureFixture) -> None:

@@ -85,6 +85,17 @@ def test_client_config_gets_plugrls_uid_and_time_limit_without_losing_the_envs_o
     assert with_plugrl_config_keys(own, "X-v1", 500)["env"]["max_episode_steps"] == 30, "the field the env got"
 
 
+@pytest.mark.parametrize("reconnect", [True, False])
+def test_client_config_gets_plugrls_top_level_reconnect_flag_and_runner_uid(reconnect: bool) -> None:
+    record = {"env_id": "Point-v1", "connection": {"reconnect_on_server_stop": reconnect, "max_reconnects": None},
+              "runner": {"num_envs_per_group": None}}
+    out = with_plugrl_config_keys(record, "Point-v1", None)
+    assert out["reconnect_on_server_stop"] is reconnect, "PlugRL's key, at the top level"
+    assert out["connection"]["reconnect_on_server_stop"] is reconnect, "ours stays in its section"
+    assert out["runner"] == {"num_envs_per_group": None, "uid": "Point-v1"}
+    assert "uid" not in record["runner"], "the record given is left as it was"
+
+
 def test_write_errors_are_said_in_words_a_user_can_act_on(tmp_path: Path) -> None:
     import errno
 

@@ -95,13 +95,24 @@ def test_manifest_has_plugrls_keys_and_the_command_line(tmp_path: Path) -> None:
     for pid in (0, 1):
         manifest = json.loads((tmp_path / f"run/rollout/proc_{pid:03d}/manifest.json").read_text())
         assert (manifest["num_envs"], manifest["metric_window"], manifest["process_id"]) == (8, 50, pid)
-        assert manifest["args"] == recorder, "PlugRL's args: the recorder's settings, a map"
+        assert manifest["args"] == {**recorder, "video_fps": 30.0}, "PlugRL's args: the recorder's settings, a map"
+        assert isinstance(manifest["args"]["video_fps"], float), "PlugRL's type"
+        assert (manifest["effective_episode_freq"], manifest["full_rollout_video"]) == (3, False)
         assert manifest["command_line"] == ["plugrl-run-env-client", "point-v1", "--num-envs", "8"]
         assert "episodes.jsonl" in manifest["files"] and "summary.json" in manifest["files"]
     default = RunWriter(RunDir(tmp_path / "b").create(), "b", 1)
     default.close()
     manifest = json.loads((tmp_path / "b/rollout/proc_000/manifest.json").read_text())
     assert manifest["command_line"] == sys.argv and manifest["args"] == {}
+    assert manifest["effective_episode_freq"] == 0
+
+
+def test_manifest_of_a_process_that_records_nothing_under_thread0_only_says_k_is_0(tmp_path: Path) -> None:
+    recorder = {"episode_freq": 4, "thread0_only": True, "video_fps": 12.5}
+    RunWriter(RunDir(tmp_path / "run").create(), "run", 2, recorder_args=recorder).close()
+    manifests = [json.loads((tmp_path / f"run/rollout/proc_{pid:03d}/manifest.json").read_text()) for pid in (0, 1)]
+    assert [m["effective_episode_freq"] for m in manifests] == [4, 0]
+    assert [m["args"]["video_fps"] for m in manifests] == [12.5, 12.5]
 
 
 def test_recorder_drops_are_in_each_summary_and_summed_in_the_aggregate(tmp_path: Path) -> None:

@@ -282,3 +282,40 @@ def test_missing_matplotlib_names_the_extra(tmp_path, monkeypatch):
     with pytest.raises(ConfigError, match=re.escape('pip install "plugrl-env-client[report]"')):
         build_report(root)
     assert not (root / "report.html").exists()
+
+
+def _record_a_run(root: Path, exp: str) -> Path:
+    """A real client run of Dummy-v1 that records every episode; its process folder."""
+    from plugrl_env_client.app import run_client
+    from plugrl_env_client.config import ClientConfig
+    from plugrl_env_client.envs.dummy.dummy_env import DummyEnvConfig
+    from plugrl_env_client.outputs.recorder import RecorderConfig
+
+    config = ClientConfig(num_envs=2, num_episodes=2, local_policy="random", output_dir=root, exp_name=exp,
+                          progress=False, env=DummyEnvConfig(base_image_size=32, wrist_image_size=16),
+                          recorder=RecorderConfig(episode_freq=1))
+    assert run_client(config, "Dummy-v1") == 0
+    return root / exp / "rollout" / "proc_000"
+
+
+def test_the_report_shows_the_samples_of_a_run_in_plugrls_layout_and_of_one_in_the_older_flat_layout(tmp_path):
+    """Both layouts from real runs: the second run's samples are moved to the flat names older clients wrote
+    (``ep<start>_env<env>_<moment>_<key>.<ext>`` directly under ``sampled/``)."""
+    new = _record_a_run(tmp_path, "new")
+    old = _record_a_run(tmp_path, "old")
+    for path in sorted((old / "sampled").glob("ep_*/env_*/obs/*/*/*.*")):
+        episode, env, moment = path.parts[-6], path.parts[-5], path.parts[-3]
+        start = int(episode.removeprefix("ep_")) - 1
+        flat = old / "sampled" / f"ep{start:06d}_env{env.removeprefix('env_')}_{moment}_{path.name}"
+        path.rename(flat)
+    for folder in sorted((old / "sampled").glob("ep_*"), reverse=True):
+        for leftover in sorted(folder.rglob("*"), reverse=True):
+            leftover.unlink() if leftover.is_file() else leftover.rmdir()
+        folder.rmdir()
+    for run, expected in ((new, "/obs/first/images/base.png"), (old, "_first_base.png")):
+        page = build_report(run.parent.parent).page
+        assert_clean(page)
+        html = page.read_text()
+        shown = re.findall(r'src="([^"]+\.png)"', html)
+        assert any(expected in src for src in shown), (expected, shown)
+        assert "episode 1, env" in html if run is new else "episode 0, env" in html

@@ -43,6 +43,27 @@ def test_samples_are_parsed_and_ordered_by_episode_then_moment(tmp_path):
     assert media and not find_media([])
 
 
+def test_samples_in_plugrls_layout_are_parsed_and_ordered_by_episode_env_then_moment(tmp_path):
+    sampled = tmp_path / "proc_000" / "sampled"
+    names = ["ep_000010/env_001/obs/first/images/base.png", "ep_000002/env_003/obs/last/states/pos.npy",
+             "ep_000002/env_003/obs/last/text.txt", "ep_000002/env_003/obs/last/info.json",
+             "ep_000002/env_003/obs/first/images/wrist.png", "ep_000002/env_000/obs/first/images/base.png",
+             "ep_000002/env_003/obs/first/images/base.png", "ep_000002/env_003/obs/odd/images/x.png"]
+    for name in names:
+        (sampled / name).parent.mkdir(parents=True, exist_ok=True)
+        (sampled / name).write_bytes(tiny_png(2, 2))
+    media = find_media([(0, tmp_path / "proc_000")])
+    assert [str(s.path.relative_to(sampled)) for s in media.samples] == [
+        "ep_000002/env_000/obs/first/images/base.png", "ep_000002/env_003/obs/first/images/base.png",
+        "ep_000002/env_003/obs/first/images/wrist.png", "ep_000002/env_003/obs/last/states/pos.npy",
+        "ep_000002/env_003/obs/last/text.txt", "ep_000010/env_001/obs/first/images/base.png",
+        "ep_000002/env_003/obs/odd/images/x.png"]  # info.json is not a sample; an odd path is listed last
+    text = media.samples[4]
+    assert (text.episode, text.env, text.moment, text.key, text.kind) == (2, 3, "last", "text", "txt")
+    assert media.samples[1].label == "episode 2, env 3, first, base"
+    assert media.samples[-1].episode is None and media.samples[-1].label == "x.png"
+
+
 def test_png_size_reads_the_header(tmp_path):
     (tmp_path / "a.png").write_bytes(tiny_png(37, 5))
     (tmp_path / "b.png").write_bytes(b"GIF89a" + b"\x00" * 30)

@@ -1,25 +1,32 @@
-"""The episode recorder: what a run keeps of some episodes besides ``episodes.jsonl``.
+"""The episode recorder: what a run keeps of some episodes besides ``episodes.jsonl``, in PlugRL's layout.
 
 For every K-th episode of a process (``--recorder.episode-freq K``) the recorder keeps copies of the episode's
 observations while it runs and, once it ends, writes under the process folder (``rollout/proc_NNN/``)::
 
-    sampled/ep{NNNNNN}_env{EEE}_{first|last}_{key}.png   each image key (uint8 images with 1 to 4 channels)
-    sampled/ep{NNNNNN}_env{EEE}_{first|last}_{key}.npy   each state key (and any image PNG cannot hold)
-    sampled/ep{NNNNNN}_env{EEE}_{first|last}_text.txt    the text, when the first or last observation has any
-    videos/ep{NNNNNN}_env{EEE}_{key}.mp4                 --recorder.record-video: each image key, H.264
-    rollouts/ep{NNNNNN}_env{EEE}.npz                     --recorder.record-full-rollout
-    metrics/obs_stats.jsonl                              --recorder.record-obs-stats: one line per episode
-    metrics/episode_metrics.jsonl                        --recorder.record-episode-metrics: one line per episode
+    sampled/ep_NNNNNN/env_EEE/obs/{first,last}/images/{key}.png   each image key (uint8, 1 to 4 channels; .npy else)
+    sampled/ep_NNNNNN/env_EEE/obs/{first,last}/states/{key}.npy   each state key
+    sampled/ep_NNNNNN/env_EEE/obs/{first,last}/text.txt           the text (empty when the env gives none)
+    sampled/ep_NNNNNN/env_EEE/obs/last/info.json                  the env's part of the last step's info
+    videos/epNNNNNN_envEEE_{key}.mp4     --recorder.record-video: each image key, H.264
+    rollouts/epNNNNNN_envEEE.npz         --recorder.record-full-rollout
+    metrics/obs_stats.jsonl              --recorder.record-obs-stats (on): PlugRL's line per episode
+    metrics/episode_metrics.jsonl        --recorder.record-episode-metrics (on): PlugRL's line per episode
 
-``NNNNNN`` is the episode's start index in its process, ``EEE`` the env's index in the process. Keys are used in
-file names with every character outside ``[A-Za-z0-9._-]`` replaced by ``_``.
+``NNNNNN`` is the episode's number by completion in its process (the process's count of completed episodes when
+it ended, from 1, as PlugRL numbers it), ``EEE`` the env's index in the process. Keys are used in file names with
+every character outside ``[A-Za-z0-9._-]`` replaced by ``_``. The JSON lines start with PlugRL's fields
+(``completed_episode``, ``process_id``, ``env_id``, ``env_episode_id``: the env's own episode number from 1); ours
+follow them.
 
 Which episodes: the decision is taken when an episode *starts*, so that its frames can be kept from its first
-observation on. The recorder numbers episode starts per process in the order :meth:`EpisodeRecorder.on_reset`
-reports them (within one call, in the order of its ``env_ids``) and records starts 0, K, 2K, ... . With several
-env groups (``--runner.pipeline``) the numbering interleaves the groups in the order they reset. An episode is
-written only once it ends: episodes still running at :meth:`EpisodeRecorder.close`, and episodes whose env is reset
-again without having ended, are counted in the report but not written.
+observation on, and its number by completion is known only when it ends. So the recorder records the K-th, 2K-th,
+... episode to start in the process (starts counted in the order :meth:`EpisodeRecorder.on_reset` reports them;
+within one call, in the order of its ``env_ids``) and names it by its completion number when it ends. Where
+episodes end in the order they start (envs of one length, stepped together), these are PlugRL's episodes K, 2K,
+...; otherwise the same count of episodes, numbered as they completed. With several env groups
+(``--runner.pipeline``) the starts interleave the groups in the order they reset. An episode is written only once
+it ends: episodes still running at :meth:`EpisodeRecorder.close`, and episodes whose env is reset again without
+having ended, are counted in the report but not written.
 
 Why a writer thread and a bounded hand-off: the rollout must never wait for PNG, MP4 or NPZ encoding, nor for the
 disk. The rollout thread only copies the rows of the envs being recorded (a one-array mask test decides that, so
@@ -29,12 +36,11 @@ blocking the rollout; the report and a log warning say how many.
 
 Memory: an episode's frames stay in memory until it ends. At most ``max_frames`` (10 000 by default) steps of
 observations, actions and rewards are kept per episode; later steps only update the last observation (so the
-``last`` samples stay right), and the video, the NPZ and the statistics cover the steps kept. Only the outputs that
-need every step (video, full rollout, observation statistics) make the recorder keep them; otherwise it holds two
-observations per recorded episode.
+``last`` samples stay right), and the video and the NPZ cover the steps kept. Only the outputs that need every step
+(video, full rollout) make the recorder keep them; otherwise it holds two observations per recorded episode.
 
-JSON lines are strict JSON (NaN and infinities become null); ``.npy`` and ``.npz`` files hold the arrays as the
-env produced them.
+JSON files are strict JSON (NaN and infinities become null; statistics are over an array's finite values, with
+``non_finite`` counting the others); ``.npy`` and ``.npz`` files hold the arrays as the env produced them.
 
 Frames rendered for the recorder only: an env that renders only for the recorder (``--env.render-for-recorder-only``
 of Gym-v1 and MuJoCo-v1) sends no frames in its observations and says so with ``frames_for_recorder``;
@@ -61,6 +67,7 @@ import struct
 import tempfile
 import threading
 import zlib
+from collections.abc import Mapping
 from pathlib import Path, PurePosixPath
 from typing import Any, Protocol, runtime_checkable
 
@@ -68,8 +75,8 @@ import numpy as np
 
 from plugrl_env_client.envs.base_env import Observation
 from plugrl_env_client.errors import ConfigError, OutputError
-from plugrl_env_client.outputs.run_dir import finite_json
-from plugrl_env_client.records import DEFAULT_METRIC_WINDOW, EpisodeRecord
+from plugrl_env_client.outputs.run_dir import PLUGRL_FLOATS, finite_json, with_plugrl_types
+from plugrl_env_client.records import DEFAULT_METRIC_WINDOW, EpisodeRecord, EpisodeStats
 
 logger = logging.getLogger(__name__)
 
@@ -102,19 +109,20 @@ class RecorderConfig:
     """What is recorded of the episodes, besides episodes.jsonl (names as PlugRL's client has them)."""
 
     episode_freq: int = 0
-    """Record every K-th episode of each process, counted as episodes start (0: record nothing)."""
-    thread0_only: bool = False
-    """Record in process 0 only."""
+    """Record every K-th episode of each process: the K-th, 2K-th, ... episode to start (0: record nothing)."""
+    thread0_only: bool = True
+    """Record in process 0 only (--recorder.no-thread0-only: in every process)."""
     record_video: bool = False
     """An MP4 of each recorded episode's images (extra video)."""
-    video_fps: int = 30
+    video_fps: float = 30.0
     """Frames per second of the videos (--recorder.record-video)."""
     record_full_rollout: bool = False
     """Every step's observation, action and reward of each recorded episode, as NPZ."""
-    record_obs_stats: bool = False
-    """Per-key statistics (min, max, mean, std) of each recorded episode's observations, as JSON lines."""
-    record_episode_metrics: bool = False
-    """Each recorded episode's return, length, success and metrics, as JSON lines."""
+    record_obs_stats: bool = True
+    """Per-key statistics (shape, dtype, mean, std, min, max) of each recorded episode's first and last
+    observations and its last info, as JSON lines."""
+    record_episode_metrics: bool = True
+    """Each recorded episode's return and success with the window's means, as JSON lines."""
     metric_window: int = DEFAULT_METRIC_WINDOW
     """Episodes the summaries' windowed means (mean_return, mean_success_rate) are taken over."""
 
@@ -246,8 +254,9 @@ def _copy_row(obs: Observation, row: int) -> _Frame:
 class _Episode:
     """A recorded episode in progress: its first and latest observation, and the steps kept."""
 
-    index: int
     env_id: int
+    env_episode: int
+    """The env's own episode number, from 1."""
     first: _Frame
     last: _Frame
     steps: list[_Frame] = dataclasses.field(default_factory=list)
@@ -255,10 +264,18 @@ class _Episode:
     rewards: list[float] = dataclasses.field(default_factory=list)
     num_steps: int = 0
     nbytes: int = 0
+    completed: int = 0
+    """The process's count of completed episodes when this one ended (its number by completion, from 1)."""
 
     @property
     def stem(self) -> str:
-        return f"ep{self.index:06d}_env{self.env_id:03d}"
+        """The episode in flat file names (videos, rollouts)."""
+        return f"ep{self.completed:06d}_env{self.env_id:03d}"
+
+    @property
+    def folder(self) -> str:
+        """The episode's folder under ``sampled/``, as PlugRL's client names it."""
+        return f"sampled/ep_{self.completed:06d}/env_{self.env_id:03d}"
 
     @property
     def frames(self) -> list[_Frame]:
@@ -270,6 +287,10 @@ class _Episode:
 class _Job:
     episode: _Episode
     record: EpisodeRecord
+    info: dict[str, Any]
+    """The env's part of the info of the episode's last step, JSON-safe."""
+    means: dict[str, float]
+    """``mean_return`` and ``mean_success_rate`` over the metric window when the episode ended (PlugRL's floats)."""
 
 
 class _HandOff:
@@ -342,10 +363,13 @@ class EpisodeRecorder:
         if self.enabled and sink is None:
             raise ValueError("EpisodeRecorder records in this process but was given no sink to write to")
         self._sink = sink
-        self._keep_steps = config.record_video or config.record_full_rollout or config.record_obs_stats
+        self._keep_steps = config.record_video or config.record_full_rollout
         self._recording = np.zeros(self.num_envs, dtype=bool)  # the fast-path mask: envs with a recorded episode
         self._running: dict[int, _Episode] = {}
         self._starts = 0
+        self._env_starts = np.zeros(self.num_envs, dtype=np.int64)  # each env's episodes so far
+        self._completed = 0  # the process's completed episodes, recorded or not
+        self._stats = EpisodeStats(config.metric_window)
         self._lock = threading.Lock()
         self._close_lock = threading.Lock()
         self._closed = False
@@ -410,6 +434,7 @@ class EpisodeRecorder:
                 return
             first = self._starts
             self._starts += int(ids.size)
+            np.add.at(self._env_starts, ids, 1)
             for env in ids.tolist():  # a reset ends whatever was recorded there without an end
                 if self._running.pop(env, None) is not None:
                     self._unfinished += 1
@@ -421,12 +446,12 @@ class EpisodeRecorder:
                                    "written; envs that can render (gym-v1, mujoco-v1) draw frames with --env.render, "
                                    "or for the recorder alone with --env.render-for-recorder-only; others need "
                                    "images in their observations")
-            chosen = np.flatnonzero((first + np.arange(ids.size)) % self.config.episode_freq == 0)
+            chosen = np.flatnonzero((first + 1 + np.arange(ids.size)) % self.config.episode_freq == 0)
             started = [(k, int(ids[k]), _copy_row(obs, int(rows_[k]))) for k in chosen.tolist()]
             if self._sources:
                 self._rendered([(env, frame) for _, env, frame in started])
-            for k, env, frame in started:
-                self._running[env] = _Episode(first + k, env, frame, frame, nbytes=frame.nbytes)
+            for _, env, frame in started:
+                self._running[env] = _Episode(env, int(self._env_starts[env]), frame, frame, nbytes=frame.nbytes)
                 self._recording[env] = True
 
     def on_step(self, obs: Observation, actions: np.ndarray, rewards: np.ndarray, env_ids: np.ndarray) -> None:
@@ -452,7 +477,7 @@ class EpisodeRecorder:
                     if not self._warned_cap:
                         self._warned_cap = True
                         logger.warning("recorder: episode %d of env %d ran past %d steps; later steps are not kept "
-                                       "(only its last observation is)", episode.index, episode.env_id,
+                                       "(only its last observation is)", episode.env_episode, episode.env_id,
                                        self.max_frames)
                     continue
                 episode.steps.append(frame)
@@ -461,17 +486,25 @@ class EpisodeRecorder:
                     episode.actions.append(np.array(actions[j]))
                     episode.rewards.append(float(rewards[j]))
 
-    def on_episode_end(self, record: EpisodeRecord) -> None:
-        """The episode of ``record.env_index`` ended; a recorded one goes to the writer (or is dropped if it is
-        behind)."""
+    def on_episode_end(self, record: EpisodeRecord, info: Mapping[str, Any] | None = None) -> None:
+        """The episode of ``record.env_index`` ended (``info``: the env's part of its last step's info). Every
+        episode counts in the process's completion numbering and the metric window; a recorded one goes to the
+        writer (or is dropped if it is behind)."""
         if not self.enabled:
             return
         with self._lock:
+            if self._closed:
+                return
+            self._completed += 1
+            self._stats.add_record(record)
             episode = self._running.pop(record.env_index, None)
             if episode is None:
                 return
             self._recording[record.env_index] = False
-            if self._handoff.offer(_Job(episode, record), episode.nbytes):
+            episode.completed = self._completed
+            means = with_plugrl_types({k: v for k, v in self._stats.window_means().items() if k in PLUGRL_FLOATS})
+            job = _Job(episode, record, finite_json(dict(info or {})), means)
+            if self._handoff.offer(job, episode.nbytes):
                 return
             self._dropped += 1
             self._frames_dropped += 1 + episode.num_steps
@@ -480,7 +513,7 @@ class EpisodeRecorder:
             waiting, nbytes = self._handoff.pending()
             logger.warning("recorder: the writer is behind (%d episodes, %.1f MB waiting); episode %d of env %d is not "
                            "recorded. Record fewer episodes with a larger --recorder.episode-freq.",
-                           waiting, nbytes / 1e6, episode.index, episode.env_id)
+                           waiting, nbytes / 1e6, episode.completed, episode.env_id)
 
     def close(self) -> RecorderReport:
         """Stop recording, write every episode already handed over, stop the writer, and report. Idempotent."""
@@ -517,25 +550,26 @@ class EpisodeRecorder:
 
     def _serve(self) -> None:
         while (job := self._handoff.take()) is not None:
-            ok = self._write_episode(job.episode, job.record)
+            ok = self._write_episode(job)
             self._written += int(ok)
 
-    def _write_episode(self, episode: _Episode, record: EpisodeRecord) -> bool:
+    def _write_episode(self, job: _Job) -> bool:
         """Every output of one episode; a failing output is logged and the others still written, unless the output
         folder itself failed (a full disk): the run writer has said so once and stops the run, so this stops too."""
         if self._folder_failed:
             self._not_written += 1
             return False
         ok = True
-        outputs: list[tuple[str, Any]] = [("samples", self._write_samples)]
+        episode = job.episode
+        outputs: list[tuple[str, Any]] = [("samples", lambda ep: self._write_samples(ep, job.info))]
         if self.config.record_video:
             outputs.append(("video", self._write_videos))
         if self.config.record_full_rollout:
             outputs.append(("rollout", self._write_rollout))
         if self.config.record_obs_stats:
-            outputs.append(("obs stats", self._write_obs_stats))
+            outputs.append(("obs stats", lambda ep: self._write_obs_stats(ep, job.info)))
         if self.config.record_episode_metrics:
-            outputs.append(("episode metrics", lambda ep: self._write_metrics(ep, record)))
+            outputs.append(("episode metrics", lambda ep: self._write_metrics(ep, job)))
         for what, write in outputs:
             try:
                 write(episode)
@@ -568,20 +602,22 @@ class EpisodeRecorder:
             sink.write_bytes(relpath, b"".join(lines))
         self._files[relpath] = None
 
-    def _write_samples(self, episode: _Episode) -> None:
+    def _write_samples(self, episode: _Episode, info: dict[str, Any]) -> None:
+        """PlugRL's layout: ``<folder>/obs/{first,last}/images/<key>.png``, ``.../states/<key>.npy``,
+        ``.../text.txt`` and ``.../last/info.json``."""
         for moment, frame in (("first", episode.first), ("last", episode.last)):
-            stem = f"sampled/{episode.stem}_{moment}"
-            used: set[str] = set()  # an image saved as NPY, or keys that differ only in unsafe characters, must not
-            for key, image in frame.images.items():  # overwrite each other's files
+            phase = f"{episode.folder}/obs/{moment}"
+            used: set[str] = set()  # keys that differ only in unsafe characters must not overwrite each other
+            for key, image in frame.images.items():
                 if _png_compatible(image):
-                    self._emit(_unique(f"{stem}_{_safe(key)}", ".png", used), encode_png(image))
-                else:
-                    self._emit(_unique(f"{stem}_{_safe(key)}", ".npy", used), _npy(image))
+                    self._emit(_unique(f"{phase}/images/{_safe(key)}", ".png", used), encode_png(image))
+                else:  # a float depth map, say: kept as the env made it
+                    self._emit(_unique(f"{phase}/images/{_safe(key)}", ".npy", used), _npy(image))
             for key, state in frame.states.items():
-                self._emit(_unique(f"{stem}_{_safe(key)}", ".npy", used), _npy(state))
-        if episode.first.text or episode.last.text:
-            for moment, frame in (("first", episode.first), ("last", episode.last)):
-                self._emit(f"sampled/{episode.stem}_{moment}_text.txt", frame.text.encode("utf-8"))
+                self._emit(_unique(f"{phase}/states/{_safe(key)}", ".npy", used), _npy(state))
+            self._emit(f"{phase}/text.txt", frame.text.encode("utf-8"))
+        self._emit(f"{episode.folder}/obs/last/info.json",
+                   (json.dumps(info, indent=2, allow_nan=False) + "\n").encode("utf-8"))
 
     def _write_videos(self, episode: _Episode) -> None:
         frames = episode.frames
@@ -603,7 +639,8 @@ class EpisodeRecorder:
         arrays["text"] = np.array([f.text for f in frames], dtype=str)
         arrays["actions"] = _stack_actions(episode.actions)
         arrays["rewards"] = np.asarray(episode.rewards, dtype=np.float64)
-        arrays["episode"] = np.asarray(episode.index)
+        arrays["episode"] = np.asarray(episode.completed)
+        arrays["env_episode"] = np.asarray(episode.env_episode)
         arrays["env_index"] = np.asarray(episode.env_id)
         arrays["process_id"] = np.asarray(self.process_id)
         arrays["num_steps"] = np.asarray(episode.num_steps)
@@ -611,24 +648,24 @@ class EpisodeRecorder:
         np.savez_compressed(buf, **arrays)  # type: ignore[arg-type]  # numpy's stub types the first positional
         self._emit(f"rollouts/{episode.stem}.npz", buf.getvalue())
 
-    def _write_obs_stats(self, episode: _Episode) -> None:
-        frames = episode.frames
-        row: dict[str, Any] = {
-            "episode": episode.index, "env_index": episode.env_id, "process_id": self.process_id,
-            "observations": len(frames), "num_steps": episode.num_steps,
-        }
-        for group in ("images", "states"):
-            stats: dict[str, Any] = {}
-            for key in getattr(episode.first, group):
-                moments = _Moments()
-                for f in frames:
-                    moments.add(getattr(f, group)[key])
-                stats[key] = moments.to_json()
-            row[group] = stats
-        self._append_line(OBS_STATS_FILE, row)
+    def _ids(self, episode: _Episode) -> dict[str, Any]:
+        """The fields that name an episode in PlugRL's JSON lines."""
+        return {"completed_episode": episode.completed, "process_id": self.process_id, "env_id": episode.env_id,
+                "env_episode_id": episode.env_episode}
 
-    def _write_metrics(self, episode: _Episode, record: EpisodeRecord) -> None:
-        self._append_line(EPISODE_METRICS_FILE, {"episode": episode.index, **record.to_json()})
+    def _write_obs_stats(self, episode: _Episode, info: dict[str, Any]) -> None:
+        self._append_line(OBS_STATS_FILE, {**self._ids(episode), "first": _phase_stats(episode.first),
+                                           "last": _phase_stats(episode.last), "last_info": info,
+                                           "num_steps": episode.num_steps})
+
+    def _write_metrics(self, episode: _Episode, job: _Job) -> None:
+        """PlugRL's fields (``episode_success`` false for an env without a success rule, as PlugRL writes it;
+        ``has_success_rule`` says which), then ours."""
+        record = job.record
+        ours = {k: v for k, v in record.to_json().items() if k not in ("env_index", "process_id", "return", "success")}
+        self._append_line(EPISODE_METRICS_FILE, {
+            **self._ids(episode), "episode_return": record.episode_return, "episode_success": bool(record.success),
+            **job.means, "has_success_rule": record.success is not None, **ours})
 
 
 # ---------------------------------------------------------------------------------------------------- encoders
@@ -659,7 +696,7 @@ def encode_png(image: np.ndarray) -> bytes:
             + chunk(b"IEND", b""))
 
 
-def encode_mp4(images: list[np.ndarray], fps: int) -> bytes:
+def encode_mp4(images: list[np.ndarray], fps: float) -> bytes:
     """An H.264 MP4 of uint8 frames (gray, RGB or RGBA; one size), padded to even width and height.
 
     H.264 with 4:2:0 chroma (what players accept) needs even sizes; frames are padded by repeating their last row
@@ -689,7 +726,8 @@ def _warn_inert_flags(config: RecorderConfig) -> None:
     """One warning naming the record flags given without ``--recorder.episode-freq``, which then record nothing."""
     if config.episode_freq != 0:
         return
-    given = [name for name in RECORD_FLAGS if getattr(config, name)]
+    defaults = RecorderConfig()
+    given = [name for name in RECORD_FLAGS if getattr(config, name) and not getattr(defaults, name)]
     if given:
         flags = ", ".join("--recorder." + name.replace("_", "-") for name in given)
         logger.warning("%s record%s nothing without --recorder.episode-freq K (record every K-th episode of each "
@@ -803,7 +841,30 @@ class _Moments:
         self.max = max(self.max, float(x.max()))
 
     def to_json(self) -> dict[str, Any]:
+        """``mean``, ``std``, ``min`` and ``max`` of the finite values (null when there are none), their ``count``
+        and the ``non_finite`` values left out."""
         if self.count == 0:
             return {"min": None, "max": None, "mean": None, "std": None, "count": 0, "non_finite": self.non_finite}
         return {"min": self.min, "max": self.max, "mean": self.mean, "std": float(np.sqrt(self.m2 / self.count)),
                 "count": self.count, "non_finite": self.non_finite}
+
+
+def _array_stats(array: np.ndarray) -> dict[str, Any]:
+    """PlugRL's statistics of one observation array: ``shape``, ``dtype``, ``mean``, ``std``, ``min``, ``max``
+    (over its finite values, so every number is finite; null when it has none), then ours."""
+    moments = _Moments()
+    moments.add(array)
+    out: dict[str, Any] = {"shape": list(array.shape), "dtype": str(array.dtype)}
+    if array.dtype.kind in "biuf":
+        stats = moments.to_json()
+        out.update({k: stats[k] for k in ("mean", "std", "min", "max", "count", "non_finite")})  # PlugRL's order
+    return out
+
+
+def _phase_stats(frame: _Frame) -> dict[str, Any]:
+    """One observation's statistics as PlugRL's ``first`` / ``last``: ``images``, ``states`` and ``text`` (its
+    ``shape``, ``dtype`` and ``value`` as a batch of one row, as PlugRL writes it)."""
+    text = np.array([frame.text])
+    return {"images": {k: _array_stats(v) for k, v in frame.images.items()},
+            "states": {k: _array_stats(v) for k, v in frame.states.items()},
+            "text": {"shape": list(text.shape), "dtype": str(text.dtype), "value": text.tolist()}}

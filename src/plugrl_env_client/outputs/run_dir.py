@@ -29,14 +29,32 @@ def default_exp_name(uid: str, num_envs: int) -> str:
 
 
 def with_plugrl_config_keys(record: dict[str, Any], uid: str, max_episode_steps: int | None) -> dict[str, Any]:
-    """``client_config.json``'s record with the keys PlugRL's client writes there too: ``uid`` (the env id, first,
-    as PlugRL has it) and ``env.max_episode_steps`` (the run's time limit, null for none), unless the env's config
-    has a field of that name already (its value is then the one the env got)."""
+    """``client_config.json``'s record with the keys PlugRL's client writes there too, so a script written for
+    PlugRL's file reads ours: ``uid`` (the env id, first, as PlugRL has it), ``reconnect_on_server_stop`` at the top
+    level (ours keeps it under ``connection`` too, where its flag lives), ``runner.uid``, and
+    ``env.max_episode_steps`` (the run's time limit, null for none) unless the env's config has a field of that
+    name already (its value is then the one the env got). ``record`` itself is left as it was."""
     out = {"uid": uid, **record}
+    connection = out.get("connection")
+    if isinstance(connection, dict) and "reconnect_on_server_stop" in connection:
+        out.setdefault("reconnect_on_server_stop", connection["reconnect_on_server_stop"])
+    if isinstance(out.get("runner"), dict):
+        out["runner"] = {**out["runner"]}
+        out["runner"].setdefault("uid", uid)
     if isinstance(out.get("env"), dict):
         out["env"] = {**out["env"]}
         out["env"].setdefault("max_episode_steps", max_episode_steps)
     return out
+
+
+PLUGRL_FLOATS = ("mean_return", "mean_success_rate")
+"""The means PlugRL's client writes as floats whatever the episodes were (0.0 over none)."""
+
+
+def with_plugrl_types(statistics: dict[str, Any]) -> dict[str, Any]:
+    """``statistics`` for one of PlugRL's files: PlugRL's means as floats, 0.0 where ours are null (a count of
+    episodes and ``has_success_rule`` beside them say which 0.0 means nothing to average)."""
+    return {k: (0.0 if v is None else v) if k in PLUGRL_FLOATS else v for k, v in statistics.items()}
 
 
 def write_json_atomic(path: Path, data: Any) -> None:

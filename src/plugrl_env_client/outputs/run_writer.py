@@ -43,6 +43,7 @@ from plugrl_env_client.outputs.run_dir import (
     SpaceReserve,
     describe_write_error,
     finite_json,
+    with_plugrl_types,
     write_json_atomic,
     write_text_in_place,
 )
@@ -265,11 +266,20 @@ class RunWriter:
 
     def _manifest(self, state: _ProcessState) -> dict[str, Any]:
         """The files the process wrote (relative to its folder), the recorder's report, and what PlugRL's manifest
-        holds: the process's env count, the metric window and the recorder's settings (``args``)."""
+        holds: the process's env count, the metric window, the recorder's settings (``args``, ``video_fps`` a float
+        as PlugRL has it), ``effective_episode_freq`` (the K this process recorded with: 0 when it records nothing,
+        as with ``thread0_only`` in a process other than 0) and ``full_rollout_video`` (false: the client writes
+        a video per recorded episode, never PlugRL's one video of every env of the whole rollout)."""
         files = sorted(str(p.relative_to(state.dir)) for p in state.dir.rglob("*")
                        if p.is_file() and not p.name.startswith(".") and p.name != "manifest.json")
+        args = dict(self.recorder_args)
+        if isinstance(args.get("video_fps"), (int, float)):
+            args["video_fps"] = float(args["video_fps"])
+        silent = bool(args.get("thread0_only")) and state.process_id != 0
+        effective = 0 if silent else int(args.get("episode_freq") or 0)
         return {"exp_name": self.exp_name, "process_id": state.process_id, "total_processes": self.num_procs,
-                "num_envs": self.num_envs, "metric_window": self.metric_window, "args": self.recorder_args,
+                "num_envs": self.num_envs, "metric_window": self.metric_window, "args": args,
+                "effective_episode_freq": effective, "full_rollout_video": False,
                 "command_line": self.command_line, "files": [*files, "manifest.json"], "recorder": state.recorder}
 
     def unfinished(self) -> list[int]:
@@ -290,7 +300,7 @@ class RunWriter:
             "total_processes": self.num_procs,
             "status": state.status.value,
             "error": state.error,
-            **_with_plugrl_types(_statistics(self.metric_window, [state.stats])),
+            **with_plugrl_types(_statistics(self.metric_window, [state.stats])),
             "timing": state.timing.to_json(),
             "recorder": recorder_counts(state.recorder),
         }
@@ -352,16 +362,6 @@ def _statistics(window: int, parts: list[EpisodeStats]) -> dict[str, Any]:
         "all_episodes": pooled.all_episodes(),
         "metrics": pooled.metric_means(),
     }
-
-
-PLUGRL_FLOATS = ("mean_return", "mean_success_rate")
-"""The means PlugRL's client writes as floats whatever the episodes were (0.0 over none)."""
-
-
-def _with_plugrl_types(statistics: dict[str, Any]) -> dict[str, Any]:
-    """``statistics`` for PlugRL's file: PlugRL's means as floats, 0.0 where ours are null (``completed_episodes``
-    and ``has_success_rule`` say which 0.0 means nothing to average)."""
-    return {k: (0.0 if v is None else v) if k in PLUGRL_FLOATS else v for k, v in statistics.items()}
 
 
 def recorder_counts(report: Mapping[str, Any] | None) -> dict[str, int] | None:

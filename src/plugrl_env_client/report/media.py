@@ -1,8 +1,10 @@
 """What the recorder left in a run folder: sampled observations (``sampled/``) and episode videos (``videos/``).
 
 Only file names and headers are read here: the page links to the files where they are, so a report never copies
-a video and never decodes one. Sample names follow ``ep<episode>_env<env>_<first|last>_<key>.<ext>`` (the
-``_env<env>`` part is missing in older runs); files named otherwise are still listed, under their plain name.
+a video and never decodes one. Samples are found in PlugRL's layout, ``sampled/ep_<episode>/env_<env>/obs/
+<first|last>/{images/<key>.png, states/<key>.npy, text.txt}`` (episodes numbered by completion, from 1), and in the
+flat layout of older runs, ``sampled/ep<episode>_env<env>_<first|last>_<key>.<ext>`` (numbered by start, from 0;
+the ``_env<env>`` part is missing in the oldest); files named otherwise are still listed, under their plain name.
 """
 
 from __future__ import annotations
@@ -17,6 +19,11 @@ import numpy as np
 from plugrl_env_client.outputs.recorder import PNG_SIGNATURE
 
 SAMPLE_NAME = re.compile(r"^ep(?P<episode>\d+)(?:_env(?P<env>\d+))?_(?P<moment>first|last)_(?P<key>.+)$")
+"""A sample of the older, flat layout (its stem)."""
+SAMPLE_PATH = re.compile(r"^ep_(?P<episode>\d+)/env_(?P<env>\d+)/obs/(?P<moment>first|last)/"
+                         r"(?:(?:images|states)/(?P<key>[^/]+)|(?P<text>text))\.[^./]+$")
+"""A sample of PlugRL's layout (its path under ``sampled/``)."""
+SAMPLE_KINDS = {".png", ".npy", ".txt"}
 TEXT_PREVIEW_CHARS = 400
 
 
@@ -30,6 +37,8 @@ class Sample:
     moment: str | None
     """``first`` or ``last`` observation of the episode, when the name says."""
     key: str
+    env: int | None = None
+    """The env's index in its process, when the name says."""
 
     @property
     def kind(self) -> str:
@@ -39,7 +48,8 @@ class Sample:
     def label(self) -> str:
         if self.episode is None:
             return self.path.name
-        return f"episode {self.episode}, {self.moment}, {self.key}"
+        env = "" if self.env is None else f", env {self.env}"
+        return f"episode {self.episode}{env}, {self.moment}, {self.key}"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,7 +78,9 @@ def find_media(proc_folders: list[tuple[int, Path]]) -> RunMedia:
     for pid, folder in proc_folders:
         sampled = folder / "sampled"
         if sampled.is_dir():
-            found = [_sample(pid, f) for f in sampled.iterdir() if f.is_file() and f.suffix.lower() in {".png", ".npy", ".txt"}]
+            found = [_sample(pid, f) for f in sampled.iterdir() if f.is_file() and f.suffix.lower() in SAMPLE_KINDS]
+            found += [_nested_sample(pid, sampled, f) for f in sampled.glob("ep_*/env_*/obs/*/**/*")
+                      if f.is_file() and f.suffix.lower() in SAMPLE_KINDS]
             samples.extend(sorted(found, key=_sample_order))
         video_dir = folder / "videos"
         if video_dir.is_dir():
@@ -80,11 +92,23 @@ def _sample(pid: int, path: Path) -> Sample:
     match = SAMPLE_NAME.match(path.stem)
     if match is None:
         return Sample(path, pid, None, None, path.stem)
-    return Sample(path, pid, int(match.group("episode")), match.group("moment"), match.group("key"))
+    env = match.group("env")
+    return Sample(path, pid, int(match.group("episode")), match.group("moment"), match.group("key"),
+                  None if env is None else int(env))
 
 
-def _sample_order(s: Sample) -> tuple[int, int, str, str]:
-    return (s.episode if s.episode is not None else 1 << 62, 0 if s.moment == "first" else 1, s.key, s.path.name)
+def _nested_sample(pid: int, sampled: Path, path: Path) -> Sample:
+    rel = path.relative_to(sampled).as_posix()
+    match = SAMPLE_PATH.match(rel)
+    if match is None:
+        return Sample(path, pid, None, None, rel)
+    return Sample(path, pid, int(match.group("episode")), match.group("moment"), match.group("key") or "text",
+                  int(match.group("env")))
+
+
+def _sample_order(s: Sample) -> tuple[int, int, int, str, str]:
+    return (s.episode if s.episode is not None else 1 << 62, s.env if s.env is not None else -1,
+            0 if s.moment == "first" else 1, s.key, str(s.path))
 
 
 def png_size(path: Path) -> tuple[int, int] | None:

@@ -291,10 +291,13 @@ class EnvGroup:
         records = self.tracker.finish(done, step.terminated, step.truncated, self.settings.process_id,
                                       time.perf_counter() - self.started, self.process_env_steps(), self.offset)
         with self.guard, deferred_interrupts():  # an episode is claimed and reported as one, never half
+            watched = self.hooks is not NO_HOOKS  # only a watcher needs each episode's part of the last info
             for record in records:
                 if self.budget.claim(self.settings.process_id):
                     self.sink.episode(record)
-                    self.hooks.on_episode_end(record)
+                    if watched:
+                        row = np.array(record.env_index - self.offset)
+                        self.hooks.on_episode_end(record, checks.slice_info(step.info, row, self.n))
         if self.budget.finished(self.settings.process_id):
             return obs
         del obs  # the reset returns the whole batch: the step's observation need not stay alive while it runs

@@ -4,7 +4,7 @@ session, the run's writer (directly or over a queue) and the episode recorder.""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
@@ -75,7 +75,8 @@ class EpisodeHooks(Protocol):
 
     def on_step(self, obs: Observation, actions: np.ndarray, rewards: np.ndarray, env_ids: np.ndarray) -> None: ...
 
-    def on_episode_end(self, record: EpisodeRecord) -> None: ...
+    def on_episode_end(self, record: EpisodeRecord, info: Mapping[str, Any] | None = None) -> None:
+        """The episode of ``record.env_index`` ended; ``info`` is that env's part of its last step's info."""
 
 
 class NoHooks:
@@ -88,7 +89,7 @@ class NoHooks:
     def on_step(self, obs: Observation, actions: np.ndarray, rewards: np.ndarray, env_ids: np.ndarray) -> None:
         pass
 
-    def on_episode_end(self, record: EpisodeRecord) -> None:
+    def on_episode_end(self, record: EpisodeRecord, info: Mapping[str, Any] | None = None) -> None:
         pass
 
 
