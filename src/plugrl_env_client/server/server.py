@@ -30,6 +30,7 @@ delays only its own connection while every other one is served (to within a tent
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import logging
 import re
 import threading
@@ -69,12 +70,14 @@ class PolicyServer:
     ``transport`` is the WebSocket library (websockets or picows); ``latency_ms`` delays each action (simulated
     inference time); ``episode_log`` is a file to append every reported episode to (one JSON line each, see
     :class:`~plugrl_env_client.server.episodes.EpisodeFile`); ``limits`` bound the connections (handshake time,
-    keepalive, how many, see :class:`~plugrl_env_client.server.transport.ServeLimits`).
+    keepalive, how many, see :class:`~plugrl_env_client.server.transport.ServeLimits`); ``api_key``, when given, is
+    the key every client's handshake must carry (``Authorization: Api-Key <key>``; others get HTTP 401).
     """
 
     def __init__(self, policy: Policy, host: str = "127.0.0.1", port: int = 8000, max_episodes: int | None = None,
                  reuse_feedback_obs: bool = True, seed: int | None = None, transport: str = "websockets",
-                 latency_ms: float = 0.0, episode_log: Path | None = None, limits: ServeLimits | None = None) -> None:
+                 latency_ms: float = 0.0, episode_log: Path | None = None, limits: ServeLimits | None = None,
+                 api_key: str | None = None) -> None:
         if not 0.0 <= latency_ms < float("inf"):
             raise ValueError(f"--policy.latency-ms must be a finite number >= 0, got {latency_ms}")
         self.policy = policy
@@ -98,7 +101,7 @@ class PolicyServer:
         # Frames are decoded by the transport (picows decodes straight from its read buffer: one copy less).
         try:
             self._server: Listener = serve(self._handle, host, port, kind=transport, parse=codec.unpackb,
-                                           limits=limits)
+                                           limits=limits, api_key=api_key)
         except BaseException:
             self.log.close()
             raise
@@ -116,6 +119,14 @@ class PolicyServer:
     def connections(self) -> int:
         """Client connections open now."""
         return self._server.connections
+
+    @property
+    def loopback_only(self) -> bool:
+        """Whether only this machine can reach the server (it is bound to a loopback address)."""
+        try:
+            return ipaddress.ip_address(self._server.address[0].split("%")[0]).is_loopback
+        except ValueError:  # not an IP address: nothing to say it is loopback
+            return False
 
     def metadata(self) -> dict[str, Any]:
         return {"protocol_version": messages.PROTOCOL_VERSION, "server": "plugrl-env-client-reference",
