@@ -11,6 +11,7 @@ from typing import Literal
 
 from plugrl_env_client.cli_support import cli, run_cli
 from plugrl_env_client.errors import ConfigError
+from plugrl_env_client.server.log_sink import ServerLog
 from plugrl_env_client.server.policies import PolicyConfig, make_policy
 from plugrl_env_client.server.server import PolicyServer
 
@@ -65,7 +66,12 @@ def main(args: Sequence[str] | None = None) -> None:
 
 
 def _serve(cfg: ServerArgs) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # Log lines go through a bounded queue to a thread of their own: a stderr nobody reads never stops serving.
+    with ServerLog():
+        return _serve_logged(cfg)
+
+
+def _serve_logged(cfg: ServerArgs) -> int:
     server: PolicyServer | None = None
     try:
         api_key = resolved_api_key(cfg.api_key)

@@ -128,6 +128,11 @@ class PolicyServer:
         except ValueError:  # not an IP address: nothing to say it is loopback
             return False
 
+    def status_line(self) -> str:
+        """The periodic log line: the episodes so far, and the connections (one line per connection would flood the
+        log in a storm of connections, so they are counted here and logged one by one only at DEBUG)."""
+        return f"{self.log.line()} connections_open={self.connections} connections_total={self._connections}"
+
     def metadata(self) -> dict[str, Any]:
         return {"protocol_version": messages.PROTOCOL_VERSION, "server": "plugrl-env-client-reference",
                 "server_version": __version__, **self.policy.metadata(),
@@ -157,7 +162,7 @@ class PolicyServer:
             pass
         self._server.shutdown()
         self._delays.close()
-        logger.info("stopped: %s", self.log.line())  # the periodic line may be older than the last episodes
+        logger.info("stopped: %s", self.status_line())  # the periodic line may be older than the last episodes
         if self._thread is not None:
             self._thread.join(timeout=5)
         self.log.close()
@@ -171,7 +176,7 @@ class PolicyServer:
 
     async def _handle(self, ws: Connection) -> None:
         peer = ws.remote_address
-        logger.info("client connected: %s", peer)
+        logger.debug("client connected: %s", peer)
         self._clients.add(ws)
         self._connections += 1
         number = self._connections
@@ -188,9 +193,9 @@ class PolicyServer:
             await ws.close(messages.CLOSE_GOING_AWAY, messages.REASON_RESYNC)
         except TransportClosed as exc:
             if exc.code is None:  # not an error of ours or theirs; PlugRL SPEC 7.5 asks clients for a close frame
-                logger.info("client disconnected: %s (note: it dropped the socket without a close frame)", peer)
+                logger.debug("client disconnected: %s (note: it dropped the socket without a close frame)", peer)
             else:
-                logger.info("client disconnected: %s", peer)
+                logger.debug("client disconnected: %s", peer)
         except Exception:  # a bug in a policy or here: the client reconnects, the traceback is logged
             logger.exception("internal error while serving %s", peer)
             await ws.close(messages.CLOSE_INTERNAL, messages.REASON_INTERNAL)
@@ -330,7 +335,7 @@ class PolicyServer:
         added = self.log.add(episodes, judging, shows_rule, source, envs)
         if added and time.monotonic() - self._last_log >= LOG_PERIOD_S:
             self._last_log = time.monotonic()
-            logger.info("%s", self.log.line())
+            logger.info("%s", self.status_line())
         if self.max_episodes is not None and self.log.episodes >= self.max_episodes and not self.stopping.is_set():
             logger.info("reached %d episodes (%s); ending the run (%s)", self.max_episodes, self.log.line(),
                         messages.REASON_STOP)
