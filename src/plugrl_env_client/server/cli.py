@@ -7,7 +7,9 @@ import logging
 import os
 import threading
 from collections.abc import Sequence
-from typing import Literal
+from typing import Annotated, Literal
+
+import tyro
 
 from plugrl_env_client.cli_support import cli, run_cli
 from plugrl_env_client.errors import ConfigError
@@ -32,10 +34,9 @@ class ServerArgs:
     """Offer the reuse-feedback-obs feature (clients then skip re-sending observations held from feedback)."""
     transport: Literal["websockets", "picows"] = "websockets"
     """The WebSocket implementation: websockets, or picows (extra fast; the same bytes, faster for large frames)."""
-    api_key: str | None = None
+    api_key: Annotated[str | None, tyro.conf.arg(help_behavior_hint="(default: $PLUGRL_SERVER_API_KEY if set)")] = None
     """Serve only clients whose handshake carries 'Authorization: Api-Key <key>' (the client's --api-key or
-    $PLUGRL_API_KEY); others get HTTP 401. Default: $PLUGRL_SERVER_API_KEY if set (which keeps the key out of the
-    process list)."""
+    $PLUGRL_API_KEY); others get HTTP 401. The environment variable keeps the key out of the process list."""
     policy: PolicyConfig = dataclasses.field(default_factory=PolicyConfig)
 
 
