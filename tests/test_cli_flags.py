@@ -17,18 +17,18 @@ import pytest
 
 CLIENT_FLAGS = {
     "-h": "", "--help": "",
-    "--num-envs": "INT", "--num-procs": "INT", "--num-episodes": "{None}|INT", "--exp-name": "{None}|STR",
-    "--output-dir": "PATH", "--server-host": "STR", "--server-port": "INT", "--server-url": "{None}|STR",
-    "--api-key": "{None}|STR", "--local-policy": "{None,random,zero,text,ars}", "--local-policy-choices": "[STR [STR ...]]",
-    "--local-policy-horizon": "{None}|INT",
+    "--num-envs": "INT", "--num-procs": "INT", "--num-episodes": "INT", "--exp-name": "STR",
+    "--output-dir": "PATH", "--server-host": "STR", "--server-port": "INT", "--server-url": "STR",
+    "--api-key": "STR", "--local-policy": "{random,zero,text,ars}", "--local-policy-choices": "[STR [STR ...]]",
+    "--local-policy-horizon": "INT",
     "--reconnect-on-server-stop": "", "--no-reconnect-on-server-stop": "",
-    "--max-reconnects": "{None}|INT", "--connect-timeout": "{None}|FLOAT", "--reconnect-timeout": "{None}|FLOAT",
-    "--infer-timeout": "{None}|FLOAT",
+    "--max-reconnects": "INT", "--connect-timeout": "FLOAT", "--reconnect-timeout": "FLOAT",
+    "--infer-timeout": "FLOAT",
     "--reuse-feedback-obs": "", "--no-reuse-feedback-obs": "", "--progress": "", "--no-progress": "",
     "--env-path": "STR", "--launcher": "{local,ray}", "--transport": "{websockets,picows}",
-    "--runner.seed": "{None}|INT", "--runner.max-episode-steps": "{None}|INT",
-    "--env.max-episode-steps": "{None}|INT",  # PlugRL's spelling of the one above (accepted before it was listed)
-    "--runner.replan-steps": "{None}|INT",
+    "--runner.seed": "INT", "--runner.max-episode-steps": "INT",
+    "--env.max-episode-steps": "INT",  # PlugRL's spelling of the one above (accepted before it was listed)
+    "--runner.replan-steps": "INT",
     "--runner.non-finite-actions": "{error,clip}", "--runner.non-finite-rewards": "{error,zero}",
     "--runner.non-finite-observations": "{error,allow}", "--runner.check-partial-reset": "{on,off}",
     "--runner.pass-proc-id": "", "--runner.no-pass-proc-id": "",
@@ -51,13 +51,13 @@ CLIENT_FLAGS = {
 """``plugrl-run-env-client point-v1 --help``: the client's flags and Point-v1's ``--env.*`` ones."""
 
 SERVER_FLAGS = {
-    "-h": "", "--help": "", "--host": "STR", "--port": "INT", "--max-episodes": "{None}|INT",
+    "-h": "", "--help": "", "--host": "STR", "--port": "INT", "--max-episodes": "INT", "--api-key": "STR",
     "--reuse-feedback-obs": "", "--no-reuse-feedback-obs": "", "--transport": "{websockets,picows}",
-    "--policy.name": "{random,zero,text,ars}", "--policy.action-dim": "INT", "--policy.action-horizon": "{None}|INT",
-    "--policy.dtype": "STR", "--policy.low": "FLOAT", "--policy.high": "FLOAT", "--policy.seed": "{None}|INT",
+    "--policy.name": "{random,zero,text,ars}", "--policy.action-dim": "INT", "--policy.action-horizon": "INT",
+    "--policy.dtype": "STR", "--policy.low": "FLOAT", "--policy.high": "FLOAT", "--policy.seed": "INT",
     "--policy.choices": "[STR [STR ...]]", "--policy.latency-ms": "FLOAT",
     "--policy.directions": "INT", "--policy.top-directions": "INT", "--policy.step-size": "FLOAT",
-    "--policy.noise": "FLOAT", "--policy.save": "{None}|PATH", "--policy.load": "{None}|PATH", "--policy.eval": "",
+    "--policy.noise": "FLOAT", "--policy.save": "PATH", "--policy.load": "PATH", "--policy.eval": "",
     "--policy.no-eval": "", "--version": "",
 }
 """``plugrl-run-policy-server --help``."""

@@ -292,6 +292,58 @@ def test_no_rest_markup_and_no_empty_default(helps: dict[str, str]) -> None:
         assert "(default: )" not in text, command
 
 
+def test_a_flag_shows_its_default_once(helps: dict[str, str]) -> None:
+    """A flag whose default tyro cannot show (the policy's own horizon, an environment variable, fresh entropy)
+    says it in tyro's "(default: ...)" hint instead, never once in its text and once more as None."""
+    entries = [e for p in panels(helps["plugrl-run-policy-server"]) for e in p.entries if e.flags]
+    entries.append(_entry(helps["plugrl-run-env-client point-v1"], "--local-policy-horizon"))
+    for entry in entries:
+        whole = " ".join(line for line in entry.lines if line)
+        assert len(re.findall(r"\(default: |Default: ", whole)) <= 1, (entry.head, whole)
+    horizon = _entry(helps["plugrl-run-policy-server"], "--policy.action-horizon")
+    assert " ".join(horizon.lines).endswith("(default: 4; ars: 1)")
+    key = _entry(helps["plugrl-run-policy-server"], "--api-key")
+    assert " ".join(key.lines).endswith("(default: $PLUGRL_SERVER_API_KEY if set)")
+
+
+def test_optional_values_show_the_value_they_take(helps: dict[str, str]) -> None:
+    """``int | None`` reads ``INT`` (the help says "(default: None)"), an optional choice lists its choices."""
+    for command, text in helps.items():
+        assert "{None}" not in text and "{None," not in text, command
+    client = helps["plugrl-run-env-client point-v1"]
+    assert _entry(client, "--num-episodes").head == "--num-episodes INT"
+    assert _entry(client, "--connect-timeout").head == "--connect-timeout FLOAT"
+    assert _entry(client, "--local-policy").head == "--local-policy {random,zero,text,ars}"
+
+
+def _entry(help_text: str, flag: str) -> Entry:
+    (entry,) = [e for p in panels(help_text) for e in p.entries if flag in e.flags]
+    return entry
+
+
+@pytest.mark.parametrize("command, args, words", [
+    ("plugrl-run-env-client", ["point-v1", "--local-policy", "foo"],
+     "Expected one of random, zero, text, ars, None."),
+    ("plugrl-run-policy-server", ["--transport", "foo"], "Expected one of websockets, picows."),
+])
+def test_a_wrong_choice_lists_the_choices_in_plain_words(command, args, words) -> None:
+    done = subprocess.run([command, *args], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "COLUMNS": "200"})
+    assert done.returncode == 2
+    assert words in done.stderr + done.stdout and "('" not in done.stderr + done.stdout
+
+
+def test_optional_values_still_take_none_and_a_value() -> None:
+    from plugrl_env_client.cli_support import cli
+    from plugrl_env_client.config import ClientConfig
+
+    parsed = cli(ClientConfig, ["--num-episodes", "None", "--local-policy", "None", "--local-policy-horizon", "3"],
+                 "plugrl-run-env-client")
+    assert parsed.num_episodes is None and parsed.local_policy is None and parsed.local_policy_horizon == 3
+    parsed = cli(ClientConfig, ["--num-episodes", "7", "--local-policy", "ars"], "plugrl-run-env-client")
+    assert parsed.num_episodes == 7 and parsed.local_policy == "ars"
+
+
 def test_the_list_of_envs_shows_each_env_in_plain_words(helps: dict[str, str]) -> None:
     entries = {e.head.split(" ")[0]: e for p in panels(helps["plugrl-run-env-client"]) for e in p.entries}
     for uid in HELPS["ids"]:

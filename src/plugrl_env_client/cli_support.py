@@ -33,11 +33,20 @@ import signal
 import sys
 import threading
 import time
+import types
+import typing
 from collections.abc import Callable, Sequence
 from typing import Annotated, Any, NoReturn, TypeVar
 
 import tyro
-from tyro.constructors import ConstructorRegistry, StructConstructorSpec, StructFieldSpec, StructTypeInfo
+from tyro.constructors import (
+    ConstructorRegistry,
+    PrimitiveConstructorSpec,
+    PrimitiveTypeInfo,
+    StructConstructorSpec,
+    StructFieldSpec,
+    StructTypeInfo,
+)
 
 from plugrl_env_client.errors import PlugRLError
 from plugrl_env_client.version import __version__
@@ -169,6 +178,52 @@ def _with_joined_help(field: StructFieldSpec) -> StructFieldSpec:
 def _join_lazily(helptext: Callable[[], str | None]) -> str | None:
     text = helptext()
     return None if text is None else joined_help(text)
+
+
+class Choices(tuple[str, ...]):
+    """A flag's choices, shown in tyro's "invalid choice" error as a plain list (``random, zero, text``) rather
+    than a Python tuple."""
+
+    def __str__(self) -> str:
+        return ", ".join(self)
+
+
+@HELP_RULES.primitive_rule
+def _readable_choices_and_optionals(info: PrimitiveTypeInfo) -> PrimitiveConstructorSpec | None:
+    """tyro's own spec of a flag's type (asked for again, with this rule standing aside), made readable:
+
+    * its choices, in the order the type lists them, as :class:`Choices`;
+    * for an optional value (``int | None``), the metavar of the value alone (``INT``, not ``{None}|INT``): the help
+      says "(default: None)", and ``None`` is still accepted.
+    """
+    if getattr(_inside_rule, "primitive", False):
+        return None
+    _inside_rule.primitive = True
+    try:
+        spec = ConstructorRegistry.get_primitive_spec(info)
+    finally:
+        _inside_rule.primitive = False
+    if not isinstance(spec, PrimitiveConstructorSpec):
+        return None
+    members = typing.get_args(info.type) if info.type_origin in (typing.Union, types.UnionType) else ()
+    optional = type(None) in members and len(members) > 1
+    changes: dict[str, Any] = {}
+    if spec.choices is not None:
+        listed = [str(v) for m in (members or (info.type,)) for v in _literal_values(m)]
+        changes["choices"] = Choices([c for c in listed if c in spec.choices]
+                                     + [c for c in spec.choices if c not in listed])
+    if optional and isinstance(spec.metavar, str):
+        if spec.metavar.startswith("{None}|"):  # int | None: {None}|INT
+            changes["metavar"] = spec.metavar.removeprefix("{None}|")
+        elif spec.metavar.startswith("{None,"):  # Literal[...] | None: {None,a,b}
+            changes["metavar"] = "{" + spec.metavar.removeprefix("{None,")
+    return dataclasses.replace(spec, **changes) if changes else None
+
+
+def _literal_values(tp: Any) -> tuple[Any, ...]:
+    if tp is type(None):
+        return (None,)
+    return typing.get_args(tp) if typing.get_origin(tp) is typing.Literal else ()
 
 
 def joined_help(text: str) -> str:

@@ -56,9 +56,9 @@ class ClientConfig:
         help_behavior_hint="(default: short strings made up from the Text space's characters)")] = ()
     """Strings --local-policy text answers with, one picked per env and step, e.g. --local-policy-choices
     "<answer>3</answer>" "hello"."""
-    local_policy_horizon: int | None = None
-    """Action horizon of the embedded policy (with --local-policy). Default: the policy's own (1 for ars, 4 for the
-    others)."""
+    local_policy_horizon: Annotated[int | None, tyro.conf.arg(
+        help_behavior_hint="(default: the policy's own: 1 for ars, 4 for the others)")] = None
+    """Action horizon of the embedded policy (with --local-policy)."""
     progress: bool = True
     """Show progress (a bar on a terminal, periodic lines otherwise)."""
     env_path: Annotated[tuple[str, ...], tyro.conf.UseAppendAction] = ()

@@ -283,3 +283,67 @@ def test_a_longer_horizon_is_said_in_the_log(caplog):
     caplog.set_level(logging.INFO, logger="plugrl_env_client")
     learner(horizon=3)
     assert "each chunk repeats, 3 times, the action for the chunk's first observation" in caplog.text
+
+
+def _policy_with(tmp_path, name: str, header_shape: str):
+    """A policy file --policy.save wrote, its array ``name`` rewritten with a header that claims ``header_shape``
+    (the zip itself stays valid: the members are written anew, with their checksums)."""
+    import io
+    import zipfile
+
+    path = tmp_path / "ars.npz"
+    train(learner(directions=1, top_directions=1, seed=1, save=path), 1)
+    crafted = tmp_path / "crafted.npz"
+    with zipfile.ZipFile(path) as source, zipfile.ZipFile(crafted, "w") as out:
+        for info in source.infolist():
+            data = source.read(info)
+            if info.filename == f"{name}.npy":
+                array = np.load(io.BytesIO(data))
+                old = str(array.shape).encode()
+                start = data.index(old)
+                end = data.index(b"\n", start)  # the header is padded with spaces up to its newline
+                patched = (b"'shape': " + header_shape.encode() + b", }").ljust(end - start + len(b"'shape': "))
+                data = data[:start - len(b"'shape': ")] + patched + data[end:]
+                assert len(np.lib.format.read_array_header_1_0(_at_header(data))[0]) >= 1
+            out.writestr(info, data)
+    return crafted
+
+
+def _at_header(data: bytes):
+    import io
+
+    stream = io.BytesIO(data)
+    np.lib.format.read_magic(stream)
+    return stream
+
+
+@pytest.mark.parametrize("name, shape, words", [
+    ("weights", "(1, 1000000000000)", "array 'weights' claims shape (1, 1000000000000) (8000000000000 bytes) but the "
+                                      "file holds 16 bytes of it"),
+    ("mean", "(1000000000000,)", "array 'mean' claims shape (1000000000000,)"),
+    ("weights", "(2, 1)", "holds a policy of 2 actions, but the server answers 1"),
+    ("weights", "(1, 1)", "array 'weights' has shape (1, 1), expected (1, 2)"),
+    ("std", "(1,)", "array 'std' has shape (1,), expected (2,)"),
+    ("iteration", "(1,)", "array 'iteration' has shape (1,), expected ()"),
+])
+def test_a_policy_file_whose_headers_do_not_fit_is_refused_before_loading(tmp_path, name, shape, words):
+    """A hostile or damaged npz: its shapes are checked from the headers, so a claim of 8 TB is one ArsError
+    naming the file, the array, the shape found and the one expected, never an allocation of it."""
+    path = _policy_with(tmp_path, name, shape)
+    with pytest.raises(ArsError) as info:
+        ArsLearner((1,), -1, 1, ArsSettings(load=path))
+    message = str(info.value)
+    assert message.startswith(f"--policy.load {path}") and words in message and "\n" not in message
+
+
+def test_the_command_line_refuses_a_hostile_policy_file_in_one_line(tmp_path):
+    import subprocess
+    import sys
+
+    path = _policy_with(tmp_path, "weights", "(1, 1000000000000)")
+    done = subprocess.run([sys.executable, "-c", "from plugrl_env_client.server.cli import main; main()", "--port", "0",
+                           "--policy.name", "ars", "--policy.action-dim", "1", "--policy.load", str(path)],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1, done.stderr
+    assert done.stderr.startswith(f"error: --policy.load {path}: array 'weights' claims shape (1, 1000000000000)")
+    assert done.stderr.count("\n") == 1 and "MemoryError" not in done.stderr

@@ -322,7 +322,7 @@ def test_feedback_for_envs_without_step_state_is_ignored_with_one_warning(server
 
 
 def test_a_client_that_drops_the_socket_is_a_note_not_an_error(server_factory, caplog):
-    caplog.set_level(logging.INFO, logger="plugrl_env_client")
+    caplog.set_level(logging.DEBUG, logger="plugrl_env_client")  # a per-connection line: DEBUG
     server = server_factory()
     ws, _ = open_client(server)
     ws.socket.close()  # no close frame
@@ -476,7 +476,7 @@ def picows_server_factory():
 
 def test_picows_server_serves_like_the_websockets_one(picows_server_factory, caplog):
     """A websockets client against the picows server: metadata, chunks, strict validation, the run's end."""
-    caplog.set_level(logging.INFO, logger="plugrl_env_client")
+    caplog.set_level(logging.DEBUG, logger="plugrl_env_client")  # the dropped-socket note is DEBUG
     server = picows_server_factory(max_episodes=2, policy={"action_dim": 3, "action_horizon": 5})
     ws, meta = open_client(server)
     assert meta.action_horizon == 5 and meta.action_dim == 3

@@ -38,6 +38,7 @@ import os
 import tempfile
 import threading
 import time
+import zipfile
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -481,6 +482,7 @@ def load_policy(path: Path, action_size: int) -> dict[str, Any]:
     """What :func:`save_policy` wrote, checked: a missing file, another file type or another action size is an
     :class:`ArsError` saying so."""
     try:
+        check_saved_shapes(path, action_size)
         with np.load(path, allow_pickle=False) as data:
             missing = [k for k in SAVE_FIELDS if k not in data.files]
             if missing:
@@ -489,7 +491,7 @@ def load_policy(path: Path, action_size: int) -> dict[str, Any]:
             saved = {k: data[k] for k in SAVE_FIELDS}
     except FileNotFoundError:
         raise ArsError(f"--policy.load {path}: no such file (pass a file --policy.save wrote)") from None
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, zipfile.BadZipFile) as exc:
         raise ArsError(f"--policy.load {path} is not an ARS policy saved by --policy.save ({exc})") from None
     weights = np.asarray(saved["weights"], np.float64)
     if weights.ndim != 2 or weights.shape[0] != action_size:
@@ -501,3 +503,57 @@ def load_policy(path: Path, action_size: int) -> dict[str, Any]:
     for key in ("count", "iteration", "episodes", "env_steps"):
         out[key] = int(saved[key])
     return out
+
+
+def check_saved_shapes(path: Path, action_size: int) -> None:
+    """Check the shapes an npz's arrays claim, from their headers alone, before any array is read: a file whose
+    header claims an array larger than the file holds, or a shape that does not fit this policy, is an
+    :class:`ArsError` naming the file, the array, the shape found and the shape expected (loading it would try to
+    allocate whatever the header claims). Members the file lacks are left to the caller.
+
+    Expected: scalars for the counters, ``(K,)`` for ``state_keys`` and ``state_sizes``, ``(D,)`` for ``mean``,
+    ``std`` and ``m2`` (D, the state size, taken from ``mean``), ``(action_size, D)`` for ``weights``."""
+    shapes: dict[str, tuple[int, ...]] = {}
+    with zipfile.ZipFile(path) as archive:
+        for info in archive.infolist():
+            name = info.filename.removesuffix(".npy")
+            if name not in SAVE_FIELDS:
+                continue
+            with archive.open(info) as member:
+                version = np.lib.format.read_magic(member)
+                if version == (1, 0):
+                    shape, _, dtype = np.lib.format.read_array_header_1_0(member)
+                elif version == (2, 0):
+                    shape, _, dtype = np.lib.format.read_array_header_2_0(member)
+                else:
+                    raise ArsError(f"--policy.load {path}: array {name!r} is in .npy format {version[0]}.{version[1]}, "
+                                   "which --policy.save never writes; load a file --policy.save wrote")
+                available = info.file_size - member.tell()
+            claimed = math.prod(shape) * dtype.itemsize
+            if claimed > available:
+                raise ArsError(f"--policy.load {path}: array {name!r} claims shape {shape} ({claimed} bytes) but the "
+                               f"file holds {max(available, 0)} bytes of it; the file is damaged or was not written "
+                               "by --policy.save")
+            shapes[name] = shape
+    size = shapes["mean"][0] if len(shapes.get("mean", ())) == 1 else None
+    keys = shapes["state_keys"][0] if len(shapes.get("state_keys", ())) == 1 else None
+    expected: dict[str, tuple[Any, ...]] = {
+        **{k: () for k in ("count", "iteration", "episodes", "env_steps")},
+        "state_keys": ("K",), "state_sizes": (keys if keys is not None else "K",),
+        "mean": ("D",), "std": (size if size is not None else "D",), "m2": (size if size is not None else "D",),
+        "weights": (action_size, size if size is not None else "D"),
+    }
+    for name, want in expected.items():
+        found = shapes.get(name)
+        if found is None:
+            continue
+        fits = len(found) == len(want) and all(not isinstance(w, int) or f == w for f, w in zip(found, want))
+        if fits:
+            continue
+        if name == "weights" and len(found) == 2 and found[0] != action_size:
+            raise ArsError(f"--policy.load {path} holds a policy of {found[0]} actions, but the server answers "
+                           f"{action_size} (--policy.action-dim): load a policy saved for this env")
+        shown = "(" + ", ".join(str(w) for w in want) + ("," if len(want) == 1 else "") + ")"
+        raise ArsError(f"--policy.load {path}: array {name!r} has shape {found}, expected {shown} (D: the state "
+                       "size, as in 'mean'; K: the number of state arrays); load a file --policy.save wrote for "
+                       "this env")

@@ -4,22 +4,28 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import threading
 from collections.abc import Sequence
-from typing import Literal
+from typing import Annotated, Literal
+
+import tyro
 
 from plugrl_env_client.cli_support import cli, run_cli
 from plugrl_env_client.errors import ConfigError
+from plugrl_env_client.server.log_sink import ServerLog
 from plugrl_env_client.server.policies import PolicyConfig, make_policy
 from plugrl_env_client.server.server import PolicyServer
 
+logger = logging.getLogger(__name__)
 
 @dataclasses.dataclass
 class ServerArgs:
     """Serve a reference policy over the PlugRL v1 protocol."""
 
     host: str = "127.0.0.1"
-    """Address to bind (0.0.0.0 to accept clients from other machines)."""
+    """Address to bind: 127.0.0.1 serves this machine only; 0.0.0.0 accepts clients from other machines, and then
+    anyone who reaches the port can feed the policy unless an --api-key is given too."""
     port: int = 8000
     """Port to listen on (0: any free port, printed when the server is up)."""
     max_episodes: int | None = None
@@ -28,7 +34,30 @@ class ServerArgs:
     """Offer the reuse-feedback-obs feature (clients then skip re-sending observations held from feedback)."""
     transport: Literal["websockets", "picows"] = "websockets"
     """The WebSocket implementation: websockets, or picows (extra fast; the same bytes, faster for large frames)."""
+    api_key: Annotated[str | None, tyro.conf.arg(help_behavior_hint="(default: $PLUGRL_SERVER_API_KEY if set)")] = None
+    """Serve only clients whose handshake carries 'Authorization: Api-Key <key>' (the client's --api-key or
+    $PLUGRL_API_KEY); others get HTTP 401. The environment variable keeps the key out of the process list."""
     policy: PolicyConfig = dataclasses.field(default_factory=PolicyConfig)
+
+
+API_KEY_ENV = "PLUGRL_SERVER_API_KEY"
+
+
+def resolved_api_key(flag: str | None) -> str | None:
+    """The key the server asks for: ``--api-key``, else ``$PLUGRL_SERVER_API_KEY`` (unset or empty: none).
+
+    The key travels in an HTTP header, so it must be printable ASCII without spaces; a key that is not is refused
+    (without echoing it: a key is never printed)."""
+    key = flag if flag is not None else (os.environ.get(API_KEY_ENV) or None)
+    if key is None:
+        return None
+    source = "--api-key" if flag is not None else f"${API_KEY_ENV}"
+    if not key:
+        raise ConfigError(f"{source} is empty; give a key, or leave it out to serve without one")
+    if not all("!" <= c <= "~" for c in key):
+        raise ConfigError(f"{source} holds a character that cannot travel in an HTTP header (a space, a control "
+                          "character or a non-ASCII one); use printable ASCII characters only, e.g. a hex string")
+    return key
 
 
 def main(args: Sequence[str] | None = None) -> None:
@@ -38,20 +67,31 @@ def main(args: Sequence[str] | None = None) -> None:
 
 
 def _serve(cfg: ServerArgs) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # Log lines go through a bounded queue to a thread of their own: a stderr nobody reads never stops serving.
+    with ServerLog():
+        return _serve_logged(cfg)
+
+
+def _serve_logged(cfg: ServerArgs) -> int:
     server: PolicyServer | None = None
     try:
+        api_key = resolved_api_key(cfg.api_key)
         try:
             policy = make_policy(cfg.policy)
             server = PolicyServer(policy, host=cfg.host, port=cfg.port, max_episodes=cfg.max_episodes,
                                   reuse_feedback_obs=cfg.reuse_feedback_obs, seed=cfg.policy.seed,
-                                  transport=cfg.transport, latency_ms=cfg.policy.latency_ms)
+                                  transport=cfg.transport, latency_ms=cfg.policy.latency_ms, api_key=api_key)
         except (TypeError, ValueError, OSError) as exc:  # a bad --policy.* value, the port is taken
             raise ConfigError(str(exc)) from exc
         shape = (f"{len(cfg.policy.choices)} choices" if cfg.policy.name == "text"
                  else f"action_dim={cfg.policy.action_dim}")
         latency = f", latency={cfg.policy.latency_ms:g} ms" if cfg.policy.latency_ms else ""
-        print(f"Policy server ({cfg.policy.name}, {shape}, horizon={policy.horizon}{latency}, {cfg.transport}) "
+        if api_key is None and not server.loopback_only:
+            logger.warning("listening on %s:%d without an API key: anyone who reaches this port can feed the policy; "
+                           "give --api-key KEY (or $%s) and the clients the same --api-key", cfg.host, server.port,
+                           API_KEY_ENV)
+        keyed = ", API key required" if api_key is not None else ""
+        print(f"Policy server ({cfg.policy.name}, {shape}, horizon={policy.horizon}{latency}, {cfg.transport}{keyed}) "
               f"listening on ws://{cfg.host}:{server.port}", flush=True)
         # A policy that cannot serve the clients' env ends the run; then this process ends too, with the reason.
         threading.Thread(target=_stop_on_failure, args=(server,), name="plugrl-failure-watch", daemon=True).start()

@@ -42,16 +42,16 @@ class PolicyConfig:
     linear policy on the env's states (Augmented Random Search), actions clipped to [low, high]."""
     action_dim: int = 7
     """Length of each action vector; 0 means scalar actions (discrete policies), sent as [horizon, n]."""
-    action_horizon: int | None = None
-    """Steps per action chunk (default: 4; ars: 1, a longer chunk repeats the action for its first observation)."""
+    action_horizon: Annotated[int | None, tyro.conf.arg(help_behavior_hint="(default: 4; ars: 1)")] = None
+    """Steps per action chunk (with ars, a longer chunk repeats the action for its first observation)."""
     dtype: str = "float32"
     """numpy dtype of the actions (float32, float64, int64, ...); an integer dtype draws integers in [low, high]."""
     low: float = -1.0
     """Smallest action value: random and integer actions are drawn from [low, high], ars clips to it."""
     high: float = 1.0
     """Largest action value (see --policy.low)."""
-    seed: int | None = None
-    """Seed of the random and text policies' generator, and of ARS's directions (default: fresh entropy)."""
+    seed: Annotated[int | None, tyro.conf.arg(help_behavior_hint="(default: fresh entropy)")] = None
+    """Seed of the random and text policies' generator, and of ARS's directions."""
     choices: Annotated[tuple[str, ...], tyro.conf.arg(help_behavior_hint="(required with --policy.name text)")] = ()
     """Strings the text policy picks from (e.g. --policy.choices "<answer>3</answer>" "hello"); text policy only."""
     latency_ms: float = 0.0

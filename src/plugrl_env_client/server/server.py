@@ -30,6 +30,7 @@ delays only its own connection while every other one is served (to within a tent
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import logging
 import re
 import threading
@@ -69,12 +70,14 @@ class PolicyServer:
     ``transport`` is the WebSocket library (websockets or picows); ``latency_ms`` delays each action (simulated
     inference time); ``episode_log`` is a file to append every reported episode to (one JSON line each, see
     :class:`~plugrl_env_client.server.episodes.EpisodeFile`); ``limits`` bound the connections (handshake time,
-    keepalive, how many, see :class:`~plugrl_env_client.server.transport.ServeLimits`).
+    keepalive, how many, see :class:`~plugrl_env_client.server.transport.ServeLimits`); ``api_key``, when given, is
+    the key every client's handshake must carry (``Authorization: Api-Key <key>``; others get HTTP 401).
     """
 
     def __init__(self, policy: Policy, host: str = "127.0.0.1", port: int = 8000, max_episodes: int | None = None,
                  reuse_feedback_obs: bool = True, seed: int | None = None, transport: str = "websockets",
-                 latency_ms: float = 0.0, episode_log: Path | None = None, limits: ServeLimits | None = None) -> None:
+                 latency_ms: float = 0.0, episode_log: Path | None = None, limits: ServeLimits | None = None,
+                 api_key: str | None = None) -> None:
         if not 0.0 <= latency_ms < float("inf"):
             raise ValueError(f"--policy.latency-ms must be a finite number >= 0, got {latency_ms}")
         self.policy = policy
@@ -98,7 +101,7 @@ class PolicyServer:
         # Frames are decoded by the transport (picows decodes straight from its read buffer: one copy less).
         try:
             self._server: Listener = serve(self._handle, host, port, kind=transport, parse=codec.unpackb,
-                                           limits=limits)
+                                           limits=limits, api_key=api_key)
         except BaseException:
             self.log.close()
             raise
@@ -116,6 +119,19 @@ class PolicyServer:
     def connections(self) -> int:
         """Client connections open now."""
         return self._server.connections
+
+    @property
+    def loopback_only(self) -> bool:
+        """Whether only this machine can reach the server (it is bound to a loopback address)."""
+        try:
+            return ipaddress.ip_address(self._server.address[0].split("%")[0]).is_loopback
+        except ValueError:  # not an IP address: nothing to say it is loopback
+            return False
+
+    def status_line(self) -> str:
+        """The periodic log line: the episodes so far, and the connections (one line per connection would flood the
+        log in a storm of connections, so they are counted here and logged one by one only at DEBUG)."""
+        return f"{self.log.line()} connections_open={self.connections} connections_total={self._connections}"
 
     def metadata(self) -> dict[str, Any]:
         return {"protocol_version": messages.PROTOCOL_VERSION, "server": "plugrl-env-client-reference",
@@ -146,7 +162,7 @@ class PolicyServer:
             pass
         self._server.shutdown()
         self._delays.close()
-        logger.info("stopped: %s", self.log.line())  # the periodic line may be older than the last episodes
+        logger.info("stopped: %s", self.status_line())  # the periodic line may be older than the last episodes
         if self._thread is not None:
             self._thread.join(timeout=5)
         self.log.close()
@@ -160,7 +176,7 @@ class PolicyServer:
 
     async def _handle(self, ws: Connection) -> None:
         peer = ws.remote_address
-        logger.info("client connected: %s", peer)
+        logger.debug("client connected: %s", peer)
         self._clients.add(ws)
         self._connections += 1
         number = self._connections
@@ -177,9 +193,9 @@ class PolicyServer:
             await ws.close(messages.CLOSE_GOING_AWAY, messages.REASON_RESYNC)
         except TransportClosed as exc:
             if exc.code is None:  # not an error of ours or theirs; PlugRL SPEC 7.5 asks clients for a close frame
-                logger.info("client disconnected: %s (note: it dropped the socket without a close frame)", peer)
+                logger.debug("client disconnected: %s (note: it dropped the socket without a close frame)", peer)
             else:
-                logger.info("client disconnected: %s", peer)
+                logger.debug("client disconnected: %s", peer)
         except Exception:  # a bug in a policy or here: the client reconnects, the traceback is logged
             logger.exception("internal error while serving %s", peer)
             await ws.close(messages.CLOSE_INTERNAL, messages.REASON_INTERNAL)
@@ -319,7 +335,7 @@ class PolicyServer:
         added = self.log.add(episodes, judging, shows_rule, source, envs)
         if added and time.monotonic() - self._last_log >= LOG_PERIOD_S:
             self._last_log = time.monotonic()
-            logger.info("%s", self.log.line())
+            logger.info("%s", self.status_line())
         if self.max_episodes is not None and self.log.episodes >= self.max_episodes and not self.stopping.is_set():
             logger.info("reached %d episodes (%s); ending the run (%s)", self.max_episodes, self.log.line(),
                         messages.REASON_STOP)

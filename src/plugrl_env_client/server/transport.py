@@ -17,6 +17,10 @@ What bounds a connection that never gets anywhere:
 * ``max_connections``: beyond that many open connections, a handshake is refused with HTTP 503 (which clients
   retry), so a storm cannot make the server hold more than that many.
 
+Given an ``api_key``, a handshake whose ``Authorization`` header is not ``Api-Key <key>`` is refused with HTTP 401
+(PlugRL SPEC 1), by both libraries alike; the header is compared in constant time (:func:`authorized`), and the key
+is never logged nor sent back.
+
 Two libraries, the same bytes on the wire (no compression, no size limit): websockets' asyncio server, or picows
 (extra ``fast``, imported only when chosen; a C frame parser that decodes straight from its read buffer). The server
 runs its loop in a daemon thread of its own; :class:`Listener` is what the policy server sees of it.
@@ -30,6 +34,7 @@ import collections
 import concurrent.futures
 import dataclasses
 import functools
+import hmac
 import http
 import logging
 import threading
@@ -53,6 +58,19 @@ MAX_FRAME_SIZE = 1 << 62
 CLOSE_NO_STATUS = 1005
 """The code a close frame without a payload stands for (RFC 6455 7.1.5)."""
 TOO_MANY = "the server is at its limit of {} connections; try again later\n"
+UNAUTHORIZED = "this server needs an API key: send the header 'Authorization: Api-Key <key>' (the client's --api-key)\n"
+AUTH_HEADER = "Authorization"
+AUTH_SCHEME = "Api-Key"
+
+
+def authorized(api_key: str | None, header: str | None) -> bool:
+    """Whether a handshake's ``Authorization`` header value admits it: always without a key; with one, only
+    ``Api-Key <key>``, compared in constant time (as bytes, so a header that is not ASCII is just a mismatch)."""
+    if api_key is None:
+        return True
+    expected = f"{AUTH_SCHEME} {api_key}".encode()
+    given = (header or "").encode("utf-8", "surrogateescape")
+    return hmac.compare_digest(expected, given)
 
 _T = TypeVar("_T")
 
@@ -115,10 +133,12 @@ Handler = Callable[[Connection], Awaitable[None]]
 class Listener(abc.ABC):
     """A listening server: its loop runs in a daemon thread, every connection's handler is a task on it."""
 
-    def __init__(self, handler: Handler, parse: Callable[[Any], Any] | None, limits: ServeLimits) -> None:
+    def __init__(self, handler: Handler, parse: Callable[[Any], Any] | None, limits: ServeLimits,
+                 api_key: str | None = None) -> None:
         self._handler = handler
         self._parse = parse
         self.limits = limits
+        self._api_key = api_key
         self.loop: asyncio.AbstractEventLoop  # made by the loop's own thread, see _run
         self._stopped = threading.Event()
         self._thread = threading.Thread(target=self._run, name="plugrl-policy-server-loop", daemon=True)
@@ -197,20 +217,21 @@ class Listener(abc.ABC):
 
 
 def serve(handler: Handler, host: str, port: int, kind: str = "websockets", parse: Callable[[Any], Any] | None = None,
-          limits: ServeLimits | None = None) -> Listener:
+          limits: ServeLimits | None = None, api_key: str | None = None) -> Listener:
     """Listen on ``host:port`` (0: a free port) and run ``await handler(connection)`` for every connection, on the
     listener's loop. Raises OSError when the address cannot be bound.
 
     With ``parse``, a connection's ``recv`` returns ``parse(frame)`` for a binary message (picows hands it a view
-    of its read buffer, so ``parse`` must copy what it keeps; msgpack's unpacking does).
+    of its read buffer, so ``parse`` must copy what it keeps; msgpack's unpacking does). With ``api_key``, only
+    handshakes that carry it (``Authorization: Api-Key <key>``) get a connection; the others get HTTP 401.
     """
     if kind not in SERVER_KINDS:
         raise ConfigError(f"unknown server transport {kind!r}; choose one of {', '.join(SERVER_KINDS)}")
     retain_freed_memory()
     limits = limits or ServeLimits()
     if kind == "picows":
-        return _PicowsListener(handler, host, port, parse, limits)
-    return _WebsocketsListener(handler, host, port, parse, limits)
+        return _PicowsListener(handler, host, port, parse, limits, api_key)
+    return _WebsocketsListener(handler, host, port, parse, limits, api_key)
 
 
 # ------------------------------------------------------------------------------------------------------ websockets
@@ -261,10 +282,10 @@ def _closed(exc: ConnectionClosed) -> TransportClosed:
 
 class _WebsocketsListener(Listener):
     def __init__(self, handler: Handler, host: str, port: int, parse: Callable[[Any], Any] | None,
-                 limits: ServeLimits) -> None:
+                 limits: ServeLimits, api_key: str | None) -> None:
         self._host, self._port = host, port
         self._server: WsServer | None = None
-        super().__init__(handler, parse, limits)
+        super().__init__(handler, parse, limits, api_key)
 
     async def _start(self) -> None:
         limits = self.limits
@@ -274,6 +295,10 @@ class _WebsocketsListener(Listener):
 
         def admit(ws: WsConnection, request: Request) -> Response | None:
             assert self._server is not None
+            if not authorized(self._api_key, request.headers.get(AUTH_HEADER)):
+                refused = ws.respond(http.HTTPStatus.UNAUTHORIZED, UNAUTHORIZED)
+                refused.headers["WWW-Authenticate"] = AUTH_SCHEME
+                return refused
             if len(self._server.connections) >= limits.max_connections:
                 return ws.respond(http.HTTPStatus.SERVICE_UNAVAILABLE, TOO_MANY.format(limits.max_connections))
             return None
@@ -458,13 +483,13 @@ class _PicowsConnection(Connection):
 
 class _PicowsListener(Listener):
     def __init__(self, handler: Handler, host: str, port: int, parse: Callable[[Any], Any] | None,
-                 limits: ServeLimits) -> None:
+                 limits: ServeLimits, api_key: str | None) -> None:
         self._host, self._port = host, port
         self._server: Any = None
         self._open: set[_PicowsConnection] = set()
         self._tasks: set[asyncio.Task[None]] = set()
         self._closing = False
-        super().__init__(handler, parse, limits)
+        super().__init__(handler, parse, limits, api_key)
 
     async def _start(self) -> None:
         picows = _picows()
@@ -472,6 +497,10 @@ class _PicowsListener(Listener):
         listener_type = _listener_type()
 
         def new_listener(request: Any) -> Any:
+            header = request.headers.get(AUTH_HEADER)
+            if not authorized(self._api_key, None if header is None else str(header)):
+                return picows.WSUpgradeResponseWithListener(picows.WSUpgradeResponse.create_error_response(
+                    http.HTTPStatus.UNAUTHORIZED, UNAUTHORIZED.encode(), {"WWW-Authenticate": AUTH_SCHEME}), None)
             if self._closing or len(self._open) >= limits.max_connections:
                 status = http.HTTPStatus.SERVICE_UNAVAILABLE
                 body = ("the server is shutting down\n" if self._closing
