@@ -60,10 +60,13 @@ def test_a_handshake_with_the_key_is_served(keyed_server):
 
 
 def test_authorized_compares_the_whole_header():
-    assert authorized(None, None) and authorized(None, "anything")
-    assert authorized(KEY, f"Api-Key {KEY}")
-    for header in (None, "", "Api-Key", f"Api-Key {KEY[:-1]}", f"Api-Key  {KEY}", f"Api-Key {KEY} ", "Api-Key \udcff"):
-        assert not authorized(KEY, header), header
+    assert authorized(None, []) and authorized(None, ["anything"])
+    assert authorized(KEY, [f"Api-Key {KEY}"])
+    assert authorized(KEY, ["Basic dXNlcjpwYXNz", f"Api-Key {KEY}"])  # another scheme beside it (a URL's user info)
+    for header in ("", "Api-Key", f"Api-Key {KEY[:-1]}", f"Api-Key  {KEY}", f"Api-Key {KEY} ", "Api-Key \udcff"):
+        assert not authorized(KEY, [header]), header
+    assert not authorized(KEY, [])
+    assert not authorized(KEY, ["Basic dXNlcjpwYXNz", "Api-Key wrong"])
 
 
 @pytest.mark.parametrize("value,words", [("", "--api-key is empty"),

@@ -398,7 +398,8 @@ def _readable(clients: list[WebSocketClient], timeout: float | None) -> list[Web
 def connect(url: str, headers: Mapping[str, str] | None = None, open_timeout: float = 10.0,
             close_timeout: float = 2.0) -> WebSocketClient:
     """Open a WebSocket to ``url`` (ws:// or wss://, verified against the system trust store, ``SSL_CERT_FILE``
-    honoured), sending ``headers`` in the opening handshake; the TCP connect, the TLS handshake and the HTTP
+    honoured), sending ``headers`` in the opening handshake (each in place of one the URL implies, such as Basic
+    authorization from ``ws://user:pass@host``); the TCP connect, the TLS handshake and the HTTP
     upgrade together take at most ``open_timeout`` seconds. Raises the transport errors named in the module
     docstring."""
     try:
@@ -411,8 +412,10 @@ def connect(url: str, headers: Mapping[str, str] | None = None, open_timeout: fl
     try:
         protocol = ClientProtocol(uri, max_size=None)
         request = protocol.connect()
-        if headers:
-            request.headers.update(headers)
+        for name, value in (headers or {}).items():  # given headers win: an API key over a URL's user info
+            if name in request.headers:
+                del request.headers[name]
+            request.headers[name] = value
         request.headers.setdefault("User-Agent", USER_AGENT)
         protocol.send_request(request)
         client = WebSocketClient(sock, protocol, close_timeout)

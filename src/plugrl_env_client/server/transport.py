@@ -38,7 +38,7 @@ import hmac
 import http
 import logging
 import threading
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import Any, ClassVar, TypeVar
 
 from websockets.asyncio.server import Server as WsServer
@@ -63,14 +63,16 @@ AUTH_HEADER = "Authorization"
 AUTH_SCHEME = "Api-Key"
 
 
-def authorized(api_key: str | None, header: str | None) -> bool:
-    """Whether a handshake's ``Authorization`` header value admits it: always without a key; with one, only
-    ``Api-Key <key>``, compared in constant time (as bytes, so a header that is not ASCII is just a mismatch)."""
+def authorized(api_key: str | None, headers: Sequence[str]) -> bool:
+    """Whether a handshake's ``Authorization`` header values admit it: always without a key; with one, only when
+    one of them is ``Api-Key <key>`` (a client may also send another scheme, e.g. Basic from a URL's user info),
+    each compared in constant time (as bytes, so a header that is not ASCII is just a mismatch)."""
     if api_key is None:
         return True
     expected = f"{AUTH_SCHEME} {api_key}".encode()
-    given = (header or "").encode("utf-8", "surrogateescape")
-    return hmac.compare_digest(expected, given)
+    matches = [hmac.compare_digest(expected, str(h).encode("utf-8", "surrogateescape")) for h in headers]
+    return any(matches)
+
 
 _T = TypeVar("_T")
 
@@ -295,7 +297,7 @@ class _WebsocketsListener(Listener):
 
         def admit(ws: WsConnection, request: Request) -> Response | None:
             assert self._server is not None
-            if not authorized(self._api_key, request.headers.get(AUTH_HEADER)):
+            if not authorized(self._api_key, request.headers.get_all(AUTH_HEADER)):
                 refused = ws.respond(http.HTTPStatus.UNAUTHORIZED, UNAUTHORIZED)
                 refused.headers["WWW-Authenticate"] = AUTH_SCHEME
                 return refused
@@ -497,8 +499,7 @@ class _PicowsListener(Listener):
         listener_type = _listener_type()
 
         def new_listener(request: Any) -> Any:
-            header = request.headers.get(AUTH_HEADER)
-            if not authorized(self._api_key, None if header is None else str(header)):
+            if not authorized(self._api_key, request.headers.getall(AUTH_HEADER, [])):
                 return picows.WSUpgradeResponseWithListener(picows.WSUpgradeResponse.create_error_response(
                     http.HTTPStatus.UNAUTHORIZED, UNAUTHORIZED.encode(), {"WWW-Authenticate": AUTH_SCHEME}), None)
             if self._closing or len(self._open) >= limits.max_connections:
