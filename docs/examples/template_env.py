@@ -35,6 +35,8 @@ class TemplateEnvConfig(BaseEnvConfig):
 
 @register_env("Template-v1", max_episode_steps=100, best_reward_threshold_for_success=1.0)
 class TemplateEnv(BaseEnv[TemplateEnvConfig]):
+    metadata = {**BaseEnv.metadata, "per_env_seeds": True}  # reset(seed=[...]) starts env i from seed[i]
+
     def __init__(self, config: TemplateEnvConfig, num_envs: int = 1, **kwargs: Any) -> None:
         super().__init__(config, num_envs=num_envs, **kwargs)
         self.single_action_space = gym.spaces.Box(-1.0, 1.0, (2,), np.float32)
@@ -45,12 +47,13 @@ class TemplateEnv(BaseEnv[TemplateEnvConfig]):
     def _observe(self) -> Observation:
         return Observation(states={"pos": self.pos.copy(), "goal": self.goal.copy()}, text="move to the goal")
 
-    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[Observation, dict]:
-        self.seed_rngs(seed)  # seeds self.np_random when a seed is given
+    def reset(self, *, seed: int | list[int | None] | None = None,
+              options: dict[str, Any] | None = None) -> tuple[Observation, dict]:
+        self.seed_rngs(seed)  # seeds self.np_random when an int seed is given
         mask = self.reset_mask(options)  # the envs to reset: all of them unless options name some
-        k = int(mask.sum())
-        self.pos[mask] = self.np_random.uniform(-1.0, 1.0, (k, 2))
-        self.goal[mask] = self.np_random.uniform(-1.0, 1.0, (k, 2))
+        for i, rng in self.env_rngs(seed, mask):  # env i's start from its own seed: seed + i, or seed[i] of a list
+            self.pos[i] = rng.uniform(-1.0, 1.0, 2)
+            self.goal[i] = rng.uniform(-1.0, 1.0, 2)
         return self._observe(), {}  # every row; the rows not reset are unchanged
 
     def step(self, actions: Action) -> tuple[Observation, RewardArray, BoolArray, BoolArray, dict]:

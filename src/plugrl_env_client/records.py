@@ -35,7 +35,8 @@ class EpisodeRecord:
     truncated: bool
     process_id: int = 0
     seed: int | None = None
-    """The seed the episode started from, when known (an env's first episode, or a group's seeded episode)."""
+    """The seed the episode started from, when known (every episode of an env that takes per-env seeds; an env's
+    first episode otherwise)."""
     wall_time_s: float | None = None
     """Seconds since the process started collecting, when the episode ended."""
     env_steps: int | None = None

@@ -308,3 +308,39 @@ def test_probe_reset_restarts_episode_of_given_rows() -> None:
         if step == 3:
             np.testing.assert_array_equal(terminated, [True, False, False, True, False, False])  # restarted, t == 3
     np.testing.assert_array_equal(obs.states["t"][:, 0], [3, 6, 6, 3, 6, 6])
+
+
+def _start(env: BaseEnv, obs: Observation) -> dict[str, np.ndarray]:
+    """What an env's reset drew, row per env: the observation's arrays (GuessNumber-v1: its secret numbers)."""
+    if hasattr(env, "target"):
+        return {"target": np.array(env.target, copy=True)}
+    return {**{f"states[{k!r}]": v.copy() for k, v in obs.states.items()},
+            **{f"images[{k!r}]": v.copy() for k, v in obs.images.items()}}
+
+
+@pytest.mark.parametrize("uid", ["Point-v1", "Dummy-v1", "GuessNumber-v1"])
+def test_a_partial_reset_starts_each_env_from_its_own_seed(uid: str) -> None:
+    """Per-env seeds: ``reset(seed=[None, s, None])`` starts env 1 as the first reset with ``s - 1`` did (env i
+    from seed + i), whatever was drawn before, and leaves the other rows as they were."""
+    env = make_env(uid, num_envs=3)
+    assert env.metadata.get("per_env_seeds") is True
+    first = _start(env, env.reset(seed=40)[0])
+    other = _start(env, env.reset(seed=50)[0])
+    assert any(not np.array_equal(first[k], other[k]) for k in first), f"{uid}: the seed makes a difference"
+    env.reset(options={"reset_mask": np.array([True, True, False])})  # unseeded draws in between
+    before = _start(env, env.reset(options={"reset_mask": np.array([False, False, True])})[0])
+    after = _start(env, env.reset(seed=[None, 41, None], options={"reset_mask": np.array([False, True, False])})[0])
+    for name in first:
+        np.testing.assert_array_equal(after[name][1], first[name][1], err_msg=f"{uid} {name}: env 1 from seed 41")
+        np.testing.assert_array_equal(after[name][[0, 2]], before[name][[0, 2]], err_msg=f"{uid} {name}: others")
+    env.close()
+
+
+def test_probe_takes_any_per_env_seeds() -> None:
+    env = make_env("Probe-v1", num_envs=2)
+    assert env.metadata.get("per_env_seeds") is True
+    env.reset(seed=1)
+    env.step(np.ones(env.action_space.shape))
+    obs, _ = env.reset(seed=[None, 123], options={"reset_mask": np.array([False, True])})
+    assert obs.states["t"][:, 0].tolist() == [1.0, 0.0]
+    env.close()

@@ -155,6 +155,27 @@ def test_seeds_reproduce(backend: str) -> None:
     np.testing.assert_array_equal(a[0][1], c[0][0])  # copy i gets seed + i
 
 
+def test_the_gymnasium_backend_takes_per_env_seeds_and_envpool_does_not() -> None:
+    """Gymnasium's vector env starts copy i from seed[i] (copy 1 from 6 as the first reset with 5 did); EnvPool
+    seeds its envs only when the pool is made, so its backend does not declare per-env seeds."""
+    env = make("gymnasium", n=2)
+    try:
+        assert env.metadata.get("per_env_seeds") is True
+        first = env.reset(seed=5)[0].states["obs"].copy()
+        env.step(actions(2, 3, 0))
+        obs = env.reset(seed=[None, 6], options={"reset_mask": np.array([False, True])})[0].states["obs"]
+        np.testing.assert_array_equal(obs[1], first[1])
+        assert not np.array_equal(obs[0], first[0]), "copy 0 was stepped, not reset"
+    finally:
+        env.close()
+    if HAS_ENVPOOL:
+        pooled = make("envpool", n=2)
+        try:
+            assert not pooled.metadata.get("per_env_seeds")
+        finally:
+            pooled.close()
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_render_frames(backend: str) -> None:
     n = 3

@@ -359,6 +359,57 @@ def test_seed_groups_start_together_from_one_seed_and_members_wait() -> None:
     assert timing.idle_env_steps > 0 and timing.env_steps + timing.idle_env_steps == 4 * timing.batch_steps
 
 
+def rule_seed(run_seed: int, num_envs: int, process: int, env: int, episode: int) -> int:
+    """The documented start seed of env ``env``'s episode ``episode`` (from 0) in process ``process``, computed
+    here from the rule itself: the first episode from the process seed plus the env index, later ones from
+    ``SeedSequence(process seed, spawn_key=(process, env, episode))``."""
+    root = run_seed + process * num_envs
+    if episode == 0:
+        return root + env
+    return int(np.random.SeedSequence(root, spawn_key=(process, env, episode)).generate_state(1)[0])
+
+
+def test_every_episode_of_an_env_with_per_env_seeds_starts_from_its_derived_seed() -> None:
+    """Episodes of 2, 5 and 3 steps: every partial reset passes one seed per env (None for the envs it does not
+    reset), env i's k-th episode gets the rule's seed whatever the other envs did, and the record says so."""
+    env = ScriptedEnv(3, by_env([2, 5, 3]), per_env_seeds=True)
+    r = run(env, FakeServer(horizon=2), episodes=15, seed=4)
+    assert env.resets[0].seed == 4, "the first reset keeps the int seed (env i starts from 4 + i)"
+    for reset in env.resets[1:]:
+        assert isinstance(reset.seed, list) and len(reset.seed) == 3
+        assert all((s is None) != bool(reset.mask[i]) for i, s in enumerate(reset.seed)), reset.seed
+    for i in range(3):
+        assert len(env.seeds[i]) >= 2
+        assert env.seeds[i] == [rule_seed(4, 3, 0, i, k) for k in range(len(env.seeds[i]))], i
+        recorded = [e.seed for e in r.of_env(i)]
+        assert recorded and recorded == env.seeds[i][:len(recorded)], "each record holds its episode's seed"
+    assert len({s for seeds in env.seeds for s in seeds}) == sum(map(len, env.seeds)), "no two episodes share one"
+
+
+def test_an_env_without_per_env_seeds_gets_none_after_its_first_reset() -> None:
+    """No ``metadata["per_env_seeds"]``: later resets pass seed=None, and the records after the first hold null."""
+    env = ScriptedEnv(2, by_env([2, 3]))
+    r = run(env, FakeServer(horizon=2), episodes=8, seed=4)
+    assert env.resets[0].seed == 4 and all(reset.seed is None for reset in env.resets[1:])
+    for i in range(2):
+        assert [e.seed for e in r.of_env(i)] == [4 + i] + [None] * (len(r.of_env(i)) - 1)
+        assert len(r.of_env(i)) >= 2
+
+
+def test_pipelined_groups_derive_each_envs_seeds_from_its_process_env_id() -> None:
+    """Two groups of 2 (envs 0-1 and 2-3) record the seeds one batch of 4 does, the rule's, env by env."""
+    length = lambda e, k: 1 + (3 * e + 2 * k) % 5  # noqa: E731  # different every episode
+    lockstep = ScriptedEnv(4, length, per_env_seeds=True)
+    piped = [ScriptedEnv(2, length, first_id=0, per_env_seeds=True), ScriptedEnv(2, length, first_id=2,
+                                                                               per_env_seeds=True)]
+    one, two = run(lockstep, FakeServer(horizon=2), episodes=20, seed=9), run(piped, FakeServer(horizon=2),
+                                                                               episodes=20, seed=9)
+    for e in range(4):
+        a, b = [x.seed for x in one.of_env(e)], [x.seed for x in two.of_env(e)]
+        m = min(len(a), len(b))
+        assert m >= 2 and a[:m] == b[:m] == [rule_seed(9, 4, 0, e, k) for k in range(m)], e
+
+
 def test_seed_groups_need_an_env_that_takes_per_env_seeds() -> None:
     with pytest.raises(ConfigError, match="does not take per-env seeds"):
         EnvGroup(ScriptedEnv(4), FakeServer().session(), loop_settings(group_size=2), MemoryBudget(), MemorySink(),

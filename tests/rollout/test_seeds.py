@@ -1,14 +1,16 @@
-"""GroupSeeds: the first reset's seed, and shared per-group seeds derived with SeedSequence."""
+"""GroupSeeds: the first reset's seed, every later episode's seed derived with SeedSequence (per env, or shared by a
+seed group)."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from plugrl_env_client.rollout.seeds import GroupSeeds
+from plugrl_env_client.errors import ConfigError
+from plugrl_env_client.rollout.seeds import GroupSeeds, SeedGroups
 
 
-def test_without_groups_only_the_first_reset_is_seeded() -> None:
+def test_without_per_env_seeds_only_the_first_reset_is_seeded() -> None:
     seeds = GroupSeeds(10, process_id=1, offset=4, n=4, group_size=1)
     assert seeds.initial() == 14
     assert seeds.recorded(14, np.arange(4)) == [14, 15, 16, 17]
@@ -45,3 +47,33 @@ def test_complete_groups_and_bad_splits() -> None:
     assert seeds.complete(finished).tolist() == [False, False, True, True]
     with pytest.raises(ValueError):
         GroupSeeds(0, 0, 0, 5, 2)
+
+
+def test_with_per_env_seeds_each_env_episode_gets_its_own_derived_seed() -> None:
+    """Envs 4..7 of process 1: the first reset keeps seed + offset; env 5's episode k >= 1 gets
+    SeedSequence(10, spawn_key=(1, 5, k)), whatever the other envs did."""
+    seeds = GroupSeeds(10, process_id=1, offset=4, n=4, group_size=1, per_env=True)
+    assert seeds.initial() == 14
+    groups = SeedGroups(seeds)
+    for k in (1, 2, 3):
+        rows, argument, starting = groups.restart(np.array([1]), np.zeros(4, bool))
+        assert rows.tolist() == starting.tolist() == [1]
+        want = int(np.random.SeedSequence(10, spawn_key=(1, 5, k)).generate_state(1)[0])
+        assert argument == [None, want, None, None], k
+        assert seeds.recorded(argument, rows) == [want]
+    _, argument, _ = groups.restart(np.array([0, 2]), np.zeros(4, bool))
+    assert argument is not None and argument[1] is None and argument[3] is None
+    assert argument[0] == int(np.random.SeedSequence(10, spawn_key=(1, 4, 1)).generate_state(1)[0])
+    assert argument[2] == int(np.random.SeedSequence(10, spawn_key=(1, 6, 1)).generate_state(1)[0])
+
+
+def test_an_unseeded_run_still_derives_later_seeds() -> None:
+    seeds = GroupSeeds(None, 0, 0, 2, 1, per_env=True)
+    assert seeds.initial() is None
+    upcoming = seeds.upcoming(np.arange(2))
+    assert upcoming is not None and all(isinstance(s, int) for s in upcoming) and upcoming[0] != upcoming[1]
+
+
+def test_a_negative_process_seed_is_refused_before_the_run() -> None:
+    with pytest.raises(ConfigError, match=r"process 0 would start from seed -3 .*pass --runner.seed 0 or above"):
+        GroupSeeds(-3, 0, 0, 2, 1)

@@ -294,9 +294,9 @@ class BaseEnv(gym.vector.VectorEnv[Observation, np.ndarray, np.ndarray], Generic
     def seed_rngs(self, seed: int | Sequence[int | None] | None) -> None:
         """Seed ``self.np_random``; call first in ``reset``. ``None`` keeps the current generator (or makes one).
 
-        A list (one seed per env, as ``--runner.group-size`` passes) leaves the batch generator as it is: envs that
-        declare ``metadata["per_env_seeds"] = True`` start each reset env from its own seed (see
-        :meth:`per_env_seeds`)."""
+        A list (one seed per env, as the runner passes to envs that take per-env seeds) leaves the batch generator
+        as it is: envs that declare ``metadata["per_env_seeds"] = True`` start each reset env from its own seed
+        (see :meth:`env_rngs`)."""
         batch_seed = seed if isinstance(seed, int) else None
         if batch_seed is not None or self._np_random is None:
             self._np_random, self._np_random_seed = gym.utils.seeding.np_random(batch_seed)
@@ -312,6 +312,18 @@ class BaseEnv(gym.vector.VectorEnv[Observation, np.ndarray, np.ndarray], Generic
             raise ValueError(f"reset(seed=[...]) needs one seed per env ({self.num_envs}), got {len(seed)}")
         return [None if s is None else int(s) for s in seed]
 
+    def env_rngs(self, seed: int | Sequence[int | None] | None,
+                 mask: np.ndarray) -> list[tuple[int, np.random.Generator]]:
+        """``(i, generator)`` for each env i that ``mask`` selects, ascending, to draw env i's start from: a new
+        generator seeded with env i's own seed when it has one (:meth:`per_env_seeds`: ``s + i`` of an int ``s``, or
+        ``seed[i]`` of a list), so its start depends on that seed alone; else ``self.np_random``, the batch's.
+
+        An env that draws each reset env's start from these generators takes per-env seeds and declares
+        ``metadata["per_env_seeds"] = True``."""
+        seeds = self.per_env_seeds(seed)
+        return [(i, self.np_random if seeds[i] is None else gym.utils.seeding.np_random(seeds[i])[0])
+                for i in np.flatnonzero(mask).tolist()]
+
     def reset_mask(self, options: dict[str, Any] | None) -> np.ndarray:
         """Bool mask of the envs a ``reset`` call must reset.
 
@@ -324,9 +336,9 @@ class BaseEnv(gym.vector.VectorEnv[Observation, np.ndarray, np.ndarray], Generic
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[Observation, dict[str, Any]]:
         """Reset the envs :meth:`reset_mask` selects (all when ``options`` names none) and return the whole batch.
 
-        ``seed`` is an int for the first reset of a run, None later, and a list of one seed per env (None for
-        envs not reset) when the runner starts groups of envs from shared seeds; an env that can start env i from
-        ``seed[i]`` says so with ``metadata["per_env_seeds"] = True``.
+        ``seed`` is an int for the first reset of a run (env i starts from ``seed + i``, Gymnasium's convention);
+        later, an env that can start env i from ``seed[i]`` says so with ``metadata["per_env_seeds"] = True`` and
+        gets a list of one seed per env (None for envs not reset), the others get None.
 
         Rows of envs that were not reset must come back unchanged: the client (and, with reuse-feedback-obs, the
         server) keeps using the observation those envs last produced.

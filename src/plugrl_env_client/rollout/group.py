@@ -20,7 +20,8 @@ act when episodes end and start; align and "every feedback is followed by an inf
 Env ids: a group's envs are the process's envs ``offset .. offset + num_envs - 1`` (the ids in episodes.jsonl and
 the recorder); on the wire each connection numbers its own envs from 0. The first reset is seeded with the process
 seed plus the offset, so a group's env i starts as env ``offset + i`` of a lockstep batch would (for envs that seed
-env i with seed + i, as Gymnasium's vector envs do).
+env i with seed + i, as Gymnasium's vector envs do); later resets pass each env's derived seed
+(:mod:`~plugrl_env_client.rollout.seeds`), which depends on its process env id, not on the group it is in.
 
 Some envs take no part in a step: an env retired because its reset had no episode for it (``info["no_episode"]``),
 and, with ``--runner.group-size``, an env waiting for the rest of its group to finish. The batched ``env.step`` still
@@ -123,7 +124,8 @@ class EnvGroup:
         self.env_checks = EnvChecks(settings.env_id, n, settings.check_partial_reset)
         self.held = HeldRows(n, settings.reuse_feedback_obs)
         self.retirement = Retirement(n, settings.env_id, offset, bool(env.metadata.get("finite_episodes", False)))
-        self.seed_groups = SeedGroups(GroupSeeds(settings.seed, settings.process_id, offset, n, settings.group_size))
+        self.seed_groups = SeedGroups(GroupSeeds(settings.seed, settings.process_id, offset, n, settings.group_size,
+                                                 bool(env.metadata.get("per_env_seeds", False))))
         self.instructions = Instructions(n, settings.instruction)
         self.ends = ChunkEnds(self.plans, settings.align_chunks, self._infer_follows)
         self.active: np.ndarray | None = None

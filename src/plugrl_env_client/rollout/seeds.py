@@ -1,35 +1,56 @@
 """Which seed each episode starts from.
 
-Without seed groups (``--runner.group-size 1``) only the first reset is seeded: a batch whose envs are the
-process's envs ``offset ..`` is reset with ``seed + offset`` (the process seed is ``--runner.seed + p * num_envs``),
-and env i of the batch starts from ``seed + offset + i`` when the env follows Gymnasium's per-env convention; later
-resets continue each env's generator. The recorded seed of a first episode is that per-env value.
+Every episode's start seed is derived from the run seed and the episode's place, so an episode starts the same
+whatever the episodes before it did (how long they lasted, which actions they got). Envs form seed groups of G
+(``--runner.group-size G``, default 1): envs ``0..G-1`` of the process form group 0, and so on; with G = 1 each env
+is its own group, ``g`` is its env index in the process. Group ``g``'s ``k``-th episode (``k`` from 0) starts from::
 
-With seed groups of G envs (``--runner.group-size G``: envs ``0..G-1`` of the process form group 0, and so on),
-every episode of a group starts all its members from one seed, a new one per group episode::
+    seed(process p, group g, episode k) = SeedSequence(process seed, spawn_key=(p, g, k)).generate_state(1)[0]
 
-    seed(group g, episode k) = SeedSequence(process seed, spawn_key=(process, g, k)).generate_state(1)[0]
+where the process seed is ``--runner.seed + p * num_envs``: a uint32, identical run to run. The one exception is
+the first episode without seed groups (G = 1, k = 0): the first reset passes the int ``process seed + offset``, and
+env ``i`` of that batch starts from ``process seed + offset + i`` (Gymnasium's convention for vector envs, the
+value ``--runner.seed`` has always given a run's first episodes). With ``--runner.seed None`` the first reset is
+unseeded (its seeds are recorded as null) and the derived seeds come from a random process seed.
 
-where the process seed is ``--runner.seed + process * num_envs``; identical run to run (a random root when
-``--runner.seed None``). Envs get them as a per-env list,
-``reset(seed=[...])``, with None for envs not being reset.
+Envs get the derived seeds as a per-env list, ``reset(seed=[...])``, with None for envs not being reset. Only an
+env that declares ``metadata["per_env_seeds"] = True`` can start env i from ``seed[i]``; the others get
+``seed=None`` after their first reset, as before: their later episodes continue each env's generator, so they
+depend on the episodes before them, and their seeds are recorded as null. (Seed groups need per-env seeds.)
 
-:class:`GroupSeeds` derives the seeds; :class:`SeedGroups` follows the groups through a run (who waits for the rest of
-its group, which envs a reset starts).
+:class:`GroupSeeds` derives the seeds (:func:`episode_seed` is the rule); :class:`SeedGroups` follows the groups
+through a run (who waits for the rest of its group, which envs a reset starts).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from plugrl_env_client.errors import ConfigError
+
+
+def episode_seed(process_seed: int, process_id: int, group: int, episode: int) -> int:
+    """The start seed of seed group ``group``'s ``episode``-th episode (from 0) in process ``process_id`` (see the
+    module docstring; a group of one env is that env)."""
+    sequence = np.random.SeedSequence(process_seed, spawn_key=(process_id, group, episode))
+    return int(sequence.generate_state(1)[0])
+
 
 class GroupSeeds:
-    """Seeds of the envs ``offset .. offset + n - 1`` of a process."""
+    """Seeds of the envs ``offset .. offset + n - 1`` of a process.
 
-    def __init__(self, seed: int | None, process_id: int, offset: int, n: int, group_size: int) -> None:
+    ``per_env``: the env starts env i from ``seed[i]`` of a list (``metadata["per_env_seeds"]``); without it only
+    the first reset is seeded."""
+
+    def __init__(self, seed: int | None, process_id: int, offset: int, n: int, group_size: int,
+                 per_env: bool = False) -> None:
         if group_size < 1 or offset % group_size or n % group_size:
             raise ValueError(f"envs {offset}..{offset + n - 1} do not split into seed groups of {group_size}")
+        if seed is not None and seed < 0:
+            raise ConfigError(f"process {process_id} would start from seed {seed} (--runner.seed + process * "
+                              "num_envs), and seeds must be >= 0: pass --runner.seed 0 or above")
         self.seed, self.process_id, self.offset, self.n, self.size = seed, process_id, offset, n, group_size
+        self.per_env = per_env or group_size > 1
         self._root = seed if seed is not None else int(np.random.SeedSequence().entropy % (1 << 63))  # type: ignore[operator]
         self.group_of = (offset + np.arange(n)) // group_size  # the process's seed group of each env
         self.episode = np.zeros(n, np.int64)  # the group episode each env is in (or waits for the start of)
@@ -41,8 +62,9 @@ class GroupSeeds:
         return self._seeds(np.arange(self.n), self.episode)
 
     def upcoming(self, rows: np.ndarray) -> list[int | None] | None:
-        """The seed argument that resets ``rows`` to their group's next episode (None without seed groups)."""
-        if self.size == 1:
+        """The seed argument that resets ``rows`` to their group's next episode (None for an env without per-env
+        seeds)."""
+        if not self.per_env:
             return None
         return self._seeds(rows, self.episode + 1)
 
@@ -66,17 +88,17 @@ class GroupSeeds:
     def _seeds(self, rows: np.ndarray, episodes: np.ndarray) -> list[int | None]:
         out: list[int | None] = [None] * self.n
         for i in rows:
-            key = (self.process_id, int(self.group_of[i]), int(episodes[i]))
-            out[i] = int(np.random.SeedSequence(self._root, spawn_key=key).generate_state(1)[0])
+            out[i] = episode_seed(self._root, self.process_id, int(self.group_of[i]), int(episodes[i]))
         return out
 
 
 class SeedGroups:
     """Seed groups over time: which envs wait for the rest of their group, and which envs a reset starts.
 
-    Without seed groups (size 1) every done env is reset at once and nobody waits. With them, a group starts its
-    next episode once every member is done, all from the group's next seed; a member done early is reset to that
-    start at once (so its simulator is in a valid state) and waits, its row idling, until the group starts together.
+    Without seed groups (size 1) every done env is reset at once, to its own next seed, and nobody waits. With
+    them, a group starts its next episode once every member is done, all from the group's next seed; a member done
+    early is reset to that start at once (so its simulator is in a valid state) and waits, its row idling, until
+    the group starts together.
     """
 
     def __init__(self, seeds: GroupSeeds) -> None:
@@ -89,7 +111,9 @@ class SeedGroups:
         """For the envs ``done`` (rows) on this step: (the rows to reset, the reset's seed argument, the rows whose
         episode starts now). ``retired``: the mask of envs that will never start one."""
         if not self.grouped:
-            return done, None, done
+            seed = self.seeds.upcoming(done)
+            self.seeds.advance(done)
+            return done, seed, done
         self.waiting[done] = True
         complete = self.seeds.complete(self.waiting | retired)
         starting = np.flatnonzero(complete & self.waiting)

@@ -17,7 +17,9 @@ class LoopConfig:
     """How the rollout loop steps the envs: the user's choices, the same for every process."""
 
     seed: int | None = 0
-    """Seed of the first reset of every env (process p gets seed + p * num_envs); later resets continue the env's RNG."""
+    """Seed of the run: env i of process p starts its first episode from seed + p * num_envs + i, later episodes from
+    seeds derived from it and their place (process, env, episode number), for envs that take per-env seeds (the
+    others continue each env's RNG)."""
     max_episode_steps: int | None = None
     """Time limit in env steps (marks truncated). Default: the env's registered max_episode_steps."""
     replan_steps: int | None = None

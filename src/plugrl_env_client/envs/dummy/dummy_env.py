@@ -65,6 +65,8 @@ class DummyEnvConfig(BaseEnvConfig):
 
 @register_env("Dummy-v1")
 class DummyEnv(BaseEnv[DummyEnvConfig]):
+    metadata = {**BaseEnv.metadata, "per_env_seeds": True}  # reset(seed=[...]) starts env i from seed[i]
+
     def __init__(self, config: DummyEnvConfig, num_envs: int = 1, **kwargs: Any) -> None:
         super().__init__(config, num_envs=num_envs, **kwargs)
         c = config
@@ -87,14 +89,15 @@ class DummyEnv(BaseEnv[DummyEnvConfig]):
             text=self.config.text,
         )
 
-    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[Observation, dict]:
+    def reset(self, *, seed: int | list[int | None] | None = None,
+              options: dict[str, Any] | None = None) -> tuple[Observation, dict]:
         self.seed_rngs(seed)
         mask = self.reset_mask(options)
-        k = int(mask.sum())
-        self.base[mask] = self.np_random.integers(0, 256, (k, 1, 1, 3), dtype=np.uint8)
-        self.wrist[mask] = self.np_random.integers(0, 256, (k, 1, 1, 3), dtype=np.uint8)
-        self.robot_state[mask] = self.np_random.standard_normal((k, self.robot_state.shape[1]))
-        self.joint_angles[mask] = self.np_random.uniform(-np.pi, np.pi, (k, self.joint_angles.shape[1]))
+        for i, rng in self.env_rngs(seed, mask):  # env i's start from its own seed
+            self.base[i] = rng.integers(0, 256, (1, 1, 3), dtype=np.uint8)
+            self.wrist[i] = rng.integers(0, 256, (1, 1, 3), dtype=np.uint8)
+            self.robot_state[i] = rng.standard_normal(self.robot_state.shape[1])
+            self.joint_angles[i] = rng.uniform(-np.pi, np.pi, self.joint_angles.shape[1])
         self.steps[mask] = 0
         return self._observe(), {}
 

@@ -1,7 +1,8 @@
 """GuessNumber-v1: a batched number-guessing game for language agents (text in, text out, no dependency).
 
-Each env draws a secret integer uniformly in ``[low, high]`` at reset (from ``self.np_random``: the same seed gives
-the same targets, and env i's target is drawn independently of env j's). An action is free text; the env reads the
+Each env draws a secret integer uniformly in ``[low, high]`` at reset (env i from its own seed, ``seed + i`` of an
+int or ``seed[i]`` of a list; ``self.np_random`` when it has none: the same seed gives the same target, and env i's
+target does not depend on env j's). An action is free text; the env reads the
 integer inside the *last* ``<answer>N</answer>`` of it (whitespace around N and the tag's case do not matter; N is
 ASCII digits with an optional sign) and answers ``Too small.``, ``Too large.`` or ``Correct.``, followed by how many
 guesses are left. The whole string is parsed, however long: the env never truncates an action.
@@ -128,11 +129,8 @@ class GuessNumberEnv(BaseEnv[GuessNumberConfig]):
               options: dict[str, Any] | None = None) -> tuple[Observation, dict]:
         self.seed_rngs(seed)
         mask = self.reset_mask(options)
-        self.target[mask] = self.np_random.integers(self.config.low, self.config.high + 1, size=int(mask.sum()))
-        if isinstance(seed, list):  # per-env seeds (seed groups): env i's target depends on seed[i] alone
-            for i, s in enumerate(self.per_env_seeds(seed)):
-                if mask[i] and s is not None:
-                    self.target[i] = np.random.default_rng(s).integers(self.config.low, self.config.high + 1)
+        for i, rng in self.env_rngs(seed, mask):  # env i's target from its own seed
+            self.target[i] = rng.integers(self.config.low, self.config.high + 1)
         self.turns[mask] = 0
         for i in np.flatnonzero(mask).tolist():
             self.text[i] = f"Make your first guess. {self._left(i)}"

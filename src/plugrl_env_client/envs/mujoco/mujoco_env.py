@@ -21,8 +21,12 @@ that: the done step returns EnvPool's terminal observation, the runner's ``reset
 explicit reset of the masked env ids, and stepping an env that is done and was not reset is refused, because
 EnvPool would reset it inside ``step``.
 
-Seeds: EnvPool seeds its envs when the pool is made (env ``i`` gets ``seed + i``, as Gymnasium does);
-``reset(seed=s)`` therefore makes a new pool with seed ``s``.
+Seeds: the gymnasium backend takes per-env seeds (``reset(seed=[...])`` starts copy i from ``seed[i]``, as Gym-v1
+does), so each episode starts from the seed the runner derives for it. EnvPool seeds its envs only when the pool
+is made (env ``i`` gets ``seed + i``, as Gymnasium does) and ignores the seed of a reset, so the envpool backend
+does not declare ``per_env_seeds``: ``reset(seed=s)`` of every env makes a new pool with seed ``s``, and later
+episodes continue each env's generator (their seeds are recorded as null, and ``--runner.group-size`` above 1 is
+refused).
 
 Rendering without a display: the gymnasium backend renders with ``MUJOCO_GL=egl`` (see
 :func:`~plugrl_env_client.envs.gym.gym_env.headless_rendering`; ``osmesa`` when EGL is missing; a value you set
@@ -125,9 +129,11 @@ class MujocoEnv(BaseEnv[MujocoEnvConfig]):
         else:
             raise ConfigError(f"--env.backend must be 'gymnasium' or 'envpool', got {config.backend!r}")
         self.single_action_space = self.backend.single_action_space
+        self.metadata = {**self.metadata, "per_env_seeds": bool(self.backend.metadata.get("per_env_seeds", False))}
 
-    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[Observation, dict[str, Any]]:
-        return self.backend.reset(seed=seed, options=options)
+    def reset(self, *, seed: int | list[int | None] | None = None,
+              options: dict[str, Any] | None = None) -> tuple[Observation, dict[str, Any]]:
+        return self.backend.reset(seed=seed, options=options)  # type: ignore[arg-type]  # a list: the gymnasium one
 
     def step(self, actions: Action) -> tuple[Observation, RewardArray, BoolArray, BoolArray, dict[str, Any]]:
         return self.backend.step(actions)

@@ -34,6 +34,8 @@ class ProbeEnvConfig(BaseEnvConfig):
 
 @register_env("Probe-v1")
 class ProbeEnv(BaseEnv[ProbeEnvConfig]):
+    metadata = {**BaseEnv.metadata, "per_env_seeds": True}  # every start is the same: any seed list will do
+
     def __init__(self, config: ProbeEnvConfig, num_envs: int = 1, **kwargs: Any) -> None:
         super().__init__(config, num_envs=num_envs, **kwargs)
         self.single_action_space = gym.spaces.Box(-np.inf, np.inf, (config.action_dim,), np.float64)
@@ -45,7 +47,8 @@ class ProbeEnv(BaseEnv[ProbeEnvConfig]):
     def _observe(self) -> Observation:
         return Observation(states={"t": self.t.copy(), "a": self.a.copy()}, text="probe")
 
-    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[Observation, dict]:
+    def reset(self, *, seed: int | list[int | None] | None = None,
+              options: dict[str, Any] | None = None) -> tuple[Observation, dict]:
         self.seed_rngs(seed)
         mask = self.reset_mask(options)
         self.t[mask] = 0.0
