@@ -148,13 +148,16 @@ def _start_run_folder(config: ClientConfig, exp_name: str, uid: str, env_kwargs:
     """The run folder, its log and ``client_config.json``, and the writer of its results; a folder that cannot be
     written (a file in the way, a read-only or full disk) is an :class:`OutputError` that says so."""
     run_dir = RunDir(config.output_dir / exp_name)
-    if run_dir.client_config.exists():
-        raise ConfigError(
-            f"{run_dir.root} already holds a run; pick another --exp-name (or leave it out for a fresh name), "
-            "or delete that folder"
-        )
     try:
-        run_dir.create()
+        try:
+            run_dir.create()
+        except FileExistsError:
+            if not run_dir.root.is_dir():  # a file in the way: said below
+                raise
+            # Another run's folder, or one being made this very moment by a run started with the same name.
+            held = "already holds a run" if run_dir.client_config.exists() else "already exists"
+            raise ConfigError(f"{run_dir.root} {held}; pick another --exp-name (or leave it out for a fresh name), "
+                              "or delete that folder") from None
         setup_logging(run_dir.log_file)
         _write_client_config(run_dir, config, uid, env_kwargs, limit)
         tracker = make_tracker(config.tracking, run_dir.root)
