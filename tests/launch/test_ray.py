@@ -466,7 +466,7 @@ def test_killed_actor_is_restarted_and_the_total_stays_exact(cluster, tmp_path, 
         assert summary["completed_episodes"] == 40 == sum(map(len, rows))
 
 
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
 def test_signal_on_the_driver_stops_every_actor_and_writes_outputs(cluster, tmp_path, sig):
     """The signal comes while both processes hold in a step, with episodes recorded: mid-collection for sure (the
     run has no episode target, and the gate opens right after the signal)."""
