@@ -94,6 +94,7 @@ def assert_page_is_sound(root: Path) -> str:
     return text
 
 
+@pytest.mark.slow
 def test_report_of_a_finished_run(one_proc, tmp_path, capsys):
     root = copy_of(one_proc, tmp_path)
     assert main([str(root)]) == 0
@@ -109,6 +110,7 @@ def test_report_of_a_finished_run(one_proc, tmp_path, capsys):
     assert f"{summary['all_episodes']['mean_return']:.4f}" in text
 
 
+@pytest.mark.slow
 def test_report_from_a_subprocess(one_proc, tmp_path):
     root = copy_of(one_proc, tmp_path)
     done = subprocess.run([sys.executable, "-m", "plugrl_env_client.report.cli", str(root), "--window", "3"],
@@ -119,6 +121,7 @@ def test_report_from_a_subprocess(one_proc, tmp_path):
     assert set(EXPECTED) <= figures(root)
 
 
+@pytest.mark.slow
 def test_two_processes_get_per_process_series(two_procs, tmp_path):
     root = copy_of(two_procs, tmp_path)
     assert main([str(root)]) == 0
@@ -129,6 +132,7 @@ def test_two_processes_get_per_process_series(two_procs, tmp_path):
     assert "<td>process 0</td>" in text and "<td>process 1</td>" in text and "<td>all</td>" in text
 
 
+@pytest.mark.slow
 def test_crashed_run_reports_from_its_episodes(two_procs, tmp_path, capsys):
     root = copy_of(two_procs, tmp_path)
     for summary in root.rglob("summary.json"):
@@ -158,6 +162,7 @@ def test_run_with_zero_episodes(one_proc, tmp_path):
     assert '<td>process 0</td><td class="text">no summary</td><td>0</td><td>n/a</td><td>n/a</td><td>n/a</td>' in text
 
 
+@pytest.mark.slow
 def test_old_episode_lines_still_report(one_proc, tmp_path):
     root = copy_of(one_proc, tmp_path)
     episodes = root / "rollout/proc_000/episodes.jsonl"
@@ -173,6 +178,7 @@ def test_old_episode_lines_still_report(one_proc, tmp_path):
     assert "estimated as cumulative episode lengths" in text
 
 
+@pytest.mark.slow
 def test_sampled_frames_and_videos_are_shown(one_proc, tmp_path):
     imageio = pytest.importorskip("imageio")
     root = copy_of(one_proc, tmp_path)
@@ -210,6 +216,7 @@ def test_bad_flags_exit_as_for_every_command(one_proc, tmp_path, flag, code, cap
     assert not (root / "report.html").exists()
 
 
+@pytest.mark.slow
 def test_open_hands_the_page_to_a_browser(one_proc, tmp_path, monkeypatch, capsys):
     root = copy_of(one_proc, tmp_path)
     opened: list[str] = []
