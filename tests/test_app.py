@@ -51,6 +51,7 @@ def summary(tmp_path: Path, proc: int | None = None) -> dict:
     return json.loads(path.read_text())
 
 
+@pytest.mark.slow
 def test_multi_process_run_aggregates_exactly(policy_server, tmp_path):
     server = policy_server(action_dim=2)
     cfg = config(tmp_path, env=PointEnvConfig(), num_envs=3, num_procs=2, num_episodes=12,
@@ -82,6 +83,7 @@ def test_multi_process_run_aggregates_exactly(policy_server, tmp_path):
         assert isinstance(manifest["command_line"], list)
 
 
+@pytest.mark.slow
 def test_crashed_process_stops_the_others_and_is_named(policy_server, tmp_path, capsys):
     server = policy_server(action_dim=2)
     cfg = config(tmp_path, env=FaultyConfig(fail_process=1, fail_at_step=30), num_envs=2, num_procs=2,
@@ -98,6 +100,7 @@ def test_crashed_process_stops_the_others_and_is_named(policy_server, tmp_path, 
     assert total["completed_episodes"] == sum(kept)
 
 
+@pytest.mark.slow
 def test_killed_process_is_named_and_the_aggregate_is_still_written(policy_server, tmp_path, capsys):
     server = policy_server(action_dim=2)
     cfg = config(tmp_path, env=FaultyConfig(fail_process=1, fail_at_step=30, hard_kill=True), num_envs=2, num_procs=2,
@@ -113,6 +116,7 @@ def test_killed_process_is_named_and_the_aggregate_is_still_written(policy_serve
     assert total["completed_episodes"] == sum(kept), "the killed process's episodes count, read from its episodes.jsonl"
 
 
+@pytest.mark.slow
 def test_a_process_stuck_in_its_env_is_terminated_after_the_grace_time(policy_server, tmp_path, capsys, monkeypatch):
     """Process 1 crashes; process 0 is stuck in env.step, deaf to signals: the run still ends, names both, and
     keeps what was collected."""
@@ -135,6 +139,7 @@ def test_a_process_stuck_in_its_env_is_terminated_after_the_grace_time(policy_se
     assert total["completed_episodes"] > 0
 
 
+@pytest.mark.slow
 def test_env_lock_builds_envs_one_process_at_a_time(policy_server, tmp_path):
     server = policy_server(action_dim=2)
     log = tmp_path / "inits.txt"
@@ -146,6 +151,7 @@ def test_env_lock_builds_envs_one_process_at_a_time(policy_server, tmp_path):
     assert all(later[0] >= earlier[1] for earlier, later in zip(spans, spans[1:])), f"constructions overlap: {spans}"
 
 
+@pytest.mark.slow
 def test_one_process_stopped_from_outside_fails_the_run(policy_server, tmp_path, capsys):
     server = policy_server(action_dim=2)
     cfg = config(tmp_path, env=FaultyConfig(fail_process=1, fail_at_step=20, sigterm_self=True), num_envs=2,
@@ -256,6 +262,7 @@ def _cli(args: list[str], cwd: Path, **kwargs) -> subprocess.CompletedProcess:
                           timeout=120, **kwargs)
 
 
+@pytest.mark.slow
 def test_readme_commands_run(tmp_path):
     """Every command of the README's bash blocks runs as a reader would run it (the two-terminal one against a real
     server subprocess on a free port); only the pip installs of the Quickstart are left out (this is that install)."""
@@ -287,6 +294,7 @@ def test_readme_example_env_file_runs_directly(tmp_path):
     assert json.loads((tmp_path / "r" / "summary.json").read_text())["completed_episodes"] == 2
 
 
+@pytest.mark.slow
 def test_cli_user_error_exits_nonzero_without_traceback(tmp_path):
     result = _cli(["point-v1", "--num-envs", "0", "--output-dir", str(tmp_path)], cwd=tmp_path)
     assert result.returncode == 1
@@ -374,6 +382,7 @@ def test_one_episode_is_said_in_the_singular(tmp_path, capsys):
     assert "Point-v1: 1 episode\n" in out
 
 
+@pytest.mark.slow
 def test_local_policy_without_a_target_says_it_runs_until_interrupted(tmp_path):
     res = interrupt_once_collecting(["point-v1", "--local-policy", "random", "--no-progress", "--output-dir",
                                      str(tmp_path), "--exp-name", "run"],
@@ -382,6 +391,7 @@ def test_local_policy_without_a_target_says_it_runs_until_interrupted(tmp_path):
     assert "collecting until Ctrl-C" in res.stderr
 
 
+@pytest.mark.slow
 def test_version_flag_and_help_into_a_closed_pipe():
     res = subprocess.run([sys.executable, "-m", "plugrl_env_client", "--version"], capture_output=True, text=True,
                          timeout=60)
@@ -392,6 +402,7 @@ def test_version_flag_and_help_into_a_closed_pipe():
     assert "BrokenPipe" not in pipe.stderr and "Traceback" not in pipe.stderr, pipe.stderr
 
 
+@pytest.mark.slow
 def test_two_processes_with_static_split_and_random_policy_are_reproducible(tmp_path):
     """Static shares and per-process policy streams: the same flags give the same episodes, run after run."""
     def run(sub: str, seed: int) -> list[list[dict]]:
@@ -407,6 +418,7 @@ def test_two_processes_with_static_split_and_random_policy_are_reproducible(tmp_
     assert a != c
 
 
+@pytest.mark.slow
 def test_recorder_files_come_home_and_are_listed_in_the_manifest(tmp_path):
     """Two processes record every second episode; their files land in their folders, the manifest lists them,
     and the report shows the sampled frames."""
@@ -471,6 +483,7 @@ def test_an_unforeseen_error_still_ends_with_a_summary_that_says_so(tmp_path, mo
     assert "Traceback" in (tmp_path / "run" / "logs" / "client.log").read_text()
 
 
+@pytest.mark.slow
 def test_a_process_that_cannot_load_the_env_file_says_why_in_its_summary(tmp_path, capsys, registry):
     """An env file that imports in the launching process but not in a spawned one (it reads something only the
     launcher has): the process's summary says why it could not start, not just its exit code."""
@@ -511,6 +524,7 @@ SAYS = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("call, how", [("step", "exit0"), ("__init__", "exit2"), ("step", "keyboard"),
                                        ("close", "keyboard")])
 def test_env_code_that_ends_the_process_fails_the_run_on_the_command_line(tmp_path, call, how):
@@ -530,6 +544,7 @@ def test_env_code_that_ends_the_process_fails_the_run_on_the_command_line(tmp_pa
     assert total["completed_episodes"] == len(episodes) == expected, "what came before is kept"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("call, how, procs, pipeline", [
     ("step", "keyboard", 1, 1), ("reset", "base", 1, 1), ("close", "exit0", 1, 1),
     ("reset", "keyboard", 1, 1), ("close", "keyboard", 1, 1), ("step", "base", 1, 1),
@@ -566,6 +581,7 @@ def _one_error_line(result: subprocess.CompletedProcess) -> str:
     return lines[0]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("exp_name", ["../escape", "a/b", "..", ".", "<absolute>"])
 def test_an_exp_name_that_is_a_path_is_refused(tmp_path, exp_name):
     """--exp-name ../escape used to write the run outside --output-dir."""
@@ -578,6 +594,7 @@ def test_an_exp_name_that_is_a_path_is_refused(tmp_path, exp_name):
     assert not out.exists() and not (tmp_path / "escape").exists(), "nothing is written"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("flags", [["--server-port", "0"], ["--server-url", "ws://127.0.0.1:0"]])
 def test_port_0_of_an_external_server_is_refused(tmp_path, flags):
     """--server-port 0 without --local-policy used to wait for ever for ws://127.0.0.1:0."""
@@ -592,6 +609,7 @@ def test_port_0_with_the_embedded_server_is_any_free_port(tmp_path):
     assert run_client(cfg, "Point-v1") == 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("where", ["file", "under-a-file"])
 def test_an_output_dir_that_is_a_file_is_one_error_line(tmp_path, where):
     """It used to be a NotADirectoryError / FileExistsError traceback."""
@@ -626,6 +644,7 @@ def test_an_output_dir_with_no_room_for_the_run_folder_is_one_error_line(tmp_pat
     assert f"cannot write the run folder: no space left on device in {tiny / 'run'}" in line, line
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("procs", [1, 2])
 def test_a_full_disk_stops_the_run_and_loses_nothing_written(tmp_path, procs):
     """On a 200 KiB disk that fills during the run: it used to be a thousand lines of tracebacks and ``--- Logging
@@ -655,6 +674,7 @@ def test_a_full_disk_stops_the_run_and_loses_nothing_written(tmp_path, procs):
     assert f"Point-v1: {len(lines)} episodes" in result.stdout
 
 
+@pytest.mark.slow
 def test_recorder_files_that_fill_the_disk_stop_the_run_with_one_message(tmp_path):
     """Sampled images and full rollouts of every episode on a 1 MiB disk: the recorder's writer thread used to log a
     traceback per file and episode (about a thousand lines). Now the run stops with the one message, the recorder says

@@ -92,6 +92,7 @@ def help_of(*command: str) -> str:
     return done.stdout
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("command,expected", [
     (("plugrl-run-env-client", "point-v1"), CLIENT_FLAGS),
     (("plugrl-run-policy-server",), SERVER_FLAGS),

@@ -84,6 +84,7 @@ def test_runner_seed_none() -> None:
     assert config.runner.seed is None
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("args", [["point-v1", "--env.no-such-flag", "1"], ["probe-v1", "--env.step-size", "1"],
                                   ["point-v1", "--num-envs", "many"], []])
 def test_bad_command_lines_exit_non_zero(args: list[str], capsys: pytest.CaptureFixture[str]) -> None:
@@ -206,6 +207,7 @@ def _run(path: Path, *args: str) -> subprocess.CompletedProcess[str]:
 SHADOW = "my_env.py:0: UserWarning: env 'Point-v1' defined here shadows the built-in one in plugrl_env_client.envs.point.point_env"
 
 
+@pytest.mark.slow
 def test_env_file_help_for_shadowed_builtin_and_new_env(user_file: Path) -> None:
     res = _run(user_file, "point-v1", "--help")
     assert res.returncode == 0, res.stderr
@@ -220,6 +222,7 @@ def test_env_file_help_for_shadowed_builtin_and_new_env(user_file: Path) -> None
     assert "--env.flavour" in res.stdout
 
 
+@pytest.mark.slow
 def test_env_file_run_uses_the_users_class(user_file: Path, tmp_path: Path) -> None:
     marker = tmp_path / "built.txt"
     out = tmp_path / "runs"
@@ -237,6 +240,7 @@ def test_env_file_run_uses_the_users_class(user_file: Path, tmp_path: Path) -> N
     assert client_config["env"] == {"marker_file": str(marker), "max_episode_steps": 7}  # + PlugRL's time limit
 
 
+@pytest.mark.slow
 def test_env_file_run_with_spawned_processes(user_file: Path, tmp_path: Path) -> None:
     """Spawned children re-import the file as ``__mp_main__``; its envs must still shadow the built-ins there."""
     marker = tmp_path / "built.txt"
@@ -252,6 +256,7 @@ def test_env_file_run_with_spawned_processes(user_file: Path, tmp_path: Path) ->
     assert summary["failed_processes"] == []
 
 
+@pytest.mark.slow
 def test_env_file_new_env_runs(user_file: Path, tmp_path: Path) -> None:
     out = tmp_path / "runs"
     res = _run(user_file, "tmpfile-v1", "--num-episodes", "2", "--num-envs", "2", "--local-policy", "random",
@@ -283,6 +288,7 @@ def test_flags_before_the_env_id_say_where_the_id_goes(capsys):
     assert "the env id comes first" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_the_template_runs_directly_without_a_shadowing_warning(tmp_path: Path) -> None:
     """The env file users copy (docs/examples/template_env.py) is a command of its own; its id is its own, so it
     replaces no built-in. Built-in env files are not run directly: they have no ``__main__`` block."""
@@ -295,6 +301,7 @@ def test_the_template_runs_directly_without_a_shadowing_warning(tmp_path: Path) 
     assert json.loads((tmp_path / "p" / "summary.json").read_text())["completed_episodes"] == 1
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("value, expected", [("False", False), ("false", False), ("True", True), ("1", True)])
 def test_bool_flags_take_a_value_as_well(value: str, expected: bool) -> None:
     _, config, _line = cli.parse(["point-v1", "--progress", value, "--reuse-feedback-obs", value])
@@ -371,6 +378,7 @@ def _register_sized(uid: str, default_size: int) -> None:
         pass
 
 
+@pytest.mark.slow
 def test_every_subcommand_runs_its_own_env(registry: None) -> None:
     """Subcommands and env ids are paired by name: each subcommand gives back its id and that env's config."""
     for uid, size in (("Zeta-v1", 1), ("alpha-v1", 2), ("Mixed_Case-v2", 3), ("MIXED-v1", 4)):

@@ -35,6 +35,7 @@ def command(body: str) -> subprocess.Popen[str]:
     return subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
+@pytest.mark.slow
 def test_a_command_that_leaves_a_thread_running_ends_with_its_code_and_names_the_thread() -> None:
     code, out, err = finish(command(
         "def body():\n"
@@ -59,6 +60,7 @@ def test_a_command_without_threads_left_ends_as_before() -> None:
     assert (code, err) == (2, "")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", ["finished", "failed"])
 def test_an_env_thread_never_keeps_the_client_alive_after_its_table(tmp_path: Path, case: str) -> None:
     """An env that starts a non-daemon thread and never stops it: the client prints its table, says which thread it

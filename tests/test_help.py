@@ -238,6 +238,7 @@ def helps() -> dict[str, str]:
     return HELPS["helps"]
 
 
+@pytest.mark.slow
 def test_every_command_and_env_subcommand_is_covered(helps: dict[str, str]) -> None:
     assert {"Point-v1", "Gym-v1", "MuJoCo-v1", "GEM-v1", "GuessNumber-v1", "Dummy-v1", "Probe-v1"} <= set(HELPS["ids"])
     for name in ("plugrl-run-env-client", "plugrl-check-env"):
@@ -245,6 +246,7 @@ def test_every_command_and_env_subcommand_is_covered(helps: dict[str, str]) -> N
     assert {"plugrl-run-policy-server", "plugrl-report"} <= set(helps)
 
 
+@pytest.mark.slow
 def test_every_flag_is_described_by_its_docstring(helps: dict[str, str]) -> None:
     problems = []
     for command, text in helps.items():

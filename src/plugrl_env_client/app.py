@@ -1,12 +1,13 @@
 """One client run from start to end: run folder, optional embedded server, processes, summaries.
 
 Returns the process exit code: 0 when the run finished or the server ended it, 1 on an error (the message is
-printed, the traceback is in ``logs/client.log``), 130 / 143 when interrupted by SIGINT / SIGTERM. Outputs are
+printed, the traceback is in ``logs/client.log``), 130 / 143 / 129 when interrupted by SIGINT / SIGTERM / SIGHUP. Outputs are
 written in every case once the run folder exists; a run that cannot start says why in its ``summary.json``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import multiprocessing as mp
@@ -40,7 +41,7 @@ from plugrl_env_client.outputs.tracking import make_tracker, require
 from plugrl_env_client.records import ProcessResult, ProcessStatus
 from plugrl_env_client.redaction import REDACTED, redact_url
 from plugrl_env_client.rollout.budget import EpisodeBudget
-from plugrl_env_client.rollout.signals import interrupt_handlers, shielded
+from plugrl_env_client.rollout.signals import blocked, deferred_interrupts, interrupt_handlers, shielded
 from plugrl_env_client.server.server import PolicyServer
 
 logger = logging.getLogger(__name__)
@@ -60,12 +61,16 @@ def run_client(config: ClientConfig, env_id: str, sources: EnvSources | None = N
     _validate(config)
     exp_name = config.exp_name or default_exp_name(spec.uid, config.num_envs)
     limit = spec.max_episode_steps if config.runner.max_episode_steps is None else config.runner.max_episode_steps
-    run_dir, writer = _start_run_folder(config, exp_name, spec.uid, spec.kwargs, limit)
     env: BaseEnv | None = None
     server: PolicyServer | None = None
     signum = None
-    with interrupt_handlers():
+    with interrupt_handlers(), contextlib.ExitStack() as starting:
+        # A signal while the run folder is made waits for it: the run then ends with its outputs written.
+        starting.enter_context(deferred_interrupts())
+        run_dir, writer = _start_run_folder(config, exp_name, spec.uid, spec.kwargs, limit)
         try:
+            writer.write_summaries()  # the run's summary exists from its start (status running, no episodes yet)
+            starting.close()  # a signal held meanwhile ends the run from here
             # One local process in lockstep: its env is built here, once, and also tells the embedded server the
             # action space (pipeline groups build their own envs, of num_envs / pipeline copies each; Ray actors
             # build theirs where they run).
@@ -116,7 +121,12 @@ def _run(config: ClientConfig, uid: str, run_dir: RunDir, writer: RunWriter, job
         logger.warning("--local-policy without --num-episodes: collecting until Ctrl-C (the embedded server never "
                        "ends a run)")
     ctx = mp.get_context(config.runner.start_method)
-    budget = EpisodeBudget(config.num_episodes, ctx, config.num_procs, config.runner.episode_split)
+    with blocked():
+        # The budget's shared counters start multiprocessing's resource tracker (spawn, forkserver), which inherits
+        # this mask: it ignores SIGINT and SIGTERM itself, and a SIGHUP held keeps it alive when a closed terminal
+        # hangs up the whole process group, so it still sees the budget's semaphores released at the end instead
+        # of dying (or warning of leaked semaphores).
+        budget = EpisodeBudget(config.num_episodes, ctx, config.num_procs, config.runner.episode_split)
     writer.when_failed(budget.stop.set)  # a full disk stops every process
     progress = Progress(budget).start() if config.progress else None
     refresher = Periodic(SUMMARY_PERIOD_S, writer.write_summaries).start()
@@ -139,13 +149,16 @@ def _start_run_folder(config: ClientConfig, exp_name: str, uid: str, env_kwargs:
     """The run folder, its log and ``client_config.json``, and the writer of its results; a folder that cannot be
     written (a file in the way, a read-only or full disk) is an :class:`OutputError` that says so."""
     run_dir = RunDir(config.output_dir / exp_name)
-    if run_dir.client_config.exists():
-        raise ConfigError(
-            f"{run_dir.root} already holds a run; pick another --exp-name (or leave it out for a fresh name), "
-            "or delete that folder"
-        )
     try:
-        run_dir.create()
+        try:
+            run_dir.create()
+        except FileExistsError:
+            if not run_dir.root.is_dir():  # a file in the way: said below
+                raise
+            # Another run's folder, or one being made this very moment by a run started with the same name.
+            held = "already holds a run" if run_dir.client_config.exists() else "already exists"
+            raise ConfigError(f"{run_dir.root} {held}; pick another --exp-name (or leave it out for a fresh name), "
+                              "or delete that folder") from None
         setup_logging(run_dir.log_file)
         _write_client_config(run_dir, config, uid, env_kwargs, limit)
         tracker = make_tracker(config.tracking, run_dir.root)

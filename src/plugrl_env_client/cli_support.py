@@ -5,7 +5,8 @@
   ``error: <what was wrong and what to do>``, and no traceback;
 * 2 on a command line the parser refuses (tyro prints why and the usage);
 * 128 + the signal's number when interrupted before the command had anything to write (130 for Ctrl-C);
-* a closed pipe (``--help | head``) ends quietly;
+* a closed pipe (``--help | head``, ``plugrl-run-env-client ... | head -1``) ends quietly, and the command
+  goes on to its end and exits with its own code: a run's exit code follows the run, never the terminal;
 * a thread left running (an env's simulator worker nobody stops) does not keep a finished command alive: the
   interpreter waits :data:`EXIT_GRACE_S` for the threads still running when it ends, then one warning names them and
   the process ends with the command's code (:func:`end_despite_threads`).
@@ -36,7 +37,7 @@ import time
 import types
 import typing
 from collections.abc import Callable, Sequence
-from typing import Annotated, Any, NoReturn, TypeVar
+from typing import Annotated, Any, NoReturn, TextIO, TypeVar
 
 import tyro
 from tyro.constructors import (
@@ -67,6 +68,8 @@ def exit_code(body: Callable[[], int], args: Sequence[str] | None = None) -> int
     if "--version" in (sys.argv[1:] if args is None else args):
         print(f"plugrl-env-client {__version__}")
         return 0
+    streams = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = _guarded(sys.stdout), _guarded(sys.stderr)
     try:
         try:
             code = body()
@@ -80,11 +83,52 @@ def exit_code(body: Callable[[], int], args: Sequence[str] | None = None) -> int
             code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
         sys.stdout.flush()
     except BrokenPipeError:
-        # The reader went away (``--help | head``): silence the interpreter's own flush at exit.
+        # A write that went around the guards (to a stream saved before the command started): the reader went away,
+        # silence the interpreter's own flush at exit.
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         code = 0
+    finally:
+        sys.stdout, sys.stderr = streams
     return code
+
+
+def _guarded(stream: TextIO | None) -> Any:
+    return None if stream is None else _ClosedPipeGuard(stream)
+
+
+class _ClosedPipeGuard:
+    """A text stream that, once its reader has gone (a closed pipe: ``| head``), sends what follows to /dev/null
+    instead of raising ``BrokenPipeError``: the command still writes its outputs and ends with its own exit code.
+    Everything else is the wrapped stream's."""
+
+    def __init__(self, stream: Any) -> None:
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        try:
+            return int(self._stream.write(text))
+        except BrokenPipeError:
+            self._silence()
+            return len(text)
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except BrokenPipeError:
+            self._silence()
+
+    def _silence(self) -> None:
+        """Point the stream's file descriptor at /dev/null: what is still buffered, and the interpreter's own flush
+        at exit, go nowhere."""
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        try:
+            os.dup2(devnull, self._stream.fileno())
+        finally:
+            os.close(devnull)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
 
 
 def run_cli(body: Callable[[], int], args: Sequence[str] | None = None) -> NoReturn:

@@ -19,6 +19,7 @@ def learning():
         yield module
 
 
+@pytest.mark.slow
 def test_the_client_changes_nothing_the_learner_sees(learning, tmp_path):
     """Point-v1 with 4 envs and 6 rollouts per iteration: rollouts take turns, evaluations run in between, episodes
     end at different steps (at the goal, or at the registered limit of 100 steps); six iterations of it."""

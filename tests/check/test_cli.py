@@ -57,6 +57,7 @@ def test_a_good_env_passes_every_rule(capsys: pytest.CaptureFixture[str]) -> Non
     assert out.count("[PASS]") == 13 and "[SKIP] 14." in out and ": OK" in out
 
 
+@pytest.mark.slow
 def test_a_user_file_and_its_flags_through_env_path(tmp_path: Path) -> None:
     (tmp_path / "wobble_env.py").write_text(textwrap.dedent(USER_ENV))
     good = subprocess.run([sys.executable, "-m", "plugrl_env_client.check.cli", "wobble-v1", "--env-path",

@@ -71,6 +71,7 @@ def pip_environment(site: Path) -> dict[str, str]:
 # ================================================================================================ the commands
 
 
+@pytest.mark.slow
 def test_every_command_of_the_guide_runs(tmp_path: Path) -> None:
     examples = tmp_path / "examples"  # a copy: pip writes its build files next to the sources
     shutil.copytree(EXAMPLES, examples, ignore=shutil.ignore_patterns("__pycache__", "build", "*.egg-info"))
@@ -327,6 +328,7 @@ def run_trigger(trigger: Trigger, folder: Path) -> tuple[list[Result], str]:
     return results, "\n".join(r.stdout + r.stderr for r in results)
 
 
+@pytest.mark.slow
 def test_every_troubleshooting_message_is_real(tmp_path: Path) -> None:
     runs = {t.name: functools.partial(run_trigger, t, tmp_path / f"t{k:02d}") for k, t in enumerate(TRIGGERS)}
     check_quoted_messages(table_excerpts(GUIDE, TROUBLESHOOTING), runs, MIN_EXCERPT)
@@ -486,6 +488,7 @@ def test_doc_commands_reads_commands_lines_exit_codes_and_outputs(tmp_path: Path
                                   '--no-progress | tail -1; echo "done" 2>&1 >/dev/null')
 
 
+@pytest.mark.slow
 def test_doc_shell_carries_cd_and_export_and_ends_what_it_starts(tmp_path: Path) -> None:
     md = tmp_path / "sample.md"
     md.write_text("```bash\nmkdir sub\ncd sub && export GREETING=hello\npwd && echo $GREETING\n"
@@ -543,6 +546,7 @@ with DocShell(Path(sys.argv[2]), Path(sys.argv[2]) / "runs") as shell:
 '''
 
 
+@pytest.mark.slow
 def test_doc_shell_stops_its_server_with_ctrl_c_when_the_tests_ignore_it(tmp_path: Path) -> None:
     """Under ``nohup pytest &`` the tests' process ignores SIGINT; the server a doc starts still ends on it."""
     md = tmp_path / "sample.md"

@@ -57,6 +57,7 @@ needs_gem = pytest.mark.skipif(not gem_installed, reason="the guide runs GEM-v1:
 # ================================================================================================ the commands
 
 
+@pytest.mark.slow
 @needs_gem
 def test_every_command_of_the_guide_runs(tmp_path: Path) -> None:
     examples = tmp_path / "examples"  # a copy: running the example writes __pycache__ next to it
@@ -246,6 +247,7 @@ def run_trigger(trigger: Trigger, folder: Path) -> tuple[list[Result], str]:
     return results, "\n".join(r.stdout + r.stderr for r in results)
 
 
+@pytest.mark.slow
 @needs_gem
 def test_every_troubleshooting_message_is_real(tmp_path: Path) -> None:
     runs = {t.name: functools.partial(run_trigger, t, tmp_path / f"t{k:02d}") for k, t in enumerate(TRIGGERS)}

@@ -73,6 +73,7 @@ def metaworld_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return site
 
 
+@pytest.mark.slow
 def test_the_metaworld_commands_run(metaworld_site: Path, tmp_path: Path) -> None:
     """The page's Meta-World run, as written (the venv and install lines are what the site folder stands for):
     one 500-step episode of reach-v3 against the embedded random policy, judged by Meta-World's success flag."""

@@ -131,6 +131,7 @@ def test_unknown_id_lists_the_ways_to_add_envs() -> None:
         assert way in message, message
 
 
+@pytest.mark.slow
 def test_cli_runs_a_user_file_with_env_path_and_in_one_off_form(tmp_path: Path) -> None:
     write_env(tmp_path / "envs", "walk_env.py", "Walk-v1", "Walk")
     common = ["--num-episodes", "2", "--local-policy", "random", "--no-progress", "--output-dir", str(tmp_path)]
@@ -143,6 +144,7 @@ def test_cli_runs_a_user_file_with_env_path_and_in_one_off_form(tmp_path: Path) 
     assert json.loads((tmp_path / "b" / "summary.json").read_text())["completed_episodes"] == 2
 
 
+@pytest.mark.slow
 def test_env_path_with_several_processes(tmp_path: Path) -> None:
     """Spawned processes import the same files before they unpickle their job (its config class lives there)."""
     write_env(tmp_path / "envs", "stroll_env.py", "Stroll-v1", "Stroll")
@@ -154,6 +156,7 @@ def test_env_path_with_several_processes(tmp_path: Path) -> None:
     assert summary["completed_episodes"] == 4 and summary["failed_processes"] == []
 
 
+@pytest.mark.slow
 def test_one_off_module_form(tmp_path: Path) -> None:
     write_env(tmp_path / "mypkg", "hop_env.py", "Hop-v1", "Hop")
     (tmp_path / "mypkg" / "__init__.py").write_text("")
@@ -163,6 +166,7 @@ def test_one_off_module_form(tmp_path: Path) -> None:
     assert res.returncode == 0, res.stderr
 
 
+@pytest.mark.slow
 def test_the_cli_survives_a_broken_env_module(tmp_path: Path) -> None:
     write_env(tmp_path, "bad_env.py", "Bad-v1", "Bad", extra="\n1 / 0\n")
     res = run_cli("point-v1", "--env-path", str(tmp_path), "--num-episodes", "1", "--local-policy", "random",
@@ -172,6 +176,7 @@ def test_the_cli_survives_a_broken_env_module(tmp_path: Path) -> None:
     assert "Traceback" not in res.stderr
 
 
+@pytest.mark.slow
 def test_unknown_id_names_the_file_that_failed(tmp_path: Path) -> None:
     write_env(tmp_path, "crashy_env.py", "Crashy-v1", "Crashy", extra="\nraise RuntimeError('no simulator')\n")
     res = run_cli("crashy-v1", "--env-path", str(tmp_path), "--local-policy", "random", cwd=tmp_path)
@@ -180,6 +185,7 @@ def test_unknown_id_names_the_file_that_failed(tmp_path: Path) -> None:
     assert "Traceback" not in res.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("ending, said", [
     ("import sys\nsys.exit(0)\n", "it called sys.exit(0) while imported"),
     ("raise SystemExit(2)\n", "it called sys.exit(2) while imported"),
@@ -199,6 +205,7 @@ def test_an_env_file_that_ends_the_process_while_imported_is_an_error_naming_it(
     assert "Traceback" not in res.stderr
 
 
+@pytest.mark.slow
 def test_a_ctrl_c_while_env_files_are_imported_stops_the_command(tmp_path: Path) -> None:
     """Only the module's own KeyboardInterrupt skips it: a real SIGINT while the CLI imports env files (here one
     that waits in its import) ends the command as interrupted."""
@@ -277,6 +284,7 @@ def with_site(site: Path) -> dict[str, str]:
     return {"PYTHONPATH": os.pathsep.join(p for p in (str(site), os.environ.get("PYTHONPATH", "")) if p)}
 
 
+@pytest.mark.slow
 def test_the_plugin_stays_out_of_this_venv(plugin_site: Path) -> None:
     assert "line" not in {ep.name for ep in entry_points(group=discovery.ENTRY_POINT_GROUP)}
     with pytest.raises(PackageNotFoundError):
@@ -297,6 +305,7 @@ def test_discovery_reads_the_plugin_entry_point(plugin_site: Path, tmp_path: Pat
     assert "Skip loading env module" not in res.stderr
 
 
+@pytest.mark.slow
 def test_an_installed_plugin_registers_its_envs(plugin_site: Path, tmp_path: Path) -> None:
     res = run_cli("line-v1", "--num-episodes", "2", "--local-policy", "random", "--no-progress",
                   "--output-dir", str(tmp_path), "--exp-name", "plug", cwd=tmp_path, env=with_site(plugin_site))

@@ -213,6 +213,7 @@ def targets(env: GemEnv) -> list[int]:
 
 # ---------------------------------------------------------------------------------------------------- RNG isolation
 
+@pytest.mark.slow
 @pytest.mark.parametrize("env_id, policy", [(GUESS, guess_policy), (MASTERMIND, mastermind_policy)])
 def test_env_i_of_a_batch_plays_as_if_alone(env_id, policy):
     batch = make(4, env_id)
@@ -234,6 +235,7 @@ def test_same_seed_same_episodes_and_envs_differ():
     assert drive(make(3), seed=1, steps=12) != drive(make(3), seed=2, steps=12)
 
 
+@pytest.mark.slow
 def test_same_seed_same_episodes_across_processes():
     code = ("import numpy as np; from plugrl_env_client.envs.gem.gem_env import GemEnv, GemEnvConfig\n"
             "env = GemEnv(GemEnvConfig(env_id='game:GuessTheNumber-v0-random'), num_envs=3)\n"

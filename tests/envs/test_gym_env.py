@@ -245,6 +245,7 @@ def test_seeds_reproduce() -> None:
     np.testing.assert_array_equal(a[0][1], c[0][0])
 
 
+@pytest.mark.slow
 def test_async_matches_sync() -> None:
     for x, y in zip(trajectory(5, "sync"), trajectory(5, "async")):
         np.testing.assert_array_equal(x, y)

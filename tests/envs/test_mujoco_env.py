@@ -64,6 +64,7 @@ def run_until_terminated(env: MujocoEnv, n: int, limit: int = 300) -> tuple[Any,
 # ------------------------------------------------------------------------------------------------ both backends
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("task", ["HalfCheetah-v5", "Hopper-v5"])
 def test_tasks_step_as_a_batch(backend: str, task: str) -> None:
@@ -176,6 +177,7 @@ def test_the_gymnasium_backend_takes_per_env_seeds_and_envpool_does_not() -> Non
             pooled.close()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_render_frames(backend: str) -> None:
     n = 3
@@ -196,6 +198,7 @@ def test_render_frames(backend: str) -> None:
         env.close()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_frames_for_the_recorder_only_are_drawn_on_request(backend: str) -> None:
     """--env.render-for-recorder-only: no frames in the observations; render_frames draws the rows asked for. On

@@ -31,6 +31,7 @@ def make(pusht: ModuleType, n: int, **fields: Any) -> Any:
     return pusht.PushTEnv(pusht.PushTConfig(**fields), num_envs=n)
 
 
+@pytest.mark.slow
 def test_the_readme_command_runs(tmp_path: Path) -> None:
     cmd = [sys.executable, str(EXAMPLE), "pusht-v1", "--num-episodes", "2", "--local-policy", "random",
            "--output-dir", str(tmp_path), "--exp-name", "pusht", "--runner.max-episode-steps", "20"]
@@ -42,6 +43,7 @@ def test_the_readme_command_runs(tmp_path: Path) -> None:
     assert summary["mean_success_rate"] is not None  # judged from the env's info["success"]
 
 
+@pytest.mark.slow
 def test_observations_and_spaces(pusht: ModuleType) -> None:
     env = make(pusht, 3)
     try:

@@ -69,6 +69,7 @@ def client(tmp_path: Path, *flags: str) -> subprocess.Popen:
     return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=_env())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("server, start_method", [("embedded", "spawn"), ("external", "spawn"),
                                                   ("embedded", "forkserver"), ("embedded", "fork")])
 def test_sigkill_of_a_two_process_launcher_ends_every_process_it_started(tmp_path, policy_server, server,
@@ -96,6 +97,7 @@ def test_sigkill_of_a_two_process_launcher_ends_every_process_it_started(tmp_pat
         assert all(json.loads(line)["length"] >= 1 for line in path.read_text().splitlines()[:-1])
 
 
+@pytest.mark.slow
 def test_sigkill_of_a_pipelined_launcher_leaves_no_process(tmp_path):
     """--runner.pipeline 2 runs its groups in the launcher itself; what it starts (the resource tracker of its
     shared counters) ends with it."""
@@ -110,6 +112,7 @@ def test_sigkill_of_a_pipelined_launcher_leaves_no_process(tmp_path):
     assert not left and waited <= WITHIN_S, (waited, left)
 
 
+@pytest.mark.slow
 def test_a_process_deaf_to_sigterm_is_ended_once_its_grace_time_is_up(tmp_path, policy_server):
     """Process 0 hangs in a step with SIGTERM ignored (a simulator stuck in C code): its lifeline's watchdog ends
     it anyway."""
@@ -129,6 +132,7 @@ def test_a_process_deaf_to_sigterm_is_ended_once_its_grace_time_is_up(tmp_path, 
 # ------------------------------------------------------------------------------------------------ the parts
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("how, orderly", [("kernel", True), ("watchdog", True), ("late", True), ("deaf", False)])
 def test_an_orphaned_child_stops_by_each_way(tmp_path, how, orderly):
     """``kernel``: the parent-death signal; ``watchdog``: the parent's sentinel alone (no prctl); ``late``: the

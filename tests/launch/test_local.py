@@ -54,6 +54,7 @@ def test_a_report_that_cannot_be_read_is_logged_and_the_ones_after_it_still_coun
     assert any("could not read a report" in r.getMessage() and r.levelno == logging.ERROR for r in caplog.records)
 
 
+@pytest.mark.slow
 def test_a_spawned_processs_log_lines_land_in_the_run_log_under_its_name(tmp_path: Path):
     """Process 1 crashes in its env: the run's log has its line, named after it, with the traceback under it."""
     cfg = ClientConfig(output_dir=tmp_path, exp_name="run", progress=False, num_envs=2, num_procs=2,

@@ -43,6 +43,7 @@ def test_a_failing_close_is_one_warning_line_and_its_traceback_is_in_the_log(
     assert "Traceback (most recent call last)" in log and 'raise RuntimeError("simulator already gone")' in log
 
 
+@pytest.mark.slow
 def test_a_failing_close_in_spawned_processes_is_one_warning_line_each(leaky: None, tmp_path: Path,
                                                                        capsys: pytest.CaptureFixture[str]) -> None:
     server = PolicyServer(make_policy(PolicyConfig(action_dim=2)), host="127.0.0.1", port=0).start()

@@ -351,6 +351,7 @@ def test_worker_without_the_file_says_where_it_should_come_from(tmp_path):
 # ------------------------------------------------------------------------------------------------ whole runs
 
 
+@pytest.mark.slow
 def test_ray_runs_give_the_local_launchers_episodes_and_aggregate(cluster, tmp_path):
     from plugrl_env_client.envs.point.point_env import PointEnvConfig
 
@@ -373,6 +374,7 @@ def test_ray_runs_give_the_local_launchers_episodes_and_aggregate(cluster, tmp_p
     assert "[proc_000@" in log and "[proc_001@" in log, "worker log lines come home tagged with process and node"
 
 
+@pytest.mark.slow
 def test_ray_client_address_runs_with_uploaded_env_files(cluster, tmp_path):
     """``--ray.address ray://host:port`` (Ray Client): the same run, env file uploaded through the client."""
     cfg = ray_config(tmp_path, cluster, "run", num_envs=2, num_procs=2, num_episodes=10, local_policy="zero",
@@ -384,6 +386,7 @@ def test_ray_client_address_runs_with_uploaded_env_files(cluster, tmp_path):
     assert summary["process_status"] == {"0": "finished", "1": "finished"}
 
 
+@pytest.mark.slow
 def test_env_defined_in_the_script_that_was_run_reaches_the_workers(cluster, tmp_path):
     """``python my_env.py <env-id> --launcher ray``: the workers import the script (not as ``__main__``)."""
     script = Path(__file__).resolve().parents[2] / "examples" / "reach_env.py"
@@ -396,6 +399,7 @@ def test_env_defined_in_the_script_that_was_run_reaches_the_workers(cluster, tmp
     assert summary["completed_episodes"] == 4 and summary["status"] == "finished"
 
 
+@pytest.mark.slow
 def test_env_code_that_calls_sys_exit_in_an_actor_fails_the_run_with_its_message(cluster, tmp_path):
     """In an actor the rollout runs in a thread, where a SystemExit would only end that thread: the process fails
     with the env's message, the other one is stopped, and the run exits 1."""
@@ -408,6 +412,7 @@ def test_env_code_that_calls_sys_exit_in_an_actor_fails_the_run_with_its_message
     assert summary["errors"]["1"].startswith("env RayGated-v1 called sys.exit(0) in step()"), summary["errors"]
 
 
+@pytest.mark.slow
 def test_a_full_disk_fails_a_ray_run_once_and_keeps_every_episode_written(cluster, tmp_path):
     """The actors write into the same run folder as local processes do: a disk that fills is an output failure of
     the process, not an actor death to restart, and the run ends with the summary counting every line on disk."""
@@ -431,6 +436,7 @@ def test_a_full_disk_fails_a_ray_run_once_and_keeps_every_episode_written(cluste
     assert took < 120, f"the run took {took:.0f} s to stop"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("split,max_restarts", [("static", 3), ("shared", 3), ("shared", 0)])
 def test_killed_actor_is_restarted_and_the_total_stays_exact(cluster, tmp_path, split, max_restarts):
     """Process 0 kills itself in its 4th step; process 1 holds in its 4th step until the driver has taken in the
@@ -466,7 +472,8 @@ def test_killed_actor_is_restarted_and_the_total_stays_exact(cluster, tmp_path, 
         assert summary["completed_episodes"] == 40 == sum(map(len, rows))
 
 
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
 def test_signal_on_the_driver_stops_every_actor_and_writes_outputs(cluster, tmp_path, sig):
     """The signal comes while both processes hold in a step, with episodes recorded: mid-collection for sure (the
     run has no episode target, and the gate opens right after the signal)."""
@@ -496,6 +503,7 @@ def test_signal_on_the_driver_stops_every_actor_and_writes_outputs(cluster, tmp_
     assert "Traceback" not in err
 
 
+@pytest.mark.slow
 def test_sigkill_of_the_driver_leaves_no_actor_process_of_the_run(cluster, tmp_path):
     """SIGKILL of the driver (preemption, the OOM killer) while both actors hold in a step: Ray ends the actors of
     a job whose driver died (they are not detached), so none of the run's actor processes is left 30 s later."""
@@ -538,6 +546,7 @@ def wait_until_idle(cluster: Cluster, timeout_s: float = 60.0) -> None:
         ray.shutdown()
 
 
+@pytest.mark.slow
 def test_spread_uses_different_nodes_and_pack_one(cluster, extra_node, tmp_path):
     from plugrl_env_client.envs.point.point_env import PointEnvConfig
 
@@ -554,6 +563,7 @@ def test_spread_uses_different_nodes_and_pack_one(cluster, extra_node, tmp_path)
     assert len(placed["pack"]) == 1
 
 
+@pytest.mark.slow
 def test_lost_node_restarts_its_actor_on_another_and_the_total_stays_exact(cluster, extra_node, tmp_path):
     """The node goes while both processes hold in their 4th step (placed, collecting, far from their shares); the
     gate opens once the driver has taken in the loss and the lost actor's process has ended (it outlives its node
@@ -588,6 +598,7 @@ def test_lost_node_restarts_its_actor_on_another_and_the_total_stays_exact(clust
 # ------------------------------------------------------------------------------------------------ the doc
 
 
+@pytest.mark.slow
 def test_the_docs_one_machine_run_and_node_table_work(tmp_path):
     """docs/ray.md: the one-machine command runs (a private Ray instance), and its per-node table reads the run."""
     from doc_commands import DocShell, bash_blocks
@@ -626,6 +637,7 @@ class _FlakyRay:
         self.shutdowns += 1
 
 
+@pytest.mark.slow
 def test_init_connects_again_once_when_the_client_server_failed_to_start(caplog):
     from plugrl_env_client.launch.ray import cluster as ray_cluster
 

@@ -285,6 +285,7 @@ def test_recorders_defaults_are_plugrls() -> None:
     assert isinstance(config.video_fps, float) and config.episode_freq == 0
 
 
+@pytest.mark.slow
 def test_every_file_holds_what_the_episode_observed(tmp_path: Path) -> None:
     rec = recorder(DirectorySink(tmp_path), k=1, video_fps=10.0, metric_window=3, **EVERYTHING)
     log = scenario(rec)
@@ -694,6 +695,7 @@ def test_video_of_an_env_without_images_is_named_once(caplog: pytest.LogCaptureF
     assert _warnings(caplog, "hold no image") == []
 
 
+@pytest.mark.slow
 def test_a_run_of_two_processes_warns_once(tmp_path: Path) -> None:
     """Both processes record every episode of an env without images: the run's console says so once."""
     done = subprocess.run(sigint_default([
@@ -736,6 +738,7 @@ class Plain:
         raise AssertionError("an env that does not render for the recorder is never asked")
 
 
+@pytest.mark.slow
 def test_envs_that_render_for_the_recorder_draw_only_the_recorded_envs_frames() -> None:
     sink = MemorySink()
     rec = recorder(sink, k=2, num_envs=4, record_video=True)

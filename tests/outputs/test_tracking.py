@@ -110,6 +110,7 @@ def slow_server():
     server.shutdown()
 
 
+@pytest.mark.slow
 def test_a_run_is_tracked_from_every_process_while_it_goes_on(slow_server: PolicyServer, tmp_path: Path) -> None:
     run = tmp_path / "run"
     client = subprocess.Popen(sigint_default([

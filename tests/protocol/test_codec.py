@@ -324,6 +324,7 @@ def test_property_round_trip(arr: np.ndarray) -> None:
     _same(arr, out["l"][0])
 
 
+@pytest.mark.slow
 @PROPERTY
 @given(hnp.arrays(_DTYPES, hnp.array_shapes(min_dims=1, max_dims=3, min_side=1, max_side=4)), st.data())
 def test_property_round_trip_of_basic_index_views(arr: np.ndarray, data) -> None:
@@ -409,6 +410,7 @@ def test_encoder_matches_reference_bytes(name: str) -> None:
         assert frame.tobytes() == bytes.fromhex(hex_bytes)
 
 
+@pytest.mark.slow
 @PROPERTY
 @given(st.lists(_arrays(), min_size=1, max_size=4))
 def test_property_encoder_reusing_its_buffer_matches_packb(arrays: list[np.ndarray]) -> None:

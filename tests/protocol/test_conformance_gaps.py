@@ -85,6 +85,7 @@ def test_c1_handshake_offers_no_compression_and_frames_have_no_size_limit(harnes
     assert "deflate" not in str(headers).lower()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("slow", ["step", "reset"])
 @pytest.mark.parametrize("pipeline", [1, 2], ids=["lockstep", "pipelined"])
 def test_c2_answers_pings_while_its_envs_step(harness, tmp_path, slow, pipeline):
@@ -102,6 +103,7 @@ def test_c2_answers_pings_while_its_envs_step(harness, tmp_path, slow, pipeline)
     assert all(conn.ws.latency > 0 for conn in h.connections), "the server's pings were answered"
 
 
+@pytest.mark.slow
 def test_c2_answers_pings_during_a_run_of_short_steps_without_a_message(harness, tmp_path):
     """Steps of 20 ms through chunks of 100 steps: 2 s at a time in which the client has nothing to send or
     receive, and no single call is long. The sockets are read between the env calls, so pongs are at most about a
@@ -406,6 +408,7 @@ def test_c27_sends_close_1000_when_it_finishes(harness, tmp_path, ending):
     assert h.connections[0].ws.close_code == messages.CLOSE_NORMAL
 
 
+@pytest.mark.slow
 def test_c28_every_process_numbers_its_envs_from_zero_on_its_own_connection(harness, tmp_path):
     # The server ends each connection's run itself, so each process sends its share whatever their start times.
     h = harness(probe_script(4, stop_after_feedbacks=8))

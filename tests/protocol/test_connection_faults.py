@@ -58,6 +58,7 @@ def start_server(port: int, log: Path) -> subprocess.Popen:
     return proc
 
 
+@pytest.mark.slow
 def test_server_killed_and_restarted_mid_run(tmp_path):
     port, log = free_port(), tmp_path / "server.log"
     servers = [start_server(port, log)]
@@ -87,6 +88,7 @@ def test_server_killed_and_restarted_mid_run(tmp_path):
     assert "protocol violation" not in log.read_text()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "close",
     [(1001, messages.REASON_RESYNC), (1001, messages.REASON_FEEDBACK_TIMEOUT), (1001, messages.REASON_SHUTDOWN),
@@ -141,6 +143,7 @@ def test_random_closes_reconnect_and_every_transcript_stays_valid(harness, tmp_p
     assert len(episodes(tmp_path)) == 60
 
 
+@pytest.mark.slow
 def test_huge_metadata_and_slow_metadata(harness, tmp_path):
     def script(conn):
         time.sleep(1.5)  # a slow server: the client waits for metadata
@@ -152,6 +155,7 @@ def test_huge_metadata_and_slow_metadata(harness, tmp_path):
     assert len(episodes(tmp_path)) == 4
 
 
+@pytest.mark.slow
 def test_long_server_pause_keeps_a_healthy_connection(harness, tmp_path):
     """The server pings every 0.2 s and waits 2 s before answering: the client must answer pings meanwhile."""
 
@@ -213,6 +217,7 @@ def test_close_after_the_last_needed_episode_ends_the_run_without_reconnecting(h
     assert summary["status"] == "finished" and summary["completed_episodes"] == 1
 
 
+@pytest.mark.slow
 def test_reconnect_timeout_gives_up_with_a_message(harness, tmp_path, capsys):
     def script(conn):
         conn.send_metadata()
@@ -225,6 +230,7 @@ def test_reconnect_timeout_gives_up_with_a_message(harness, tmp_path, capsys):
     assert "--reconnect-timeout" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_a_server_that_never_sends_metadata_fails_within_the_connect_timeout(harness, tmp_path, capsys):
     h = harness(lambda conn: conn.ws.recv())  # the handshake completes; then nothing
     start = time.monotonic()
@@ -234,6 +240,7 @@ def test_a_server_that_never_sends_metadata_fails_within_the_connect_timeout(har
     assert "sent no metadata within 1.5 s (--connect-timeout)" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_infer_timeout_reconnects_then_gives_up_naming_the_timeout(harness, tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("PLUGRL_WAIT_WARNING_S", "0.2")
 
@@ -251,6 +258,7 @@ def test_infer_timeout_reconnects_then_gives_up_naming_the_timeout(harness, tmp_
     assert [(c.ws.close_code, c.ws.close_reason) for c in h.connections] == [(1001, "Infer timeout")] * 2
 
 
+@pytest.mark.slow
 def test_infer_timeout_in_one_pipelined_group_reconnects_that_group_alone(harness, tmp_path):
     """Group 0's first connection never answers; group 1 steps on meanwhile (the loop polls, then waits on both
     connections); group 0 reconnects at its --infer-timeout, and its second connection ends the run."""
@@ -279,6 +287,7 @@ def test_infer_timeout_in_one_pipelined_group_reconnects_that_group_alone(harnes
     assert summary["timing"]["reconnects"] == 1 and summary["status"] == "stopped by server"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("extra", ["second-reply", "reply-after-feedback"])
 def test_a_reply_that_answers_no_infer_resyncs_instead_of_being_the_next_chunk(harness, tmp_path, extra):
     """The first connection answers an infer twice, or sends an action after a feedback; the client's envs reset

@@ -27,6 +27,7 @@ def wait_for(condition: Callable[[], bool], timeout: float = 10.0) -> bool:
     return True
 
 
+@pytest.mark.slow
 def test_without_the_keepalive_a_long_call_loses_the_connection(bare):
     """The check that the next test can fail."""
     client = ws_client.connect(bare(echo, **PINGS))
@@ -40,6 +41,7 @@ def test_without_the_keepalive_a_long_call_loses_the_connection(bare):
         client.close()
 
 
+@pytest.mark.slow
 def test_the_keepalive_answers_pings_through_a_long_call_and_hands_the_socket_back(bare):
     client = ws_client.connect(bare(echo, **PINGS))
     keepalive = Keepalive([client], grace_s=0.2)
@@ -137,6 +139,7 @@ def test_a_call_that_raises_still_gets_the_socket_back(bare):
         client.close()
 
 
+@pytest.mark.slow
 def test_several_clients_and_a_replaced_one(bare):
     """A pipelined loop's connections are serviced together; after a reconnect the new one replaces the old."""
     url = bare(echo, **PINGS)
@@ -174,6 +177,7 @@ def test_close_stops_the_thread(bare):
     client.close()
 
 
+@pytest.mark.slow
 def test_calls_that_end_as_the_grace_runs_out_never_share_the_client(bare):
     """Calls lasting about the grace period, so that the thread's takeover and the owner's return meet again and
     again: the client is always the owner's after the call (an overlap would raise, or break the echo)."""

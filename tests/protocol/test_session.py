@@ -258,6 +258,7 @@ def _warnings(caplog, words: str) -> list[str]:
     return [r.getMessage() for r in caplog.records if r.levelname == "WARNING" and words in r.getMessage()]
 
 
+@pytest.mark.slow
 def test_connect_timeout_counts_the_metadata_read(harness):
     """A server that completes the handshake and never sends its metadata: --connect-timeout still holds."""
     h = harness(lambda conn: conn.ws.recv())  # waits for the client, says nothing
@@ -299,6 +300,7 @@ class _NeverAccepts:
         self.listener.close()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("peer", ["nothing-listening", "never-accepts", "never-answers-the-handshake"])
 def test_connect_timeout_holds_to_within_a_second(peer):
     """Backoff pauses and each attempt's handshake timeout are cut to the time left."""
@@ -319,6 +321,7 @@ def test_connect_timeout_holds_to_within_a_second(peer):
         assert 2.0 <= time.monotonic() - start < 3.0
 
 
+@pytest.mark.slow
 def test_infer_timeout_closes_the_connection_names_the_infer_and_a_reconnect_goes_on(harness, caplog,
                                                                                     fast_warnings):
     closes: list[tuple[Any, Any]] = []
@@ -361,6 +364,7 @@ def test_infer_timeout_closes_the_connection_names_the_infer_and_a_reconnect_goe
     session.close()
 
 
+@pytest.mark.slow
 def test_a_slow_reply_is_announced_and_then_taken(harness, caplog, fast_warnings):
     def script(conn):
         conn.send_metadata(action_horizon=2)
@@ -380,6 +384,7 @@ def test_a_slow_reply_is_announced_and_then_taken(harness, caplog, fast_warnings
     session.close()
 
 
+@pytest.mark.slow
 def test_a_server_that_stays_stopped_gets_one_line_and_a_reminder(harness, caplog, fast_warnings):
     """With --reconnect-on-server-stop, a stopped server that stays up ends every connection at once: the client
     says once that it waits for the next run, then reminds every 0.4 s (a minute by default), not per reconnect."""

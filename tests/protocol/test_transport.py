@@ -233,6 +233,7 @@ def test_freed_multi_mb_buffers_stay_in_the_process():
     assert faults < rounds * 3 * pages / 4, f"{faults} page faults for {rounds} rounds of 3 x {pages} pages"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("server_kind", KINDS)
 def test_server_shutdown_closes_open_connections_as_going_away(served, server_kind):
     s = served(echo_async, server_kind)

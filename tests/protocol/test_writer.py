@@ -47,6 +47,7 @@ messages = st.recursive(leaves, lambda inner: st.one_of(st.lists(inner, max_size
                                                         st.dictionaries(keys, inner, max_size=18)), max_leaves=30)
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None)
 @given(st.lists(messages, min_size=1, max_size=4))
 def test_every_message_gets_the_bytes_of_packb_also_after_the_ones_before(msgs):

@@ -402,6 +402,7 @@ def test_the_reference_server_over_the_client_directly(reference):
     assert reference._streams == {(3, 1): 1}  # the stream header reached the server
 
 
+@pytest.mark.slow
 def test_a_session_runs_over_the_client_against_the_reference_server(reference):
     """Lockstep infers, a pipelined poll (nothing yet: None, nothing raised), feedback, and the server's shutdown
     as the close the session reports."""

@@ -109,6 +109,7 @@ def assert_clean(page: Path) -> None:
         assert (page.parent / src).exists(), f"{src} is referenced but missing"
 
 
+@pytest.mark.slow
 def test_new_format_with_metrics_and_instructions(tmp_path):
     root = write_run(tmp_path / "run", {0: episode_lines(0, 50, metrics=True), 1: episode_lines(1, 40, metrics=True)})
     report = build_report(root)
@@ -127,6 +128,7 @@ def test_new_format_with_metrics_and_instructions(tmp_path):
     assert_clean(report.page)
 
 
+@pytest.mark.slow
 def test_page_figures_match_a_second_build_and_stale_figures_go(tmp_path):
     root = write_run(tmp_path / "run", {0: episode_lines(0, 30, metrics=True)})
     build_report(root)
@@ -137,6 +139,7 @@ def test_page_figures_match_a_second_build_and_stale_figures_go(tmp_path):
     assert "metric_distance.png" not in figure_names(root), "a figure the data no longer supports is removed"
 
 
+@pytest.mark.slow
 def test_success_not_judged_leaves_out_success_and_says_n_a(tmp_path):
     root = write_run(tmp_path / "run", {0: episode_lines(0, 30, success=None)})
     report = build_report(root)
@@ -145,6 +148,7 @@ def test_success_not_judged_leaves_out_success_and_says_n_a(tmp_path):
     assert table.count("n/a") == 2, "success rate is n/a in the process row and the total row"
 
 
+@pytest.mark.slow
 def test_null_returns_and_metrics_are_left_out_not_plotted_as_nan(tmp_path):
     rows = episode_lines(0, 20, metrics=True)
     rows[3]["return"] = None
@@ -158,6 +162,7 @@ def test_null_returns_and_metrics_are_left_out_not_plotted_as_nan(tmp_path):
     assert_clean(report.page)
 
 
+@pytest.mark.slow
 def test_old_timing_form_gives_a_time_split(tmp_path):
     root = write_run(tmp_path / "run", {0: episode_lines(0, 20)}, timing_form="old")
     report = build_report(root)
@@ -165,6 +170,7 @@ def test_old_timing_form_gives_a_time_split(tmp_path):
     assert "report/time_split.png" in sources(report.page).src
 
 
+@pytest.mark.slow
 def test_window_is_used_and_must_be_positive(tmp_path):
     root = write_run(tmp_path / "run", {0: episode_lines(0, 20)})
     assert "moving averages over 7 episodes (--window)" in build_report(root, window=7).page.read_text()
@@ -173,6 +179,7 @@ def test_window_is_used_and_must_be_positive(tmp_path):
         build_report(root, window=0)
 
 
+@pytest.mark.slow
 def test_text_of_the_run_is_escaped(tmp_path):
     rows = episode_lines(0, 10, metrics=True)
     for r in rows:
@@ -182,6 +189,7 @@ def test_text_of_the_run_is_escaped(tmp_path):
     assert "<script>" not in text and "&lt;script&gt;alert(1)&lt;/script&gt; &amp; go" in text
 
 
+@pytest.mark.slow
 def test_a_process_folder_never_made_is_listed_without_summary(tmp_path):
     root = write_run(tmp_path / "run", {0: episode_lines(0, 10)})
     config = json.loads((root / "client_config.json").read_text())
@@ -191,6 +199,7 @@ def test_a_process_folder_never_made_is_listed_without_summary(tmp_path):
     assert "<td>process 1</td><td class=\"text\">no summary</td><td>0</td>" in text
 
 
+@pytest.mark.slow
 def test_sampled_images_are_shown_shrunk_enlarged_or_as_they_are(tmp_path):
     root = write_run(tmp_path / "run", {0: episode_lines(0, 10)})
     sampled = root / "rollout/proc_000/sampled"
@@ -251,6 +260,7 @@ def test_a_run_without_episodes_says_whether_to_wait_or_what_happened(tmp_path):
     assert "The run ended (finished) before any episode finished" in build_report(root).page.read_text()
 
 
+@pytest.mark.slow
 def test_states_and_texts_are_described(tmp_path):
     root = write_run(tmp_path / "run", {0: episode_lines(0, 10)})
     sampled = root / "rollout/proc_000/sampled"

@@ -98,6 +98,7 @@ def assert_page_is_sound(root: Path) -> str:
     return text
 
 
+@pytest.mark.slow
 def test_report_of_a_finished_run(one_proc, tmp_path, capsys):
     root = copy_of(one_proc, tmp_path)
     assert main([str(root)]) == 0
@@ -113,6 +114,7 @@ def test_report_of_a_finished_run(one_proc, tmp_path, capsys):
     assert f"{summary['all_episodes']['mean_return']:.4f}" in text
 
 
+@pytest.mark.slow
 def test_report_from_a_subprocess(one_proc, tmp_path):
     root = copy_of(one_proc, tmp_path)
     done = subprocess.run([sys.executable, "-m", "plugrl_env_client.report.cli", str(root), "--window", "3"],
@@ -162,6 +164,7 @@ def test_a_figure_that_cannot_be_drawn_is_skipped_with_one_warning(one_proc, tmp
     assert "the figure &#x27;episode lengths&#x27; could not be drawn and is left out" in text
 
 
+@pytest.mark.slow
 def test_two_processes_get_per_process_series(two_procs, tmp_path):
     root = copy_of(two_procs, tmp_path)
     assert main([str(root)]) == 0
@@ -172,6 +175,7 @@ def test_two_processes_get_per_process_series(two_procs, tmp_path):
     assert "<td>process 0</td>" in text and "<td>process 1</td>" in text and "<td>all</td>" in text
 
 
+@pytest.mark.slow
 def test_crashed_run_reports_from_its_episodes(two_procs, tmp_path, capsys):
     root = copy_of(two_procs, tmp_path)
     for summary in root.rglob("summary.json"):
@@ -219,6 +223,7 @@ def test_a_run_that_failed_before_any_episode_says_why_and_where_its_log_is(tmp_
     assert capsys.readouterr().err == ""
 
 
+@pytest.mark.slow
 def test_old_episode_lines_still_report(one_proc, tmp_path):
     root = copy_of(one_proc, tmp_path)
     episodes = root / "rollout/proc_000/episodes.jsonl"
@@ -234,6 +239,7 @@ def test_old_episode_lines_still_report(one_proc, tmp_path):
     assert "estimated as cumulative episode lengths" in text
 
 
+@pytest.mark.slow
 def test_sampled_frames_and_videos_are_shown(one_proc, tmp_path):
     imageio = pytest.importorskip("imageio")
     root = copy_of(one_proc, tmp_path)
@@ -273,6 +279,7 @@ def test_bad_flags_exit_as_for_every_command(one_proc, tmp_path, flag, code, cap
     assert not (root / "report.html").exists()
 
 
+@pytest.mark.slow
 def test_open_hands_the_page_to_a_browser(one_proc, tmp_path, monkeypatch, capsys):
     root = copy_of(one_proc, tmp_path)
     opened: list[str] = []

@@ -198,6 +198,7 @@ def test_success_is_undefined_in_a_run_the_writer_wrote_without_a_success_rule(t
     from plugrl_env_client.outputs.run_dir import RunDir
     from plugrl_env_client.outputs.run_writer import RunWriter
 
+    tmp_path = tmp_path / "run"  # the writer's folder is made fresh
     writer = RunWriter(RunDir(tmp_path).create(), "run", 1)
     for k in range(3):
         writer.episode(EpisodeRecord(0, float(k), 5, None, terminated=True, truncated=False))

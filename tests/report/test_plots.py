@@ -52,6 +52,7 @@ def finite_only(monkeypatch):
     return seen
 
 
+@pytest.mark.slow
 def test_non_finite_values_never_reach_matplotlib(tmp_path, finite_only):
     data = rows(30, metrics={"d": 1.0})
     data[4]["return"] = None
@@ -79,6 +80,7 @@ def test_a_metric_without_a_finite_value_gets_no_figure(tmp_path):
     assert not (tmp_path / "m.png").exists()
 
 
+@pytest.mark.slow
 def test_all_returns_null_gives_no_return_figure(tmp_path):
     write_episodes(tmp_path, 0, rows(5, **{"return": None}))
     names = {m.name for m in plots.draw_all(load_run(tmp_path), 5, tmp_path / "out").made}
@@ -193,6 +195,7 @@ def test_missing_matplotlib_is_a_config_error_naming_the_extra(monkeypatch):
         plots.require_matplotlib()
 
 
+@pytest.mark.slow
 def test_importing_the_report_package_does_not_import_matplotlib():
     import subprocess
 

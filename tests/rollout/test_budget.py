@@ -63,6 +63,7 @@ def ctx() -> mp.context.BaseContext:
     return mp.get_context("spawn")
 
 
+@pytest.mark.slow
 def test_claims_are_exact_across_two_racing_processes(ctx: mp.context.BaseContext) -> None:
     target = 3000
     budget = EpisodeBudget(target, ctx)

@@ -319,6 +319,7 @@ def test_partial_reset_check_alone_treats_nan_as_equal_and_leaves_reset_rows_fre
 # ------------------------------------------------------------------------------------------------ one rule, two callers
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("cls, reset, changed", [
     (broken_envs.ResetAllEnv, 0, 1),  # env 0's episode ends first (3 steps); its reset resets env 1 too
     (broken_envs.ResetFirstRowsEnv, 1, 0),  # then env 1's (4 steps): its reset resets env 0 instead

@@ -17,6 +17,7 @@ def wait_for(path: Path, proc: subprocess.Popen, timeout: float = 60.0) -> None:
     wait_until(lambda: path.exists() and path.read_text().strip(), timeout, f"line in {path}", proc=proc)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sig,num_procs", [(signal.SIGINT, 1), (signal.SIGTERM, 1), (signal.SIGTERM, 2)])
 def test_signal_writes_outputs_and_exits_128_plus_signum(tmp_path, sig, num_procs):
     cmd = [sys.executable, "-m", "plugrl_env_client", "probe-v1", "--num-envs", "2", "--num-procs", str(num_procs),
@@ -37,6 +38,7 @@ def test_signal_writes_outputs_and_exits_128_plus_signum(tmp_path, sig, num_proc
     assert set(summary["process_status"].values()) == {"interrupted"}
 
 
+@pytest.mark.slow
 def test_ctrl_c_while_processes_start_is_a_clean_interrupt(tmp_path):
     cmd = [sys.executable, "-m", "plugrl_env_client", "probe-v1", "--num-envs", "2", "--num-procs", "2",
            "--local-policy", "random", "--output-dir", str(tmp_path), "--exp-name", "run", "--no-progress"]

@@ -140,6 +140,7 @@ class BatchingServer:
         self._server.shutdown()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("pipeline", [2, 3])
 def test_a_batching_server_never_stalls(tmp_path: Path, pipeline: int) -> None:
     server = BatchingServer(horizon=4, action_dim=D)
@@ -186,6 +187,7 @@ def test_a_close_on_one_connection_drops_only_that_groups_chunks(harness, tmp_pa
     assert all(length == 3 + 2 * (e % 3) for e, ls in lengths.items() for length in ls)
 
 
+@pytest.mark.slow
 def test_ctrl_c_in_a_pipelined_run_writes_outputs(tmp_path: Path) -> None:
     episodes = tmp_path / "run" / "rollout" / "proc_000" / "episodes.jsonl"
     res = interrupt_once_collecting(["probe-v1", "--num-envs", "6", "--runner.pipeline", "3", "--local-policy",

@@ -240,6 +240,7 @@ def test_a_state_size_that_changes_mid_run_ends_the_run(server_factory):
     assert "changed mid-run" in server.failure and "'x': 3" in server.failure
 
 
+@pytest.mark.slow
 def test_the_server_process_exits_1_with_the_error():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -282,6 +283,7 @@ def episodes_of(root: Path, proc: int = 0) -> list[tuple[int, float, int]]:
     return [(e["env_index"], e["return"], e["length"]) for e in map(json.loads, lines)]
 
 
+@pytest.mark.slow
 def test_one_lockstep_process_gets_the_same_returns_run_after_run(tmp_path):
     """The same --policy.seed and --runner.seed: the same episodes and iterations, bit for bit; another policy
     seed draws other directions."""
@@ -300,6 +302,7 @@ def test_one_lockstep_process_gets_the_same_returns_run_after_run(tmp_path):
     assert runs[0][0] != runs[2][0]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("layout", [{"num_procs": 2, "num_envs": 2}, {"num_envs": 4, "pipeline": 2}],
                          ids=["two-processes", "two-pipelined-groups"])
 def test_processes_and_pipelined_groups_pool_into_one_iteration(tmp_path, layout):
@@ -328,6 +331,7 @@ def test_a_server_action_dim_that_does_not_match_the_env_stops_the_client(tmp_pa
         server.shutdown()
 
 
+@pytest.mark.slow
 def test_local_policy_ars_learns_saves_its_policy_and_the_report_shows_the_curve(tmp_path, caplog):
     """``--local-policy ars`` on Point-v1: horizon 1, the policy and its iteration log in the run folder, the
     returns rise, and plugrl-report draws them."""
@@ -371,6 +375,7 @@ def test_local_policy_ars_needs_a_box_of_floats(tmp_path, env_id, registry):
     assert "needs a gymnasium Box action space of floats" in error
 
 
+@pytest.mark.slow
 def test_the_readme_training_commands_run(tmp_path):
     """The README's Swimmer commands (train, report, train embedded, evaluate the saved policy),
     as a reader runs them, each client cut to 4 episodes of 50 steps: one iteration, so there is a policy to

@@ -45,6 +45,7 @@ def test_default_choices_respect_a_long_min_length_and_a_short_max_length():
     assert all(1 <= len(c) <= 3 for c in short_max)
 
 
+@pytest.mark.slow
 def test_default_choices_do_not_depend_on_the_hash_seed(tmp_path):
     import os
     import subprocess

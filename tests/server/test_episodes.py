@@ -50,6 +50,7 @@ class Client:
         self.ws.close()
 
 
+@pytest.mark.slow
 def test_server_memory_does_not_grow_with_the_episodes_it_counted():
     """After a warm-up, 3,200 further episodes (from fresh connections, as clients that come and go) leave the
     server's Python heap where it was: running totals and a bounded window, nothing kept per episode or per

@@ -437,6 +437,7 @@ def test_reused_rows_are_the_held_feedback_rows(server_factory, infer_ids, reuse
     assert obs["text"].tolist() == [f"env {e} batch {b}" for e, b in zip(infer_ids, bases)]
 
 
+@pytest.mark.slow
 def test_latency_holds_each_action_without_blocking_other_clients(server_factory):
     server = server_factory(latency_ms=3000)
     a, _ = open_client(server)
@@ -652,6 +653,7 @@ def test_a_valid_stream_header_gets_a_reproducible_generator(server_factory):
 # ------------------------------------------------------------------------------------------------ many clients
 
 
+@pytest.mark.slow
 def test_32_client_processes_of_16_envs_against_one_server_give_exact_counts(server_factory, tmp_path):
     """One ``--num-procs 32`` run of 16 envs each (512 envs on one server's loop): every episode it was asked for
     recorded exactly once, in the summary and the episode lines, and counted by the server."""

@@ -38,6 +38,7 @@ def test_unknown_policy_name_is_refused_by_the_parser(capsys):
     assert info.value.code == 2
 
 
+@pytest.mark.slow
 def test_a_taken_port_is_a_one_line_error():
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
@@ -57,6 +58,7 @@ def test_version_is_printed_as_by_every_command(capsys):
     assert info.value.code == 0 and capsys.readouterr().out.strip() == f"plugrl-env-client {__version__}"
 
 
+@pytest.mark.slow
 def test_serves_int_actions_from_the_command_line():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -80,6 +82,7 @@ def test_serves_int_actions_from_the_command_line():
         proc.wait(timeout=10)
 
 
+@pytest.mark.slow
 def test_serves_over_picows_with_latency_from_the_command_line():
     pytest.importorskip("picows")
     cmd = [sys.executable, "-c", "from plugrl_env_client.server.cli import main; main()", "--port", "0",

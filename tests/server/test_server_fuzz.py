@@ -271,6 +271,7 @@ def fuzzed(request):
     made.close()
 
 
+@pytest.mark.slow
 def test_every_field_of_both_messages_with_each_fixed_value(fuzzed):
     """A resync naming the field, or serving on, for every field and each value of FIXED_VALUES (ARS: state
     arrays are left out, since an env whose state layout changes ends an ARS run by design)."""
@@ -283,6 +284,7 @@ def test_every_field_of_both_messages_with_each_fixed_value(fuzzed):
     assert fuzzed.server.failure is None
 
 
+@pytest.mark.slow
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
                                                                    HealthCheck.too_slow])
 @given(data=st.data())

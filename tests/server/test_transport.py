@@ -35,6 +35,7 @@ def load():
         yield module
 
 
+@pytest.mark.slow
 @linux_only
 @pytest.mark.parametrize("transport", ["websockets", "picows"])
 def test_a_storm_of_200_connections_leaves_clients_served_and_no_threads(load, transport):
@@ -66,6 +67,7 @@ def served(url: str) -> bool:
         return messages.parse_action(codec.unpackb(ws.recv(timeout=10)), np.arange(1)).actions.shape[1] == 1
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("transport", ["websockets", "picows"])
 def test_a_connection_that_never_finishes_its_handshake_is_dropped(transport):
     """A bare TCP connect and half an upgrade request hold nothing beyond ``open_timeout``."""
@@ -105,6 +107,7 @@ def test_beyond_max_connections_a_handshake_gets_503_and_a_reason():
         server.shutdown()
 
 
+@pytest.mark.slow
 def test_a_slow_policy_delays_only_its_own_connection():
     """``latency_ms`` is an await on the server's loop: with a 1 s latency, eight clients asking at once are all
     answered in about 1 s, not one after another."""
@@ -138,6 +141,7 @@ def test_shutdown_leaves_no_thread_of_the_server():
     assert not left, left
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("transport", ["websockets", "picows"])
 def test_a_peer_that_sends_half_a_frame_and_never_reads_is_closed_by_the_keepalive(transport):
     """No first-message timeout (a client may reset heavy simulators for minutes before its first infer), but a

@@ -31,11 +31,17 @@ from plugrl_env_client.outputs.logs import forward_logging
 from plugrl_env_client.outputs.run_writer import RunWriter
 from plugrl_env_client.records import ProcessResult, ProcessStatus
 from plugrl_env_client.rollout.budget import EpisodeBudget
-from plugrl_env_client.rollout.signals import Interrupted, deferred_interrupts, interrupt_handlers, shielded
+from plugrl_env_client.rollout.signals import (
+    STOP_SIGNALS,
+    Interrupted,
+    blocked,
+    deferred_interrupts,
+    interrupt_handlers,
+    shielded,
+)
 
 logger = logging.getLogger(__name__)
 
-HELD_SIGNALS = {signal.SIGINT, signal.SIGTERM}
 DRAIN_TIMEOUT_S = 30.0
 STOP_GRACE_S = 30.0
 """How long children get to stop after a stop was requested (Ctrl-C, a failed sibling) before they are terminated
@@ -98,7 +104,7 @@ def _child_main(process_id: int, job_bytes: bytes, budget: EpisodeBudget, env_lo
     """
     with interrupt_handlers():
         home = Lifeline(f"proc_{process_id:03d}").start().guarded(queue)  # ends with the launcher
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, HELD_SIGNALS)  # held since the parent started us
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)  # held since the parent started us
         sink = Reporter(home.put)
         forward_logging(LogReporter(home))
         try:
@@ -190,7 +196,8 @@ def _end(procs: dict[int, Any]) -> list[int]:
 
 
 def _start_with_signals_held(procs: Iterable[Any]) -> None:
-    """Start children with SIGINT/SIGTERM blocked; each unblocks them once its handlers are installed.
+    """Start children with the stop signals (SIGINT, SIGTERM, SIGHUP) blocked; each unblocks them once its handlers
+    are installed.
 
     A child inherits the signal mask, so a Ctrl-C while it is still starting waits for it instead of killing it with
     a traceback before it can write any output. The parent unblocks right after the starts, and a signal that came
@@ -202,18 +209,14 @@ def _start_with_signals_held(procs: Iterable[Any]) -> None:
         return
     # Deferred too: a signal that arrived just before the block is still run by Python's handler a little later,
     # and must not interrupt a start() halfway (the child would read a truncated pipe).
-    with deferred_interrupts():
-        previous = signal.pthread_sigmask(signal.SIG_BLOCK, HELD_SIGNALS)
-        try:
-            for proc in procs:
-                proc.start()
-        finally:
-            signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+    with deferred_interrupts(), blocked():
+        for proc in procs:
+            proc.start()
 
 
 def _failure(exitcode: int | None) -> str:
     if exitcode is not None and exitcode < 0:
         return f"killed by signal {-exitcode}"
-    if exitcode is not None and exitcode > 128 and exitcode - 128 in (signal.SIGINT, signal.SIGTERM):
+    if exitcode is not None and exitcode > 128 and exitcode - 128 in STOP_SIGNALS:
         return f"stopped by {signal.Signals(exitcode - 128).name}"
     return f"exited with code {exitcode}"

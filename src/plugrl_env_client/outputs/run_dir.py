@@ -208,6 +208,10 @@ class RunDir:
         return self.root / "rollout" / f"proc_{process_id:03d}"
 
     def create(self) -> RunDir:
-        (self.root / "logs").mkdir(parents=True, exist_ok=True)
-        (self.root / "rollout").mkdir(parents=True, exist_ok=True)
+        """Make the run folder with its ``logs/`` and ``rollout/``. Its parents may exist, the folder itself must not
+        (``FileExistsError``): made exclusively, so of two runs started at once with one name, one gets it."""
+        self.root.parent.mkdir(parents=True, exist_ok=True)
+        self.root.mkdir()
+        (self.root / "logs").mkdir()
+        (self.root / "rollout").mkdir()
         return self

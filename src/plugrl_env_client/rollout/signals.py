@@ -1,6 +1,9 @@
-"""Signals as a clean end of the run: SIGINT and SIGTERM become :class:`Interrupted`, raised in the main thread.
+"""Signals as a clean end of the run: SIGINT, SIGTERM and SIGHUP become :class:`Interrupted`, raised in the main
+thread.
 
-The rollout loop stops where it is, its ``finally`` blocks write the outputs, and the exit code is 128 + the signal
+SIGHUP is what a closed terminal or ssh session sends: the run ends as on SIGTERM, with its outputs. A SIGHUP that was
+ignored when the process started (``nohup``) stays ignored, here and in every process started from here (an ignored
+signal stays ignored through fork and exec). The rollout loop stops where it is, its ``finally`` blocks write the outputs, and the exit code is 128 + the signal
 number. Inside :func:`deferred_interrupts` (recording a finished episode) a signal waits until the block is done,
 so an episode is never half-recorded (claimed in the shared budget but missing from ``episodes.jsonl``); inside
 :func:`shielded` (writing the final outputs) a further signal is ignored.
@@ -32,8 +35,12 @@ _state = _State()
 os.register_at_fork(after_in_child=_state.reset)
 
 
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+"""The signals that end a run cleanly (outputs written, exit code 128 + the signal's number)."""
+
+
 class Interrupted(KeyboardInterrupt):
-    """SIGINT or SIGTERM: stop collecting, write outputs, exit with 128 + the signal number."""
+    """SIGINT, SIGTERM or SIGHUP: stop collecting, write outputs, exit with 128 + the signal number."""
 
     def __init__(self, signum: int = signal.SIGINT) -> None:
         super().__init__(signal.Signals(signum).name)
@@ -49,16 +56,33 @@ def _on_signal(signum: int, _frame: Any) -> None:
 
 @contextlib.contextmanager
 def interrupt_handlers() -> Iterator[None]:
-    """Turn SIGTERM and SIGINT into :class:`Interrupted` while the block runs (main thread only)."""
+    """Turn SIGINT, SIGTERM and SIGHUP into :class:`Interrupted` while the block runs (main thread only); an
+    ignored SIGHUP (``nohup``) stays ignored."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    previous = {sig: signal.signal(sig, _on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+    previous = {sig: signal.signal(sig, _on_signal) for sig in STOP_SIGNALS
+                if not (sig == signal.SIGHUP and signal.getsignal(sig) == signal.SIG_IGN)}
     try:
         yield
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+@contextlib.contextmanager
+def blocked() -> Iterator[None]:
+    """Block the stop signals while the block runs (main thread only); one that arrives meanwhile is delivered when
+    it ends. A process started inside the block inherits the mask: it starts with them blocked too, so a signal
+    cannot kill it before it installs its own handlers (and it unblocks them once it has)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
 @contextlib.contextmanager

@@ -1,4 +1,4 @@
-"""SIGINT / SIGTERM around Ray's calls: the run's handlers (an orderly stop) stay in place, and an interrupt keeps
+"""SIGINT / SIGTERM / SIGHUP around Ray's calls: the run's handlers (an orderly stop) stay in place, and an interrupt keeps
 the name of the signal that caused it."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
-from plugrl_env_client.rollout.signals import Interrupted
+from plugrl_env_client.rollout.signals import STOP_SIGNALS, Interrupted
 
 
 @contextlib.contextmanager
@@ -18,7 +18,7 @@ def handlers_kept() -> Iterator[None]:
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    kept = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    kept = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}
     try:
         yield
     finally:
@@ -28,7 +28,7 @@ def handlers_kept() -> Iterator[None]:
 
 
 class Signals:
-    """Which of SIGINT / SIGTERM arrived last (None: neither)."""
+    """Which stop signal (SIGINT, SIGTERM, SIGHUP) arrived last (None: neither)."""
 
     last: int | None = None
 
@@ -42,12 +42,12 @@ class Signals:
 
 @contextlib.contextmanager
 def signals_remembered() -> Iterator[Signals]:
-    """Note which of SIGINT / SIGTERM arrived, then let the run's own handler act on it."""
+    """Note which stop signal arrived, then let the run's own handler act on it."""
     signals = Signals()
     if threading.current_thread() is not threading.main_thread():
         yield signals
         return
-    previous = {sig: handler for sig in (signal.SIGINT, signal.SIGTERM)
+    previous = {sig: handler for sig in STOP_SIGNALS
                 if callable(handler := signal.getsignal(sig))}  # a default or ignored signal stays as it is
 
     def note(signum: int, frame: Any) -> None:
