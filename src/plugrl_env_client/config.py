@@ -7,7 +7,7 @@ reaches it without being copied field by field:
   plus what the launcher reads (processes, pipeline groups, episode split);
 * ``connection`` (flags without a prefix: ``--connect-timeout``, ``--max-reconnects``, ...): the session's
   :class:`~plugrl_env_client.protocol.session.ConnectionConfig`;
-* ``recorder`` (``--recorder.*``): :class:`~plugrl_env_client.outputs.recorder.RecorderConfig`;
+* ``recorder`` (``--recorder.*``): :class:`~plugrl_env_client.outputs.recording.config.RecorderConfig`;
 * ``ray`` (``--ray.*``): :class:`~plugrl_env_client.launch.ray.config.RayConfig` (Ray itself is imported only by a
   run with ``--launcher ray``);
 * ``env`` (``--env.*``): the env's own config dataclass, set per env by the CLI.
@@ -25,7 +25,7 @@ from plugrl_env_client.envs.base_env import BaseEnvConfig
 from plugrl_env_client.launch.launchers import LAUNCHERS
 from plugrl_env_client.launch.process import RunnerConfig
 from plugrl_env_client.launch.ray.config import RayConfig
-from plugrl_env_client.outputs.recorder import RecorderConfig
+from plugrl_env_client.outputs.recording.config import RecorderConfig
 from plugrl_env_client.outputs.tracking import TrackingKind
 from plugrl_env_client.protocol.session import ConnectionConfig
 from plugrl_env_client.rollout.settings import LoopConfig
