@@ -27,7 +27,7 @@ so a load change on a shared machine moves both sides of a ratio. Every figure i
 
 ``--profile`` adds the wall time of the rollout's named steps per group step for cell 1's pipelined run.
 
-The client runs the real launch code (``launch.local.launch``, in this process for one process: env groups, sessions over loopback
+The client runs the real launch code (``launch.local.LocalLauncher``, in this process for one process: env groups, sessions over loopback
 WebSockets, the run's writer in a temp dir); a timer ends each cell through the budget's stop flag. The server is
 ``plugrl-run-policy-server`` (random policy, horizon 8) in a subprocess, so client and server do not share one
 interpreter. Numbers depend on the machine and its load: compare them within one run only.
@@ -60,7 +60,7 @@ from machine import load_avg, machine_line, usable_cpus
 from plugrl_env_client.config import ClientConfig, RunnerConfig
 from plugrl_env_client.envs import discover_envs
 from plugrl_env_client.envs.mujoco.mujoco_env import MujocoEnvConfig
-from plugrl_env_client.launch.local import launch
+from plugrl_env_client.launch.local import LocalLauncher
 from plugrl_env_client.launch.process import ProcessJob
 from plugrl_env_client.outputs.run_dir import RunDir
 from plugrl_env_client.outputs.run_writer import RunWriter
@@ -174,7 +174,7 @@ def client_rate(port: int, seconds: float, pipeline: int = 1, num_procs: int = 1
         timer = threading.Timer(seconds, budget.stop.set)
         timer.start()
         try:
-            launch(jobs, budget, ctx, writer)
+            LocalLauncher(config).launch(jobs, budget, writer)
         finally:
             timer.cancel()
         summary = writer.close()
@@ -196,7 +196,7 @@ def run_here(config: ClientConfig, env_id: str, port: int, seconds: float, meter
         else:
             meter.on_first_step.append(timer.start)
         try:
-            launch([ProcessJob(env_id, config, 0, f"ws://127.0.0.1:{port}")], budget, mp.get_context("spawn"), writer)
+            LocalLauncher(config).launch([ProcessJob(env_id, config, 0, f"ws://127.0.0.1:{port}")], budget, writer)
         finally:
             timer.cancel()
         summary = writer.close()

@@ -423,7 +423,7 @@ def test_recorder_files_come_home_and_are_listed_in_the_manifest(tmp_path):
     """Two processes record every second episode; their files land in their folders, the manifest lists them,
     and the report shows the sampled frames."""
     from plugrl_env_client.envs.dummy.dummy_env import DummyEnvConfig
-    from plugrl_env_client.outputs.recorder import RecorderConfig
+    from plugrl_env_client.outputs.recording.config import RecorderConfig
     from plugrl_env_client.report.cli import main as report_main
 
     cfg = config(tmp_path, env=DummyEnvConfig(base_image_size=32, wrist_image_size=16, terminated_prob=0.2),
@@ -454,7 +454,7 @@ def test_a_config_built_in_code_without_env_gets_the_envs_defaults(tmp_path):
 
 
 def test_metric_window_sets_the_window_of_the_summaries(tmp_path):
-    from plugrl_env_client.outputs.recorder import RecorderConfig
+    from plugrl_env_client.outputs.recording.config import RecorderConfig
 
     cfg = ClientConfig(num_envs=2, num_episodes=12, local_policy="random", output_dir=tmp_path, exp_name="run",
                        progress=False, env=PointEnvConfig(), recorder=RecorderConfig(metric_window=5),

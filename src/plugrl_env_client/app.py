@@ -25,7 +25,7 @@ from plugrl_env_client.envs.calls import what_it_did
 from plugrl_env_client.envs.discovery import EnvSources
 from plugrl_env_client.envs.registry import get_spec
 from plugrl_env_client.errors import ConfigError, EnvExitError, OutputError, PlugRLError
-from plugrl_env_client.launch.local import launch
+from plugrl_env_client.launch.launchers import Launcher, make_launcher
 from plugrl_env_client.launch.process import ProcessJob, build_env, close_env, group_sizes
 from plugrl_env_client.outputs.logs import run_log, setup_logging, stop_file_logging
 from plugrl_env_client.outputs.progress import Periodic, Progress, summary_table
@@ -59,6 +59,7 @@ def run_client(config: ClientConfig, env_id: str, sources: EnvSources | None = N
         # A config built in code without `env=`: the env's own defaults, as the CLI gives them.
         config = dataclasses.replace(config, env=spec.config_cls())
     _validate(config)
+    launcher = make_launcher(config.launcher, config)
     exp_name = config.exp_name or default_exp_name(spec.uid, config.num_envs)
     limit = spec.max_episode_steps if config.runner.max_episode_steps is None else config.runner.max_episode_steps
     env: BaseEnv | None = None
@@ -75,14 +76,14 @@ def run_client(config: ClientConfig, env_id: str, sources: EnvSources | None = N
             # action space (pipeline groups build their own envs, of num_envs / pipeline copies each; Ray actors
             # build theirs where they run).
             jobs = [ProcessJob(spec.uid, config, p, "") for p in range(config.num_procs)]
-            if config.num_procs == 1 and config.runner.pipeline == 1 and config.launcher == "local":
+            if config.num_procs == 1 and config.runner.pipeline == 1 and launcher.in_process:
                 env = build_env(jobs[0])
             server = _start_local_policy(config, spec.uid, env, run_dir) if config.local_policy else None
             url = server.url if server is not None else config.resolved_url()
             if server is not None:  # its port is known only now: the file says where the run's server really was
                 _write_client_config(run_dir, _served_at(config, url), spec.uid, spec.kwargs, limit)
             jobs = [dataclasses.replace(job, url=url) for job in jobs]
-            _run(config, spec.uid, run_dir, writer, jobs, sources, env)
+            _run(config, launcher, spec.uid, run_dir, writer, jobs, sources, env)
         except PlugRLError as exc:  # the run could not start: say why in its summary
             logger.debug("the run could not start: %s", exc, exc_info=True)
             for p in range(config.num_procs):
@@ -113,8 +114,8 @@ def run_client(config: ClientConfig, env_id: str, sources: EnvSources | None = N
     return code
 
 
-def _run(config: ClientConfig, uid: str, run_dir: RunDir, writer: RunWriter, jobs: list[ProcessJob],
-         sources: EnvSources, env: BaseEnv | None) -> None:
+def _run(config: ClientConfig, launcher: Launcher, uid: str, run_dir: RunDir, writer: RunWriter,
+         jobs: list[ProcessJob], sources: EnvSources, env: BaseEnv | None) -> None:
     logger.info("run %s: env %s, %d proc x %d envs, server %s", run_dir.root, uid, config.num_procs,
                 config.num_envs, redact_url(jobs[0].url))
     if config.local_policy and config.num_episodes is None:
@@ -131,12 +132,7 @@ def _run(config: ClientConfig, uid: str, run_dir: RunDir, writer: RunWriter, job
     progress = Progress(budget).start() if config.progress else None
     refresher = Periodic(SUMMARY_PERIOD_S, writer.write_summaries).start()
     try:
-        if config.launcher == "ray":
-            from plugrl_env_client.launch.ray.launcher import launch_ray
-
-            launch_ray(jobs, budget, writer, sources, config.ray)
-        else:
-            launch(jobs, budget, ctx, writer, sources, env)
+        launcher.launch(jobs, budget, writer, sources, env)
     finally:
         with shielded():
             refresher.stop()

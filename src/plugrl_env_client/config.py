@@ -7,7 +7,7 @@ reaches it without being copied field by field:
   plus what the launcher reads (processes, pipeline groups, episode split);
 * ``connection`` (flags without a prefix: ``--connect-timeout``, ``--max-reconnects``, ...): the session's
   :class:`~plugrl_env_client.protocol.session.ConnectionConfig`;
-* ``recorder`` (``--recorder.*``): :class:`~plugrl_env_client.outputs.recorder.RecorderConfig`;
+* ``recorder`` (``--recorder.*``): :class:`~plugrl_env_client.outputs.recording.config.RecorderConfig`;
 * ``ray`` (``--ray.*``): :class:`~plugrl_env_client.launch.ray.config.RayConfig` (Ray itself is imported only by a
   run with ``--launcher ray``);
 * ``env`` (``--env.*``): the env's own config dataclass, set per env by the CLI.
@@ -17,17 +17,23 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import TYPE_CHECKING, Annotated, Literal
 
 import tyro
 
 from plugrl_env_client.envs.base_env import BaseEnvConfig
+from plugrl_env_client.launch.launchers import LAUNCHERS
 from plugrl_env_client.launch.process import RunnerConfig
 from plugrl_env_client.launch.ray.config import RayConfig
-from plugrl_env_client.outputs.recorder import RecorderConfig
+from plugrl_env_client.outputs.recording.config import RecorderConfig
 from plugrl_env_client.outputs.tracking import TrackingKind
 from plugrl_env_client.protocol.session import ConnectionConfig
 from plugrl_env_client.rollout.settings import LoopConfig
+
+if TYPE_CHECKING:
+    LauncherName = str
+else:  # the launchers' names, as choices the command line lists and checks
+    LauncherName = Literal[tuple(LAUNCHERS)]
 
 
 @dataclasses.dataclass
@@ -64,7 +70,7 @@ class ClientConfig:
     env_path: Annotated[tuple[str, ...], tyro.conf.UseAppendAction] = ()
     """An env file (*_env.py) or a folder searched for them, imported before the env id is looked up (repeatable;
     also $PLUGRL_ENV_PATH, os.pathsep-separated)."""
-    launcher: Literal["local", "ray"] = "local"
+    launcher: LauncherName = "local"
     """Where the processes run: local processes, or Ray actors on a cluster (extra ray)."""
     tracking: TrackingKind = "none"
     """Live tracking: tensorboard writes each episode's return, length and success, the env steps per second, the

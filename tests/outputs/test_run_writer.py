@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from plugrl_env_client.outputs.recorder import RecorderReport
+from plugrl_env_client.outputs.recording.report import RecorderReport
 from plugrl_env_client.outputs.run_dir import RunDir
 from plugrl_env_client.outputs.run_writer import RunWriter
 from plugrl_env_client.records import EpisodeRecord, ProcessResult, ProcessStatus

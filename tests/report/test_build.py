@@ -299,7 +299,7 @@ def _record_a_run(root: Path, exp: str) -> Path:
     from plugrl_env_client.app import run_client
     from plugrl_env_client.config import ClientConfig
     from plugrl_env_client.envs.dummy.dummy_env import DummyEnvConfig
-    from plugrl_env_client.outputs.recorder import RecorderConfig
+    from plugrl_env_client.outputs.recording.config import RecorderConfig
 
     config = ClientConfig(num_envs=2, num_episodes=2, local_policy="random", output_dir=root, exp_name=exp,
                           progress=False, env=DummyEnvConfig(base_image_size=32, wrist_image_size=16),

@@ -13,7 +13,7 @@ from websockets.sync.client import connect
 
 from plugrl_env_client.protocol import codec, messages
 from plugrl_env_client.server.episodes import EpisodeFile, Source
-from plugrl_env_client.server.info import EpisodeReport
+from plugrl_env_client.server.info import FinishedEpisodes
 from plugrl_env_client.server.policies import PolicyConfig, make_policy
 from plugrl_env_client.server.server import PolicyServer
 
@@ -105,7 +105,7 @@ def test_the_episode_file_has_a_strict_json_line_per_episode(tmp_path):
 def test_a_failing_episode_file_is_said_once_and_ends_the_file_only(caplog):
     """A full disk: one error line naming the file, then the file is given up (the server goes on serving)."""
     file = EpisodeFile(Path("/dev/full"))
-    report = EpisodeReport(np.arange(N), np.ones(N), np.full(N, 10, np.int64), None)
+    report = FinishedEpisodes(np.arange(N), np.ones(N), np.full(N, 10, np.int64), None)
     for _ in range(2_000):  # past any buffer: the device refuses the write itself
         file.write(Source(1), list(range(N)), report)
     file.close()

@@ -15,17 +15,19 @@ from __future__ import annotations
 
 import logging
 import logging.handlers
+import multiprocessing as mp
 import pickle
 import signal
 import threading
 import time
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, ClassVar
 
+from plugrl_env_client.envs.base_env import BaseEnv
 from plugrl_env_client.envs.discovery import EnvSources
 from plugrl_env_client.errors import OutputError
 from plugrl_env_client.launch.lifeline import Lifeline
-from plugrl_env_client.launch.process import ProcessJob, run_process
+from plugrl_env_client.launch.process import ProcessJob, RunConfig, run_process
 from plugrl_env_client.launch.reports import LogReporter, Report, Reporter
 from plugrl_env_client.outputs.logs import forward_logging
 from plugrl_env_client.outputs.run_writer import RunWriter
@@ -127,59 +129,69 @@ def _child_main(process_id: int, job_bytes: bytes, budget: EpisodeBudget, env_lo
         raise SystemExit(128 + result.signum)
 
 
-def launch(jobs: list[ProcessJob], budget: EpisodeBudget, ctx: Any, writer: RunWriter,
-           sources: EnvSources = EnvSources(), env: Any = None) -> None:
-    """Run ``jobs`` (in this process when there is one, with ``env`` if the caller built it); every report and
-    result lands in ``writer``. Raises :class:`Interrupted` when this process was interrupted."""
-    if len(jobs) == 1:
-        result = run_process(jobs[0], budget, writer, env=env)
-        writer.result(result)
-        if result.signum is not None:
-            raise Interrupted(result.signum)
-        return
-    queue = ctx.SimpleQueue()
-    listener = ReportListener(queue, writer)
-    listener.start()
-    env_lock = ctx.Lock()
-    procs = {job.process_id: ctx.Process(target=_child_main, name=f"proc_{job.process_id:03d}",
-                                         args=(job.process_id, pickle.dumps(job), budget, env_lock, queue, sources))
-             for job in jobs}
-    interrupted: KeyboardInterrupt | None = None
-    forced: list[int] = []
-    try:
-        _start_with_signals_held(procs.values())
-        deadline = None
-        while any(p.is_alive() for p in procs.values()):
-            if any(p.exitcode not in (None, 0) for p in procs.values()):
-                budget.stop.set()
-            if budget.stop.is_set():
-                deadline = deadline or time.monotonic() + STOP_GRACE_S
-                if time.monotonic() >= deadline:
-                    forced = _end(procs)
-                    break
-            time.sleep(0.1)
-    except KeyboardInterrupt as exc:
-        interrupted = exc
-        budget.stop.set()  # children stop after their current step and report
-        end = time.monotonic() + STOP_GRACE_S
-        for proc in procs.values():
-            proc.join(timeout=max(0.0, end - time.monotonic()))
-        forced = _end(procs)
-    finally:
-        listener.finish(DRAIN_TIMEOUT_S)  # after every child's last report
-    for pid in forced:
-        writer.result(ProcessResult(pid, ProcessStatus.FAILED, f"did not stop within {STOP_GRACE_S:g} s of the stop "
-                                    "request (stuck in the env?); it was terminated"))
-    if interrupted is not None:
-        for pid in writer.unfinished():  # stopped before it could say so (e.g. while it was starting)
-            writer.result(ProcessResult(pid, ProcessStatus.INTERRUPTED))
-        raise interrupted
-    # Here this process was not interrupted: a child that ended by a signal was stopped from outside.
-    for pid, proc in procs.items():
-        if proc.exitcode not in (0, None) and pid not in forced:
-            writer.result(ProcessResult(pid, ProcessStatus.FAILED, _failure(proc.exitcode)))
-    for pid in writer.unfinished():
-        writer.result(ProcessResult(pid, ProcessStatus.FAILED, "ended without reporting how (see the log)"))
+class LocalLauncher:
+    """``--launcher local``: one job runs in this process, several in one spawned process each (started as
+    ``--runner.start-method`` says)."""
+
+    in_process: ClassVar[bool] = True
+
+    def __init__(self, config: RunConfig) -> None:
+        self._ctx: Any = mp.get_context(config.runner.start_method)  # its Process and queues per start method
+
+    def launch(self, jobs: list[ProcessJob], budget: EpisodeBudget, writer: RunWriter,
+               sources: EnvSources = EnvSources(), env: BaseEnv | None = None) -> None:
+        """Run ``jobs`` (in this process when there is one, with ``env`` if the caller built it); every report and
+        result lands in ``writer``. Raises :class:`Interrupted` when this process was interrupted."""
+        if len(jobs) == 1:
+            result = run_process(jobs[0], budget, writer, env=env)
+            writer.result(result)
+            if result.signum is not None:
+                raise Interrupted(result.signum)
+            return
+        ctx = self._ctx
+        queue = ctx.SimpleQueue()
+        listener = ReportListener(queue, writer)
+        listener.start()
+        env_lock = ctx.Lock()
+        procs = {job.process_id: ctx.Process(target=_child_main, name=f"proc_{job.process_id:03d}",
+                                             args=(job.process_id, pickle.dumps(job), budget, env_lock, queue, sources))
+                 for job in jobs}
+        interrupted: KeyboardInterrupt | None = None
+        forced: list[int] = []
+        try:
+            _start_with_signals_held(procs.values())
+            deadline = None
+            while any(p.is_alive() for p in procs.values()):
+                if any(p.exitcode not in (None, 0) for p in procs.values()):
+                    budget.stop.set()
+                if budget.stop.is_set():
+                    deadline = deadline or time.monotonic() + STOP_GRACE_S
+                    if time.monotonic() >= deadline:
+                        forced = _end(procs)
+                        break
+                time.sleep(0.1)
+        except KeyboardInterrupt as exc:
+            interrupted = exc
+            budget.stop.set()  # children stop after their current step and report
+            end = time.monotonic() + STOP_GRACE_S
+            for proc in procs.values():
+                proc.join(timeout=max(0.0, end - time.monotonic()))
+            forced = _end(procs)
+        finally:
+            listener.finish(DRAIN_TIMEOUT_S)  # after every child's last report
+        for pid in forced:
+            writer.result(ProcessResult(pid, ProcessStatus.FAILED, f"did not stop within {STOP_GRACE_S:g} s of the "
+                                        "stop request (stuck in the env?); it was terminated"))
+        if interrupted is not None:
+            for pid in writer.unfinished():  # stopped before it could say so (e.g. while it was starting)
+                writer.result(ProcessResult(pid, ProcessStatus.INTERRUPTED))
+            raise interrupted
+        # Here this process was not interrupted: a child that ended by a signal was stopped from outside.
+        for pid, proc in procs.items():
+            if proc.exitcode not in (0, None) and pid not in forced:
+                writer.result(ProcessResult(pid, ProcessStatus.FAILED, _failure(proc.exitcode)))
+        for pid in writer.unfinished():
+            writer.result(ProcessResult(pid, ProcessStatus.FAILED, "ended without reporting how (see the log)"))
 
 
 def _end(procs: dict[int, Any]) -> list[int]:

@@ -21,7 +21,8 @@ from plugrl_env_client.envs.base_env import BaseEnv, BaseEnvConfig
 from plugrl_env_client.envs.calls import call_env
 from plugrl_env_client.envs.registry import get_spec, make_env
 from plugrl_env_client.errors import ConfigError, EnvCrashedError, EnvExitError, PlugRLError
-from plugrl_env_client.outputs.recorder import EpisodeRecorder, RecorderConfig
+from plugrl_env_client.outputs.recording.config import RecorderConfig
+from plugrl_env_client.outputs.recording.recorder import EpisodeRecorder
 from plugrl_env_client.protocol.keepalive import Keepalive
 from plugrl_env_client.protocol.session import ConnectionConfig, Session, SessionConfig
 from plugrl_env_client.records import ProcessResult, ProcessStatus

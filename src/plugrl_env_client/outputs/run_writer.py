@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from plugrl_env_client.errors import OutputError
-from plugrl_env_client.outputs.recorder import DirectorySink
+from plugrl_env_client.outputs.recording.sinks import DirectorySink
 from plugrl_env_client.outputs.run_dir import (
     RunDir,
     SpaceReserve,

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from plugrl_env_client.outputs.recorder import PNG_SIGNATURE
+from plugrl_env_client.outputs.recording.encoders import PNG_SIGNATURE
 
 SAMPLE_NAME = re.compile(r"^ep(?P<episode>\d+)(?:_env(?P<env>\d+))?_(?P<moment>first|last)_(?P<key>.+)$")
 """A sample of the older, flat layout (its stem)."""

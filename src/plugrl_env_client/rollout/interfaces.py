@@ -16,7 +16,7 @@ from plugrl_env_client.records import EpisodeRecord, ProcessResult, ProcessStatu
 from plugrl_env_client.timing import Timing
 
 if TYPE_CHECKING:
-    from plugrl_env_client.outputs.recorder import AppendableSink
+    from plugrl_env_client.outputs.recording.sinks import AppendableSink
 
 
 class ServerSession(Protocol):

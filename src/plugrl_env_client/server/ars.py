@@ -1,7 +1,7 @@
 """Augmented Random Search (Mania, Guy & Recht 2018, version V2-t): a linear policy learned from whole episodes.
 
 The learner knows nothing about sockets or envs. Whoever drives it (the reference server's ARS policy, or a plain
-loop that steps an env itself) does four things: it asks :meth:`ArsLearner.start_episode` for the :class:`Rollout`
+loop that steps an env itself) does four things: it asks :meth:`ArsLearner.start_episode` for the :class:`EpisodePolicy`
 an env runs when that env's episode starts, computes the envs' actions with :meth:`ArsLearner.actions`, adds each
 step's reward and observed state to the env's :class:`Episode`, and hands finished episodes back with
 :meth:`ArsLearner.finish`. Nothing else reaches the learner, so two drivers that feed it the same episodes in the
@@ -164,8 +164,9 @@ def batch_stats(states: Sequence[np.ndarray], size: int) -> tuple[int, np.ndarra
 
 
 @dataclasses.dataclass(frozen=True)
-class Rollout:
-    """The policy of one episode: weights and the state normalization they go with, fixed for the episode.
+class EpisodePolicy:
+    """The policy of one episode (ARS's "rollout"): weights and the state normalization they go with, fixed for the
+    episode.
 
     ``direction`` is None for an episode run without noise (an evaluation, or an episode joined midway);
     ``sign`` is +1 or -1 for the two rollouts of a direction, 0 otherwise.
@@ -199,7 +200,7 @@ class Rollout:
 class Episode:
     """One env's episode under a rollout: the return so far (summed in float64), steps, and the states it saw."""
 
-    rollout: Rollout
+    rollout: EpisodePolicy
     ret: float = 0.0
     chunks: int = 0
     states: list[np.ndarray] = dataclasses.field(default_factory=list)
@@ -278,7 +279,7 @@ class ArsLearner:
                        f"this observation has {describe_layout(layout)}. A linear policy needs one fixed state size: "
                        "serve one env per ARS server (restart it for another env)")
 
-    def start_episode(self, whole: bool = True) -> Rollout:
+    def start_episode(self, whole: bool = True) -> EpisodePolicy:
         """The rollout of an episode that starts now: the next unassigned (direction, sign) of the iteration, or
         the current policy without noise (an evaluation) when all are handed out. ``whole=False``: the episode
         started unseen (joined midway), so it just runs the current policy."""
@@ -288,7 +289,7 @@ class ArsLearner:
                 return self._rollouts[(k, sign)]
             return dataclasses.replace(self._current, whole=whole)
 
-    def actions(self, rollouts: Sequence[Rollout], states: np.ndarray) -> np.ndarray:
+    def actions(self, rollouts: Sequence[EpisodePolicy], states: np.ndarray) -> np.ndarray:
         """``[n, *action_shape]`` float64 actions, clipped to the bounds, row ``j`` from ``rollouts[j]``."""
         n = len(rollouts)
         first = rollouts[0] if n else self._current
@@ -347,8 +348,8 @@ class ArsLearner:
         mean = self.stats.mean.copy()
         scale = np.where(std >= MIN_STD, 1.0 / np.maximum(std, MIN_STD), 0.0)
         it = self.iteration
-        self._current = Rollout(it, None, 0, self.weights, mean, scale)
-        self._rollouts: dict[tuple[int, int], Rollout] = {}
+        self._current = EpisodePolicy(it, None, 0, self.weights, mean, scale)
+        self._rollouts: dict[tuple[int, int], EpisodePolicy] = {}
         self._pending: list[tuple[int, int]] = []
         self._results: dict[tuple[int, int], _Result] = {}
         self._evals: list[float] = []
@@ -360,7 +361,7 @@ class ArsLearner:
         for k in range(self.settings.directions):
             for sign in (1, -1):
                 weights = self.weights + sign * nu * self._deltas[k]
-                self._rollouts[(k, sign)] = Rollout(it, k, sign, weights, mean, scale)
+                self._rollouts[(k, sign)] = EpisodePolicy(it, k, sign, weights, mean, scale)
                 self._pending.append((k, sign))
 
     def _record(self, episode: Episode, length: int, connection: int) -> None:

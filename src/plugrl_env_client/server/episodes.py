@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from plugrl_env_client.records import EpisodeStats, finite_or_none
-from plugrl_env_client.server.info import EpisodeReport
+from plugrl_env_client.server.info import FinishedEpisodes
 
 logger = logging.getLogger(__name__)
 
@@ -70,7 +70,7 @@ class EpisodeFile:
         self._file: IO[str] | None = self.path.open("a", encoding="utf-8")
         self._flushed = time.monotonic()
 
-    def write(self, source: Source, env_indices: list[int], report: EpisodeReport) -> None:
+    def write(self, source: Source, env_indices: list[int], report: FinishedEpisodes) -> None:
         if self._file is None:
             return
         now = time.time()
@@ -121,7 +121,7 @@ class EpisodeLog:
     def episodes(self) -> int:
         return self.stats.count
 
-    def add(self, report: EpisodeReport | None, judging: SuccessJudging, shows_rule: bool = False,
+    def add(self, report: FinishedEpisodes | None, judging: SuccessJudging, shows_rule: bool = False,
             source: Source | None = None, env_indices: list[int] | None = None) -> int:
         """Count the episodes of one feedback's report, from the connection ``judging`` belongs to; returns how
         many there were.

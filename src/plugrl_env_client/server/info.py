@@ -41,7 +41,7 @@ _INT64_MAX = np.iinfo(np.int64).max
 
 
 @dataclasses.dataclass(frozen=True)
-class EpisodeReport:
+class FinishedEpisodes:
     """The episodes one feedback reports as finished: one entry per row whose ``mask`` is set, in row order."""
 
     rows: np.ndarray
@@ -56,16 +56,16 @@ class EpisodeReport:
     def __len__(self) -> int:
         return int(self.rows.size)
 
-    def without(self, drop: np.ndarray) -> EpisodeReport:
+    def without(self, drop: np.ndarray) -> FinishedEpisodes:
         """The report without the rows whose ``drop`` (a bool array over the feedback's rows) is set."""
         keep = ~drop[self.rows]
-        return EpisodeReport(self.rows[keep], self.returns[keep], self.lengths[keep],
-                             None if self.success is None else self.success[keep])
+        return FinishedEpisodes(self.rows[keep], self.returns[keep], self.lengths[keep],
+                                None if self.success is None else self.success[keep])
 
 
 @dataclasses.dataclass(frozen=True)
 class FeedbackInfo:
-    episodes: EpisodeReport | None
+    episodes: FinishedEpisodes | None
     """The finished episodes ``info["episode"]`` reports, or None when it reports none."""
     shows_rule: bool
     """The info carries a per-env success flag (:data:`SUCCESS_INFO_KEYS`): its env judges success."""
@@ -75,7 +75,7 @@ def read_info(info: dict[str, Any], m: int) -> FeedbackInfo:
     """Check a feedback's ``info`` for ``m`` envs (see the module docstring) and read what the server uses."""
     has_rows = _walk(info, m)
     episode = info.get("episode")
-    report = _episode_report(episode, m) if isinstance(episode, dict) else None  # first: its errors name the field
+    report = _finished_episodes(episode, m) if isinstance(episode, dict) else None  # first: its errors name the field
     if m > 1 and info and not has_rows:
         raise ProtocolError(f"feedback info {short_repr(info, 200)} cannot be split per env: for {m} envs it needs "
                             f"arrays with leading dim {m}")
@@ -103,7 +103,7 @@ def _walk(info: dict[str, Any], m: int) -> bool:
     return has_rows
 
 
-def _episode_report(episode: dict[str, Any], m: int) -> EpisodeReport | None:
+def _finished_episodes(episode: dict[str, Any], m: int) -> FinishedEpisodes | None:
     mask = _field(episode, "mask", m, "b", "bools")
     returns = _field(episode, "r", m, "iuf", "numbers")
     lengths = _field(episode, "l", m, "iuf", "whole numbers >= 0")
@@ -113,7 +113,7 @@ def _episode_report(episode: dict[str, Any], m: int) -> EpisodeReport | None:
     if returns is None:
         return None  # the map reports no episode (as before: nothing says what a row's return was)
     rows = np.flatnonzero(mask) if mask is not None else np.arange(m)
-    return EpisodeReport(
+    return FinishedEpisodes(
         rows=rows,
         returns=returns[rows].astype(np.float64),
         lengths=lengths[rows] if lengths is not None else np.zeros(rows.size, np.int64),

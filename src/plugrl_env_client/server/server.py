@@ -45,7 +45,7 @@ from plugrl_env_client.protocol import codec, messages
 from plugrl_env_client.protocol.transport import TransportClosed
 from plugrl_env_client.server.delay import Delays
 from plugrl_env_client.server.episodes import EpisodeFile, EpisodeLog, Source, SuccessJudging
-from plugrl_env_client.server.info import EpisodeReport, read_info
+from plugrl_env_client.server.info import FinishedEpisodes, read_info
 from plugrl_env_client.server.policies import Policy
 from plugrl_env_client.server.transport import Connection, Listener, ServeLimits, serve
 from plugrl_env_client.version import __version__
@@ -329,7 +329,7 @@ class PolicyServer:
             raise _Violation("text frame received; PlugRL sends binary msgpack frames only")
         return msg
 
-    def _record(self, episodes: EpisodeReport | None, judging: SuccessJudging, shows_rule: bool, source: Source,
+    def _record(self, episodes: FinishedEpisodes | None, judging: SuccessJudging, shows_rule: bool, source: Source,
                 envs: list[int]) -> bool:
         """Count reported episodes; True when the run is over."""
         added = self.log.add(episodes, judging, shows_rule, source, envs)

@@ -17,7 +17,7 @@ A process that fails by itself (an env error, a server that refuses the run) sto
 Ctrl-C / SIGTERM: every actor is told to stop (it finishes its step and reports), the driver waits for their
 reports (at most ``DRAIN_TIMEOUT_S``; a second signal stops waiting), kills what is left, and re-raises.
 
-One module per concern: :mod:`.launcher` (the entry point, :func:`~.launcher.launch_ray`), :mod:`.cluster`
+One module per concern: :mod:`.launcher` (the entry point, :class:`~.launcher.RayLauncher`), :mod:`.cluster`
 (connecting to Ray), :mod:`.signals` (SIGINT / SIGTERM around Ray's calls), :mod:`.placement` (what a process asks
 for, and where it goes), :mod:`.supervisor` (the driver's loop over the actors), :mod:`.nodes` (``ray_nodes.json``),
 :mod:`.worker` (the actor), :mod:`.budget` (episode leases) and :mod:`.sources` (env files for the workers).
