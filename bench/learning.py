@@ -48,6 +48,7 @@ from machine import load_avg, machine_line
 
 from plugrl_env_client.envs import discover_envs
 from plugrl_env_client.envs.base_env import BaseEnvConfig
+from plugrl_env_client.rollout.seeds import episode_seed
 from plugrl_env_client.server.ars import ArsLearner, ArsSettings, Episode, state_layout, state_matrix
 from plugrl_env_client.utils.registration import get_spec, make_env
 
@@ -136,8 +137,9 @@ def plain_run(task: Task, iterations: int, seed: int) -> Run:
     It follows the conventions SPEC.md fixes for the client, so that it hands the learner what a server receives:
 
     - the batch is the env of ``make_env`` with the client's ``num_envs`` and env config;
-    - only the first reset is seeded, with the client's seed (``--runner.seed``; one process, so no offset); later
-      resets continue each env's generator;
+    - the first reset is seeded with the client's seed (``--runner.seed``; one process, so no offset); each later
+      episode of an env that takes per-env seeds starts from the client's derived seed
+      (:func:`~plugrl_env_client.rollout.seeds.episode_seed`), the others continue each env's generator;
     - every env gets an action every step (horizon 1), computed from the state arrays of its observation (sorted
       keys, flattened, float64), clipped to the bounds, cast to the server's ``--policy.dtype`` (float32) and then
       to the action space's dtype;
@@ -159,6 +161,8 @@ def plain_run(task: Task, iterations: int, seed: int) -> Run:
     episodes: list[tuple[int, float, int]] = []
     running: list[Episode | None] = [None] * n
     lengths = np.zeros(n, np.int64)
+    started = np.ones(n, np.int64)  # episodes each env has started
+    per_env_seeds = bool(env.metadata.get("per_env_seeds", False))
     try:
         obs, _ = env.reset(seed=seed)
         while learner.iteration < iterations:
@@ -190,7 +194,11 @@ def plain_run(task: Task, iterations: int, seed: int) -> Run:
             if finished:
                 learner.finish(finished)
                 rows = np.flatnonzero(done)
-                obs, _ = env.reset(options={"reset_mask": done.copy(), "reset_indices": rows})
+                seeds: list[int | None] | None = None
+                if per_env_seeds:
+                    seeds = [episode_seed(seed, 0, j, int(started[j])) if done[j] else None for j in range(n)]
+                started[rows] += 1
+                obs, _ = env.reset(seed=seeds, options={"reset_mask": done.copy(), "reset_indices": rows})  # type: ignore[arg-type]
                 lengths[rows] = 0
     finally:
         env.close()
@@ -417,7 +425,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="plugrl-learning-") as tmp:
         work = args.keep or Path(tmp)
         if not args.task:
-            checks = [(POINT, 6, 3), (PENDULUM, 3, 1)]
+            checks = [(POINT, 6, 4), (PENDULUM, 3, 1)]
             for task, iterations, seed in checks:
                 good, line = parity(task, iterations, seed, work)
                 ok &= good

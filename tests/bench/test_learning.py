@@ -23,11 +23,11 @@ def learning():
 def test_the_client_changes_nothing_the_learner_sees(learning, tmp_path):
     """Point-v1 with 4 envs and 6 rollouts per iteration: rollouts take turns, evaluations run in between, episodes
     end at different steps (at the goal, or at the registered limit of 100 steps); six iterations of it."""
-    plain = learning.plain_run(learning.POINT, 6, 3)
+    plain = learning.plain_run(learning.POINT, 6, 4)
     lengths = {e[2] for e in plain.episodes}
     assert len(lengths) > 3 and 100 in lengths, "the check needs episodes of different lengths"
     assert sum(r["eval_episodes"] for r in plain.iterations) > 0, "and evaluation episodes"
-    client = learning.client_run(learning.POINT, 6, len(plain.episodes), 3, tmp_path)
+    client = learning.client_run(learning.POINT, 6, len(plain.episodes), 4, tmp_path)
     ok, line = learning.compare(plain, client, 6)
     assert ok, line
     assert line.startswith(f"parity: identical (6 iterations, {len(plain.episodes)} episodes")

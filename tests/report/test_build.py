@@ -326,6 +326,6 @@ def test_the_report_shows_the_samples_of_a_run_in_plugrls_layout_and_of_one_in_t
         page = build_report(run.parent.parent).page
         assert_clean(page)
         html = page.read_text()
-        shown = re.findall(r'src="([^"]+\.png)"', html)
+        shown = re.findall(r'(?:src|href)="([^"]+\.png)"', html)  # small frames are shown enlarged, linking the file
         assert any(expected in src for src in shown), (expected, shown)
         assert "episode 1, env" in html if run is new else "episode 0, env" in html

@@ -80,7 +80,7 @@ def test_lone_surrogates_in_text_instruction_and_metric_names_become_u_fffd(tmp_
     for path in [proc / "summary.json", proc / "manifest.json", tmp_path / "run/summary.json"]:
         text = path.read_bytes().decode("utf-8", "strict")
         assert not re.search(r"\\u[dD][89a-fA-F][0-9a-fA-F]{2}", text) and json.loads(text), path
-    samples = sorted(proc.glob("sampled/*_text.txt"))
+    samples = sorted(proc.glob("sampled/ep_*/env_*/obs/*/text.txt"))
     assert len(samples) == 4, "first and last text of both episodes"
     assert all("\ufffd" in p.read_text("utf-8") for p in samples)
 
