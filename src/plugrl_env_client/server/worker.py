@@ -69,6 +69,11 @@ class PolicyWorker:
         self._thread: threading.Thread | None = None
         self._closed = False
 
+    @property
+    def pending(self) -> int:
+        """Calls submitted and not started yet (approximate while the worker runs)."""
+        return self._jobs.qsize()
+
     async def infer(self, policy: Policy, obs: dict[str, Any], env_indices: np.ndarray,
                     step_ids: np.ndarray) -> np.ndarray:
         """``policy.infer(obs, env_indices, step_ids)`` in the worker (``policy``: one connection's object)."""
