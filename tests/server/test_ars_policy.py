@@ -94,7 +94,7 @@ def test_embedded_ars_takes_shape_bounds_and_dtype_from_the_box(tmp_path):
                                    gym.spaces.Box(0, 5, (2,), np.int64), gym.spaces.Text(10)],
                          ids=["discrete", "multidiscrete", "int-box", "text"])
 def test_embedded_ars_refuses_what_is_not_a_box_of_floats(space):
-    with pytest.raises(ConfigError, match="needs a gymnasium Box action space of floats; the env's action space is"):
+    with pytest.raises(ConfigError, match="needs a gymnasium Box action space of floats, but the env's action space is"):
         policy_for_space("ars", space, None)
 
 

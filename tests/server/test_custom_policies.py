@@ -152,8 +152,8 @@ def test_a_user_policy_answers_what_its_refuses_allows(table):
     box = gym.spaces.Box(-1.0, 1.0, (3,), np.float64)
     chunk = policy_for_space("constant", box, horizon=2).act({}, 4)
     assert chunk.shape == (2, 4, 3) and chunk.dtype == np.float64 and (chunk == 0.5).all()
-    with pytest.raises(ConfigError, match=r"--local-policy constant answers a Box action space only; the env's "
-                                          r"action space is .*Use --local-policy random or --local-policy zero"):
+    with pytest.raises(ConfigError, match=r"--local-policy constant answers a Box action space only, but the env's "
+                                          r"action space is .*Use --local-policy random or zero"):
         policy_for_space("constant", gym.spaces.Discrete(3), horizon=2)
 
 

@@ -47,7 +47,7 @@ def policy_for_space(name: str, space: gym.Space, horizon: int | None, seed: int
     spec = get_spec(name)
     why = spec.policy_cls.refuses(space)
     if why is not None:
-        raise ConfigError(f"--local-policy {name} {why}; the env's action space is {describe_space(space)}. "
+        raise ConfigError(f"--local-policy {name} {why}, but the env's action space is {describe_space(space)}. "
                           f"{_alternatives(space, name)}")
     options: Any = None
     if spec.config is not None:
@@ -71,7 +71,8 @@ def _alternatives(space: gym.Space, refused: str) -> str:
     if not able:
         return ("Run a policy server that can (plugrl-run-policy-server) and connect with "
                 "--server-host/--server-port")
-    return "Use " + " or ".join(f"--local-policy {n}" for n in able)
+    return f"Use --local-policy {able[0]}" if len(able) == 1 else \
+        f"Use --local-policy {', '.join(able[:-1])} or {able[-1]}"
 
 
 def _numbers_of(space: gym.Space) -> tuple[tuple[int, ...], np.dtype, Any, Any]:
