@@ -101,9 +101,11 @@ class Policy(abc.ABC):
     """Maps a batch of observations to an action chunk of shape ``[horizon, n, *action_shape]``.
 
     A policy is built from a :class:`~plugrl_env_client.server.registry.PolicySetup` (the actions to answer) and
-    the config it was registered with (its own options; None for a policy without). The server calls every method
-    from one worker thread of its own, one call at a time, so a policy needs no lock and a slow one (a model's
-    forward pass) holds up no connection's pings or frames, only the infers waiting for it.
+    the config it was registered with (its own options; None for a policy without). The server makes every call
+    that serves a client (``for_stream``, ``for_connection``, ``infer``, ``infer_batch``, ``feedback``,
+    ``disconnect``) from one worker thread of its own, one call at a time, so a policy needs no lock and a slow one
+    (a model's forward pass) holds up no connection's pings or frames, only the infers waiting for it;
+    ``metadata`` is read on the event loop and ``close`` once the worker has stopped.
     """
 
     batches: ClassVar[bool] = False

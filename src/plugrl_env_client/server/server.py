@@ -190,8 +190,8 @@ class PolicyServer:
         policy: Policy | None = None
         try:
             await ws.send(codec.packb(messages.metadata_message(self.metadata())))
-            serving, stream = self._policy_for(ws)
-            policy = await self._worker.call(serving.for_connection)
+            key, stream = self._stream_of(ws)
+            policy = await self._worker.call(self._connection_policy, key)
             await self._serve_connection(ws, policy, Source(number, stream))
         except ConfigError as exc:  # the policy cannot serve this env at all: no reconnect can help
             await self._fail(exc)
@@ -225,13 +225,14 @@ class PolicyServer:
         await self._close_clients(messages.REASON_STOP)
         self.failed.set()
 
-    def _policy_for(self, ws: Connection) -> tuple[Policy, str | None]:
-        """The policy of one connection, and its stream's name: a client that names its stream (process, env group)
-        in the handshake gets a generator of its own, seeded from the server's seed, the stream and how often it
-        connected, so the same client run gets the same actions whatever other streams do."""
+    def _stream_of(self, ws: Connection) -> tuple[np.random.SeedSequence | None, str | None]:
+        """The seed of one connection's generator, and its stream's name: a client that names its stream (process,
+        env group) in the handshake gets a generator of its own, seeded from the server's seed, the stream and how
+        often it connected, so the same client run gets the same actions whatever other streams do (None: the
+        shared generator)."""
         raw = ws.header(messages.STREAM_HEADER)
         if raw is None:
-            return self.policy, None
+            return None, None
         found = STREAM_PATTERN.fullmatch(raw)
         if found is None:
             if not self._warned_stream:  # once per server: a client that sends it sends it on every connection
@@ -240,14 +241,20 @@ class PolicyServer:
                                "integers >= 0 (e.g. 0.1); this connection gets the shared generator, so its actions "
                                "do not repeat run to run (later malformed headers are ignored without a word)",
                                messages.STREAM_HEADER, messages.short_repr(raw, 80), ws.remote_address)
-            return self.policy, None
+            return None, None
         key = (int(found.group(1)), int(found.group(2)))
         name = f"{key[0]}.{key[1]}"
         nth = self._streams.get(key)
         if nth is None and len(self._streams) >= MAX_STREAMS:
-            return self.policy, name
+            return None, name
         self._streams[key] = (nth or 0) + 1
-        return self.policy.for_stream(np.random.SeedSequence([self.seed, *key, nth or 0])), name
+        return np.random.SeedSequence([self.seed, *key, nth or 0]), name
+
+    def _connection_policy(self, key: np.random.SeedSequence | None) -> Policy:
+        """What serves one connection (run by the worker, as every policy call is): the policy for its stream's
+        generator, for that connection."""
+        serving = self.policy if key is None else self.policy.for_stream(key)
+        return serving.for_connection()
 
     async def _serve_connection(self, ws: Connection, policy: Policy, source: Source) -> None:
         outstanding: set[int] = set()  # envs that received a chunk and owe us its feedback

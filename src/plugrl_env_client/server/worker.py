@@ -1,8 +1,8 @@
 """The server's policy calls, off its event loop: one worker thread runs them, one at a time, in order.
 
 A model's forward pass can take tens of milliseconds; run on the event loop it would stall every connection, their
-pings included. :class:`PolicyWorker` takes every call of the policy (infer, feedback, the end of a connection) on
-the loop and runs it in its own thread; the caller awaits the result while the loop goes on serving the other
+pings included. :class:`PolicyWorker` takes every call of the policy that serves a client (a connection's start
+and end, infer, feedback) on the loop and runs it in its own thread; the caller awaits the result while the loop goes on serving the other
 connections. One thread, so a policy is never called from two threads at once and needs no lock of its own.
 
 A policy whose :attr:`~plugrl_env_client.server.policies.Policy.batches` is True answers the infers of every
