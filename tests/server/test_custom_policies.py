@@ -225,3 +225,20 @@ def test_the_help_lists_a_user_policy_and_its_flag(tmp_path):
     assert done.returncode == 0, done.stderr
     assert "--policy.name {random,zero,text,ars,scaled}" in done.stdout
     assert "--policy.scale FLOAT" in done.stdout and "How far the actions reach." in done.stdout
+
+
+def test_options_of_the_wrong_policy_and_unknown_options_are_refused(table):
+    with pytest.raises(ValueError, match="the ars policy's options are a ArsConfig, got TextConfig"):
+        registry.make_policy(registry.PolicyConfig(name="ars", action_dim=2, options=TextConfig()))
+    with pytest.raises(ValueError, match="the zero policy has no options of its own"):
+        registry.make_policy(registry.PolicyConfig(name="zero", options=ArsConfig()))
+    with pytest.raises(ConfigError, match="no policy has the option bogus"):
+        registry.config_of(name="zero", bogus=1)
+
+    @dataclasses.dataclass
+    class Directions:
+        directions: str = "north"
+
+    with pytest.raises(ConfigError, match=r"Directions.directions and the ars policy's ArsConfig.directions are both "
+                                          r"--policy.directions but differ in type or default; rename one of them"):
+        register_policy("compass", config=Directions)

@@ -11,8 +11,10 @@ from typing import Any
 import numpy as np
 import pytest
 from waiting import wait_until
+from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
+from plugrl_env_client.errors import ProtocolError
 from plugrl_env_client.protocol import codec, messages
 from plugrl_env_client.server.policies import InferCall, Policy, PolicySetup
 from plugrl_env_client.server.server import PolicyServer
@@ -197,3 +199,32 @@ def test_a_policy_that_raises_fails_its_caller_and_the_worker_goes_on():
 
     error, after = asyncio.run(run())
     assert isinstance(error.__cause__, SystemExit) and after[0, 0, 0] == 7
+
+
+def test_a_protocol_error_of_a_batch_resyncs_each_connection_in_it(serve):
+    class Refusing(Batching):
+        def infer_batch(self, calls: list[InferCall]) -> list[np.ndarray]:
+            if len(calls) > 1:
+                raise ProtocolError("these observations cannot be used together")
+            return super().infer_batch(calls)
+
+    policy = Refusing()
+    server = serve(policy)
+    holder, a, b = client(server), client(server), client(server)
+    holder.send(infer_frame([0], slow=True))
+    assert policy.started.wait(WAIT_S)
+    a.send(infer_frame([1]))
+    b.send(infer_frame([2]))
+    wait_until(lambda: server._worker.pending >= 2, WAIT_S, "both infers waiting for the worker")
+    policy.release.set()
+    assert actions_of(holder, [0]).shape == (2, 1, 2)
+    for ws in (a, b):
+        with pytest.raises(ConnectionClosed) as info:
+            ws.recv(timeout=WAIT_S)
+        assert info.value.rcvd is not None and info.value.rcvd.reason == messages.REASON_RESYNC
+    holder.send(codec.packb(messages.feedback_message(
+        np.array([0]), np.zeros(1, np.int64), {"images": {}, "states": {"x": np.zeros((1, 1))}, "text": None},
+        np.zeros(1, np.float32), np.zeros(1, bool), np.zeros(1, bool), {})))
+    holder.send(infer_frame([0]))
+    assert actions_of(holder, [0]).shape == (2, 1, 2)  # the others' resync ended nothing else
+    holder.close()
