@@ -36,6 +36,11 @@ class Held(Policy):
         self.started = threading.Event()
         self.release = threading.Event()
         self.threads: set[str] = set()
+        self.connections = 0
+
+    def for_connection(self) -> Policy:
+        self.connections += 1
+        return self
 
     def act(self, obs: dict[str, Any], n: int) -> np.ndarray:
         raise NotImplementedError
@@ -141,6 +146,7 @@ def test_two_connections_infers_arrive_in_one_call(serve):
     policy = Batching()
     server = serve(policy)
     holder, a, b = client(server), client(server), client(server)
+    wait_until(lambda: policy.connections == 3, WAIT_S, "the three connections set up")  # no setup call is pending
     holder.send(infer_frame([0], slow=True))
     assert policy.started.wait(WAIT_S)
     a.send(infer_frame([1]))
@@ -211,6 +217,7 @@ def test_a_protocol_error_of_a_batch_resyncs_each_connection_in_it(serve):
     policy = Refusing()
     server = serve(policy)
     holder, a, b = client(server), client(server), client(server)
+    wait_until(lambda: policy.connections == 3, WAIT_S, "the three connections set up")  # no setup call is pending
     holder.send(infer_frame([0], slow=True))
     assert policy.started.wait(WAIT_S)
     a.send(infer_frame([1]))
