@@ -59,6 +59,7 @@ SERVER_FLAGS = {
     "--policy.directions": "INT", "--policy.top-directions": "INT", "--policy.step-size": "FLOAT",
     "--policy.noise": "FLOAT", "--policy.save": "PATH", "--policy.load": "PATH", "--policy.eval": "",
     "--policy.no-eval": "", "--version": "",
+    "--policy-path": "STR",  # a file registering a policy of one's own, imported before the parser is built
 }
 """``plugrl-run-policy-server --help``."""
 

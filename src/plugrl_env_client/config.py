@@ -29,6 +29,7 @@ from plugrl_env_client.outputs.recording.config import RecorderConfig
 from plugrl_env_client.outputs.tracking import TrackingKind
 from plugrl_env_client.protocol.session import ConnectionConfig
 from plugrl_env_client.rollout.settings import LoopConfig
+from plugrl_env_client.server.registry import optional_name_choice
 
 if TYPE_CHECKING:
     LauncherName = str
@@ -54,10 +55,11 @@ class ClientConfig:
     """Port of the policy server to connect to."""
     server_url: str | None = None
     """ws://host:port or wss://host:port; overrides --server-host/--server-port."""
-    local_policy: Literal["random", "zero", "text", "ars"] | None = None
+    local_policy: Annotated[str | None, tyro.conf.arg(constructor_factory=optional_name_choice)] = None
     """Start the reference policy server in this process (matched to the env's action space) and use it; text is
     for envs whose single_action_space is a gymnasium Text space; ars learns a linear policy (Augmented Random
-    Search) from the episodes' returns, for envs with a float Box action space and state arrays."""
+    Search) from the episodes' returns, for envs with a float Box action space and state arrays. A policy of your
+    own (registered with @register_policy) is found in a file given as --env-path."""
     local_policy_choices: Annotated[tuple[str, ...], tyro.conf.arg(
         help_behavior_hint="(default: short strings made up from the Text space's characters)")] = ()
     """Strings --local-policy text answers with, one picked per env and step, e.g. --local-policy-choices

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import gymnasium as gym
 import numpy as np
 import pytest
@@ -10,6 +12,7 @@ from plugrl_env_client.errors import ConfigError
 from plugrl_env_client.server.cli import main
 from plugrl_env_client.server.embedded import LOCAL_ARS_POLICY, policy_for_space, start_local_server
 from plugrl_env_client.server.policies import ArsPolicy, PolicyConfig, horizon_of, make_policy
+from plugrl_env_client.server.registry import config_of
 
 
 def test_ars_defaults_to_horizon_1_and_the_others_keep_4():
@@ -24,7 +27,7 @@ def test_ars_defaults_to_horizon_1_and_the_others_keep_4():
 
 
 def test_flags_reach_the_learner(tmp_path):
-    policy = make_policy(PolicyConfig(name="ars", action_dim=3, directions=5, top_directions=2, step_size=0.1,
+    policy = make_policy(config_of(name="ars", action_dim=3, directions=5, top_directions=2, step_size=0.1,
                                       noise=0.2, seed=9, save=tmp_path / "p.npz", low=-2.0, high=0.5))
     settings = policy.learner.settings
     assert (settings.directions, settings.top_directions, settings.step_size, settings.noise, settings.seed) == \
@@ -34,7 +37,7 @@ def test_flags_reach_the_learner(tmp_path):
 
 
 def test_a_longer_chunk_repeats_the_action_for_its_first_observation():
-    policy = make_policy(PolicyConfig(name="ars", action_dim=2, action_horizon=3, noise=1.0, seed=0))
+    policy = make_policy(config_of(name="ars", action_dim=2, action_horizon=3, noise=1.0, seed=0))
     conn = policy.for_connection()
     obs = {"images": {}, "states": {"x": np.array([[1.0, -1.0], [0.5, 2.0]])}, "text": None}
     chunk = conn.infer(obs, np.arange(2), np.zeros(2, np.int64))
@@ -43,12 +46,13 @@ def test_a_longer_chunk_repeats_the_action_for_its_first_observation():
 
 
 @pytest.mark.parametrize("flags, words", [
-    ({"directions": 4}, "--policy.directions is for the ARS learner; --policy.name random ignores it"),
-    ({"eval": True, "noise": 0.1}, "--policy.noise, --policy.eval are for the ARS learner"),
+    ({"directions": 4}, "--policy.directions is for --policy.name ars; --policy.name random ignores it (pass "
+                        "--policy.name ars to use it)"),
+    ({"eval": True, "noise": 0.1}, "--policy.noise, --policy.eval are for --policy.name ars"),
 ])
 def test_ars_flags_are_refused_for_other_policies(flags, words):
-    with pytest.raises(ValueError, match=words):
-        make_policy(PolicyConfig(**flags))
+    with pytest.raises(ConfigError, match=re.escape(words)):
+        config_of(**flags)
 
 
 @pytest.mark.parametrize("config, words", [
@@ -68,7 +72,7 @@ def test_ars_needs_a_vector_of_float_actions(config, words):
     (["--policy.name", "ars", "--policy.eval"], "--policy.eval evaluates a saved policy: pass --policy.load"),
     (["--policy.name", "ars", "--policy.load", "/nonexistent/ars.npz"], "--policy.load /nonexistent/ars.npz: no such file"),
     (["--policy.name", "ars", "--policy.action-dim", "0"], "--policy.action-dim must be >= 1"),
-    (["--policy.seed", "1", "--policy.save", "x.npz"], "--policy.save is for the ARS learner"),
+    (["--policy.seed", "1", "--policy.save", "x.npz"], "--policy.save is for --policy.name ars"),
 ])
 def test_bad_ars_flags_exit_1_with_a_message(args, words, capsys):
     with pytest.raises(SystemExit) as info:
@@ -79,10 +83,10 @@ def test_bad_ars_flags_exit_1_with_a_message(args, words, capsys):
 
 def test_embedded_ars_takes_shape_bounds_and_dtype_from_the_box(tmp_path):
     space = gym.spaces.Box(np.array([-1.0, -3.0]), np.array([1.0, 0.5]), dtype=np.float64)
-    policy = policy_for_space("ars", space, None, seed=4, save=tmp_path / "ars.npz")
+    policy = policy_for_space("ars", space, None, seed=4, run_dir=tmp_path)
     assert isinstance(policy, ArsPolicy) and policy.horizon == 1 and policy.dtype == np.float64
     assert policy.learner.low.tolist() == [-1.0, -3.0] and policy.learner.high.tolist() == [1.0, 0.5]
-    assert policy.learner.settings.seed == 4 and policy.learner.settings.save == tmp_path / "ars.npz"
+    assert policy.learner.settings.seed == 4 and policy.learner.settings.save == tmp_path / LOCAL_ARS_POLICY
     assert policy_for_space("ars", space, 2).horizon == 2
 
 
@@ -90,7 +94,7 @@ def test_embedded_ars_takes_shape_bounds_and_dtype_from_the_box(tmp_path):
                                    gym.spaces.Box(0, 5, (2,), np.int64), gym.spaces.Text(10)],
                          ids=["discrete", "multidiscrete", "int-box", "text"])
 def test_embedded_ars_refuses_what_is_not_a_box_of_floats(space):
-    with pytest.raises(ConfigError, match="needs a gymnasium Box action space of floats; the env's action space is"):
+    with pytest.raises(ConfigError, match="needs a gymnasium Box action space of floats, but the env's action space is"):
         policy_for_space("ars", space, None)
 
 

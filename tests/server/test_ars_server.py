@@ -22,7 +22,8 @@ from plugrl_env_client.app import run_client
 from plugrl_env_client.config import ClientConfig, RunnerConfig
 from plugrl_env_client.envs import discover_envs
 from plugrl_env_client.protocol import codec, messages
-from plugrl_env_client.server.policies import PolicyConfig, make_policy
+from plugrl_env_client.server.policies import make_policy
+from plugrl_env_client.server.registry import config_of
 from plugrl_env_client.server.server import PolicyServer
 
 discover_envs()
@@ -72,7 +73,7 @@ def _ars_factory(transport: str):
     made = []
 
     def start(**kwargs):
-        policy = make_policy(PolicyConfig(**{"name": "ars", **kwargs.pop("policy", {})}))
+        policy = make_policy(config_of(**{"name": "ars", **kwargs.pop("policy", {})}))
         server = PolicyServer(policy, host="127.0.0.1", port=0, transport=transport, **kwargs).start()
         made.append(server)
         return server
@@ -271,7 +272,7 @@ def test_the_server_process_exits_1_with_the_error():
 
 def ars_server(**policy) -> PolicyServer:
     settings = {"name": "ars", "action_dim": 2, "directions": 2, "top_directions": 1, "seed": 3, **policy}
-    return PolicyServer(make_policy(PolicyConfig(**settings)), host="127.0.0.1", port=0).start()
+    return PolicyServer(make_policy(config_of(**settings)), host="127.0.0.1", port=0).start()
 
 
 def client_config(tmp_path: Path, name: str, **kwargs) -> ClientConfig:

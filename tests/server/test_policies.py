@@ -6,8 +6,10 @@ import numpy as np
 import pytest
 from websockets.sync.client import connect
 
+from plugrl_env_client.errors import ConfigError
 from plugrl_env_client.protocol import codec, messages
 from plugrl_env_client.server.policies import PolicyConfig, TextPolicy, make_policy
+from plugrl_env_client.server.registry import config_of
 from plugrl_env_client.server.server import PolicyServer
 
 LONG = "λ" * 6000 + "<answer>42</answer>" + "x" * 4000  # 10k characters, non-ASCII
@@ -15,7 +17,7 @@ CHOICES = ("<answer>3</answer>", "hello", "", "日本語のテキスト 🙂", "
 
 
 def text_policy(seed: int | None = 0, horizon: int = 3, choices: tuple[str, ...] = CHOICES) -> TextPolicy:
-    policy = make_policy(PolicyConfig(name="text", action_horizon=horizon, seed=seed, choices=choices))
+    policy = make_policy(config_of(name="text", action_horizon=horizon, seed=seed, choices=choices))
     assert isinstance(policy, TextPolicy)
     return policy
 
@@ -61,12 +63,12 @@ def test_empty_choices_is_an_error_with_the_fix():
 
 def test_non_string_choices_are_refused():
     with pytest.raises(ValueError, match="must be strings"):
-        make_policy(PolicyConfig(name="text", choices=("ok", 3)))  # type: ignore[arg-type]
+        make_policy(config_of(name="text", choices=("ok", 3)))  # type: ignore[arg-type]
 
 
 def test_choices_without_the_text_policy_is_an_error():
-    with pytest.raises(ValueError, match="--policy.name text"):
-        make_policy(PolicyConfig(name="random", choices=("a",)))
+    with pytest.raises(ConfigError, match="--policy.choices is for --policy.name text; --policy.name random ignores it"):
+        config_of(name="random", choices=("a",))
 
 
 def test_text_metadata_has_a_dtype_and_no_action_dim():

@@ -1,1 +1,10 @@
-"""Reference policy server: speaks PlugRL v1, serves simple policies, and doubles as the embedded default."""
+"""Reference policy server: speaks PlugRL v1, serves simple policies, and doubles as the embedded default.
+
+A policy of one's own is a :class:`Policy` subclass registered with :func:`register_policy` (see
+docs/custom-policies.md); the server builds it from a :class:`PolicySetup` and its own config.
+"""
+
+from plugrl_env_client.server.policies import InferCall, Policy
+from plugrl_env_client.server.registry import PolicySetup, register_policy
+
+__all__ = ["InferCall", "Policy", "PolicySetup", "register_policy"]

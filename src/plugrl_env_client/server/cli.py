@@ -1,10 +1,16 @@
-"""``plugrl-run-policy-server``: the reference policy server as a standalone process."""
+"""``plugrl-run-policy-server``: the reference policy server as a standalone process.
+
+The ``--policy.*`` section is built when the command runs, from the registered policies
+(:mod:`~plugrl_env_client.server.registry`): ``--policy-path`` files are imported first, so a user's policy is a
+choice of ``--policy.name`` and the fields of its config are ``--policy.<field>`` flags.
+"""
 
 from __future__ import annotations
 
 import dataclasses
 import logging
 import os
+import sys
 import threading
 from collections.abc import Sequence
 from typing import Annotated, Literal
@@ -14,7 +20,15 @@ import tyro
 from plugrl_env_client.cli_support import cli, run_cli
 from plugrl_env_client.errors import ConfigError
 from plugrl_env_client.server.log_sink import ServerLog
-from plugrl_env_client.server.policies import PolicyConfig, make_policy
+from plugrl_env_client.server.policies import Policy
+from plugrl_env_client.server.registry import (
+    PolicyConfig,
+    config_from_flags,
+    flags_class,
+    load_policy_files,
+    make_policy,
+    policy_paths,
+)
 from plugrl_env_client.server.server import PolicyServer
 
 logger = logging.getLogger(__name__)
@@ -37,7 +51,11 @@ class ServerArgs:
     api_key: Annotated[str | None, tyro.conf.arg(help_behavior_hint="(default: $PLUGRL_SERVER_API_KEY if set)")] = None
     """Serve only clients whose handshake carries 'Authorization: Api-Key <key>' (the client's --api-key or
     $PLUGRL_API_KEY); others get HTTP 401. The environment variable keeps the key out of the process list."""
-    policy: PolicyConfig = dataclasses.field(default_factory=PolicyConfig)
+    policy_path: Annotated[tuple[str, ...], tyro.conf.UseAppendAction] = ()
+    """A Python file that registers a policy with @register_policy, imported before the command line is read: its
+    name is then a choice of --policy.name and its config's fields are --policy.* flags."""
+    policy: Annotated[PolicyConfig, tyro.conf.arg(constructor_factory=flags_class)] = dataclasses.field(
+        default_factory=PolicyConfig)
 
 
 API_KEY_ENV = "PLUGRL_SERVER_API_KEY"
@@ -63,7 +81,16 @@ def resolved_api_key(flag: str | None) -> str | None:
 def main(args: Sequence[str] | None = None) -> None:
     """Serve until Ctrl-C (exit 0); a bad ``--policy.*`` value or a port that is taken is a one-line error (exit 1),
     as for every plugrl command (:mod:`plugrl_env_client.cli_support`)."""
-    run_cli(lambda: _serve(cli(ServerArgs, args, "plugrl-run-policy-server")), args)
+    run_cli(lambda: _serve(parse(args)), args)
+
+
+def parse(args: Sequence[str] | None = None) -> ServerArgs:
+    """The command line as :class:`ServerArgs`, its ``policy`` a plain :class:`PolicyConfig` holding the named
+    policy's own config; the ``--policy-path`` files are imported before the parser is built."""
+    args = list(sys.argv[1:] if args is None else args)
+    load_policy_files(policy_paths(args))
+    parsed = cli(ServerArgs, args, "plugrl-run-policy-server")
+    return dataclasses.replace(parsed, policy=config_from_flags(parsed.policy))
 
 
 def _serve(cfg: ServerArgs) -> int:
@@ -83,8 +110,7 @@ def _serve_logged(cfg: ServerArgs) -> int:
                                   transport=cfg.transport, latency_ms=cfg.policy.latency_ms, api_key=api_key)
         except (TypeError, ValueError, OSError) as exc:  # a bad --policy.* value, the port is taken
             raise ConfigError(str(exc)) from exc
-        shape = (f"{len(cfg.policy.choices)} choices" if cfg.policy.name == "text"
-                 else f"action_dim={cfg.policy.action_dim}")
+        shape = _shape_of(policy)
         latency = f", latency={cfg.policy.latency_ms:g} ms" if cfg.policy.latency_ms else ""
         if api_key is None and not server.loopback_only:
             logger.warning("listening on %s:%d without an API key: anyone who reaches this port can feed the policy; "
@@ -104,6 +130,14 @@ def _serve_logged(cfg: ServerArgs) -> int:
     if server is not None and server.failure is not None:  # a user error like any other: one line, exit 1
         raise ConfigError(str(server.failure))
     return 0
+
+
+def _shape_of(policy: Policy) -> str:
+    """What the start line says of the actions: the number of choices of a text policy, else action_dim."""
+    choices = getattr(policy, "choices", None)
+    if policy.dtype.kind == "U" and choices is not None:
+        return f"{len(choices)} choices"
+    return f"action_dim={policy.metadata().get('action_dim', 'None')}"
 
 
 def _stop_on_failure(server: PolicyServer) -> None:

@@ -1,83 +1,90 @@
 """The embedded default: a reference server in a thread, matched to the env's action space.
 
 ``--local-policy random`` needs no second terminal and no flags to match: the action shape, dtype and bounds come
-from the env's ``single_action_space``, and the server binds a free port on 127.0.0.1.
+from the env's ``single_action_space``, and the server binds a free port on 127.0.0.1. Any registered policy
+(:mod:`~plugrl_env_client.server.registry`) serves this way, with its config's defaults; a user's is registered by
+a file the client imports (``--env-path my_policy.py``).
 
-Text action spaces (``gymnasium.spaces.Text``, language-agent envs) take ``--local-policy text``: the policy picks
-one of a few strings per env and step. Given no choices it makes up :data:`DEFAULT_TEXT_CHOICES` strings from the
-space's own character set (seeded, at most :data:`DEFAULT_TEXT_LENGTH` characters each), so any text env runs with
-no flags; such gibberish exercises the text path (and an env's handling of malformed answers) but plays no game.
-Pass ``choices`` to answer in the env's format (e.g. ``"<answer>3</answer>"``).
-
-``--local-policy ars`` learns (Augmented Random Search, :mod:`~plugrl_env_client.server.ars`): its action shape and
-bounds come from the env's Box action space, its seed from ``--runner.seed``, and it saves its policy and iteration
-log into the run folder (:data:`LOCAL_ARS_POLICY`).
+Each policy says which action spaces it can answer (:meth:`~plugrl_env_client.server.policies.Policy.refuses`):
+the numeric ones (Box, Discrete, MultiDiscrete) by default, a Text space for ``--local-policy text`` (given no
+choices it makes strings up from the space's own character set, see
+:func:`~plugrl_env_client.server.policies.default_text_choices`; pass ``choices`` to answer in the env's format,
+e.g. ``"<answer>3</answer>"``), a float Box for ``--local-policy ars``, which learns and saves its policy and
+iteration log into the run folder (:data:`LOCAL_ARS_POLICY`), its seed from ``--runner.seed``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import gymnasium as gym
 import numpy as np
 
 from plugrl_env_client.envs.base_env import describe_space
 from plugrl_env_client.errors import ConfigError
-from plugrl_env_client.server.policies import Policy, PolicyConfig, make_policy
+from plugrl_env_client.server.policies import (
+    DEFAULT_TEXT_CHOICES,
+    DEFAULT_TEXT_LENGTH,
+    LOCAL_ARS_POLICY,
+    Policy,
+    default_text_choices,
+)
+from plugrl_env_client.server.registry import PolicyConfig, get_spec, make_policy, registered_names
 from plugrl_env_client.server.server import PolicyServer
 
-DEFAULT_TEXT_CHOICES = 8
-"""How many strings ``--local-policy text`` makes up when it is given none."""
-DEFAULT_TEXT_LENGTH = 16
-"""Longest made-up string (a Text space's max_length can be huge; a smoke-test answer need not be)."""
-LOCAL_ARS_POLICY = "policy/ars.npz"
-"""Where ``--local-policy ars`` saves its policy, in the run folder (its iteration log: ``policy/ars.jsonl``)."""
+CHOICES_FIELD = "choices"
+"""The config field ``--local-policy-choices`` sets, for the policies whose config has it (text)."""
 
 
 def policy_for_space(name: str, space: gym.Space, horizon: int | None, seed: int | None = None,
-                     choices: Sequence[str] = (), save: Path | None = None) -> Policy:
-    """A reference policy whose actions fit ``space`` (Box, Discrete, MultiDiscrete, or Text with ``"text"``; a
-    float Box for ``"ars"``). ``horizon`` None: the policy's own default.
+                     choices: Sequence[str] = (), run_dir: Path | None = None) -> Policy:
+    """The registered policy ``name``, answering actions that fit ``space``. ``horizon`` None: the policy's own
+    default; ``choices``: the strings a policy whose config has ``choices`` answers with (others ignore them);
+    ``run_dir``: the run folder, where a policy may write (ARS saves its policy there)."""
+    spec = get_spec(name)
+    why = spec.policy_cls.refuses(space)
+    if why is not None:
+        raise ConfigError(f"--local-policy {name} {why}, but the env's action space is {describe_space(space)}. "
+                          f"{_alternatives(space, name)}")
+    options: Any = None
+    if spec.config is not None:
+        given = {CHOICES_FIELD: tuple(choices)} if choices and CHOICES_FIELD in _field_names(spec.config) else {}
+        options = spec.config(**given)
+    shape, dtype, low, high = _numbers_of(space)
+    config = PolicyConfig(name=name, action_horizon=horizon, dtype=dtype.name, seed=seed, options=options)
+    try:
+        return make_policy(config, action_shape=shape, low=low, high=high, space=space, run_dir=run_dir)
+    except ValueError as exc:
+        raise ConfigError(f"--local-policy {name}: {exc}") from exc
 
-    ``choices`` are the strings the text policy answers with (default: made up from the space's charset); ``save``
-    is where ARS saves its policy.
-    """
-    if name == "ars":
-        if not (isinstance(space, gym.spaces.Box) and np.dtype(space.dtype).kind == "f"):
-            raise ConfigError(
-                f"--local-policy ars learns a linear map from the env's state arrays to continuous actions, so it "
-                f"needs a gymnasium Box action space of floats; the env's action space is {describe_space(space)}. "
-                "Use --local-policy random or zero (or text for Text spaces)"
-            )
-        config = PolicyConfig(name="ars", action_horizon=horizon, dtype=np.dtype(space.dtype).name, seed=seed)
-        return make_policy(config, action_shape=tuple(space.shape), low=space.low, high=space.high, save=save)
-    if isinstance(space, gym.spaces.Text):
-        if name != "text":
-            raise ConfigError(
-                f"--local-policy {name} cannot produce text actions for the env's action space {describe_space(space)}; "
-                "use --local-policy text (it answers with one of a few strings per env and step)"
-            )
-        picked = tuple(choices) or default_text_choices(space, seed)
-        return make_policy(PolicyConfig(name="text", action_horizon=horizon, seed=seed, choices=picked))
-    if name == "text":
-        raise ConfigError(
-            f"--local-policy text answers with strings, but the env's action space is {space}; use "
-            "--local-policy random or --local-policy zero"
-        )
+
+def _field_names(cls: type) -> set[str]:
+    return {f.name for f in dataclasses.fields(cls)}
+
+
+def _alternatives(space: gym.Space, refused: str) -> str:
+    """Which registered policies can answer ``space`` (or, when none can, where else to get actions)."""
+    able = [n for n in registered_names() if n != refused and get_spec(n).policy_cls.refuses(space) is None]
+    if not able:
+        return ("Run a policy server that can (plugrl-run-policy-server) and connect with "
+                "--server-host/--server-port")
+    return f"Use --local-policy {able[0]}" if len(able) == 1 else \
+        f"Use --local-policy {', '.join(able[:-1])} or {able[-1]}"
+
+
+def _numbers_of(space: gym.Space) -> tuple[tuple[int, ...], np.dtype, Any, Any]:
+    """Shape, dtype and bounds of the actions of a numeric space (others: scalar float32 in [-1, 1], for a policy
+    that reads ``setup.space`` itself)."""
     if isinstance(space, gym.spaces.Box):
-        shape, dtype, low, high = space.shape, space.dtype, space.low, space.high
-    elif isinstance(space, gym.spaces.Discrete):
-        shape, dtype, low, high = (), np.dtype(np.int64), space.start, space.start + space.n - 1
-    elif isinstance(space, gym.spaces.MultiDiscrete):
-        shape, dtype, low, high = space.shape, np.dtype(np.int64), space.start, space.start + space.nvec - 1
-    else:
-        raise ConfigError(
-            f"--local-policy cannot produce actions for {space}; run a policy server that can "
-            "(plugrl-run-policy-server) and connect with --server-host/--server-port"
-        )
-    config = PolicyConfig(name=name, action_horizon=horizon, dtype=np.dtype(dtype).name, seed=seed)  # type: ignore[arg-type]
-    return make_policy(config, action_shape=tuple(shape), low=low, high=high)
+        return tuple(space.shape), np.dtype(space.dtype), space.low, space.high
+    if isinstance(space, gym.spaces.Discrete):
+        return (), np.dtype(np.int64), space.start, space.start + space.n - 1
+    if isinstance(space, gym.spaces.MultiDiscrete):
+        return tuple(space.shape), np.dtype(np.int64), space.start, space.start + space.nvec - 1
+    return (), np.dtype(np.float32), -1.0, 1.0
 
 
 def server_command(space: gym.Space, port: int | str = "<port>") -> str:
@@ -97,27 +104,15 @@ def local_policy_flag(space: gym.Space) -> str:
     return "--local-policy text" if isinstance(space, gym.spaces.Text) else "--local-policy random"
 
 
-def default_text_choices(space: gym.spaces.Text, seed: int | None = None) -> tuple[str, ...]:
-    """:data:`DEFAULT_TEXT_CHOICES` strings drawn from ``space``'s charset, lengths within its bounds (capped at
-    :data:`DEFAULT_TEXT_LENGTH` unless its min_length is longer).
-
-    The charset is sorted first: a frozenset's iteration order changes with Python's hash seed, and the same seed
-    must give the same strings in every run.
-    """
-    charset = sorted(space.character_set)
-    low = int(space.min_length)
-    high = max(low, min(int(space.max_length), DEFAULT_TEXT_LENGTH))
-    rng = np.random.default_rng(seed)
-    lengths = rng.integers(low, high + 1, size=DEFAULT_TEXT_CHOICES)
-    return tuple("".join(charset[i] for i in rng.integers(len(charset), size=int(k))) for k in lengths)
-
-
 def start_local_server(name: str, space: gym.Space, horizon: int | None, seed: int | None = None,
                        choices: Sequence[str] = (), transport: str = "websockets",
                        run_root: Path | None = None) -> PolicyServer:
     """Start the reference server on a free loopback port, serving in a daemon thread (over the client's
     ``transport``, so ``--transport picows`` speeds up both ends). ``run_root``: the run folder, where ARS saves
     its policy (:data:`LOCAL_ARS_POLICY`)."""
-    save = run_root / LOCAL_ARS_POLICY if name == "ars" and run_root is not None else None
-    return PolicyServer(policy_for_space(name, space, horizon, seed, choices, save), host="127.0.0.1", port=0,
+    return PolicyServer(policy_for_space(name, space, horizon, seed, choices, run_root), host="127.0.0.1", port=0,
                         seed=seed, transport=transport).start()
+
+
+__all__ = ["DEFAULT_TEXT_CHOICES", "DEFAULT_TEXT_LENGTH", "LOCAL_ARS_POLICY", "default_text_choices",
+           "local_policy_flag", "policy_for_space", "server_command", "start_local_server"]

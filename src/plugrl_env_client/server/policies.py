@@ -10,8 +10,11 @@ calls :meth:`Policy.infer` for each infer and :meth:`Policy.feedback` for each f
 :meth:`Policy.disconnect` when it closes. Stateless policies answer from ``act`` and ignore the rest; a learner
 keeps per-env state there (env indices are private to a connection). A value the client sent that a policy cannot
 use (ARS: a NaN state) is a :class:`~plugrl_env_client.errors.ProtocolError`, which the server answers with a
-resync. The server calls a policy on its event loop: a policy must answer promptly (the reference ones take
-microseconds), or every connection waits.
+resync. The server calls a policy from a worker thread of its own (:mod:`~plugrl_env_client.server.worker`), so a
+slow policy delays the infers waiting for it but never the connections' pings and other frames.
+
+Every policy, these and a user's, registers by name in :mod:`~plugrl_env_client.server.registry`, with the
+config dataclass of its own ``--policy.*`` flags (:class:`TextConfig`, :class:`ArsConfig`).
 """
 
 from __future__ import annotations
@@ -21,42 +24,38 @@ import copy
 import dataclasses
 import itertools
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar
 
+import gymnasium as gym
 import numpy as np
 import tyro
 
 from plugrl_env_client.errors import ProtocolError
 from plugrl_env_client.server.ars import ArsLearner, ArsSettings, Episode, state_layout, state_matrix
+from plugrl_env_client.server.registry import (
+    PolicyConfig,
+    PolicySetup,
+    horizon_of,
+    make_policy,
+    register_policy,
+)
 
 if TYPE_CHECKING:
     from plugrl_env_client.protocol.messages import FeedbackMessage
 
 
 @dataclasses.dataclass
-class PolicyConfig:
-    """What the reference server answers infers with."""
+class TextConfig:
+    """The text policy's own flags."""
 
-    name: Literal["random", "zero", "text", "ars"] = "random"
-    """random: uniform in [low, high]; zero: all zeros; text: one of --policy.choices per env and step; ars: learns a
-    linear policy on the env's states (Augmented Random Search), actions clipped to [low, high]."""
-    action_dim: int = 7
-    """Length of each action vector; 0 means scalar actions (discrete policies), sent as [horizon, n]."""
-    action_horizon: Annotated[int | None, tyro.conf.arg(help_behavior_hint="(default: 4; ars: 1)")] = None
-    """Steps per action chunk (with ars, a longer chunk repeats the action for its first observation)."""
-    dtype: str = "float32"
-    """numpy dtype of the actions (float32, float64, int64, ...); an integer dtype draws integers in [low, high]."""
-    low: float = -1.0
-    """Smallest action value: random and integer actions are drawn from [low, high], ars clips to it."""
-    high: float = 1.0
-    """Largest action value (see --policy.low)."""
-    seed: Annotated[int | None, tyro.conf.arg(help_behavior_hint="(default: fresh entropy)")] = None
-    """Seed of the random and text policies' generator, and of ARS's directions."""
     choices: Annotated[tuple[str, ...], tyro.conf.arg(help_behavior_hint="(required with --policy.name text)")] = ()
     """Strings the text policy picks from (e.g. --policy.choices "<answer>3</answer>" "hello"); text policy only."""
-    latency_ms: float = 0.0
-    """Milliseconds the server waits before answering each infer, simulating inference time (the wait blocks only
-    that client's connection)."""
+
+
+@dataclasses.dataclass
+class ArsConfig:
+    """The ARS learner's own flags."""
+
     directions: int = 8
     """ars: directions N drawn per iteration; each is rolled out twice (+ and - noise), one whole episode each."""
     top_directions: int = 4
@@ -73,38 +72,65 @@ class PolicyConfig:
     eval: bool = False
     """ars: no noise and no updates: every episode runs the loaded policy (needs --policy.load)."""
 
-    def ars_settings(self, save: Path | None = None) -> ArsSettings:
+    def settings(self, seed: int | None, save: Path | None = None) -> ArsSettings:
         return ArsSettings(directions=self.directions, top_directions=self.top_directions, step_size=self.step_size,
-                           noise=self.noise, seed=self.seed, save=save or self.save, load=self.load,
-                           evaluate=self.eval)
+                           noise=self.noise, seed=seed, save=save or self.save, load=self.load, evaluate=self.eval)
 
 
-DEFAULT_HORIZONS = {"ars": 1}
-"""The action horizon of a policy whose --policy.action-horizon is not given (others: DEFAULT_HORIZON)."""
-DEFAULT_HORIZON = 4
-ARS_FLAGS = {"directions": 8, "top_directions": 4, "step_size": 0.02, "noise": 0.03, "save": None, "load": None,
-             "eval": False}
-"""The fields only --policy.name ars reads, with their defaults (any other value is refused for other policies)."""
+LOCAL_ARS_POLICY = "policy/ars.npz"
+"""Where ``--local-policy ars`` saves its policy, in the run folder (its iteration log: ``policy/ars.jsonl``)."""
+DEFAULT_TEXT_CHOICES = 8
+"""How many strings the text policy makes up for a Text action space when it is given none."""
+DEFAULT_TEXT_LENGTH = 16
+"""Longest made-up string (a Text space's max_length can be huge; a smoke-test answer need not be)."""
+NUMERIC_SPACES = (gym.spaces.Box, gym.spaces.Discrete, gym.spaces.MultiDiscrete)
 
 
-def horizon_of(config: PolicyConfig) -> int:
-    """The action horizon ``config`` asks for: --policy.action-horizon, else the policy's default."""
-    if config.action_horizon is not None:
-        return config.action_horizon
-    return DEFAULT_HORIZONS.get(config.name, DEFAULT_HORIZON)
+@dataclasses.dataclass(frozen=True)
+class InferCall:
+    """One connection's infer, as a policy that answers several connections at once sees it
+    (:meth:`Policy.infer_batch`): ``policy`` is what :meth:`Policy.for_connection` gave that connection."""
+
+    policy: Policy
+    obs: dict[str, Any]
+    env_indices: np.ndarray
+    step_ids: np.ndarray
 
 
 class Policy(abc.ABC):
-    """Maps a batch of observations to an action chunk of shape ``[horizon, n, *action_shape]``."""
+    """Maps a batch of observations to an action chunk of shape ``[horizon, n, *action_shape]``.
 
-    def __init__(self, action_shape: tuple[int, ...], dtype: np.dtype, horizon: int, low: Any, high: Any) -> None:
-        if horizon < 1:
-            raise ValueError(f"the action horizon (--policy.action-horizon) must be >= 1, got {horizon}")
-        self.action_shape = tuple(action_shape)
-        self.dtype = np.dtype(dtype)
-        self.horizon = int(horizon)
-        self.low = np.broadcast_to(np.asarray(low, dtype=np.float64), self.action_shape)
-        self.high = np.broadcast_to(np.asarray(high, dtype=np.float64), self.action_shape)
+    A policy is built from a :class:`~plugrl_env_client.server.registry.PolicySetup` (the actions to answer) and
+    the config it was registered with (its own options; None for a policy without). The server makes every call
+    that serves a client (``for_stream``, ``for_connection``, ``infer``, ``infer_batch``, ``feedback``,
+    ``disconnect``) from one worker thread of its own, one call at a time, so a policy needs no lock and a slow one
+    (a model's forward pass) holds up no connection's pings or frames, only the infers waiting for it;
+    ``metadata`` is read on the event loop and ``close`` once the worker has stopped.
+    """
+
+    batches: ClassVar[bool] = False
+    """True: the server answers the infers of every connection waiting at one moment with one
+    :meth:`infer_batch` call (a model that runs one forward pass for several clients)."""
+
+    def __init__(self, setup: PolicySetup, config: Any = None) -> None:
+        if setup.horizon < 1:
+            raise ValueError(f"the action horizon (--policy.action-horizon) must be >= 1, got {setup.horizon}")
+        self.setup = setup
+        self.action_shape = tuple(setup.action_shape)
+        self.dtype = np.dtype(setup.dtype)
+        self.horizon = int(setup.horizon)
+        self.low = np.broadcast_to(np.asarray(setup.low, dtype=np.float64), self.action_shape)
+        self.high = np.broadcast_to(np.asarray(setup.high, dtype=np.float64), self.action_shape)
+
+    @classmethod
+    def refuses(cls, space: gym.Space) -> str | None:
+        """Why this policy cannot answer actions of the env's action ``space`` (None: it can). Default: the
+        numeric spaces (Box, Discrete, MultiDiscrete) only."""
+        if isinstance(space, NUMERIC_SPACES):
+            return None
+        if isinstance(space, gym.spaces.Text):
+            return "cannot produce text actions"
+        return "cannot produce actions for this space"
 
     def metadata(self) -> dict[str, Any]:
         dim = self.action_shape[0] if len(self.action_shape) == 1 else (0 if not self.action_shape else None)
@@ -133,6 +159,13 @@ class Policy(abc.ABC):
         since its reset). Default: :meth:`act`, for policies that do not care which env is which."""
         return self.act(obs, len(env_indices))
 
+    def infer_batch(self, calls: list[InferCall]) -> list[np.ndarray]:
+        """One action chunk per call, in order: the infers of several connections at once (used when
+        :attr:`batches` is True; the server calls it on the policy it serves, not on a connection's object).
+        Default: each call's own :meth:`infer`. A :class:`~plugrl_env_client.errors.ProtocolError` raised here
+        resyncs every connection of the batch."""
+        return [call.policy.infer(call.obs, call.env_indices, call.step_ids) for call in calls]
+
     def feedback(self, feedback: FeedbackMessage) -> None:
         """A feedback of this connection (default: ignored)."""
         return None
@@ -146,11 +179,14 @@ class Policy(abc.ABC):
         return None
 
 
+@register_policy("random")
 class RandomPolicy(Policy):
-    def __init__(self, *args: Any, seed: int | None = None, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.seed = seed
-        self.rng = np.random.default_rng(seed)
+    """Uniform in [low, high] (integers for an integer dtype; infinite bounds draw from [-1, 1])."""
+
+    def __init__(self, setup: PolicySetup, config: Any = None) -> None:
+        super().__init__(setup)
+        self.seed = setup.seed
+        self.rng = np.random.default_rng(setup.seed)
         # Infinite bounds (e.g. an unbounded Box) fall back to [-1, 1] so draws stay finite.
         self.low = np.where(np.isfinite(self.low), self.low, -1.0)
         self.high = np.where(np.isfinite(self.high), self.high, 1.0)
@@ -169,21 +205,29 @@ class RandomPolicy(Policy):
         return stream
 
 
+@register_policy("zero")
 class ZeroPolicy(Policy):
+    """All zeros."""
+
     def act(self, obs: dict[str, Any], n: int) -> np.ndarray:
         return np.zeros((self.horizon, n, *self.action_shape), dtype=self.dtype)
 
 
+@register_policy("text", config=TextConfig)
 class TextPolicy(Policy):
-    """Answers ``[horizon, n]`` '<U' chunks: each env and step gets one of ``choices``, drawn uniformly (seeded).
+    """One of --policy.choices per env and step, for envs whose actions are text (a gymnasium Text space).
 
-    The '<U' width is that of the longest choice, so no choice is ever cut short; non-ASCII text travels as is
-    (a '<U' array is UCS-4 on the wire). A test double for language-agent envs: it exercises the text path end to
-    end without a language model.
+    Answers ``[horizon, n]`` '<U' chunks: each env and step gets one of the choices, drawn uniformly (seeded). The
+    '<U' width is that of the longest choice, so no choice is ever cut short; non-ASCII text travels as is (a '<U'
+    array is UCS-4 on the wire). A test double for language-agent envs: it exercises the text path end to end
+    without a language model. Given no choices for a known Text space (``--local-policy text``), it makes up
+    :data:`DEFAULT_TEXT_CHOICES` strings from the space's characters (:func:`default_text_choices`).
     """
 
-    def __init__(self, choices: tuple[str, ...] | list[str], horizon: int, seed: int | None = None) -> None:
-        choices = tuple(choices)
+    def __init__(self, setup: PolicySetup, config: TextConfig) -> None:
+        choices = tuple(config.choices)
+        if not choices and isinstance(setup.space, gym.spaces.Text):
+            choices = default_text_choices(setup.space, setup.seed)
         if not choices:
             raise ValueError('the text policy needs at least one string to answer with: pass e.g. '
                              '--policy.choices "<answer>3</answer>" "hello"')
@@ -191,9 +235,13 @@ class TextPolicy(Policy):
         if bad:
             raise ValueError(f"text policy choices must be strings, got {bad[:3]!r}")
         width = max(1, *(len(c) for c in choices))  # '<U0' has no item size: an all-empty set still needs '<U1'
-        super().__init__((), np.dtype(f"<U{width}"), horizon, 0.0, 0.0)
+        super().__init__(dataclasses.replace(setup, action_shape=(), dtype=np.dtype(f"<U{width}"), low=0.0, high=0.0))
         self.choices = np.array(choices, dtype=self.dtype)
-        self.rng = np.random.default_rng(seed)
+        self.rng = np.random.default_rng(setup.seed)
+
+    @classmethod
+    def refuses(cls, space: gym.Space) -> str | None:
+        return None if isinstance(space, gym.spaces.Text) else "answers with strings"
 
     def metadata(self) -> dict[str, Any]:
         """Text actions have no action_dim; the dtype says they are '<U' strings of at most this width."""
@@ -208,8 +256,26 @@ class TextPolicy(Policy):
         return stream
 
 
+def default_text_choices(space: gym.spaces.Text, seed: int | None = None) -> tuple[str, ...]:
+    """:data:`DEFAULT_TEXT_CHOICES` strings drawn from ``space``'s charset, lengths within its bounds (capped at
+    :data:`DEFAULT_TEXT_LENGTH` unless its min_length is longer).
+
+    The charset is sorted first: a frozenset's iteration order changes with Python's hash seed, and the same seed
+    must give the same strings in every run.
+    """
+    charset = sorted(space.character_set)
+    low = int(space.min_length)
+    high = max(low, min(int(space.max_length), DEFAULT_TEXT_LENGTH))
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(low, high + 1, size=DEFAULT_TEXT_CHOICES)
+    return tuple("".join(charset[i] for i in rng.integers(len(charset), size=int(k))) for k in lengths)
+
+
+@register_policy("ars", config=ArsConfig, horizon=1)
 class ArsPolicy(Policy):
-    """Augmented Random Search behind the protocol: one :class:`~plugrl_env_client.server.ars.ArsLearner` for the
+    """Learns a linear policy on the env's states (Augmented Random Search), actions clipped to [low, high].
+
+    Augmented Random Search behind the protocol: one :class:`~plugrl_env_client.server.ars.ArsLearner` for the
     whole server, fed by every connection (:meth:`for_connection` gives each its own env table).
 
     Each env of each connection runs one rollout for one whole episode: it gets the rollout at the first infer of
@@ -217,16 +283,30 @@ class ArsPolicy(Policy):
     the feedback's chunk-summed rewards (float32 on the wire, added in float64): the rewards a learner trains on,
     and at horizon 1 bit for bit the ``return`` the client writes to episodes.jsonl (it sums the same float32
     rewards in float64). ``act`` alone (no env identity) answers with the current policy, without noise.
+
+    With ``--local-policy ars`` it saves its policy into the run folder (:data:`LOCAL_ARS_POLICY`) unless
+    --policy.save says where.
     """
 
-    def __init__(self, action_shape: tuple[int, ...], dtype: np.dtype, horizon: int, low: Any, high: Any,
-                 settings: ArsSettings) -> None:
-        super().__init__(action_shape, dtype, horizon, low, high)
+    def __init__(self, setup: PolicySetup, config: ArsConfig) -> None:
+        super().__init__(setup)
+        if not self.action_shape:
+            raise ValueError("--policy.name ars answers vectors of continuous actions: --policy.action-dim must be "
+                             ">= 1 (the length of the env's action vector)")
         if self.dtype.kind != "f":
             raise ValueError(f"--policy.name ars answers continuous actions: --policy.dtype must be a float dtype "
                              f"(float32, float64), got {self.dtype.name}")
-        self.learner = ArsLearner(self.action_shape, self.low, self.high, settings, self.horizon)
+        save = setup.run_dir / LOCAL_ARS_POLICY if setup.run_dir is not None and config.save is None else None
+        self.learner = ArsLearner(self.action_shape, self.low, self.high, config.settings(setup.seed, save),
+                                  self.horizon)
         self._numbers = itertools.count(1)  # next() is atomic: connection threads may start at once
+
+    @classmethod
+    def refuses(cls, space: gym.Space) -> str | None:
+        if isinstance(space, gym.spaces.Box) and np.dtype(space.dtype).kind == "f":
+            return None
+        return ("learns a linear map from the env's state arrays to continuous actions, so it needs a gymnasium "
+                "Box action space of floats")
 
     def metadata(self) -> dict[str, Any]:
         return {**super().metadata(), "algorithm": "ARS V2-t"}
@@ -265,7 +345,7 @@ class _ArsConnection(Policy):
     """One connection's envs: which episode each runs (env indices are private to a connection)."""
 
     def __init__(self, policy: ArsPolicy, number: int) -> None:
-        super().__init__(policy.action_shape, policy.dtype, policy.horizon, policy.low, policy.high)
+        super().__init__(policy.setup)
         self.policy, self.learner, self.number = policy, policy.learner, number
         self.episodes: dict[int, Episode] = {}
         self.seen: set[int] = set()
@@ -323,42 +403,6 @@ def _episode_lengths(episode: Any, m: int) -> list[int] | None:
     return [int(v) for v in lengths.tolist()]
 
 
-POLICIES: dict[str, type[Policy]] = {"random": RandomPolicy, "zero": ZeroPolicy, "text": TextPolicy, "ars": ArsPolicy}
-
-
-def make_policy(config: PolicyConfig, action_shape: tuple[int, ...] | None = None, low: Any = None, high: Any = None,
-                save: Path | None = None) -> Policy:
-    """Build the policy named in ``config``; ``action_shape``/``low``/``high`` override the config (embedded use),
-    and so does ``save`` (where ARS saves its policy)."""
-    if config.name not in POLICIES:
-        raise ValueError(f"unknown policy {config.name!r}; choose one of {', '.join(POLICIES)}")
-    horizon = horizon_of(config)
-    if config.name != "ars":
-        given = [f"--policy.{k.replace('_', '-')}" for k, default in ARS_FLAGS.items() if getattr(config, k) != default]
-        if given:
-            raise ValueError(f"{', '.join(given)} {'is' if len(given) == 1 else 'are'} for the ARS learner; "
-                             f"--policy.name {config.name} ignores {'it' if len(given) == 1 else 'them'} (pass "
-                             "--policy.name ars to learn)")
-    if config.name == "text":  # action_dim, dtype, low and high describe numbers; a text policy has none of them
-        return TextPolicy(config.choices, horizon, seed=config.seed)
-    if config.choices:
-        raise ValueError(f"--policy.choices is for the text policy; --policy.name {config.name} ignores it "
-                         "(pass --policy.name text to answer with those strings)")
-    if config.action_dim < 0:
-        raise ValueError(f"--policy.action-dim must be >= 0 (0: scalar actions), got {config.action_dim}")
-    try:
-        dtype = np.dtype(config.dtype)
-    except TypeError:
-        raise ValueError(f"--policy.dtype {config.dtype!r} is not a numpy dtype; use e.g. float32, float64 or int64") from None
-    if dtype.kind not in "biuf":
-        raise ValueError(f"--policy.dtype {config.dtype!r} is not numeric; actions are numbers")
-    shape = action_shape if action_shape is not None else ((config.action_dim,) if config.action_dim > 0 else ())
-    args = (shape, dtype, horizon, config.low if low is None else low, config.high if high is None else high)
-    if config.name == "random":
-        return RandomPolicy(*args, seed=config.seed)
-    if config.name == "ars":
-        if not shape:
-            raise ValueError("--policy.name ars answers vectors of continuous actions: --policy.action-dim must be "
-                             ">= 1 (the length of the env's action vector)")
-        return ArsPolicy(*args, settings=config.ars_settings(save))
-    return POLICIES[config.name](*args)
+__all__ = ["ArsConfig", "ArsPolicy", "InferCall", "Policy", "PolicyConfig", "PolicySetup", "RandomPolicy",
+           "TextConfig", "TextPolicy", "ZeroPolicy", "default_text_choices", "horizon_of", "make_policy",
+           "register_policy"]

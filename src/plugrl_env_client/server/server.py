@@ -22,9 +22,12 @@ other bad value.
 
 Every connection is a coroutine on one event loop (:mod:`~plugrl_env_client.server.transport`, websockets' asyncio
 server or picows), so a storm of connections costs no threads, and each connection's state is touched by its own
-coroutine only. ``latency_ms`` holds each action back that long, as a model's inference would: an ``await``, so it
-delays only its own connection while every other one is served (to within a tenth of a millisecond:
-:mod:`~plugrl_env_client.server.delay`, since asyncio's own timers would add up to one).
+coroutine only. The policy runs off the loop, in one worker thread (:mod:`~plugrl_env_client.server.worker`): a
+slow forward pass delays the infers waiting for it, never the pings and frames of the connections, and a policy
+that batches answers the infers of several connections in one call. ``latency_ms`` holds each action back that
+long, as a model's inference would: an ``await``, so it delays only its own connection while every other one is
+served (to within a tenth of a millisecond: :mod:`~plugrl_env_client.server.delay`, since asyncio's own timers
+would add up to one).
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ import logging
 import re
 import threading
 import time
+from collections.abc import Awaitable
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +52,7 @@ from plugrl_env_client.server.episodes import EpisodeFile, EpisodeLog, Source, S
 from plugrl_env_client.server.info import FinishedEpisodes, read_info
 from plugrl_env_client.server.policies import Policy
 from plugrl_env_client.server.transport import Connection, Listener, ServeLimits, serve
+from plugrl_env_client.server.worker import PolicyWorker
 from plugrl_env_client.version import __version__
 
 logger = logging.getLogger(__name__)
@@ -81,6 +86,7 @@ class PolicyServer:
         if not 0.0 <= latency_ms < float("inf"):
             raise ValueError(f"--policy.latency-ms must be a finite number >= 0, got {latency_ms}")
         self.policy = policy
+        self._worker = PolicyWorker(policy)
         self.latency_s = latency_ms / 1000.0
         self._delays = Delays()
         self.seed = seed if seed is not None else int(np.random.SeedSequence().entropy % (1 << 63))  # type: ignore[operator]
@@ -162,6 +168,7 @@ class PolicyServer:
             pass
         self._server.shutdown()
         self._delays.close()
+        self._worker.close()  # after the last connection: the calls it left run before the policy closes
         logger.info("stopped: %s", self.status_line())  # the periodic line may be older than the last episodes
         if self._thread is not None:
             self._thread.join(timeout=5)
@@ -183,8 +190,8 @@ class PolicyServer:
         policy: Policy | None = None
         try:
             await ws.send(codec.packb(messages.metadata_message(self.metadata())))
-            serving, stream = self._policy_for(ws)
-            policy = serving.for_connection()
+            key, stream = self._stream_of(ws)
+            policy = await self._worker.call(self._connection_policy, key)
             await self._serve_connection(ws, policy, Source(number, stream))
         except ConfigError as exc:  # the policy cannot serve this env at all: no reconnect can help
             await self._fail(exc)
@@ -202,10 +209,10 @@ class PolicyServer:
         finally:
             self._clients.discard(ws)
             if policy is not None:
-                try:
-                    policy.disconnect()
-                except Exception:  # a policy's bug: logged, and it ends nothing else
-                    logger.exception("internal error in the policy after %s disconnected", peer)
+                try:  # after this connection's other calls; a policy's error is logged and ends nothing else
+                    self._worker.post(policy.disconnect)
+                except RuntimeError:  # the server shut down: the worker is gone
+                    pass
 
     async def _fail(self, exc: ConfigError) -> None:
         """End the run because the policy cannot serve a client's env: say why, once, and close every client."""
@@ -218,13 +225,14 @@ class PolicyServer:
         await self._close_clients(messages.REASON_STOP)
         self.failed.set()
 
-    def _policy_for(self, ws: Connection) -> tuple[Policy, str | None]:
-        """The policy of one connection, and its stream's name: a client that names its stream (process, env group)
-        in the handshake gets a generator of its own, seeded from the server's seed, the stream and how often it
-        connected, so the same client run gets the same actions whatever other streams do."""
+    def _stream_of(self, ws: Connection) -> tuple[np.random.SeedSequence | None, str | None]:
+        """The seed of one connection's generator, and its stream's name: a client that names its stream (process,
+        env group) in the handshake gets a generator of its own, seeded from the server's seed, the stream and how
+        often it connected, so the same client run gets the same actions whatever other streams do (None: the
+        shared generator)."""
         raw = ws.header(messages.STREAM_HEADER)
         if raw is None:
-            return self.policy, None
+            return None, None
         found = STREAM_PATTERN.fullmatch(raw)
         if found is None:
             if not self._warned_stream:  # once per server: a client that sends it sends it on every connection
@@ -233,14 +241,20 @@ class PolicyServer:
                                "integers >= 0 (e.g. 0.1); this connection gets the shared generator, so its actions "
                                "do not repeat run to run (later malformed headers are ignored without a word)",
                                messages.STREAM_HEADER, messages.short_repr(raw, 80), ws.remote_address)
-            return self.policy, None
+            return None, None
         key = (int(found.group(1)), int(found.group(2)))
         name = f"{key[0]}.{key[1]}"
         nth = self._streams.get(key)
         if nth is None and len(self._streams) >= MAX_STREAMS:
-            return self.policy, name
+            return None, name
         self._streams[key] = (nth or 0) + 1
-        return self.policy.for_stream(np.random.SeedSequence([self.seed, *key, nth or 0])), name
+        return np.random.SeedSequence([self.seed, *key, nth or 0]), name
+
+    def _connection_policy(self, key: np.random.SeedSequence | None) -> Policy:
+        """What serves one connection (run by the worker, as every policy call is): the policy for its stream's
+        generator, for that connection."""
+        serving = self.policy if key is None else self.policy.for_stream(key)
+        return serving.for_connection()
 
     async def _serve_connection(self, ws: Connection, policy: Policy, source: Source) -> None:
         outstanding: set[int] = set()  # envs that received a chunk and owe us its feedback
@@ -264,7 +278,7 @@ class PolicyServer:
                 if stale:
                     raise _Violation(f"infer for envs {sorted(stale)} whose previous chunk got no feedback yet")
                 obs = self._with_reused_rows(request, held)
-                actions = _parse(policy.infer, obs, request.env_indices, request.step_ids)
+                actions = await _policy_call(self._worker.infer(policy, obs, request.env_indices, request.step_ids))
                 reply = codec.packb(messages.action_message(request.env_indices, actions))
                 if self.latency_s:
                     await self._delays.sleep(self.latency_s)
@@ -287,7 +301,7 @@ class PolicyServer:
                     raise _Violation(f"feedback for envs {repeated} whose chunk already got its feedback")
                 outstanding.difference_update(envs)
                 _hold_rows(held, feedback, skip=set(stateless))
-                _parse(policy.feedback, feedback)
+                await _policy_call(self._worker.call(policy.feedback, feedback))
                 episodes = info.episodes
                 if episodes is not None and stateless:
                     episodes = episodes.without(np.array([e not in seen for e in envs]))
@@ -390,6 +404,15 @@ def _hold_rows(held: dict[int, HeldRow], feedback: messages.FeedbackMessage, ski
             held.pop(env, None)
         else:
             held[env] = (feedback.obs, i)
+
+
+async def _policy_call(call: Awaitable[Any]) -> Any:
+    """The result of a policy call run by the worker, a :class:`ProtocolError` (the client's value cannot be used)
+    turned into a violation."""
+    try:
+        return await call
+    except ProtocolError as exc:
+        raise _Violation(str(exc)) from None
 
 
 def _parse(parser: Any, *args: Any) -> Any:

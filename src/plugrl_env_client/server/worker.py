@@ -1,0 +1,181 @@
+"""The server's policy calls, off its event loop: one worker thread runs them, one at a time, in order.
+
+A model's forward pass can take tens of milliseconds; run on the event loop it would stall every connection, their
+pings included. :class:`PolicyWorker` takes every call of the policy that serves a client (a connection's start
+and end, infer, feedback) on the loop and runs it in its own thread; the caller awaits the result while the loop goes on serving the other
+connections. One thread, so a policy is never called from two threads at once and needs no lock of its own.
+
+A policy whose :attr:`~plugrl_env_client.server.policies.Policy.batches` is True answers the infers of every
+connection waiting at one moment in one :meth:`~plugrl_env_client.server.policies.Policy.infer_batch` call: the
+calls that came in while the previous one ran are taken together (a GPU server's batching across clients).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from plugrl_env_client.server.policies import InferCall, Policy
+
+logger = logging.getLogger(__name__)
+
+CLOSE_TIMEOUT_S = 5.0
+"""How long :meth:`PolicyWorker.close` waits for a policy call that is still running."""
+
+
+class _Job:
+    """One call: ``run()`` in the worker, its outcome set on the caller's future through its loop (None: nobody
+    waits for it, errors are logged)."""
+
+    __slots__ = ("fn", "args", "infer", "loop", "future")
+
+    def __init__(self, fn: Callable[..., Any], args: tuple[Any, ...], infer: InferCall | None,
+                 loop: asyncio.AbstractEventLoop | None, future: asyncio.Future[Any] | None) -> None:
+        self.fn, self.args, self.infer, self.loop, self.future = fn, args, infer, loop, future
+
+    def settle(self, result: Any = None, error: BaseException | None = None) -> None:
+        if self.loop is None or self.future is None:
+            if error is not None:
+                logger.error("internal error in the policy", exc_info=error)
+            return
+        try:
+            self.loop.call_soon_threadsafe(_settle, self.future, result, error)
+        except RuntimeError:  # the loop is closed: nobody waits any more
+            pass
+
+
+def _settle(future: asyncio.Future[Any], result: Any, error: BaseException | None) -> None:
+    if future.done():  # the waiting task was cancelled meanwhile
+        return
+    if error is not None:
+        future.set_exception(error)
+    else:
+        future.set_result(result)
+
+
+class PolicyWorker:
+    """Runs the calls of ``policy`` (the policy the server serves) in one daemon thread, started on first use."""
+
+    def __init__(self, policy: Policy) -> None:
+        self.policy = policy
+        self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._closed = False
+
+    @property
+    def pending(self) -> int:
+        """Calls submitted and not started yet (approximate while the worker runs)."""
+        return self._jobs.qsize()
+
+    async def infer(self, policy: Policy, obs: dict[str, Any], env_indices: np.ndarray,
+                    step_ids: np.ndarray) -> np.ndarray:
+        """``policy.infer(obs, env_indices, step_ids)`` in the worker (``policy``: one connection's object)."""
+        call = InferCall(policy, obs, env_indices, step_ids)
+        return await self._submit(policy.infer, (obs, env_indices, step_ids), call)
+
+    async def call(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """``fn(*args)`` in the worker, after every call submitted before it."""
+        return await self._submit(fn, args, None)
+
+    def post(self, fn: Callable[..., Any], *args: Any) -> None:
+        """``fn(*args)`` in the worker, with nobody waiting for it (an error is logged)."""
+        self._put(_Job(fn, args, None, None, None))
+
+    async def _submit(self, fn: Callable[..., Any], args: tuple[Any, ...], infer: InferCall | None) -> Any:
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Any] = loop.create_future()
+        self._put(_Job(fn, args, infer, loop, future))
+        return await future
+
+    def _put(self, job: _Job) -> None:
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("the policy worker is closed")
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._serve, name="plugrl-policy-worker", daemon=True)
+                self._thread.start()
+            self._jobs.put(job)
+
+    def close(self) -> None:
+        """Stop after the calls already submitted (waiting at most :data:`CLOSE_TIMEOUT_S` for them)."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            thread = self._thread
+        self._jobs.put(None)
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout=CLOSE_TIMEOUT_S)
+            if thread.is_alive():
+                logger.warning("a policy call still runs %.0f s after the server stopped; leaving it behind",
+                               CLOSE_TIMEOUT_S)
+
+    def _serve(self) -> None:
+        while True:
+            job = self._jobs.get()
+            if job is None:
+                return
+            jobs = [job]
+            while True:  # everything submitted while the last call ran, to batch the infers among it
+                try:
+                    more = self._jobs.get_nowait()
+                except queue.Empty:
+                    break
+                if more is None:
+                    self._jobs.put(None)  # stop once these are done
+                    break
+                jobs.append(more)
+            self._run(jobs)
+
+    def _run(self, jobs: list[_Job]) -> None:
+        """Run ``jobs`` in order; with a batching policy, each run of consecutive infers in one call."""
+        batch: list[_Job] = []
+        for job in jobs:
+            if job.infer is not None and self.policy.batches:
+                batch.append(job)
+                continue
+            self._run_batch(batch)
+            batch = []
+            _run_one(job)
+        self._run_batch(batch)
+
+    def _run_batch(self, batch: list[_Job]) -> None:
+        if not batch:
+            return
+        try:
+            replies = self.policy.infer_batch([job.infer for job in batch if job.infer is not None])
+            if len(replies) != len(batch):
+                raise RuntimeError(f"{type(self.policy).__name__}.infer_batch answered {len(replies)} of "
+                                   f"{len(batch)} infers; it must answer each, in order")
+        except BaseException as exc:  # every connection of the batch learns of it; the worker goes on
+            for job in batch:
+                job.settle(error=_as_error(exc))
+            return
+        for job, reply in zip(batch, replies):
+            job.settle(reply)
+
+
+def _run_one(job: _Job) -> None:
+    try:
+        result = job.fn(*job.args)
+    except BaseException as exc:  # the caller learns of it; the worker goes on
+        job.settle(error=_as_error(exc))
+        return
+    job.settle(result)
+
+
+def _as_error(exc: BaseException) -> Exception:
+    """``exc`` as an error its caller can handle: a policy that raises ``SystemExit`` or ``KeyboardInterrupt``
+    (no signal reaches this thread) fails its call, it does not end the server."""
+    if isinstance(exc, Exception):
+        return exc
+    error = RuntimeError(f"the policy raised {type(exc).__name__}: {exc}")
+    error.__cause__ = exc
+    return error
