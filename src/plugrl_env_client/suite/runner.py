@@ -161,6 +161,8 @@ def run_suite(suite: Suite, suite_file: Path, base: ClientConfig, flags: Sequenc
             continue
         folder = _free_folder(root, task.name)
         print(f"\ntask {i + 1}/{len(plan)}: {task.name} ({uid}, {config.num_episodes} episodes) -> {root / folder}")
+        rows[i] = {**rows[i], "status": "running", "run": folder}
+        _write_table(root, suite, rows)
         result = run_client(dataclasses.replace(config, exp_name=folder), uid, sources)
         rows[i] = _row(task, uid, root / folder)
         _write_table(root, suite, rows)
