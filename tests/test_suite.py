@@ -251,3 +251,41 @@ def test_a_task_whose_action_dim_the_server_does_not_serve_fails_alone(tmp_path:
     err = capsys.readouterr().err
     assert "got (2,) (the server's metadata says action_dim=2)" in err
     assert "error: task(s) not done: dims; rerun them with --resume --exp-name bad" in err
+
+
+# ---------------------------------------------------------------------------------------------- Meta-World's MT10
+
+
+@pytest.fixture(scope="module")
+def metaworld_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from metaworld_site import install_metaworld
+
+    return install_metaworld(tmp_path_factory.mktemp("metaworld-site"))
+
+
+@pytest.mark.slow
+def test_the_shipped_mt10_suite_runs_its_ten_tasks(metaworld_site: Path, tmp_path: Path) -> None:
+    """suites/mt10.toml as shipped, with Meta-World installed as tests/docs/test_robot_suites.py installs it: two
+    short episodes per task (40 steps instead of Meta-World's 500), from the suite's first two seeds."""
+    from metaworld_site import python_path_with
+
+    env = {**os.environ, "PYTHONPATH": python_path_with(metaworld_site) + os.pathsep + str(ROOT / "src")}
+    done = subprocess.run([sys.executable, "-m", "plugrl_env_client.suite", str(ROOT / "suites" / "mt10.toml"),
+                           "--local-policy", "random", "--num-episodes", "2", "--num-envs", "2",
+                           "--runner.max-episode-steps", "40", "--output-dir", str(tmp_path), "--exp-name", "mt10",
+                           "--no-progress"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=1200)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    suite = json.loads((tmp_path / "mt10" / "suite.json").read_text())
+    names = ["reach", "push", "pick-place", "door-open", "drawer-open", "drawer-close", "button-press-topdown",
+             "peg-insert-side", "window-open", "window-close"]
+    assert [t["name"] for t in suite["tasks"]] == names
+    for task in suite["tasks"]:
+        assert (task["env"], task["status"], task["episodes"], task["mean_length"]) == ("Gym-v1", "finished", 2, 40)
+        assert isinstance(task["success_rate"], float) and isinstance(task["mean_return"], float)
+        run = tmp_path / "mt10" / task["run"]
+        config = json.loads((run / "client_config.json").read_text())
+        assert json.loads(config["env"]["kwargs"]) == {"env_name": f"{task['name']}-v3"}
+        seeds = sorted(json.loads(line)["seed"] for line in (run / "rollout" / "proc_000" / "episodes.jsonl").open())
+        assert seeds == [0, 1]
+    assert len({t["mean_return"] for t in suite["tasks"]}) == 10, "ten different tasks"
+    assert "suite mt10: 10 tasks" in done.stdout
