@@ -289,3 +289,32 @@ def test_the_shipped_mt10_suite_runs_its_ten_tasks(metaworld_site: Path, tmp_pat
         assert seeds == [0, 1]
     assert len({t["mean_return"] for t in suite["tasks"]}) == 10, "ten different tasks"
     assert "suite mt10: 10 tasks" in done.stdout
+
+
+# ---------------------------------------------------------------------------------------------- the report
+
+
+@pytest.mark.slow
+def test_plugrl_report_on_a_suite_folder_shows_the_table_and_bars_per_task(tmp_path: Path,
+                                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("matplotlib")
+    from plugrl_env_client.report.cli import main as report_main
+
+    suite = load_suite(suite_of(tmp_path, 'episodes = 3\n[[task]]\nname = "reach"\nenv = "point-v1"\n'
+                                          '[[task]]\nname = "no-rule"\nenv = "dummy-v1"\n'
+                                          'env_config = { terminated_prob = 0.3 }\n'))
+    base = ClientConfig(local_policy="random", output_dir=tmp_path / "runs", exp_name="rep", progress=False)
+    assert run_suite(suite, tmp_path / "s.toml", base, [], resume=False) == 0
+    root = tmp_path / "runs" / "rep"
+    reach, no_rule = table(root)
+    assert reach["success_rate"] is not None and no_rule["success_rate"] is None
+    assert report_main([str(root)]) == 0
+    assert f"report: {root / 'report.html'} (3 figures in {root / 'report'})" in capsys.readouterr().out
+    page = (root / "report.html").read_text()
+    assert "<h1>suite s</h1>" in page and "2 of 2 tasks done" in page
+    assert "<td>reach</td>" in page and "<td>no-rule</td>" in page and "NaN" not in page and "nan" not in page
+    assert '<a href="reach">reach</a>' in page
+    assert {p.name for p in (root / "report").glob("*.png")} == {"suite_returns.png", "suite_success.png",
+                                                                  "suite_lengths.png"}
+    assert report_main([str(root / "reach")]) == 0, "a task's run folder is reported alone"
+    assert (root / "reach" / "report.html").exists()
