@@ -318,3 +318,41 @@ def test_plugrl_report_on_a_suite_folder_shows_the_table_and_bars_per_task(tmp_p
                                                                   "suite_lengths.png"}
     assert report_main([str(root / "reach")]) == 0, "a task's run folder is reported alone"
     assert (root / "reach" / "report.html").exists()
+
+
+# ---------------------------------------------------------------------------------------------- Ray
+
+
+@pytest.mark.slow
+def test_tasks_run_side_by_side_on_a_ray_cluster_with_the_local_table(tmp_path: Path) -> None:
+    """Two tasks with --launcher ray on a running cluster: each a driver of its own, both at once (each started
+    before the other ended), and with the suite's seeds and the zero policy the table of the same suite run
+    locally, one task after the other, with another process count."""
+    pytest.importorskip("ray")
+    from ray.cluster_utils import Cluster
+
+    from plugrl_env_client.launch.ray.config import RayConfig
+
+    suite = load_suite(suite_of(tmp_path, 'seeds = [3, 1, 4, 15, 9]\n[[task]]\nenv = "point-v1"\n'
+                                          '[[task]]\nname = "fast"\nenv = "point-v1"\n'
+                                          'env_config = { step_size = 0.3 }\n'))
+    cluster = Cluster(initialize_head=True, head_node_args={
+        "num_cpus": 2, "include_dashboard": False, "object_store_memory": 80 * 1024**2})
+    try:
+        base = ClientConfig(local_policy="zero", launcher="ray", num_procs=2, num_envs=2, progress=False,
+                            ray=RayConfig(address=cluster.address, num_cpus_per_proc=0.25),
+                            output_dir=tmp_path / "runs", exp_name="ray")
+        assert run_suite(suite, tmp_path / "s.toml", base, [], resume=False) == 0
+    finally:
+        cluster.shutdown()
+    local = ClientConfig(local_policy="zero", num_envs=3, progress=False, output_dir=tmp_path / "runs",
+                         exp_name="local")
+    assert run_suite(suite, tmp_path / "s.toml", local, [], resume=False) == 0
+    on_ray, here = table(tmp_path / "runs" / "ray"), table(tmp_path / "runs" / "local")
+    assert on_ray == [{k: pytest.approx(v, rel=1e-12) if isinstance(v, float) else v for k, v in row.items()}
+                      for row in here], "the same episodes (summed in another order)"
+    assert [r["episodes"] for r in on_ray] == [5, 5] and on_ray[0]["status"] == "finished"
+    runs = [tmp_path / "runs" / "ray" / name for name in ("point-v1-0", "fast")]
+    started = [(run / "client_config.json").stat().st_mtime for run in runs]  # written before the processes start
+    ended = [(run / "summary.json").stat().st_mtime for run in runs]
+    assert max(started) < min(ended), "the tasks ran side by side"

@@ -26,9 +26,9 @@ PROG = "plugrl-run-suite"
 
 @dataclasses.dataclass
 class SuiteCommand(ClientConfig):
-    """Run every task of a suite file (TOML) one after another, each in a run folder of its own under
-    --output-dir/<exp-name>, and write one table: suite.json, suite.csv and the terminal's. --env.FIELD VALUE
-    applies to every task whose env has FIELD."""
+    """Run every task of a suite file (TOML), each in a run folder of its own under --output-dir/<exp-name>, and
+    write one table: suite.json, suite.csv and the terminal's. Tasks run one after another, or side by side with
+    --launcher ray on a running cluster. --env.FIELD VALUE applies to every task whose env has FIELD."""
 
     suite_file: Annotated[Path, tyro.conf.Positional, tyro.conf.arg(metavar="SUITE.toml")] = dataclasses.field(
         kw_only=True)

@@ -8,6 +8,10 @@ The suite's folder, ``<output-dir>/<exp-name>/``::
     suite.csv         the same table as CSV
     <task>/           each task's run folder (plugrl-report works on it alone)
 
+Tasks run one after another in this process. With ``--launcher ray`` on a cluster (``--ray.address`` other than
+``local``, which would start a private Ray instance per task) they run side by side: each task is a Ray driver in
+a spawned process of its own, its processes actors on the shared cluster, and the cluster schedules them all.
+
 A task is done when its run folder's ``summary.json`` says ``finished`` (or ``stopped by server``). ``--resume``
 skips the tasks that are done; a task whose folder exists but is not done (the suite was killed during it, or it
 failed) runs again from its start into a fresh folder, ``<task>-retry-<n>`` (the run folder of a client run cannot
@@ -22,6 +26,9 @@ import datetime as dt
 import io
 import json
 import logging
+import multiprocessing as mp
+import multiprocessing.connection
+import pickle
 import re
 import secrets
 import shutil
@@ -38,7 +45,9 @@ from plugrl_env_client.envs.base_env import BaseEnvConfig
 from plugrl_env_client.envs.discovery import EnvSources
 from plugrl_env_client.envs.registry import get_spec
 from plugrl_env_client.errors import ConfigError
+from plugrl_env_client.launch.lifeline import Lifeline
 from plugrl_env_client.outputs.run_dir import RunDir, write_json_atomic, write_text_atomic
+from plugrl_env_client.rollout.signals import interrupt_handlers, shielded
 from plugrl_env_client.suite.spec import Suite, Task
 
 logger = logging.getLogger(__name__)
@@ -152,6 +161,8 @@ def run_suite(suite: Suite, suite_file: Path, base: ClientConfig, flags: Sequenc
     _start_folder(root, suite_file, resume)
     rows = [_row(task, uid, None) for task, (uid, _) in plan]
     _write_table(root, suite, rows)
+    if side_by_side(base):
+        return _finish(root, suite, rows, _run_side_by_side(root, suite, plan, rows, sources))
     code = 0
     for i, (task, (uid, config)) in enumerate(plan):
         done = _done_folder(root, task.name)
@@ -172,6 +183,15 @@ def run_suite(suite: Suite, suite_file: Path, base: ClientConfig, flags: Sequenc
             return result
         if result != 0:
             code = 1
+    return _finish(root, suite, rows, code)
+
+
+def _finish(root: Path, suite: Suite, rows: list[dict[str, Any]], code: int) -> int:
+    """Write and print the table; the exit code (``code``, or 1 when a task is not done)."""
+    if code in INTERRUPTED_CODES:
+        _write_table(root, suite, rows)
+        print(f"suite interrupted; continue it with --resume --exp-name {root.name}", file=sys.stderr)
+        return code
     table = _write_table(root, suite, rows)
     print(f"\nsuite {suite.name}: {len(rows)} task{'' if len(rows) == 1 else 's'}\n{table}\n"
           f"suite: {root / 'suite.json'}")
@@ -181,6 +201,72 @@ def run_suite(suite: Suite, suite_file: Path, base: ClientConfig, flags: Sequenc
               file=sys.stderr)
         code = 1
     return code
+
+
+def side_by_side(base: ClientConfig) -> bool:
+    """Whether the tasks run side by side: Ray processes on a cluster (``local`` would start an instance per task)."""
+    return base.launcher == "ray" and base.ray.address != "local"
+
+
+def _run_side_by_side(root: Path, suite: Suite, plan: list[tuple[Task, tuple[str, ClientConfig]]],
+                      rows: list[dict[str, Any]], sources: EnvSources | None) -> int:
+    """Start every task that is not done as a spawned process of its own and wait for them all, writing the table
+    as each ends; returns 1 when a task failed, 128 + the signal's number when interrupted (every task is told to
+    stop, and each writes its outputs)."""
+    ctx = mp.get_context("spawn")
+    running: dict[int, tuple[int, Any]] = {}  # sentinel -> (task index, process)
+    code = 0
+    with interrupt_handlers():
+        try:
+            for i, (task, (uid, config)) in enumerate(plan):
+                done = _done_folder(root, task.name)
+                if done is not None:
+                    print(f"task {task.name}: done in {done.name}, skipped")
+                    rows[i] = _row(task, uid, done)
+                    continue
+                folder = _free_folder(root, task.name)
+                job = pickle.dumps((dataclasses.replace(config, exp_name=folder, progress=False), uid))
+                proc = ctx.Process(target=_task_main, args=(task.name, job, sources or EnvSources()),
+                                   name=f"plugrl-suite-{task.name}")
+                proc.start()
+                running[proc.sentinel] = (i, proc)
+                rows[i] = {**rows[i], "status": "running", "run": folder}
+                print(f"task {task.name} ({uid}, {config.num_episodes} episodes) started -> {root / folder}")
+            _write_table(root, suite, rows)
+            while running:
+                for sentinel in mp.connection.wait(list(running), timeout=1.0):
+                    i, proc = running.pop(int(sentinel))  # type: ignore[arg-type]
+                    proc.join()
+                    task, (uid, _) = plan[i]
+                    rows[i] = _row(task, uid, root / rows[i]["run"])
+                    _write_table(root, suite, rows)
+                    print(f"task {task.name}: {rows[i]['status']} (exit code {proc.exitcode})")
+                    if proc.exitcode != 0:
+                        code = 1
+        except KeyboardInterrupt as exc:
+            code = 128 + getattr(exc, "signum", signal.SIGINT)
+            with shielded():
+                for _, proc in running.values():
+                    proc.terminate()  # SIGTERM: the task writes its outputs and ends
+                for i, proc in running.values():
+                    proc.join(timeout=120)
+                    if proc.is_alive():
+                        proc.kill()
+                        proc.join(timeout=10)
+                    task, (uid, _) = plan[i]
+                    rows[i] = _row(task, uid, root / rows[i]["run"])
+    return code
+
+
+def _task_main(name: str, job: bytes, sources: EnvSources) -> None:
+    """A task side by side with others: a client run in a spawned process, which ends with the suite's process.
+    The job is unpickled once the env files are imported (its env config may be a class of one of them)."""
+    with interrupt_handlers():
+        Lifeline(f"task {name}").start()
+        sources.load()
+        config, uid = pickle.loads(job)
+        code = run_client(config, uid, sources)
+    sys.exit(code)
 
 
 def _start_folder(root: Path, suite_file: Path, resume: bool) -> None:
