@@ -356,3 +356,18 @@ def test_tasks_run_side_by_side_on_a_ray_cluster_with_the_local_table(tmp_path: 
     started = [(run / "client_config.json").stat().st_mtime for run in runs]  # written before the processes start
     ended = [(run / "summary.json").stat().st_mtime for run in runs]
     assert max(started) < min(ended), "the tasks ran side by side"
+
+
+@pytest.mark.slow
+def test_the_command_says_what_is_wrong_in_one_line(tmp_path: Path) -> None:
+    missing = run_module([str(tmp_path / "nope.toml"), "--local-policy", "random"], tmp_path)
+    assert missing.returncode == 1 and "Traceback" not in missing.stderr
+    assert missing.stderr.strip() == (f"error: suite file {tmp_path / 'nope.toml'}: cannot read it (No such file or "
+                                      "directory); give the path of a suite file (e.g. suites/demo.toml)")
+    path = suite_of(tmp_path, 'episodes = 1\n[[task]]\nenv = "point-v1"\n')
+    outside = run_module([str(path), "--exp-name", "../elsewhere"], tmp_path)
+    assert outside.returncode == 1 and "--exp-name '../elsewhere' must be a folder name" in outside.stderr
+    assert not (tmp_path.parent / "elsewhere").exists()
+    helped = run_module(["--help"], tmp_path)
+    assert helped.returncode == 0 and "SUITE.toml" in helped.stdout and "--resume" in helped.stdout
+    assert "Episodes per task, instead of the suite file's" in " ".join(helped.stdout.split())

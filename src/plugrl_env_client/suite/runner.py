@@ -28,6 +28,7 @@ import json
 import logging
 import multiprocessing as mp
 import multiprocessing.connection
+import os
 import pickle
 import re
 import secrets
@@ -150,6 +151,10 @@ def run_suite(suite: Suite, suite_file: Path, base: ClientConfig, flags: Sequenc
     if resume and base.exp_name is None:
         raise ConfigError("--resume continues a suite's folder: give its --exp-name (the folder under --output-dir "
                           "that holds suite.json)")
+    if base.exp_name is not None and (base.exp_name in ("", ".", "..") or "/" in base.exp_name
+                                      or os.sep in base.exp_name):
+        raise ConfigError(f"--exp-name {base.exp_name!r} must be a folder name, without '/' and other than '.' or "
+                          "'..': the suite goes to --output-dir/<exp-name>; to write somewhere else, set --output-dir")
     root = base.output_dir / (base.exp_name or default_suite_name(suite))
     unused = [f for f in flags if not any(_applies(f, {x.name: x for x in dataclasses.fields(get_spec(t.env).config_cls)})
                                           for t in suite.tasks)]
