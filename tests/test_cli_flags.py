@@ -35,7 +35,7 @@ CLIENT_FLAGS = {
     "--runner.use-env-lock": "", "--runner.no-use-env-lock": "",
     "--runner.start-method": "{spawn,forkserver,fork}", "--runner.pipeline": "INT",
     "--runner.episode-split": "{static,shared}", "--runner.instruction": "{prepend,off}",
-    "--runner.align-chunks": "INT", "--runner.group-size": "INT",
+    "--runner.align-chunks": "INT", "--runner.group-size": "INT", "--runner.start-seeds": "[INT [INT ...]]",
     "--recorder.episode-freq": "INT", "--recorder.thread0-only": "", "--recorder.no-thread0-only": "",
     "--recorder.record-video": "", "--recorder.no-record-video": "", "--recorder.video-fps": "FLOAT",
     "--recorder.record-full-rollout": "", "--recorder.no-record-full-rollout": "",

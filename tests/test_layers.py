@@ -74,6 +74,7 @@ UPPER = (f"{NAME}.cli", f"{NAME}.app", f"{NAME}.config", f"{NAME}.launch")
     (("launch",), (*CLIENT_FRONT, f"{NAME}.app", f"{NAME}.config", f"{NAME}.check", f"{NAME}.report")),
     (("app",), (*CLIENT_FRONT, f"{NAME}.check")),
     (("config",), (*CLIENT_FRONT, f"{NAME}.app", f"{NAME}.launch.local")),
+    (("suite",), (*CLIENT_FRONT, f"{NAME}.check", f"{NAME}.report")),
     (("env_commands",), (*CLIENT_FRONT, f"{NAME}.app", f"{NAME}.config", f"{NAME}.launch", f"{NAME}.check")),
 ], ids=lambda v: "/".join(v) if isinstance(v, tuple) and not v[0].startswith(NAME) else "")
 def test_no_layer_imports_a_layer_above_it(layer: tuple[str, ...], forbidden: tuple[str, ...]) -> None:
@@ -93,6 +94,12 @@ def test_nothing_in_the_package_imports_the_client_cli() -> None:
     top = {PACKAGE / "cli.py", PACKAGE / "__main__.py"}
     paths = [p for p in PACKAGE.rglob("*.py") if p not in top]
     assert not violations(paths, CLIENT_FRONT), "\n".join(violations(paths, CLIENT_FRONT))
+
+
+def test_nothing_in_the_package_imports_the_suite_command() -> None:
+    """``suite/`` runs client runs from the top, beside ``cli.py``: no other module reaches up into it."""
+    paths = [p for p in PACKAGE.rglob("*.py") if PACKAGE / "suite" not in p.parents]
+    assert not violations(paths, (f"{NAME}.suite",)), "\n".join(violations(paths, (f"{NAME}.suite",)))
 
 
 def test_the_reader_of_imports_sees_lazy_and_relative_imports(tmp_path: Path) -> None:

@@ -118,7 +118,7 @@ def _run(config: ClientConfig, launcher: Launcher, uid: str, run_dir: RunDir, wr
          jobs: list[ProcessJob], sources: EnvSources, env: BaseEnv | None) -> None:
     logger.info("run %s: env %s, %d proc x %d envs, server %s", run_dir.root, uid, config.num_procs,
                 config.num_envs, redact_url(jobs[0].url))
-    if config.local_policy and config.num_episodes is None:
+    if config.local_policy and config.num_episodes is None and not config.runner.start_seeds:
         logger.warning("--local-policy without --num-episodes: collecting until Ctrl-C (the embedded server never "
                        "ends a run)")
     ctx = mp.get_context(config.runner.start_method)

@@ -19,14 +19,13 @@ from pathlib import Path
 
 import pytest
 from doc_commands import Block, DocShell, bash_blocks
+from metaworld_site import install_metaworld, python_path_with
 
 ROOT = Path(__file__).resolve().parents[2]
 GUIDE = ROOT / "docs" / "robot-suites.md"
 SUITES = {"Meta-World": ("metaworld", "metaworld:Meta-World/MT1"), "gym-aloha": ("aloha", "gym_aloha/AlohaInsertion-v0"),
           "dm_control through Shimmy": ("dm-control", "shimmy:dm_control/cartpole-swingup-v0")}
 """Section heading -> (extra, --env.id) of each suite the page documents."""
-METAWORLD_SITE = ("metaworld==3.1.1", "mujoco==3.3.0", "scipy")
-"""Meta-World, the MuJoCo it pins, and what else it needs that the test venv does not have."""
 
 
 def suite_blocks() -> dict[str, Block]:
@@ -65,19 +64,14 @@ def _anchor(heading: str) -> str:
 
 @pytest.fixture(scope="module")
 def metaworld_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    site = tmp_path_factory.mktemp("metaworld-site")
-    res = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--disable-pip-version-check",
-                          "--no-input", "--target", str(site), *METAWORLD_SITE], capture_output=True, text=True,
-                         timeout=600)
-    assert res.returncode == 0, res.stdout + res.stderr
-    return site
+    return install_metaworld(tmp_path_factory.mktemp("metaworld-site"))
 
 
 @pytest.mark.slow
 def test_the_metaworld_commands_run(metaworld_site: Path, tmp_path: Path) -> None:
     """The page's Meta-World run, as written (the venv and install lines are what the site folder stands for):
     one 500-step episode of reach-v3 against the embedded random policy, judged by Meta-World's success flag."""
-    path = os.pathsep.join(p for p in (str(metaworld_site), os.environ.get("PYTHONPATH", "")) if p)
+    path = python_path_with(metaworld_site)
     probe = subprocess.run([sys.executable, "-c", "import mujoco; print(mujoco.__version__)"], capture_output=True,
                            text=True, timeout=120, env={**os.environ, "PYTHONPATH": path})
     assert probe.stdout.strip() == "3.3.0", probe.stderr

@@ -30,6 +30,7 @@ from plugrl_env_client.rollout.budget import Budget
 from plugrl_env_client.rollout.group import EnvGroup
 from plugrl_env_client.rollout.interfaces import ResultSink
 from plugrl_env_client.rollout.loop import Rollout
+from plugrl_env_client.rollout.seeds import listed_share
 from plugrl_env_client.rollout.settings import LoopConfig, LoopSettings
 from plugrl_env_client.rollout.signals import shielded
 from plugrl_env_client.server.embedded import local_policy_flag, server_command
@@ -130,6 +131,8 @@ def run_process(job: ProcessJob, budget: Budget, sink: ResultSink, env_lock: Any
     """Run one process's rollout to its end (with ``env`` when the caller built it already, in lockstep); never
     raises for user errors or interrupts: they become the result."""
     cfg, spec = job.config, get_spec(job.env_id)
+    if cfg.runner.start_seeds and not listed_share(cfg.runner.start_seeds, job.process_id, cfg.num_procs):
+        return ProcessResult(job.process_id, ProcessStatus.FINISHED)  # more processes than listed seeds: none here
     timings: list[Timing] = []
     envs: list[BaseEnv] = [] if env is None else [env]
     status, error, signum = ProcessStatus.STARTING, None, None
@@ -152,6 +155,8 @@ def run_process(job: ProcessJob, budget: Budget, sink: ResultSink, env_lock: Any
             success_threshold=spec.best_reward_threshold_for_success,
             reuse_feedback_obs=cfg.connection.reuse_feedback_obs,
             progress_period_s=PROGRESS_PERIOD_S,
+            start_seeds=listed_share(cfg.runner.start_seeds, job.process_id, cfg.num_procs),
+            process_envs=cfg.num_envs,
         )
         keepalive = Keepalive()  # answers the server's pings while an env call of any group runs long (SPEC C2)
         groups = []

@@ -116,3 +116,30 @@ def _clear_old_figures(out: Path) -> None:
                 old.unlink(missing_ok=True)
 
 
+
+
+SUITE_FILE = "suite.json"
+
+
+def is_suite_folder(root: Path) -> bool:
+    """Whether ``root`` is a suite's folder (plugrl-run-suite's ``suite.json``) rather than a run folder."""
+    return (root / SUITE_FILE).is_file() and not (root / "client_config.json").exists()
+
+
+def build_suite_report(root: Path) -> Report:
+    """Write ``<root>/report.html`` of a suite's folder: its table and a bar chart per quantity with a bar per task
+    (figures under ``<root>/report/``); raises ConfigError when suite.json cannot be read."""
+    plots.require_matplotlib()
+    try:
+        suite = json.loads((root / SUITE_FILE).read_text())
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"{root / SUITE_FILE}: cannot read the suite's table ({exc}); rerun the suite with "
+                          "--resume to write it again") from None
+    if not isinstance(suite, dict) or not isinstance(suite.get("tasks"), list):
+        raise ConfigError(f"{root / SUITE_FILE} holds no tasks list; is {root} a suite folder of plugrl-run-suite?")
+    out = root / REPORT_DIR
+    _clear_old_figures(out)
+    drawn = plots.draw_suite_bars([t for t in suite["tasks"] if isinstance(t, dict)], out)
+    target = root / REPORT_PAGE
+    write_text_atomic(target, html.render_suite(suite, root, drawn.made, out, [s.message for s in drawn.skipped]))
+    return Report(target, [out / f.name for f in drawn.made], [], drawn.skipped)

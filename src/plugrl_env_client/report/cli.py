@@ -27,7 +27,8 @@ class ReportArgs:
     """Plots and a self-contained HTML page (report.html) from a run folder, finished, still going or crashed."""
 
     run: Annotated[Path, tyro.conf.Positional, tyro.conf.arg(metavar="RUN_DIR")]
-    """The run folder plugrl-run-env-client wrote: runs/<exp-name>."""
+    """The run folder plugrl-run-env-client wrote, runs/<exp-name>, or a suite's folder plugrl-run-suite wrote (its
+    table and a bar chart per quantity with a bar per task)."""
     window: Annotated[int | None, tyro.conf.arg(
         metavar="K", help_behavior_hint="(default: about 5% of the episodes, at least 5, at most 200)")] = None
     """Episodes in each moving average."""
@@ -45,10 +46,11 @@ def main(args: Sequence[str] | None = None) -> int:
 
 
 def _report(parsed: ReportArgs) -> int:
-    from plugrl_env_client.report.build import build_report
+    from plugrl_env_client.report.build import build_report, build_suite_report, is_suite_folder
 
     try:
-        report = build_report(parsed.run, parsed.window)
+        suite = is_suite_folder(parsed.run)
+        report = build_suite_report(parsed.run) if suite else build_report(parsed.run, parsed.window)
     except OSError as exc:  # a read-only run folder, a full disk
         raise ConfigError(f"could not write the report into {parsed.run}: {exc}") from exc
     for skipped in report.skipped:

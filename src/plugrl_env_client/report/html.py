@@ -323,3 +323,56 @@ def _videos(page: Page) -> str:
         out.append(f'<h3>process {pid}</h3><div class="grid">{figures}</div>')
         out.append(_more(len(mine), MAX_VIDEOS_PER_PROCESS, "videos", mine[0].path.parent, root))
     return "\n".join(o for o in out if o)
+
+
+def render_suite(suite: dict, root: Path, plots: list[PlotFile], plot_dir: Path, notes: list[str]) -> str:
+    """The page of a suite's folder (``suite.json``): its table, a bar chart per quantity with a bar per task, and
+    a link to each task's run folder (``plugrl-report <suite>/<run>`` reports a task alone)."""
+    tasks = [t for t in suite.get("tasks", []) if isinstance(t, dict)]
+    head = ("<tr><th>task</th><th>env</th><th>episodes</th><th>mean return</th><th>success rate</th>"
+            "<th>mean length</th><th>status</th><th>run folder</th></tr>")
+
+    def run_link(task: dict) -> str:
+        run = task.get("run")
+        if not isinstance(run, str) or not (root / run).is_dir():
+            return ""
+        page = root / run / "report.html"
+        target = page if page.exists() else root / run
+        return f'<a href="{_href(target, root)}">{_e(run)}</a>'
+
+    body = "".join(
+        f"<tr><td>{_e(t.get('name'))}</td><td class=\"text\">{_e(t.get('env'))}</td><td>{fmt(t.get('episodes'))}</td>"
+        f"<td>{fmt(t.get('mean_return'), '.4f')}</td><td>{fmt(t.get('success_rate'), '.3f')}</td>"
+        f"<td>{fmt(t.get('mean_length'), '.1f')}</td><td class=\"text\">{_e(t.get('status'))}</td>"
+        f"<td class=\"text\">{run_link(t)}</td></tr>"
+        for t in tasks
+    )
+    mean = (f"<tr><th>mean</th><td></td><td>{sum(t.get('episodes') or 0 for t in tasks)}</td>"
+            f"<td>{fmt(suite.get('mean_return'), '.4f')}</td><td>{fmt(suite.get('success_rate'), '.3f')}</td>"
+            f"<td>{fmt(suite.get('mean_length'), '.1f')}</td><td></td><td></td></tr>")
+    figures = "".join(
+        f'<figure class="plot"><a href="{_href(plot_dir / p.name, root)}">'
+        f'<img src="{_href(plot_dir / p.name, root)}" alt="{_e(p.title)}"></a>'
+        f"<figcaption><strong>{_e(p.title)}</strong>. {_e(p.caption)}</figcaption></figure>"
+        for p in plots
+    )
+    name = str(suite.get("name", root.name))
+    stamp = dt.datetime.now().strftime("%Y-%m-%d %H:%M:%S")
+    done = suite.get("tasks_done", "?")
+    parts = [
+        "<!DOCTYPE html>",
+        '<html lang="en"><head><meta charset="utf-8">',
+        '<meta name="viewport" content="width=device-width, initial-scale=1">',
+        f"<title>plugrl suite report: {_e(name)}</title>",
+        f"<style>{STYLE}</style></head><body>",
+        f"<h1>suite {_e(name)}</h1>",
+        f'<p class="sub">{_e(done)} of {len(tasks)} tasks done; report written {_e(stamp)} from {_e(root)}</p>',
+        _notes(notes),
+        '<h2 id="tasks">Tasks</h2>',
+        f"<table>{head}{body}{mean}</table>",
+        '<p class="sub">Each task\'s means are over all its episodes; the suite\'s are the means of its tasks\' '
+        "(success rate: of the tasks with a success rule). A task's own report: plugrl-report on its run folder.</p>",
+        f'<h2 id="bars">Per task</h2><div class="grid">{figures}</div>' if figures else "",
+        "</body></html>",
+    ]
+    return "\n".join(p for p in parts if p) + "\n"

@@ -402,3 +402,44 @@ def make_thumbnail(src: Path, dst: Path, max_px: int) -> bool:
     else:
         mpimg.imsave(dst, image)
     return True
+
+
+SUITE_BARS = (("mean_return", "mean return", "suite_returns.png"),
+              ("success_rate", "success rate", "suite_success.png"),
+              ("mean_length", "mean episode length", "suite_lengths.png"))
+"""The bar charts of a suite's report: the key of suite.json's tasks, its label, the figure's file."""
+
+
+def draw_suite_bars(tasks: list[dict[str, Any]], out: Path) -> Figures:
+    """One bar chart per quantity of :data:`SUITE_BARS` with a bar per task (tasks without a value, e.g. no
+    success rule or no episode yet, are named with "n/a" and get no bar); a quantity no task has is left out."""
+    matplotlib = require_matplotlib()
+    out.mkdir(parents=True, exist_ok=True)
+    made: list[PlotFile] = []
+    skipped: list[SkippedFigure] = []
+    names = [str(t.get("name", "?")) for t in tasks]
+    for key, label, name in SUITE_BARS:
+        values: list[Any] = [t.get(key) for t in tasks]
+        finite = [isinstance(v, (int, float)) and np.isfinite(v) for v in values]
+        if not any(finite):
+            continue
+        try:
+            with matplotlib.rc_context(PLAIN_TEXT):
+                fig = _figure(height=max(SIZE[1], 0.35 * len(tasks) + 1.0))
+                ax = fig.add_subplot()
+                rows = np.arange(len(tasks))
+                shown = np.array([float(v) if ok else 0.0 for v, ok in zip(values, finite)])
+                ax.barh(rows[finite], shown[finite], color="#4c72b0")
+                ax.set_yticks(rows, [n if ok else f"{n} (n/a)" for n, ok in zip(names, finite)])
+                ax.invert_yaxis()
+                ax.set_xlabel(label)
+                ax.grid(alpha=0.3, axis="x")
+                if key == "success_rate":
+                    ax.set_xlim(0.0, 1.0)
+                _save(fig, out / name)
+        except Exception as exc:  # a figure that cannot be drawn is left out, the page says why
+            skipped.append(SkippedFigure(f"{label} per task", _one_line(exc)))
+            continue
+        made.append(PlotFile(name, "suite", f"{label} per task",
+                             f"{sum(finite)} of {len(tasks)} task{'s' if len(tasks) != 1 else ''} have a value."))
+    return Figures(made, skipped)

@@ -119,13 +119,22 @@ class EnvGroup:
                 f"{settings.env_id} does not take per-env seeds (reset(seed=[...]) with metadata['per_env_seeds'] = "
                 "True); use an env that does (Gym-v1, GEM-v1, GuessNumber-v1) or --runner.group-size 1"
             )
+        if settings.start_seeds and not env.metadata.get("per_env_seeds", False):
+            raise ConfigError(
+                f"fixed start seeds (--runner.start-seeds, a suite's seeds) start each episode from a seed of its own, "
+                f"but env {settings.env_id} does not take per-env seeds (reset(seed=[...]) with "
+                "metadata['per_env_seeds'] = True); leave the seeds out, or use an env that does (e.g. MuJoCo-v1 "
+                "with --env.backend gymnasium)"
+            )
         self.plans = ActionPlans(n, tuple(self.space.shape or ()), _plan_dtype(self.space), settings.replan_steps)
         self.tracker = EpisodeTracker(n, settings.success_threshold)
         self.env_checks = EnvChecks(settings.env_id, n, settings.check_partial_reset)
         self.held = HeldRows(n, settings.reuse_feedback_obs)
-        self.retirement = Retirement(n, settings.env_id, offset, bool(env.metadata.get("finite_episodes", False)))
+        self.retirement = Retirement(n, settings.env_id, offset, bool(env.metadata.get("finite_episodes", False))
+                                     or bool(settings.start_seeds))  # the listed seeds run out
         self.seed_groups = SeedGroups(GroupSeeds(settings.seed, settings.process_id, offset, n, settings.group_size,
-                                                 bool(env.metadata.get("per_env_seeds", False))))
+                                                 bool(env.metadata.get("per_env_seeds", False)),
+                                                 settings.start_seeds, settings.process_envs))
         self.instructions = Instructions(n, settings.instruction)
         self.ends = ChunkEnds(self.plans, settings.align_chunks, self._infer_follows)
         self.active: np.ndarray | None = None
@@ -343,7 +352,7 @@ class EnvGroup:
         """Bookkeeping for episodes that start at ``started`` after a reset with ``seed``: retire the envs that got
         none, note the instructions, and tell the hooks."""
         seeds = self.seed_groups.seeds.recorded(seed, started)
-        kept = self.retirement.note_reset(info, started)
+        kept = self.retirement.note_reset(info, started, self.seed_groups.seeds.exhausted())
         if kept.size != started.size:
             seeds = [s for s, keep in zip(seeds, np.isin(started, kept)) if keep]
             started = kept

@@ -20,6 +20,12 @@ depend on the episodes before them, and their seeds are recorded as null. (Seed 
 
 :class:`GroupSeeds` derives the seeds (:func:`episode_seed` is the rule); :class:`SeedGroups` follows the groups
 through a run (who waits for the rest of its group, which envs a reset starts).
+
+Fixed start states (``--runner.start-seeds S0 S1 ...``, a suite's ``seeds``): the run's episode ``k`` starts from
+``S[k]``, whatever the number of processes, and the run has exactly one episode per listed seed. Process ``p`` takes
+the share :func:`listed_share` gives it (the same split as ``--runner.episode-split static``), and its env ``e``
+(of ``E`` envs in the process) runs the share's episodes ``e, e + E, e + 2E, ...``; an env whose next episode is
+past the share retires. This needs an env that takes per-env seeds, and seed groups of one env.
 """
 
 from __future__ import annotations
@@ -27,6 +33,14 @@ from __future__ import annotations
 import numpy as np
 
 from plugrl_env_client.errors import ConfigError
+
+
+def listed_share(seeds: tuple[int, ...], process_id: int, num_procs: int) -> tuple[int, ...]:
+    """Process ``process_id``'s consecutive share of the listed start seeds: ``len(seeds) // num_procs``, plus one
+    for the first ``len(seeds) % num_procs`` processes (the static episode split's shares)."""
+    base, extra = divmod(len(seeds), num_procs)
+    start = process_id * base + min(process_id, extra)
+    return tuple(seeds[start:start + base + (1 if process_id < extra else 0)])
 
 
 def episode_seed(process_seed: int, process_id: int, group: int, episode: int) -> int:
@@ -40,10 +54,13 @@ class GroupSeeds:
     """Seeds of the envs ``offset .. offset + n - 1`` of a process.
 
     ``per_env``: the env starts env i from ``seed[i]`` of a list (``metadata["per_env_seeds"]``); without it only
-    the first reset is seeded."""
+    the first reset is seeded.
+
+    ``listed``: this process's share of fixed start seeds (module docstring), run by its ``stride`` envs (the
+    process's envs over all its groups; default ``offset + n``)."""
 
     def __init__(self, seed: int | None, process_id: int, offset: int, n: int, group_size: int,
-                 per_env: bool = False) -> None:
+                 per_env: bool = False, listed: tuple[int, ...] = (), stride: int | None = None) -> None:
         if group_size < 1 or offset % group_size or n % group_size:
             raise ValueError(f"envs {offset}..{offset + n - 1} do not split into seed groups of {group_size}")
         if seed is not None and seed < 0:
@@ -54,10 +71,17 @@ class GroupSeeds:
         self._root = seed if seed is not None else int(np.random.SeedSequence().entropy % (1 << 63))  # type: ignore[operator]
         self.group_of = (offset + np.arange(n)) // group_size  # the process's seed group of each env
         self.episode = np.zeros(n, np.int64)  # the group episode each env is in (or waits for the start of)
+        self.listed = tuple(int(s) for s in listed)
+        self.stride = stride if stride is not None else offset + n
+        if self.listed and group_size > 1:
+            raise ConfigError("fixed start seeds give each episode a seed of its own; they cannot be combined with "
+                              f"seed groups (--runner.group-size {group_size}): use --runner.group-size 1")
+        if self.listed and any(s < 0 for s in self.listed):
+            raise ConfigError(f"start seeds must be >= 0, got {min(self.listed)}")
 
     def initial(self) -> int | list[int | None] | None:
         """The seed argument of the first reset of every env."""
-        if self.size == 1:
+        if self.size == 1 and not self.listed:
             return None if self.seed is None else self.seed + self.offset
         return self._seeds(np.arange(self.n), self.episode)
 
@@ -71,6 +95,13 @@ class GroupSeeds:
     def advance(self, rows: np.ndarray) -> None:
         """The groups of ``rows`` have started their next episode."""
         self.episode[rows] += 1
+
+    def exhausted(self) -> np.ndarray:
+        """Per env: its current episode is past this process's share of listed seeds (it has no episode; always
+        False without a list)."""
+        if not self.listed:
+            return np.zeros(self.n, bool)
+        return self._listed_index(np.arange(self.n), self.episode) >= len(self.listed)
 
     def complete(self, finished: np.ndarray) -> np.ndarray:
         """Per env: whether every member of its group is ``finished`` (done and waiting, or retired)."""
@@ -87,9 +118,18 @@ class GroupSeeds:
 
     def _seeds(self, rows: np.ndarray, episodes: np.ndarray) -> list[int | None]:
         out: list[int | None] = [None] * self.n
+        if self.listed:
+            for i, index in zip(rows, self._listed_index(rows, episodes[rows])):
+                out[i] = self.listed[index] if index < len(self.listed) else None
+            return out
         for i in rows:
             out[i] = episode_seed(self._root, self.process_id, int(self.group_of[i]), int(episodes[i]))
         return out
+
+
+    def _listed_index(self, rows: np.ndarray, episodes: np.ndarray) -> np.ndarray:
+        """The place in the listed share of the ``episodes``-th episode of each env of ``rows``."""
+        return self.offset + rows + episodes * self.stride
 
 
 class SeedGroups:

@@ -9,7 +9,9 @@ by name: :meth:`LoopSettings.of` takes every field of the config and the few val
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
+
+import tyro
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,6 +44,11 @@ class LoopConfig:
     group_size: int = 1
     """Consecutive envs form groups of this size that start every episode from the same seed and are reset together
     once all of them are done (GRPO-style); num_envs must be a multiple of it."""
+    start_seeds: Annotated[tuple[int, ...], tyro.conf.arg(
+        help_behavior_hint="(default: none: seeds derived from --runner.seed)")] = ()
+    """Fixed start states: the run's k-th episode starts from the k-th of these seeds, whatever the number of
+    processes, and the run ends after one episode per seed (each process runs a fixed share of them; for envs that
+    take per-env seeds)."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -57,6 +64,9 @@ class LoopSettings(LoopConfig):
     """Leave out of infers the rows the server already holds from feedback (when the server offers it)."""
     progress_period_s: float = 2.0
     """How often the rollout reports its timing to the run's writer."""
+    process_envs: int | None = None
+    """The process's envs over all its groups (they share its ``start_seeds``, which here hold only this process's
+    share); None: one group."""
 
     @classmethod
     def of(cls, config: LoopConfig, **added: Any) -> LoopSettings:

@@ -1,0 +1,388 @@
+"""Running a suite: each task a client run of its own (:func:`~plugrl_env_client.app.run_client`) in a folder of
+its own under the suite's folder, then one table of them all.
+
+The suite's folder, ``<output-dir>/<exp-name>/``::
+
+    suite.toml        the suite file the suite was started with
+    suite.json        the table: a ``tasks`` list and the suite's means (rewritten after every task)
+    suite.csv         the same table as CSV
+    <task>/           each task's run folder (plugrl-report works on it alone)
+
+Tasks run one after another in this process. With ``--launcher ray`` on a cluster (``--ray.address`` other than
+``local``, which would start a private Ray instance per task) they run side by side: each task is a Ray driver in
+a spawned process of its own, its processes actors on the shared cluster, and the cluster schedules them all.
+
+A task is done when its run folder's ``summary.json`` says ``finished`` (or ``stopped by server``). ``--resume``
+skips the tasks that are done; a task whose folder exists but is not done (the suite was killed during it, or it
+failed) runs again from its start into a fresh folder, ``<task>-retry-<n>`` (the run folder of a client run cannot
+be continued), and the table takes the newest done folder of each task.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import datetime as dt
+import io
+import json
+import logging
+import multiprocessing as mp
+import multiprocessing.connection
+import os
+import pickle
+import re
+import secrets
+import shutil
+import signal
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from plugrl_env_client.app import run_client
+from plugrl_env_client.config import ClientConfig
+from plugrl_env_client.env_commands import parse_with, subcommand_name
+from plugrl_env_client.envs.base_env import BaseEnvConfig
+from plugrl_env_client.envs.discovery import EnvSources
+from plugrl_env_client.envs.registry import get_spec
+from plugrl_env_client.errors import ConfigError
+from plugrl_env_client.launch.lifeline import Lifeline
+from plugrl_env_client.outputs.run_dir import RunDir, write_json_atomic, write_text_atomic
+from plugrl_env_client.rollout.signals import interrupt_handlers, shielded
+from plugrl_env_client.suite.spec import Suite, Task
+
+logger = logging.getLogger(__name__)
+
+DONE = ("finished", "stopped by server")
+"""Statuses of a run folder whose task needs no new run."""
+INTERRUPTED_CODES = {128 + signal.SIGINT, 128 + signal.SIGTERM, 128 + signal.SIGHUP}
+COLUMNS = ("name", "env", "episodes", "mean_return", "success_rate", "mean_length", "status", "run")
+
+
+@dataclasses.dataclass(frozen=True)
+class EnvFlag:
+    """One ``--env.FIELD [VALUE ...]`` of the suite's command line, for the tasks whose env config has FIELD."""
+
+    field: str
+    tokens: tuple[str, ...]
+
+
+def split_env_flags(args: Sequence[str]) -> tuple[list[str], list[EnvFlag]]:
+    """(the other arguments, the ``--env.*`` flags with their values): a flag's values are the arguments after
+    it up to the next one starting with ``--``."""
+    rest: list[str] = []
+    flags: list[EnvFlag] = []
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        if not arg.startswith("--env."):
+            rest.append(arg)
+            i += 1
+            continue
+        j = i + 1
+        while j < len(args) and not args[j].startswith("--"):
+            j += 1
+        name = arg[len("--env."):].split("=", 1)[0].replace("-", "_")
+        flags.append(EnvFlag(name, tuple(args[i:j])))
+        i = j
+    return rest, flags
+
+
+def task_config(base: ClientConfig, task: Task, flags: Sequence[EnvFlag], seeds: tuple[int, ...], root: Path,
+                folder: str) -> tuple[str, ClientConfig]:
+    """(env id, the client config of ``task``): the command line's flags, the ``--env.*`` ones its env config has,
+    then the task's own fields, which win; the run goes to ``root/folder``. ``--num-episodes`` given on the
+    command line replaces every task's episodes (with seeds: the first N seeds)."""
+    spec = get_spec(task.env)
+    fields = {f.name: f for f in dataclasses.fields(spec.config_cls)}
+    mine = [t for f in flags if _applies(f, fields) for t in f.tokens]
+    uid, parsed = parse_with(ClientConfig, [subcommand_name(spec.uid), *mine], "plugrl-run-suite",
+                             "The env flags of a suite's task.")
+    runner = base.runner
+    if parsed.runner.max_episode_steps is not None:  # --env.max-episode-steps, for an env without that field
+        runner = dataclasses.replace(runner, max_episode_steps=parsed.runner.max_episode_steps)
+    episodes = task.episodes if base.num_episodes is None else base.num_episodes
+    if seeds:
+        if episodes > len(seeds):
+            raise ConfigError(f"--num-episodes {episodes}: the suite has {len(seeds)} seeds, one per episode; give "
+                              f"at most {len(seeds)} (the first N seeds are used)")
+        runner = dataclasses.replace(runner, start_seeds=seeds[:episodes], episode_split="static")
+    config = dataclasses.replace(
+        base, env=_with_fields(parsed.env, task), runner=runner, num_episodes=episodes, exp_name=folder,
+        output_dir=root, local_policy=(task.local_policy or base.local_policy) if base.local_policy else None,
+        local_policy_choices=task.local_policy_choices if task.local_policy_choices is not None
+        else base.local_policy_choices,
+        server_url=task.server_url or base.server_url,
+    )
+    return uid, config
+
+
+def _applies(flag: EnvFlag, fields: dict[str, Any]) -> bool:
+    name = flag.field
+    return name in fields or (name.startswith("no_") and name[3:] in fields) or name == "max_episode_steps"
+
+
+def _with_fields(env: BaseEnvConfig, task: Task) -> BaseEnvConfig:
+    """``env`` with the task's ``env_config``; a table or list for a text field (Gym-v1's ``kwargs``) is written
+    as its JSON, a list for a tuple field becomes a tuple."""
+    known = {f.name: f for f in dataclasses.fields(env)}
+    values = {}
+    for name, value in task.env_config.items():
+        if name not in known:
+            raise ConfigError(f"task {task.name!r}: env {task.env} has no config field {name!r}; its fields are "
+                              f"{', '.join(sorted(known)) or '(none)'}")
+        current = getattr(env, name)
+        if isinstance(current, str) and isinstance(value, (dict, list)):
+            value = json.dumps(value)
+        elif isinstance(current, tuple) and isinstance(value, list):
+            value = tuple(value)
+        values[name] = value
+    return dataclasses.replace(env, **values)
+
+
+def default_suite_name(suite: Suite) -> str:
+    return f"{suite.name}-{dt.datetime.now().strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(4)}"
+
+
+def run_suite(suite: Suite, suite_file: Path, base: ClientConfig, flags: Sequence[EnvFlag], resume: bool,
+              sources: EnvSources | None = None) -> int:
+    """Run every task of ``suite`` not done yet, one after another; returns the exit code: 0 when every task is
+    done, 1 when one failed, 128 + the signal's number when a task was interrupted (the suite stops there)."""
+    if resume and base.exp_name is None:
+        raise ConfigError("--resume continues a suite's folder: give its --exp-name (the folder under --output-dir "
+                          "that holds suite.json)")
+    if base.exp_name is not None and (base.exp_name in ("", ".", "..") or "/" in base.exp_name
+                                      or os.sep in base.exp_name):
+        raise ConfigError(f"--exp-name {base.exp_name!r} must be a folder name, without '/' and other than '.' or "
+                          "'..': the suite goes to --output-dir/<exp-name>; to write somewhere else, set --output-dir")
+    root = base.output_dir / (base.exp_name or default_suite_name(suite))
+    unused = [f for f in flags if not any(_applies(f, {x.name: x for x in dataclasses.fields(get_spec(t.env).config_cls)})
+                                          for t in suite.tasks)]
+    if unused:
+        raise ConfigError(f"--env.{unused[0].field.replace('_', '-')}: no task's env has that config field; check "
+                          "the spelling, or set it in a task's env_config")
+    # Every task's config is built (and so checked) before anything runs.
+    plan = [(task, task_config(base, task, flags, suite.seeds, root, task.name)) for task in suite.tasks]
+    _start_folder(root, suite_file, resume)
+    rows = [_row(task, uid, None) for task, (uid, _) in plan]
+    _write_table(root, suite, rows)
+    if side_by_side(base):
+        return _finish(root, suite, rows, _run_side_by_side(root, suite, plan, rows, sources))
+    code = 0
+    for i, (task, (uid, config)) in enumerate(plan):
+        done = _done_folder(root, task.name)
+        if done is not None:
+            print(f"task {task.name}: done in {done.name}, skipped")
+            rows[i] = _row(task, uid, done)
+            continue
+        folder = _free_folder(root, task.name)
+        print(f"\ntask {i + 1}/{len(plan)}: {task.name} ({uid}, {config.num_episodes} episodes) -> {root / folder}")
+        rows[i] = {**rows[i], "status": "running", "run": folder}
+        _write_table(root, suite, rows)
+        result = run_client(dataclasses.replace(config, exp_name=folder), uid, sources)
+        rows[i] = _row(task, uid, root / folder)
+        _write_table(root, suite, rows)
+        if result in INTERRUPTED_CODES:
+            print(f"suite interrupted during task {task.name}; continue it with --resume --exp-name {root.name}",
+                  file=sys.stderr)
+            return result
+        if result != 0:
+            code = 1
+    return _finish(root, suite, rows, code)
+
+
+def _finish(root: Path, suite: Suite, rows: list[dict[str, Any]], code: int) -> int:
+    """Write and print the table; the exit code (``code``, or 1 when a task is not done)."""
+    if code in INTERRUPTED_CODES:
+        _write_table(root, suite, rows)
+        print(f"suite interrupted; continue it with --resume --exp-name {root.name}", file=sys.stderr)
+        return code
+    table = _write_table(root, suite, rows)
+    print(f"\nsuite {suite.name}: {len(rows)} task{'' if len(rows) == 1 else 's'}\n{table}\n"
+          f"suite: {root / 'suite.json'}")
+    failed = [r["name"] for r in rows if r["status"] not in DONE]
+    if failed:
+        print(f"error: task(s) not done: {', '.join(failed)}; rerun them with --resume --exp-name {root.name}",
+              file=sys.stderr)
+        code = 1
+    return code
+
+
+def side_by_side(base: ClientConfig) -> bool:
+    """Whether the tasks run side by side: Ray processes on a cluster (``local`` would start an instance per task)."""
+    return base.launcher == "ray" and base.ray.address != "local"
+
+
+def _run_side_by_side(root: Path, suite: Suite, plan: list[tuple[Task, tuple[str, ClientConfig]]],
+                      rows: list[dict[str, Any]], sources: EnvSources | None) -> int:
+    """Start every task that is not done as a spawned process of its own and wait for them all, writing the table
+    as each ends; returns 1 when a task failed, 128 + the signal's number when interrupted (every task is told to
+    stop, and each writes its outputs)."""
+    ctx = mp.get_context("spawn")
+    running: dict[int, tuple[int, Any]] = {}  # sentinel -> (task index, process)
+    code = 0
+    with interrupt_handlers():
+        try:
+            for i, (task, (uid, config)) in enumerate(plan):
+                done = _done_folder(root, task.name)
+                if done is not None:
+                    print(f"task {task.name}: done in {done.name}, skipped")
+                    rows[i] = _row(task, uid, done)
+                    continue
+                folder = _free_folder(root, task.name)
+                job = pickle.dumps((dataclasses.replace(config, exp_name=folder, progress=False), uid))
+                proc = ctx.Process(target=_task_main, args=(task.name, job, sources or EnvSources()),
+                                   name=f"plugrl-suite-{task.name}")
+                proc.start()
+                running[proc.sentinel] = (i, proc)
+                rows[i] = {**rows[i], "status": "running", "run": folder}
+                print(f"task {task.name} ({uid}, {config.num_episodes} episodes) started -> {root / folder}")
+            _write_table(root, suite, rows)
+            while running:
+                for sentinel in mp.connection.wait(list(running), timeout=1.0):
+                    i, proc = running.pop(int(sentinel))  # type: ignore[arg-type]
+                    proc.join()
+                    task, (uid, _) = plan[i]
+                    rows[i] = _row(task, uid, root / rows[i]["run"])
+                    _write_table(root, suite, rows)
+                    print(f"task {task.name}: {rows[i]['status']} (exit code {proc.exitcode})")
+                    if proc.exitcode != 0:
+                        code = 1
+        except KeyboardInterrupt as exc:
+            code = 128 + getattr(exc, "signum", signal.SIGINT)
+            with shielded():
+                for _, proc in running.values():
+                    proc.terminate()  # SIGTERM: the task writes its outputs and ends
+                for i, proc in running.values():
+                    proc.join(timeout=120)
+                    if proc.is_alive():
+                        proc.kill()
+                        proc.join(timeout=10)
+                    task, (uid, _) = plan[i]
+                    rows[i] = _row(task, uid, root / rows[i]["run"])
+    return code
+
+
+def _task_main(name: str, job: bytes, sources: EnvSources) -> None:
+    """A task side by side with others: a client run in a spawned process, which ends with the suite's process.
+    The job is unpickled once the env files are imported (its env config may be a class of one of them)."""
+    with interrupt_handlers():
+        Lifeline(f"task {name}").start()
+        sources.load()
+        config, uid = pickle.loads(job)
+        code = run_client(config, uid, sources)
+    sys.exit(code)
+
+
+def _start_folder(root: Path, suite_file: Path, resume: bool) -> None:
+    if resume:
+        if not (root / "suite.json").exists():
+            raise ConfigError(f"--resume: {root} holds no suite (no suite.json); leave out --resume to start one "
+                              "there")
+        return
+    if root.exists():
+        raise ConfigError(f"{root} already exists; continue the suite there with --resume, or pick another "
+                          "--exp-name")
+    root.mkdir(parents=True)
+    shutil.copyfile(suite_file, root / "suite.toml")
+
+
+def _folders(root: Path, name: str) -> list[Path]:
+    """The run folders of task ``name``: its own, then its retries in order."""
+    retries = []
+    for path in root.glob(f"{name}-retry-*"):
+        match = re.fullmatch(re.escape(name) + r"-retry-(\d+)", path.name)
+        if match and path.is_dir():
+            retries.append((int(match.group(1)), path))
+    own = [root / name] if (root / name).is_dir() else []
+    return own + [p for _, p in sorted(retries)]
+
+
+def _done_folder(root: Path, name: str) -> Path | None:
+    """The newest of the task's run folders whose run is done."""
+    done = [p for p in _folders(root, name) if _summary(p).get("status") in DONE]
+    return done[-1] if done else None
+
+
+def _free_folder(root: Path, name: str) -> str:
+    """Where the task's run goes: its own folder, or, when that exists, a retry folder (``<name>-retry-<n>``,
+    the next free n): a client run's folder cannot be continued, so a stopped task runs again in full."""
+    folders = _folders(root, name)
+    if not folders:
+        return name
+    last = max((int(p.name.rsplit("-", 1)[1]) for p in folders if p.name != name), default=0)
+    return f"{name}-retry-{last + 1}"
+
+
+def _summary(folder: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(RunDir(folder).summary.read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _row(task: Task, uid: str, folder: Path | None) -> dict[str, Any]:
+    """A task's line of the table, from its run folder's summary (``pending`` before it ran)."""
+    summary = _summary(folder) if folder is not None else {}
+    exact = summary.get("all_episodes") or {}
+    return {
+        "name": task.name,
+        "env": uid,
+        "episodes": summary.get("completed_episodes", 0),
+        "mean_return": exact.get("mean_return"),
+        "success_rate": exact.get("mean_success_rate") if summary.get("has_success_rule") else None,
+        "mean_length": exact.get("mean_length"),
+        "status": summary.get("status", "pending" if folder is None else "failed"),
+        "run": folder.name if folder is not None else None,
+        "env_config": task.env_config,
+    }
+
+
+def suite_means(rows: Sequence[dict[str, Any]]) -> dict[str, float | None]:
+    """The suite's means: of the tasks' mean returns, success rates (tasks with a success rule only) and mean
+    lengths, each task counting once; null where no task has a value."""
+    out: dict[str, float | None] = {}
+    for key in ("mean_return", "success_rate", "mean_length"):
+        values = [r[key] for r in rows if r[key] is not None]
+        out[key] = sum(values) / len(values) if values else None
+    return out
+
+
+def _write_table(root: Path, suite: Suite, rows: list[dict[str, Any]]) -> str:
+    """Write suite.json and suite.csv; returns the table as text."""
+    means = suite_means(rows)
+    write_json_atomic(root / "suite.json", {
+        "name": suite.name, "seeds": list(suite.seeds) or None, "tasks": rows,
+        "tasks_done": sum(r["status"] in DONE for r in rows), **means,
+    })
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(COLUMNS)
+    for row in rows:
+        writer.writerow(["" if row[c] is None else row[c] for c in COLUMNS])
+    writer.writerow(["mean", "", sum(r["episodes"] for r in rows),
+                     *("" if means[k] is None else means[k] for k in ("mean_return", "success_rate", "mean_length")),
+                     "", ""])
+    write_text_atomic(root / "suite.csv", out.getvalue())
+    return format_table(rows, means)
+
+
+def format_table(rows: Sequence[dict[str, Any]], means: dict[str, float | None]) -> str:
+    """The table the terminal shows: one line per task and the suite's means ("n/a" where undefined)."""
+    def num(value: float | None, digits: int) -> str:
+        return "n/a" if value is None else f"{value:.{digits}f}"
+
+    lines = [("task", "env", "episodes", "mean return", "success", "mean length", "status")]
+    for r in rows:
+        lines.append((r["name"], r["env"], str(r["episodes"]), num(r["mean_return"], 3), num(r["success_rate"], 3),
+                      num(r["mean_length"], 1), r["status"]))
+    lines.append(("mean", "", str(sum(r["episodes"] for r in rows)), num(means["mean_return"], 3),
+                  num(means["success_rate"], 3), num(means["mean_length"], 1), ""))
+    widths = [max(len(line[c]) for line in lines) for c in range(len(lines[0]))]
+    right = {2, 3, 4, 5}
+    return "\n".join("  " + "  ".join(cell.rjust(w) if c in right else cell.ljust(w)
+                                      for c, (cell, w) in enumerate(zip(line, widths))).rstrip() for line in lines)
+
+
+__all__ = ["EnvFlag", "format_table", "run_suite", "split_env_flags", "suite_means", "task_config"]
