@@ -125,7 +125,8 @@ class EnvGroup:
         self.held = HeldRows(n, settings.reuse_feedback_obs)
         self.retirement = Retirement(n, settings.env_id, offset, bool(env.metadata.get("finite_episodes", False)))
         self.seed_groups = SeedGroups(GroupSeeds(settings.seed, settings.process_id, offset, n, settings.group_size,
-                                                 bool(env.metadata.get("per_env_seeds", False))))
+                                                 bool(env.metadata.get("per_env_seeds", False)),
+                                                 settings.first_episodes[offset:offset + n]))
         self.instructions = Instructions(n, settings.instruction)
         self.ends = ChunkEnds(self.plans, settings.align_chunks, self._infer_follows)
         self.active: np.ndarray | None = None

@@ -57,6 +57,9 @@ class LoopSettings(LoopConfig):
     """Leave out of infers the rows the server already holds from feedback (when the server offers it)."""
     progress_period_s: float = 2.0
     """How often the rollout reports its timing to the run's writer."""
+    first_episodes: tuple[int, ...] = ()
+    """Per env of the process: the episodes it completed in earlier segments of a resumed run, where its episode
+    numbering (and so its seeds) continues; empty: none (a new run)."""
 
     @classmethod
     def of(cls, config: LoopConfig, **added: Any) -> LoopSettings:
