@@ -171,6 +171,12 @@ def test_a_run_stopped_by_sigterm_or_sighup_is_resumed_not_beside_itself(tmp_pat
     rows = _check_exact(run, target)
     assert sorted(map(_key, rows)) == sorted(map(_key, uninterrupted(episodes=target)))
 
+    from plugrl_env_client.report.build import build_report
+
+    page = build_report(run).page.read_text()
+    assert "The run ran in 2 segments (resumed once with --resume)" in page
+    assert "<td class=\"text\">interrupted</td>" in page and "<td class=\"text\">finished</td>" in page
+
 
 @pytest.mark.slow
 def test_sigkill_of_a_rollout_process_then_resumed_gives_the_uninterrupted_run(tmp_path, uninterrupted):
