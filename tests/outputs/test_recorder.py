@@ -219,6 +219,18 @@ def test_the_kth_2kth_episode_start_is_recorded_and_named_by_its_completion(k: i
         assert expected == {(3, 2), (7, 3)} and report.episodes_unfinished == 1
 
 
+def test_a_resumed_process_continues_the_numbering_of_its_episodes() -> None:
+    """A process of a resumed run whose envs completed 3, 0, 2 and 1 episodes before numbers its episodes from 7 on
+    (no file takes an earlier segment's name), and records the starts that are a K-th of the whole process's."""
+    sink = MemorySink()
+    rec = EpisodeRecorder(RecorderConfig(episode_freq=2), 0, 4, sink, first_episodes=(3, 0, 2, 1))
+    log = scenario(rec)
+    rec.close()
+    expected = {(6 + log.completed[start], env) for start, (env, _) in log.ended.items() if (6 + start + 1) % 2 == 0}
+    assert recorded(sink.files) == expected
+    assert expected and min(number for number, _ in expected) > 6
+
+
 def test_thread0_only_records_in_process_zero_only() -> None:
     quiet, loud = MemorySink(), MemorySink()
     off = recorder(quiet, k=1, process_id=1)  # PlugRL's default: process 0 only

@@ -140,7 +140,8 @@ def run_process(job: ProcessJob, budget: Budget, sink: ResultSink, env_lock: Any
     keepalive: Keepalive | None = None
     try:
         sizes = group_sizes(cfg)
-        recorder = EpisodeRecorder(cfg.recorder, job.process_id, cfg.num_envs, sink.artifacts(job.process_id))
+        recorder = EpisodeRecorder(cfg.recorder, job.process_id, cfg.num_envs, sink.artifacts(job.process_id),
+                                   first_episodes=_per_env(job.first_episodes, cfg.num_envs))
         hooks = recorder if recorder.enabled else None
         while len(envs) < len(sizes):
             envs.append(build_env(job, env_lock, sizes[len(envs)]))
