@@ -37,7 +37,6 @@ import abc
 import dataclasses
 import logging
 import math
-import secrets
 import threading
 import time
 from pathlib import Path
@@ -134,10 +133,11 @@ class TensorBoardTracker(Tracker):
         self.folder = folder
         # tensorboardX writes its queue from a thread of its own and flushes that every flush_secs; the queue is
         # large enough that a flush's events never wait for room.
-        # An event file of its own (a resumed run's next segment writes beside the earlier ones: the files' names
-        # hold the second they were made, and two of one second must not be one file).
+        # An event file of its own, named after the earlier ones (a resumed run's next segment writes beside them,
+        # and TensorBoard reads a folder's files in name order; the names hold the second they were made, and two
+        # of one second must be two files, in the order they were made).
         self._writer = SummaryWriter(str(folder), max_queue=10_000, flush_secs=max(1, round(flush_period_s)),
-                                     filename_suffix=f".{secrets.token_hex(4)}")
+                                     filename_suffix=f".{time.time_ns():020d}")
         self._lock = threading.Lock()
         self._episodes: list[tuple[float, EpisodeRecord, int | None]] = []
         self._count = 0
