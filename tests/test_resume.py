@@ -85,10 +85,11 @@ def uninterrupted(tmp_path_factory):
     """The episodes of an uninterrupted run with the given flags (run once per flag set in this module)."""
 
     def episodes(**flags: Any) -> list[dict[str, Any]]:
-        key = tuple(sorted(flags.items()))
+        key = tuple(sorted((k, tuple(v) if isinstance(v, (list, tuple)) else v) for k, v in flags.items()))
         if key not in _references:
             out = tmp_path_factory.mktemp("reference")
-            done = _run(_args(out, "whole", **flags))
+            extra = list(flags.pop("extra", ()))
+            done = _run([*_args(out, "whole", **flags), *extra])
             assert done.returncode == 0, done.stderr
             _references[key] = _episodes(out / "whole")
         return _references[key]
@@ -287,3 +288,28 @@ def test_resume_is_refused_while_the_run_is_alive_and_without_a_run(finished_run
         run_client(dataclasses.replace(cfg, exp_name="other"), "point-v1")
     with pytest.raises(ConfigError, match="already holds a run; to continue that run where it stopped add --resume"):
         run_client(finished_run, "point-v1")
+
+
+@pytest.mark.slow
+def test_a_run_stopped_by_a_full_disk_is_resumed_once_space_is_freed(tmp_path, uninterrupted):
+    """A disk that fills stops the run (every line whole); once it has room again, --resume ends the run with the
+    uninterrupted run's episodes. Needs root to mount the small disk (skipped otherwise)."""
+    from small_disk import small_tmpfs
+
+    target = 1500
+    with small_tmpfs(tmp_path / "disk", "200k") as disk:
+        args = [*_args(disk, "run", episodes=target), "--env.step-sleep-s", "0"]
+        full = _run(args)
+        assert full.returncode == 1 and f"no space left on device in {disk / 'run'}" in full.stderr, full.stderr
+        stopped = _whole_lines(disk / "run")
+        assert 0 < stopped < target
+        grown = subprocess.run(["mount", "-o", "remount,size=16m", str(disk)], capture_output=True, text=True,
+                               timeout=30)
+        assert grown.returncode == 0, grown.stderr
+        resumed = _run([*args, "--resume"])
+        assert resumed.returncode == 0, resumed.stderr
+        rows = _check_exact(disk / "run", target)
+        segments = json.loads((disk / "run" / "summary.json").read_text())["segments"]
+    assert [(s["status"], s["episodes"]) for s in segments] == [("failed", stopped), ("finished", target - stopped)]
+    reference = uninterrupted(episodes=target, extra=("--env.step-sleep-s", "0"))
+    assert sorted(map(_key, rows)) == sorted(map(_key, reference))
