@@ -288,6 +288,9 @@ def test_resume_is_refused_while_the_run_is_alive_and_without_a_run(finished_run
         run_client(dataclasses.replace(cfg, exp_name="other"), "point-v1")
     with pytest.raises(ConfigError, match="already holds a run; to continue that run where it stopped add --resume"):
         run_client(finished_run, "point-v1")
+    with pytest.raises(ConfigError, match="^--resume continues the run in --output-dir/<exp-name>: pass the stopped "
+                                          "run's --exp-name"):
+        run_client(dataclasses.replace(cfg, exp_name=None), "point-v1")
 
 
 @pytest.mark.slow

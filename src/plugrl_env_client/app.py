@@ -339,6 +339,9 @@ def _recorded_config(config: ClientConfig, env_id: str, env_kwargs: dict[str, An
 def _validate(config: ClientConfig) -> None:
     if config.exp_name is not None:
         _check_exp_name(config.exp_name)
+    elif config.resume:
+        raise ConfigError("--resume continues the run in --output-dir/<exp-name>: pass the stopped run's --exp-name "
+                          "(its folder's name)")
     if not config.local_policy:
         _check_server_port(config)
     for name in ("num_envs", "num_procs"):
