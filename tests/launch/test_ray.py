@@ -218,6 +218,12 @@ def test_static_leases_are_the_rest_of_each_share_and_return_when_an_epoch_ends(
     assert book.recorded == [3, 0] and book.remaining_share(1) == 2
 
 
+def test_a_resumed_runs_static_leases_are_the_rest_of_each_share():
+    book = LeaseBook(10, 2, "static", recorded=[4, 2])  # shares 5 and 5, of which 4 and 2 were recorded before
+    assert (book.start(0, epoch=1).total, book.start(1, epoch=1).total) == (1, 3)
+    assert book.total_recorded == 6 and not book.reached
+
+
 def test_a_refused_actor_gets_the_lease_of_one_that_died():
     book = LeaseBook(target=4, num_procs=2, split="shared")
     assert book.start(0, 0).total == 0 and book.start(1, 0).total == 0, "leases come on request"
