@@ -171,6 +171,8 @@ def test_a_run_stopped_by_sigterm_or_sighup_is_resumed_not_beside_itself(tmp_pat
     assert resumed.returncode == 0, resumed.stderr
     rows = _check_exact(run, target)
     assert sorted(map(_key, rows)) == sorted(map(_key, uninterrupted(episodes=target)))
+    timing = json.loads((run / "summary.json").read_text())["timing"]
+    assert timing["env_steps"] >= sum(r["length"] for r in rows), "the timing adds up both segments'"
 
     from plugrl_env_client.report.build import build_report
 

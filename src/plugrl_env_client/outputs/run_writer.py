@@ -27,7 +27,8 @@ A run is one or more *segments*: it is started once, and each ``--resume`` after
 continues it in a new segment. A writer made with ``resume=True`` reads what the stopped segments left: every whole
 line of each ``episodes.jsonl`` counts once (a torn last line, a write a kill cut short, is cut off), and the
 statistics, the live tracker and the episode counts per process and per env (which tell the rollout where each env
-continues) start from them. ``summary.json`` and the manifests list the segments (``segments``: when each started
+continues) start from them; the summaries' ``timing`` adds this segment's to the earlier ones' (a killed segment's
+as its last summary recorded it). ``summary.json`` and the manifests list the segments (``segments``: when each started
 and ended, its episodes, how it ended; a segment whose launcher was killed before writing its outputs shows
 ``killed`` and the last time its summary was written).
 """
@@ -82,10 +83,18 @@ class _ProcessState:
         self._size = 0  # bytes of whole lines in episodes.jsonl
         self.env_episodes: dict[int, int] = {}
         """Episodes of each env index in earlier segments of a resumed run."""
+        self.timing_before = Timing()
+        """The timing of earlier segments of a resumed run (a killed one's as its summary last recorded it)."""
+
+    def run_timing(self) -> Timing:
+        """The process's timing over the whole run: earlier segments' and this one's."""
+        return Timing.in_sequence([self.timing_before, self.timing])
 
     def load(self, num_envs: int | None) -> list[EpisodeRecord]:
         """The episodes earlier segments wrote (every whole line, in order), into the statistics; a torn last line
         is cut off the file. A whole line that is no episode record of this process is a :class:`ConfigError`."""
+        with contextlib.suppress(OSError, ValueError, AttributeError):
+            self.timing_before = Timing.from_json(json.loads((self.dir / "summary.json").read_text()).get("timing"))
         try:
             data = self.episodes.read_bytes()
         except FileNotFoundError:
@@ -400,7 +409,7 @@ class RunWriter:
             "status": state.status.value,
             "error": state.error,
             **with_plugrl_types(_statistics(self.metric_window, [state.stats])),
-            "timing": state.timing.to_json(),
+            "timing": state.run_timing().to_json(),
             "recorder": recorder_counts(state.recorder),
         }
 
@@ -415,7 +424,7 @@ class RunWriter:
             "process_status": {str(pid): status.value for pid, status in sorted(statuses.items())},
             "errors": {str(s.process_id): s.error for s in states if s.error},
             **_statistics(self.metric_window, [s.stats for s in states]),
-            "timing": Timing.across_processes(s.timing for s in states).to_json(),
+            "timing": Timing.across_processes(s.run_timing() for s in states).to_json(),
             "recorder": _summed([c for s in states if (c := recorder_counts(s.recorder)) is not None]),
         }
 
