@@ -170,7 +170,7 @@ def test_reusing_an_exp_name_is_refused(policy_server, tmp_path):
     cfg = config(tmp_path, env=PointEnvConfig(), server_port=server.port, num_episodes=1,
                  runner=RunnerConfig(max_episode_steps=3))
     assert run_client(cfg, "Point-v1") == 0
-    with pytest.raises(ConfigError, match="already holds a run; pick another --exp-name"):
+    with pytest.raises(ConfigError, match="already holds a run; to continue that run where it stopped add --resume, or pick another --exp-name"):
         run_client(cfg, "Point-v1")
 
 

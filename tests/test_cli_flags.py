@@ -18,7 +18,7 @@ import pytest
 CLIENT_FLAGS = {
     "-h": "", "--help": "",
     "--num-envs": "INT", "--num-procs": "INT", "--num-episodes": "INT", "--exp-name": "STR",
-    "--output-dir": "PATH", "--server-host": "STR", "--server-port": "INT", "--server-url": "STR",
+    "--output-dir": "PATH", "--resume": "", "--no-resume": "", "--server-host": "STR", "--server-port": "INT", "--server-url": "STR",
     "--api-key": "STR", "--local-policy": "{random,zero,text,ars}", "--local-policy-choices": "[STR [STR ...]]",
     "--local-policy-horizon": "INT",
     "--reconnect-on-server-stop": "", "--no-reconnect-on-server-stop": "",

@@ -46,7 +46,7 @@ def test_an_existing_folder_is_refused_and_left_as_it_was(tmp_path: Path) -> Non
     (tmp_path / "run").mkdir()
     (tmp_path / "run" / "notes.txt").write_text("mine")
     cfg = ClientConfig(output_dir=tmp_path, exp_name="run", local_policy="random", num_episodes=1, progress=False)
-    with pytest.raises(ConfigError, match=r"run already exists; pick another --exp-name"):
+    with pytest.raises(ConfigError, match=r"run already exists; to continue that run where it stopped add --resume, or pick another --exp-name"):
         run_client(cfg, "point-v1")
     assert sorted(p.name for p in (tmp_path / "run").iterdir()) == ["notes.txt"]
 

@@ -1,5 +1,8 @@
 """One client run from start to end: run folder, optional embedded server, processes, summaries.
 
+With ``--resume`` the run folder is a stopped run's, continued where it stopped (its flags that define the episodes
+must be the same; see :func:`_open_stopped_run`); a resumed run that is finished already says so and returns 0.
+
 Returns the process exit code: 0 when the run finished or the server ended it, 1 on an error (the message is
 printed, the traceback is in ``logs/client.log``), 130 / 143 / 129 when interrupted by SIGINT / SIGTERM / SIGHUP. Outputs are
 written in every case once the run folder exists; a run that cannot start says why in its ``summary.json``.
@@ -9,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import logging
 import multiprocessing as mp
 import os
@@ -27,12 +31,15 @@ from plugrl_env_client.envs.registry import get_spec
 from plugrl_env_client.errors import ConfigError, EnvExitError, OutputError, PlugRLError
 from plugrl_env_client.launch.launchers import Launcher, make_launcher
 from plugrl_env_client.launch.process import ProcessJob, build_env, close_env, group_sizes
+from plugrl_env_client.launch.ray.nodes import NODES_FILE
 from plugrl_env_client.outputs.logs import run_log, setup_logging, stop_file_logging
 from plugrl_env_client.outputs.progress import Periodic, Progress, summary_table
 from plugrl_env_client.outputs.run_dir import (
     RunDir,
+    RunLock,
     default_exp_name,
     describe_write_error,
+    finite_json,
     with_plugrl_config_keys,
     write_json_atomic,
 )
@@ -68,14 +75,18 @@ def run_client(config: ClientConfig, env_id: str, sources: EnvSources | None = N
     with interrupt_handlers(), contextlib.ExitStack() as starting:
         # A signal while the run folder is made waits for it: the run then ends with its outputs written.
         starting.enter_context(deferred_interrupts())
-        run_dir, writer = _start_run_folder(config, exp_name, spec.uid, spec.kwargs, limit)
+        try:
+            run_dir, writer = _start_run_folder(config, exp_name, spec.uid, spec.kwargs, limit)
+        except RunFinished as finished:
+            print(finished)
+            return 0
         try:
             writer.write_summaries()  # the run's summary exists from its start (status running, no episodes yet)
             starting.close()  # a signal held meanwhile ends the run from here
             # One local process in lockstep: its env is built here, once, and also tells the embedded server the
             # action space (pipeline groups build their own envs, of num_envs / pipeline copies each; Ray actors
             # build theirs where they run).
-            jobs = [ProcessJob(spec.uid, config, p, "") for p in range(config.num_procs)]
+            jobs = [ProcessJob(spec.uid, config, p, "", writer.episodes_per_env(p)) for p in range(config.num_procs)]
             if config.num_procs == 1 and config.runner.pipeline == 1 and launcher.in_process:
                 env = build_env(jobs[0])
             server = _start_local_policy(config, spec.uid, env, run_dir) if config.local_policy else None
@@ -127,7 +138,8 @@ def _run(config: ClientConfig, launcher: Launcher, uid: str, run_dir: RunDir, wr
         # this mask: it ignores SIGINT and SIGTERM itself, and a SIGHUP held keeps it alive when a closed terminal
         # hangs up the whole process group, so it still sees the budget's semaphores released at the end instead
         # of dying (or warning of leaked semaphores).
-        budget = EpisodeBudget(config.num_episodes, ctx, config.num_procs, config.runner.episode_split)
+        budget = EpisodeBudget(config.num_episodes, ctx, config.num_procs, config.runner.episode_split,
+                               writer.episodes_per_process())
     writer.when_failed(budget.stop.set)  # a full disk stops every process
     progress = Progress(budget).start() if config.progress else None
     refresher = Periodic(SUMMARY_PERIOD_S, writer.write_summaries).start()
@@ -143,35 +155,136 @@ def _run(config: ClientConfig, launcher: Launcher, uid: str, run_dir: RunDir, wr
 def _start_run_folder(config: ClientConfig, exp_name: str, uid: str, env_kwargs: dict[str, Any],
                       limit: int | None) -> tuple[RunDir, RunWriter]:
     """The run folder, its log and ``client_config.json``, and the writer of its results; a folder that cannot be
-    written (a file in the way, a read-only or full disk) is an :class:`OutputError` that says so."""
+    written (a file in the way, a read-only or full disk) is an :class:`OutputError` that says so. The folder is
+    made exclusively, or with ``--resume`` it is the stopped run's (:func:`_open_stopped_run`); either way this
+    process holds its :class:`RunLock` until the writer closes."""
     run_dir = RunDir(config.output_dir / exp_name)
+    lock = RunLock(run_dir.root)
     try:
         try:
-            run_dir.create()
+            if config.resume:
+                _open_stopped_run(config, run_dir, lock, uid, env_kwargs, limit)
+            else:
+                run_dir.create()
+                lock.acquire()  # a folder just made: nobody else holds it
         except FileExistsError:
             if not run_dir.root.is_dir():  # a file in the way: said below
                 raise
             # Another run's folder, or one being made this very moment by a run started with the same name.
             held = "already holds a run" if run_dir.client_config.exists() else "already exists"
-            raise ConfigError(f"{run_dir.root} {held}; pick another --exp-name (or leave it out for a fresh name), "
-                              "or delete that folder") from None
+            raise ConfigError(f"{run_dir.root} {held}; to continue that run where it stopped add --resume, or pick "
+                              "another --exp-name (or leave it out for a fresh name), or delete that folder") from None
         setup_logging(run_dir.log_file)
-        _write_client_config(run_dir, config, uid, env_kwargs, limit)
+        if config.resume:
+            logger.info("resuming run %s: %d episodes on disk", run_dir.root,
+                        run_dir.whole_episode_lines(config.num_procs))
+        else:
+            _write_client_config(run_dir, config, uid, env_kwargs, limit)
         tracker = make_tracker(config.tracking, run_dir.root)
         try:
             writer = RunWriter(run_dir, exp_name, config.num_procs, config.recorder.metric_window,
                                num_envs=config.num_envs, recorder_args=dataclasses.asdict(config.recorder),
-                               tracker=tracker)
+                               tracker=tracker, resume=config.resume, lock=lock)
         except BaseException:
             tracker.close()  # its timer thread would keep the command alive
             raise
+        if config.resume:
+            _keep_segment_files(run_dir, writer.segments[-2]["segment"])
     except OSError as exc:
+        lock.release()
         where = Path(exc.filename) if isinstance(exc.filename, str) else None
         raise OutputError(f"--output-dir {config.output_dir}: cannot write the run folder: "
                           f"{describe_write_error(exc, run_dir.root, where)}; pick another --output-dir (a folder on "
                           "a writable disk with free space)") from None
+    except BaseException:
+        lock.release()
+        raise
     writer.when_failed(lambda: stop_file_logging("the run folder's disk can take no more"))
     return run_dir, writer
+
+
+def _keep_segment_files(run_dir: RunDir, segment: int) -> None:
+    """Files a segment writes whole (``ray_nodes.json``, where a Ray run's processes ran) kept under the name of
+    the segment that wrote them (``ray_nodes.segment-<n>.json``), before the next one writes its own."""
+    nodes = run_dir.root / NODES_FILE
+    if nodes.exists():
+        os.replace(nodes, nodes.with_name(f"{nodes.stem}.segment-{segment}{nodes.suffix}"))
+
+
+class RunFinished(Exception):
+    """``--resume`` of a run that has all its episodes: its message says so (the command then exits 0)."""
+
+
+RUN_DEFINING = (("env_id",), ("env_kwargs",), ("num_envs",), ("num_procs",), ("num_episodes",), ("runner", "seed"),
+                ("runner", "episode_split"), ("runner", "max_episode_steps"), ("runner", "pipeline"),
+                ("runner", "group_size"), ("env",))
+"""The keys of ``client_config.json`` that define a run's episodes: a ``--resume`` must give them the stopped
+run's values. The others (the server's address, the API key, progress, tracking, the launcher, ...) may change."""
+
+
+def _open_stopped_run(config: ClientConfig, run_dir: RunDir, lock: RunLock, uid: str, env_kwargs: dict[str, Any],
+                      limit: int | None) -> None:
+    """Check that ``run_dir`` holds a stopped run this command may continue, and take its lock: the folder holds a
+    run (its ``client_config.json``), no live process runs it, the flags that define its episodes are its own, and
+    it still needs episodes (otherwise :class:`RunFinished`). Each refusal is a :class:`ConfigError` that says what
+    to do."""
+    root = run_dir.root
+    if not root.is_dir():
+        raise ConfigError(f"--resume: {root} holds no run to resume (no such folder); check --output-dir and "
+                          "--exp-name, or leave out --resume to start a new run")
+    if not run_dir.client_config.is_file():
+        raise ConfigError(f"--resume: {root} holds no run to resume (no client_config.json: its run never got "
+                          "going); delete that folder and start the run again without --resume")
+    if not lock.acquire():
+        raise ConfigError(f"--resume: {root} is in use by a run that is still alive (process {lock.holder()} holds "
+                          f"{lock.path.name}); wait for it to end, or stop it, then --resume")
+    try:
+        try:
+            stopped = json.loads(run_dir.client_config.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            raise ConfigError(f"--resume: cannot read {run_dir.client_config} ({exc}); the run cannot be "
+                              "resumed without it") from None
+        now = json.loads(json.dumps(finite_json(
+            with_plugrl_config_keys(_recorded_config(config, uid, env_kwargs), uid, limit))))
+        for path in RUN_DEFINING:
+            _check_same(root, path, _at(stopped, path), _at(now, path))
+        done = run_dir.whole_episode_lines(config.num_procs)
+        if config.num_episodes is not None and done >= config.num_episodes:
+            raise RunFinished(f"{root} is finished: it has its {done} of --num-episodes {config.num_episodes} "
+                              "episodes; nothing to resume")
+    except BaseException:
+        lock.release()
+        raise
+
+
+def _at(record: Any, path: tuple[str, ...]) -> Any:
+    for key in path:
+        record = record.get(key) if isinstance(record, dict) else None
+    return record
+
+
+def _check_same(root: Path, path: tuple[str, ...], then: Any, now: Any) -> None:
+    """A ConfigError naming the flag at ``path`` when its value ``now`` is not the stopped run's (``then``)."""
+    if path == ("env",) and isinstance(then, dict) and isinstance(now, dict):
+        for key in sorted(set(then) | set(now)):
+            flag = ("the time limit (--runner.max-episode-steps, or the env's registered one)"
+                    if key == "max_episode_steps" else f"--env.{key.replace('_', '-')}")
+            _refuse_if_changed(root, flag, then.get(key), now.get(key))
+        return
+    if path == ("env_id",):
+        flag = "the env id"
+    elif path == ("env_kwargs",):
+        flag = "the env's registered kwargs"
+    else:
+        flag = "--" + ".".join(part.replace("_", "-") for part in path)
+    _refuse_if_changed(root, flag, then, now)
+
+
+def _refuse_if_changed(root: Path, flag: str, then: Any, now: Any) -> None:
+    if then != now:
+        raise ConfigError(f"--resume: {flag} is {json.dumps(now)} now but {json.dumps(then)} in {root}'s "
+                          "client_config.json; a resumed run keeps the flags that define its episodes: pass the "
+                          "stopped run's value, or start a new run with another --exp-name")
 
 
 def _report(uid: str, run_dir: RunDir, summary: dict[str, Any], writer: RunWriter, signum: int | None) -> int:
@@ -222,6 +335,9 @@ def _recorded_config(config: ClientConfig, env_id: str, env_kwargs: dict[str, An
 def _validate(config: ClientConfig) -> None:
     if config.exp_name is not None:
         _check_exp_name(config.exp_name)
+    elif config.resume:
+        raise ConfigError("--resume continues the run in --output-dir/<exp-name>: pass the stopped run's --exp-name "
+                          "(its folder's name)")
     if not config.local_policy:
         _check_server_port(config)
     for name in ("num_envs", "num_procs"):

@@ -49,6 +49,9 @@ class ClientConfig:
     """Run folder name. Default: <env-id>-nenv<N>-<YYYYmmdd-HHMMSS>-<8 hex>."""
     output_dir: Path = Path("runs")
     """Folder that holds the run folders."""
+    resume: bool = False
+    """Continue the stopped run --output-dir/--exp-name where it stopped (its whole episode lines count once, and
+    it still ends at --num-episodes); the flags that define the run must be its client_config.json's."""
     server_host: str = "127.0.0.1"
     """Host of the policy server to connect to."""
     server_port: int = 8000

@@ -123,6 +123,16 @@ class Timing:
         return out
 
     @classmethod
+    def in_sequence(cls, parts: Iterable[Timing]) -> Timing:
+        """Parts one after the other, such as one process's segments of a resumed run: every counter and every
+        second summed (collection times too: the stretches follow each other)."""
+        out = cls()
+        for part in parts:
+            for field in dataclasses.fields(cls):
+                setattr(out, field.name, getattr(out, field.name) + getattr(part, field.name))
+        return out
+
+    @classmethod
     def across_processes(cls, parts: Iterable[Timing]) -> Timing:
         """A run's timing from its processes' timings: counters and seconds summed; ``collect_time_s`` is the
         longest process's (they run side by side, so ``effective_fps`` is the run's throughput), and

@@ -51,6 +51,7 @@ from plugrl_env_client.launch.ray.placement import Demand  # noqa: E402
 
 SUPPORT = Path(__file__).resolve().parents[1] / "_support"
 GATED_ENV = str(SUPPORT / "ray_gated_env.py")
+SEEDED_ENV = str(SUPPORT / "seeded_length_env.py")
 DOC = Path(__file__).resolve().parents[2] / "docs" / "ray.md"
 discover_envs([GATED_ENV])
 NODE = {"object_store_memory": 80 * 1024**2}
@@ -215,6 +216,12 @@ def test_static_leases_are_the_rest_of_each_share_and_return_when_an_epoch_ends(
     assert book.record(0, 1)
     assert book.record(0, 1) is False, "never more than the share"
     assert book.recorded == [3, 0] and book.remaining_share(1) == 2
+
+
+def test_a_resumed_runs_static_leases_are_the_rest_of_each_share():
+    book = LeaseBook(10, 2, "static", recorded=[4, 2])  # shares 5 and 5, of which 4 and 2 were recorded before
+    assert (book.start(0, epoch=1).total, book.start(1, epoch=1).total) == (1, 3)
+    assert book.total_recorded == 6 and not book.reached
 
 
 def test_a_refused_actor_gets_the_lease_of_one_that_died():
@@ -531,6 +538,53 @@ def test_sigkill_of_the_driver_leaves_no_actor_process_of_the_run(cluster, tmp_p
         kill_all(actors)  # none, unless the test fails
         open_gate(env)
     assert len(actors) == 2 and not left, f"actor processes {sorted(left)} outlived their driver by 30 s"
+
+
+@pytest.mark.slow
+def test_a_ray_run_whose_driver_was_killed_is_resumed_to_the_uninterrupted_runs_episodes(cluster, tmp_path):
+    """SIGKILL of the driver once both actors have a seeded random number of episodes, then --resume on Ray: exactly
+    --num-episodes lines, none twice, the same episodes (process, seed, return, length) as an uninterrupted run's
+    (static split, one env per process, per-env seeds, the zero policy), and ray_nodes.json kept per segment."""
+    at = random.Random(5).randint(1, 6)
+    gate = tmp_path / "gate"
+    gate.mkdir()
+    (gate / "closed").touch()  # every process holds once it has `at` episodes, until the driver is gone
+
+    def command(name: str, *extra: str) -> list[str]:
+        return [sys.executable, "-m", "plugrl_env_client", "SeededLength-v1", "--env-path", SEEDED_ENV,
+                "--env.pid-dir", str(gate), "--env.hold-after-episodes", str(at), "--num-procs", "2",
+                "--num-episodes", "30", "--local-policy", "zero", "--output-dir", str(tmp_path), "--exp-name", name,
+                "--no-progress", *extra]
+
+    on_ray = ["--launcher", "ray", "--ray.address", cluster.address]
+    run = tmp_path / "run"
+    files = [run / "rollout" / f"proc_{p:03d}" / "episodes.jsonl" for p in (0, 1)]
+    proc = subprocess.Popen(sigint_default(command("run", *on_ray)), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    try:
+        wait_for(lambda: all(f.exists() and f.read_bytes().count(b"\n") >= at for f in files),
+                 f"{at} episodes of each process", proc)
+        proc.kill()
+        proc.wait()
+    finally:
+        proc.kill()
+        proc.wait()
+        (gate / "closed").unlink()
+    wait_until_idle(cluster)
+    resumed = subprocess.run(sigint_default([*command("run", *on_ray), "--resume"]), capture_output=True, text=True,
+                             timeout=300)
+    assert resumed.returncode == 0, resumed.stderr
+    whole = subprocess.run(sigint_default(command("whole")), capture_output=True, text=True, timeout=300)
+    assert whole.returncode == 0, whole.stderr
+
+    def keys(folder: Path) -> list[tuple]:
+        return sorted((r["process_id"], r["env_index"], r["seed"], r["return"], r["length"])
+                      for p in (0, 1) for r in episodes(folder, p))
+
+    assert len(keys(run)) == len(set(keys(run))) == 30 == read(run, "summary.json")["completed_episodes"]
+    assert keys(run) == keys(tmp_path / "whole")
+    assert [s["status"] for s in read(run, "summary.json")["segments"]] == ["killed", "finished"]
+    assert (run / "ray_nodes.segment-1.json").exists() and (run / "ray_nodes.json").exists()
 
 
 def wait_until_idle(cluster: Cluster, timeout_s: float = 60.0) -> None:

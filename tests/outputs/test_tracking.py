@@ -76,6 +76,27 @@ def test_episodes_are_also_stepped_by_the_runs_env_steps(tmp_path: Path) -> None
     assert [step for step, _ in scalars["episode/length"]] == [1, 2, 3, 4, 5, 6], "the numbered series is unchanged"
 
 
+def test_a_resumed_run_continues_its_curves(tmp_path: Path) -> None:
+    """The second segment of a run writes into the same folder: its episodes are numbered after the first's, and its
+    env steps (its processes count from zero again) are added to the first segment's."""
+    first = TensorBoardTracker(tmp_path / "tb", flush_period_s=60.0)
+    earlier = [episode(0, 1.0, 10, True, env_steps=40), episode(1, 2.0, 12, None, env_steps=30),
+               episode(0, 3.0, 5, False, env_steps=60)]
+    for record in earlier:
+        first.episode(record)
+    first.close()
+    second = TensorBoardTracker(tmp_path / "tb", flush_period_s=60.0)
+    second.continue_from(earlier)
+    second.episode(episode(0, 4.0, 7, True, env_steps=70))  # 90 steps before, then 70 of process 0's new count
+    second.episode(episode(1, 5.0, 9, None, env_steps=20))
+    second.progress(0, Timing(env_steps=75, collect_time_s=1.0))
+    second.close()
+    scalars = read_scalars(tmp_path / "tb")
+    assert scalars["episode/length"] == [(1, 10.0), (2, 12.0), (3, 5.0), (4, 7.0), (5, 9.0)]
+    assert scalars["episode_by_env_steps/return"] == [(40, 1.0), (70, 2.0), (90, 3.0), (160, 4.0), (180, 5.0)]
+    assert scalars["rollout/env_steps"] == [(165, 165.0)]
+
+
 def test_the_events_are_on_disk_while_the_tracker_runs(tmp_path: Path) -> None:
     tracker = TensorBoardTracker(tmp_path / "tb", flush_period_s=0.2)
     try:

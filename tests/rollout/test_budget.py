@@ -151,3 +151,15 @@ def test_shared_split_lets_one_process_take_everything() -> None:
     budget = EpisodeBudget(3, num_procs=2, split="shared")
     assert [budget.claim(0) for _ in range(4)] == [True, True, True, False]
     assert budget.exhausted(1) and not budget.claim(1) and budget.claimed == 3
+
+
+def test_a_resumed_budget_continues_the_total_and_each_static_share() -> None:
+    """10 episodes over 2 processes (shares 5 and 5), of which process 0 had recorded 4 and process 1 had 2: process
+    0 may claim 1 more, process 1 3 more, and the total ends at 10."""
+    budget = EpisodeBudget(10, num_procs=2, split="static", done=[4, 2])
+    assert budget.claimed == 6 and budget.per_process() == [4, 2]
+    assert [budget.claim(0) for _ in range(2)] == [True, False]
+    assert [budget.claim(1) for _ in range(4)] == [True, True, True, False]
+    assert budget.claimed == 10 and budget.exhausted(0) and budget.exhausted(1)
+    shared = EpisodeBudget(10, num_procs=2, split="shared", done=[4, 2])
+    assert sum(shared.claim(0) for _ in range(6)) == 4 and shared.finished(1)

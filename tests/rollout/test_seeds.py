@@ -77,3 +77,35 @@ def test_an_unseeded_run_still_derives_later_seeds() -> None:
 def test_a_negative_process_seed_is_refused_before_the_run() -> None:
     with pytest.raises(ConfigError, match=r"process 0 would start from seed -3 .*pass --runner.seed 0 or above"):
         GroupSeeds(-3, 0, 0, 2, 1)
+
+
+def test_a_resumed_env_starts_at_its_next_episode_with_the_seed_it_would_have_had() -> None:
+    """Env 0 of the group (process env 2) completed 2 episodes, env 1 none: env 0 starts episode 2 from its derived
+    seed, env 1 its first episode from the first reset's seed (seed + its process env id), and both go on from there
+    as they would have without the stop."""
+    from plugrl_env_client.rollout.seeds import episode_seed
+
+    seeds = GroupSeeds(10, process_id=1, offset=2, n=2, group_size=1, per_env=True, start=(2, 0))
+    assert seeds.initial() == [episode_seed(10, 1, 2, 2), 13]
+    assert seeds.upcoming(np.arange(2)) == [episode_seed(10, 1, 2, 3), episode_seed(10, 1, 3, 1)]
+    uninterrupted = GroupSeeds(10, process_id=1, offset=2, n=2, group_size=1, per_env=True)
+    uninterrupted.advance(np.array([0]))
+    assert uninterrupted.upcoming(np.array([0]))[0] == seeds.initial()[0]
+
+
+def test_a_resumed_seed_group_continues_at_its_furthest_member() -> None:
+    from plugrl_env_client.rollout.seeds import episode_seed
+
+    seeds = GroupSeeds(3, process_id=0, offset=0, n=4, group_size=2, start=(3, 2, 0, 1))
+    assert seeds.initial() == [episode_seed(3, 0, 0, 3)] * 2 + [episode_seed(3, 0, 1, 1)] * 2
+
+
+def test_a_resumed_env_without_per_env_seeds_starts_from_a_seed_apart_from_every_earlier_start() -> None:
+    from plugrl_env_client.rollout.seeds import resumed_seed
+
+    seeds = GroupSeeds(10, process_id=1, offset=0, n=3, group_size=1, start=(2, 1, 1))
+    first = seeds.initial()
+    assert first == resumed_seed(10, 1, 4) and first not in (10, 11, 12) and 0 <= first < 2**31
+    assert first != GroupSeeds(10, 1, 0, 3, 1, start=(2, 2, 1)).initial(), "each resume point starts elsewhere"
+    assert seeds.upcoming(np.arange(3)) is None
+    assert GroupSeeds(None, 0, 0, 2, 1, start=(1, 0)).initial() is None

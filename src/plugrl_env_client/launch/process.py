@@ -1,7 +1,8 @@
 """One rollout process from its job: build the env and the session, run the rollout, report how it ended.
 
 Process p uses env indices 0..N-1 on its own connection and seeds its first reset with ``seed + p * num_envs``,
-so processes never share a seed when envs derive per-env seeds from it. Whatever happens, the process reports its
+so processes never share a seed when envs derive per-env seeds from it. A process of a resumed run gets, per env,
+the episodes it completed before (``ProcessJob.first_episodes``): each env continues its episode numbering there. Whatever happens, the process reports its
 final timing and a :class:`ProcessResult` (user errors become its message; bugs are logged with their traceback),
 and closes its env once.
 """
@@ -93,6 +94,8 @@ class ProcessJob:
     config: RunConfig
     process_id: int
     url: str
+    first_episodes: tuple[int, ...] = ()
+    """Per env: the episodes it completed in earlier segments of a resumed run (empty: none)."""
 
 
 def process_seed(seed: int | None, process_id: int, num_envs: int) -> int | None:
@@ -141,7 +144,8 @@ def run_process(job: ProcessJob, budget: Budget, sink: ResultSink, env_lock: Any
     keepalive: Keepalive | None = None
     try:
         sizes = group_sizes(cfg)
-        recorder = EpisodeRecorder(cfg.recorder, job.process_id, cfg.num_envs, sink.artifacts(job.process_id))
+        recorder = EpisodeRecorder(cfg.recorder, job.process_id, cfg.num_envs, sink.artifacts(job.process_id),
+                                   first_episodes=_per_env(job.first_episodes, cfg.num_envs))
         hooks = recorder if recorder.enabled else None
         while len(envs) < len(sizes):
             envs.append(build_env(job, env_lock, sizes[len(envs)]))
@@ -157,6 +161,7 @@ def run_process(job: ProcessJob, budget: Budget, sink: ResultSink, env_lock: Any
             progress_period_s=PROGRESS_PERIOD_S,
             start_seeds=listed_share(cfg.runner.start_seeds, job.process_id, cfg.num_procs),
             process_envs=cfg.num_envs,
+            first_episodes=_per_env(job.first_episodes, cfg.num_envs),
         )
         keepalive = Keepalive()  # answers the server's pings while an env call of any group runs long (SPEC C2)
         groups = []
@@ -189,6 +194,11 @@ def run_process(job: ProcessJob, budget: Budget, sink: ResultSink, env_lock: Any
                 if ended is not None and error is None:  # env code that ends the process fails it, even here
                     status, error, signum = ProcessStatus.FAILED, ended, None
     return ProcessResult(job.process_id, status, error, signum, report)
+
+
+def _per_env(counts: tuple[int, ...], num_envs: int) -> tuple[int, ...]:
+    """``counts`` (episodes per env of a resumed process) padded with zeros to ``num_envs`` (empty stays empty)."""
+    return (tuple(counts) + (0,) * num_envs)[:num_envs] if counts else ()
 
 
 def session_config(job: ProcessJob, env: BaseEnv, group: int) -> SessionConfig:

@@ -1,7 +1,8 @@
 """Layout of a run directory and the small file-writing rules everything in it follows.
 
 ``<root>/<exp-name>/client_config.json``, ``logs/client.log``, ``rollout/proc_NNN/{episodes.jsonl,summary.json}``
-and the aggregated ``summary.json``. JSON files are written atomically (temp file + rename) so a crash never
+and the aggregated ``summary.json``; ``.plugrl-run.lock`` is held (:class:`RunLock`) by the process that runs it, for
+as long as it runs. JSON files are written atomically (temp file + rename) so a crash never
 leaves a half-written summary behind.
 
 A full disk must not cost the summaries: a run keeps a :class:`SpaceReserve` in its folder and gives it back when
@@ -15,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import errno
+import fcntl
 import json
 import math
 import os
@@ -207,6 +209,16 @@ class RunDir:
     def proc_dir(self, process_id: int) -> Path:
         return self.root / "rollout" / f"proc_{process_id:03d}"
 
+    def whole_episode_lines(self, num_procs: int) -> int:
+        """The whole lines (episodes) of every process's ``episodes.jsonl`` (a torn last line is not one)."""
+        total = 0
+        for process_id in range(num_procs):
+            try:
+                total += (self.proc_dir(process_id) / "episodes.jsonl").read_bytes().count(b"\n")
+            except FileNotFoundError:
+                pass
+        return total
+
     def create(self) -> RunDir:
         """Make the run folder with its ``logs/`` and ``rollout/``. Its parents may exist, the folder itself must not
         (``FileExistsError``): made exclusively, so of two runs started at once with one name, one gets it."""
@@ -215,3 +227,52 @@ class RunDir:
         (self.root / "logs").mkdir()
         (self.root / "rollout").mkdir()
         return self
+
+
+LOCK_NAME = ".plugrl-run.lock"
+"""The file a run's launching process holds a lock on while the run is alive (in its folder)."""
+
+
+class RunLock:
+    """An exclusive ``flock`` on the run folder's :data:`LOCK_NAME`, held by the process that launched the run for
+    as long as the run lives: a ``--resume`` of the same folder meanwhile is refused. The kernel releases it when
+    that process dies in any way (SIGKILL included), so a stopped run can always be resumed."""
+
+    def __init__(self, root: Path) -> None:
+        self.path = root / LOCK_NAME
+        self._fd: int | None = None
+
+    def acquire(self) -> bool:
+        """Take the lock without waiting; False when another live process holds it."""
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o666)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            return False
+        except BaseException:
+            os.close(fd)
+            raise
+        self._fd = fd
+        try:  # who holds it, for the message of a run refused beside it
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        except OSError:
+            pass  # a full disk: the lock holds all the same
+        return True
+
+    def holder(self) -> str:
+        """The process id written by the holder ("unknown" when it cannot be read)."""
+        try:
+            return self.path.read_text(encoding="utf-8").strip() or "unknown"
+        except OSError:
+            return "unknown"
+
+    def release(self) -> None:
+        """Let the lock go (also for forked children that share its file; a second call does nothing)."""
+        if self._fd is not None:
+            fd, self._fd = self._fd, None
+            try:
+                fcntl.flock(fd, fcntl.LOCK_UN)
+            finally:
+                os.close(fd)

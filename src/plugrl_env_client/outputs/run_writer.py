@@ -22,11 +22,21 @@ A write the disk cannot take (full, read-only, gone) fails the run once, with on
 the callbacks given to :meth:`RunWriter.when_failed` stop the run, an episode line cut short is cut back to the
 last whole one, and nothing more is appended; the run's space reserve is given back so that the summaries and
 manifests, which only count what is on disk, are still written.
+
+A run is one or more *segments*: it is started once, and each ``--resume`` after it was stopped (in any way)
+continues it in a new segment. A writer made with ``resume=True`` reads what the stopped segments left: every whole
+line of each ``episodes.jsonl`` counts once (a torn last line, a write a kill cut short, is cut off), and the
+statistics, the live tracker and the episode counts per process and per env (which tell the rollout where each env
+continues) start from them; the summaries' ``timing`` adds this segment's to the earlier ones' (a killed segment's
+as its last summary recorded it). ``summary.json`` and the manifests list the segments (``segments``: when each started
+and ended, its episodes, how it ended; a segment whose launcher was killed before writing its outputs shows
+``killed`` and the last time its summary was written).
 """
 
 from __future__ import annotations
 
 import contextlib
+import datetime as dt
 import json
 import logging
 import os
@@ -36,10 +46,11 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from plugrl_env_client.errors import OutputError
+from plugrl_env_client.errors import ConfigError, OutputError
 from plugrl_env_client.outputs.recording.sinks import DirectorySink
 from plugrl_env_client.outputs.run_dir import (
     RunDir,
+    RunLock,
     SpaceReserve,
     describe_write_error,
     finite_json,
@@ -70,6 +81,45 @@ class _ProcessState:
         self.episodes = self.dir / "episodes.jsonl"
         self._fd: int | None = None
         self._size = 0  # bytes of whole lines in episodes.jsonl
+        self.env_episodes: dict[int, int] = {}
+        """Episodes of each env index in earlier segments of a resumed run."""
+        self.timing_before = Timing()
+        """The timing of earlier segments of a resumed run (a killed one's as its summary last recorded it)."""
+
+    def run_timing(self) -> Timing:
+        """The process's timing over the whole run: earlier segments' and this one's."""
+        return Timing.in_sequence([self.timing_before, self.timing])
+
+    def load(self, num_envs: int | None) -> list[EpisodeRecord]:
+        """The episodes earlier segments wrote (every whole line, in order), into the statistics; a torn last line
+        is cut off the file. A whole line that is no episode record of this process is a :class:`ConfigError`."""
+        with contextlib.suppress(OSError, ValueError, AttributeError):
+            self.timing_before = Timing.from_json(json.loads((self.dir / "summary.json").read_text()).get("timing"))
+        try:
+            data = self.episodes.read_bytes()
+        except FileNotFoundError:
+            return []
+        whole = data.rfind(b"\n") + 1
+        if whole < len(data):
+            os.truncate(self.episodes, whole)
+            logger.info("%s: cut its torn last line (%d bytes a stop cut short)", self.episodes, len(data) - whole)
+        records = []
+        for number, line in enumerate(data[:whole].splitlines(), start=1):
+            if not line.strip():
+                continue
+            try:
+                record = EpisodeRecord.from_json(json.loads(line))
+            except (ValueError, KeyError, TypeError) as exc:
+                raise ConfigError(f"cannot resume: line {number} of {self.episodes} is not an episode record "
+                                  f"({type(exc).__name__}: {exc}); delete that line, then --resume again") from None
+            if record.process_id != self.process_id or (num_envs is not None and not 0 <= record.env_index < num_envs):
+                raise ConfigError(f"cannot resume: line {number} of {self.episodes} is an episode of process "
+                                  f"{record.process_id}, env {record.env_index}, which this run does not have; delete "
+                                  "that line, then --resume again")
+            records.append(record)
+            self.stats.add_record(record)
+            self.env_episodes[record.env_index] = self.env_episodes.get(record.env_index, 0) + 1
+        return records
 
     def append(self, line: str) -> None:
         """``line`` at the end of episodes.jsonl, whole or not at all: a write the disk cannot take is cut back to
@@ -105,13 +155,14 @@ class RunWriter:
     ``command_line`` (default: this process's ``sys.argv``; its secrets redacted) go into each process's
     ``manifest.json``. ``tracker``
     (live tracking, :mod:`~plugrl_env_client.outputs.tracking`) gets every episode and progress report as it comes,
-    and is closed with the writer.
+    and is closed with the writer. ``resume``: continue the run the folder holds (see the module docstring).
+    ``lock``: the run folder's :class:`~plugrl_env_client.outputs.run_dir.RunLock`, released when the writer closes.
     """
 
     def __init__(self, run_dir: RunDir, exp_name: str, num_procs: int,
                  metric_window: int = DEFAULT_METRIC_WINDOW, *, num_envs: int | None = None,
                  recorder_args: Mapping[str, Any] | None = None, command_line: Sequence[str] | None = None,
-                 tracker: Tracker | None = None) -> None:
+                 tracker: Tracker | None = None, resume: bool = False, lock: RunLock | None = None) -> None:
         self.run_dir = run_dir
         self.exp_name = exp_name
         self.num_procs = num_procs
@@ -125,10 +176,39 @@ class RunWriter:
         self._failure: str | None = None
         self._on_failure: list[Callable[[], object]] = []
         self._reserve = SpaceReserve(run_dir.root / RESERVE_NAME, reserve_bytes(num_procs))
+        self._run_lock = lock
+        earlier: list[EpisodeRecord] = []
         for state in self._procs.values():  # every process has its files from the start, episodes or not
             state.dir.mkdir(parents=True, exist_ok=True)
+            if resume:
+                earlier += state.load(num_envs)
             state.episodes.touch()
+        self._before = len(earlier)  # episodes of earlier segments
+        self._segments = self._earlier_segments() if resume else []
+        self._segments.append({"segment": len(self._segments) + 1, "started": _now(), "ended": None,
+                               "status": ProcessStatus.STARTING.value, "episodes": 0, "updated": _now()})
+        if earlier:
+            self.tracker.continue_from(earlier)
         self._reserve.create()
+
+    def _earlier_segments(self) -> list[dict[str, Any]]:
+        """The segments the stopped run's ``summary.json`` lists (one of unknown times for a folder whose summary
+        lists none), the last one's episodes counted from the lines on disk, and marked ``killed`` when its
+        launcher died before writing its outputs."""
+        try:
+            listed = json.loads(self.run_dir.summary.read_text(encoding="utf-8")).get("segments")
+        except (OSError, ValueError, AttributeError):
+            listed = None
+        segments = [dict(s) for s in listed if isinstance(s, dict)] if isinstance(listed, list) else []
+        if not segments:
+            segments = [{"segment": 1, "started": None, "ended": None, "status": "killed", "episodes": 0,
+                         "updated": None}]
+        last = segments[-1]
+        if last.get("ended") is None:
+            last["ended"], last["status"] = last.get("updated"), "killed"
+        earlier = sum(int(s.get("episodes") or 0) for s in segments[:-1])
+        last["episodes"] = max(0, self._before - earlier)
+        return segments
 
     # ------------------------------------------------------------------------------ what processes report
 
@@ -224,6 +304,25 @@ class RunWriter:
         with self._lock:
             return sum(s.stats.count for s in self._procs.values())
 
+    def episodes_per_process(self) -> list[int]:
+        """Episodes each process has on disk (those of earlier segments, for a resumed run, at its start)."""
+        with self._lock:
+            return [s.stats.count for s in self._procs.values()]
+
+    def episodes_per_env(self, process_id: int) -> tuple[int, ...]:
+        """Episodes each env of ``process_id`` completed in earlier segments: where its episode numbering (and so
+        its seeds) continues. Empty for a run that is not resumed or whose envs have none yet."""
+        counts = self._procs[process_id].env_episodes
+        if not counts:
+            return ()
+        return tuple(counts.get(i, 0) for i in range(max(self.num_envs or 0, max(counts) + 1)))
+
+    @property
+    def segments(self) -> list[dict[str, Any]]:
+        """The run's segments so far, this one last (copies)."""
+        with self._lock:
+            return [dict(s) for s in self._segments]
+
     def write_summaries(self) -> dict[str, Any]:
         """Write every process's ``summary.json`` and the aggregate, from the same numbers; returns the aggregate."""
         with self._lock:
@@ -231,12 +330,18 @@ class RunWriter:
             for state, summary in zip(self._procs.values(), per_process):
                 self._write_json(state.dir / "summary.json", summary)
             aggregate = self._aggregate(list(self._procs.values()))
+            current = self._segments[-1]
+            current.update(status=aggregate["status"], updated=_now(),
+                           episodes=aggregate["completed_episodes"] - self._before)
+            aggregate["segments"] = [dict(s) for s in self._segments]
             self._write_json(self.run_dir.summary, aggregate)
         return aggregate
 
     def close(self) -> dict[str, Any]:
         """Write the final summaries and each process's ``manifest.json``, close the episode files, give the space
-        reserve back; returns the aggregate."""
+        reserve back, release the run folder's lock; returns the aggregate."""
+        with self._lock:
+            self._segments[-1]["ended"] = _now()
         summary = self.write_summaries()
         with self._lock:
             for state in self._procs.values():
@@ -244,6 +349,8 @@ class RunWriter:
                 self._write_json(state.dir / "manifest.json", self._manifest(state))
             self._reserve.release()
         self.tracker.close()  # live tracking: its last events
+        if self._run_lock is not None:
+            self._run_lock.release()
         return summary
 
     def _write_json(self, path: Path, data: Any) -> bool:
@@ -280,7 +387,8 @@ class RunWriter:
         return {"exp_name": self.exp_name, "process_id": state.process_id, "total_processes": self.num_procs,
                 "num_envs": self.num_envs, "metric_window": self.metric_window, "args": args,
                 "effective_episode_freq": effective, "full_rollout_video": False,
-                "command_line": self.command_line, "files": [*files, "manifest.json"], "recorder": state.recorder}
+                "command_line": self.command_line, "files": [*files, "manifest.json"], "recorder": state.recorder,
+                "segments": [dict(s) for s in self._segments]}
 
     def unfinished(self) -> list[int]:
         """Processes that have not reported how they ended."""
@@ -301,7 +409,7 @@ class RunWriter:
             "status": state.status.value,
             "error": state.error,
             **with_plugrl_types(_statistics(self.metric_window, [state.stats])),
-            "timing": state.timing.to_json(),
+            "timing": state.run_timing().to_json(),
             "recorder": recorder_counts(state.recorder),
         }
 
@@ -316,9 +424,14 @@ class RunWriter:
             "process_status": {str(pid): status.value for pid, status in sorted(statuses.items())},
             "errors": {str(s.process_id): s.error for s in states if s.error},
             **_statistics(self.metric_window, [s.stats for s in states]),
-            "timing": Timing.across_processes(s.timing for s in states).to_json(),
+            "timing": Timing.across_processes(s.run_timing() for s in states).to_json(),
             "recorder": _summed([c for s in states if (c := recorder_counts(s.recorder)) is not None]),
         }
+
+
+def _now() -> str:
+    """The wall time now, UTC, ISO 8601 to the second (segments' times)."""
+    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
 
 
 RESERVE_NAME = ".plugrl-space-reserve"

@@ -23,6 +23,9 @@ The scalars, one series each for the whole run, under ``runs/<exp>/tensorboard/`
   the server's inference) over the processes' latest progress intervals; ``server/reconnects``: reconnects so
   far, every process's.
 
+A resumed run (``--resume``) continues its curves: the episodes of its earlier segments (as the run's writer read
+them back) count first, so its episode numbers and env steps go on from where they were, in the same folder.
+
 The rollout and server scalars are taken at each flush that follows a progress report, their step the run's env
 steps then. A value that is not finite is not written. Weights & Biases and SwanLab trackers would fit the same
 interface; they need an account or a service to test against, so there are none yet.
@@ -69,6 +72,11 @@ class Tracker(abc.ABC):
     def close(self) -> None:
         """Write and flush what is left; later calls do nothing."""
 
+    @abc.abstractmethod
+    def continue_from(self, earlier: list[EpisodeRecord]) -> None:
+        """Count ``earlier`` (the episodes of a resumed run's earlier segments, already tracked then) before the
+        episodes to come, without writing them again."""
+
 
 class NoTracker(Tracker):
     """``--tracking none``."""
@@ -80,6 +88,9 @@ class NoTracker(Tracker):
         pass
 
     def close(self) -> None:
+        pass
+
+    def continue_from(self, earlier: list[EpisodeRecord]) -> None:
         pass
 
 
@@ -122,12 +133,17 @@ class TensorBoardTracker(Tracker):
         self.folder = folder
         # tensorboardX writes its queue from a thread of its own and flushes that every flush_secs; the queue is
         # large enough that a flush's events never wait for room.
-        self._writer = SummaryWriter(str(folder), max_queue=10_000, flush_secs=max(1, round(flush_period_s)))
+        # An event file of its own, named after the earlier ones (a resumed run's next segment writes beside them,
+        # and TensorBoard reads a folder's files in name order; the names hold the second they were made, and two
+        # of one second must be two files, in the order they were made).
+        self._writer = SummaryWriter(str(folder), max_queue=10_000, flush_secs=max(1, round(flush_period_s)),
+                                     filename_suffix=f".{time.time_ns():020d}")
         self._lock = threading.Lock()
         self._episodes: list[tuple[float, EpisodeRecord, int | None]] = []
         self._count = 0
         self._episode_steps: dict[int, int] = {}  # each process's env steps at its latest episode
         self._run_steps = 0  # the run's env steps: those counts added up
+        self._steps_before = 0  # env steps of a resumed run's earlier segments
         self._latest: dict[int, Timing] = {}
         self._intervals: dict[int, _Interval] = {}
         self._new_progress = False
@@ -154,6 +170,14 @@ class TensorBoardTracker(Tracker):
         self._run_steps += record.env_steps - before if record.env_steps >= before else record.env_steps
         self._episode_steps[record.process_id] = record.env_steps
         return self._run_steps
+
+    def continue_from(self, earlier: list[EpisodeRecord]) -> None:
+        with self._lock:
+            for record in earlier:
+                self._count_steps(record)
+            self._count += len(earlier)
+            self._episode_steps = {}  # every process of the new segment counts its env steps from zero again
+            self._steps_before = self._run_steps
 
     def progress(self, process_id: int, timing: Timing) -> None:
         with self._lock:
@@ -222,11 +246,12 @@ class TensorBoardTracker(Tracker):
         calls = sum(i.infer_calls for i in intervals if i.infer_calls > 0 and i.infer_wait_s >= 0)
         wait = sum(i.infer_wait_s for i in intervals if i.infer_calls > 0 and i.infer_wait_s >= 0)
         total = Timing.across_processes(self._latest.values())
-        values: dict[str, float] = {"rollout/env_steps_per_s": steps_per_s, "rollout/env_steps": total.env_steps,
+        values: dict[str, float] = {"rollout/env_steps_per_s": steps_per_s,
+                                    "rollout/env_steps": self._steps_before + total.env_steps,
                                     "server/reconnects": total.reconnects}
         if calls:
             values["server/infer_round_trip_ms"] = 1e3 * wait / calls
-        return time.time(), total.env_steps, values
+        return time.time(), self._steps_before + total.env_steps, values
 
     def _scalar(self, tag: str, value: Any, step: int, when: float) -> None:
         value = float(value)

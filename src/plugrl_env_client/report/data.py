@@ -121,6 +121,13 @@ class RunData:
         return str(value) if value is not None else None
 
     @property
+    def segments(self) -> list[dict[str, Any]]:
+        """The run's segments, as its summary.json lists them (a run resumed with --resume has several; empty for
+        a summary that lists none)."""
+        listed = (self.summary or {}).get("segments")
+        return [s for s in listed if isinstance(s, dict)] if isinstance(listed, list) else []
+
+    @property
     def steps_recorded(self) -> bool:
         return all(p.steps_recorded for p in self.processes if len(p.episodes))
 

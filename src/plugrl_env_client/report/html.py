@@ -97,6 +97,7 @@ def render(page: Page) -> str:
         _notes([*run.notes, *page.notes]),
         "<h2 id=\"summary\">Summary</h2>",
         _summary_table(page.rows),
+        _segments(run),
         _config(run),
         *_plot_sections(page),
         _instructions(run),
@@ -156,6 +157,22 @@ def _summary_table(rows: list[SummaryRow]) -> str:
     )
     return (f"<table>{head}{body}</table><p class=\"sub\">Means over every episode; env-steps/s over each process's "
             "collection time (for all: the total over the longest).</p>")
+
+
+def _segments(run: RunData) -> str:
+    """When and how each segment of the run ran (a run resumed with --resume has several), from summary.json."""
+    segments = run.segments
+    if not segments:
+        return ""
+    rows = "".join(
+        f"<tr><td>{_e(s.get('segment'))}</td><td class=\"text\">{_e(s.get('started') or 'unknown')}</td>"
+        f"<td class=\"text\">{_e(s.get('ended') or 'unknown')}</td><td class=\"text\">{_e(s.get('status'))}</td>"
+        f"<td>{_e(s.get('episodes'))}</td></tr>" for s in segments)
+    count = len(segments)
+    said = "1 segment (never resumed)" if count == 1 else (
+        f"{count} segments (resumed {'once' if count == 2 else f'{count - 1} times'} with --resume)")
+    return (f"<p>The run ran in {_e(said)}:</p><table><tr><th>segment</th><th>started (UTC)</th><th>ended (UTC)</th>"
+            f"<th>status</th><th>episodes</th></tr>{rows}</table>")
 
 
 def _config(run: RunData) -> str:

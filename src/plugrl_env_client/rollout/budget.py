@@ -9,11 +9,15 @@ Two ways to split N over processes (``--runner.episode-split``):
   episodes are recorded then depends only on the seeds (with a deterministic policy), not on which process runs
   faster: two runs with the same flags give the same episodes.
 * ``shared``: first come, first served; a faster process takes more. The run ends as soon as N episodes exist.
+
+A resumed run (``--resume``) starts its budget from the episodes each process already has on disk: the total and,
+under ``static``, each process's share continue where they were, so the run still ends at N exactly.
 """
 
 from __future__ import annotations
 
 import multiprocessing as mp
+from collections.abc import Sequence
 from typing import Any, Literal, Protocol
 
 Split = Literal["static", "shared"]
@@ -67,20 +71,24 @@ class SharedFlag:
 
 class EpisodeBudget:
     """Shared counters of claimed episodes (with an optional target) and env steps, and the run's stop flag.
+    ``done``: the episodes each process recorded before (a resumed run), counted as claimed.
 
     Claims take the counters' lock, so they are exact; the questions the loop asks on every iteration
     (:meth:`finished`, :meth:`exhausted`) read the counters without it (an aligned 64-bit read: a look a claim
     later is as good as the claim's own answer, which :meth:`claim` gives exactly)."""
 
-    def __init__(self, target: int | None, ctx: Any = None, num_procs: int = 1, split: Split = "shared") -> None:
+    def __init__(self, target: int | None, ctx: Any = None, num_procs: int = 1, split: Split = "shared",
+                 done: Sequence[int] = ()) -> None:
         ctx = ctx or mp.get_context("spawn")
         if split not in ("static", "shared"):
             raise ValueError(f"split must be 'static' or 'shared', got {split!r}")
         self.target = target
         self.split = split
         self.num_procs = num_procs
-        self._claimed = ctx.Value("q", 0)  # its lock guards every counter below
-        self._per_process = ctx.Array("q", num_procs, lock=False)
+        if done and len(done) != num_procs:
+            raise ValueError(f"done holds {len(done)} counts for {num_procs} processes")
+        self._claimed = ctx.Value("q", sum(done))  # its lock guards every counter below
+        self._per_process = ctx.Array("q", list(done) or num_procs, lock=False)
         self._shares = shares(target, num_procs) if (target is not None and split == "static") else None
         self._env_steps = ctx.Value("q", 0, lock=False)
         self._claimed_raw = self._claimed.get_obj()  # the same memory, read without the lock
@@ -97,6 +105,11 @@ class EpisodeBudget:
             self._claimed.value += 1
             self._per_process[process_id] += 1
             return True
+
+    def per_process(self) -> list[int]:
+        """Episodes claimed by each process so far (those of earlier segments included)."""
+        with self._claimed.get_lock():
+            return list(self._per_process)
 
     @property
     def claimed(self) -> int:

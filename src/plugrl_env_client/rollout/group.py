@@ -134,7 +134,8 @@ class EnvGroup:
                                      or bool(settings.start_seeds))  # the listed seeds run out
         self.seed_groups = SeedGroups(GroupSeeds(settings.seed, settings.process_id, offset, n, settings.group_size,
                                                  bool(env.metadata.get("per_env_seeds", False)),
-                                                 settings.start_seeds, settings.process_envs))
+                                                 start=settings.first_episodes[offset:offset + n],
+                                                 listed=settings.start_seeds, stride=settings.process_envs))
         self.instructions = Instructions(n, settings.instruction)
         self.ends = ChunkEnds(self.plans, settings.align_chunks, self._infer_follows)
         self.active: np.ndarray | None = None

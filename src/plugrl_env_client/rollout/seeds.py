@@ -18,6 +18,13 @@ env that declares ``metadata["per_env_seeds"] = True`` can start env i from ``se
 ``seed=None`` after their first reset, as before: their later episodes continue each env's generator, so they
 depend on the episodes before them, and their seeds are recorded as null. (Seed groups need per-env seeds.)
 
+A resumed run (``--resume``) continues each env's numbering: an env that completed ``k`` episodes before the stop
+starts from its episode ``k`` (the episode it was in, if any, was dropped and is run again from its start), so its
+episodes are the ones it would have had without the stop. With seed groups a group continues at the furthest of its
+members (an episode one member finished and another had in flight is not run again). An env without per-env seeds
+cannot continue its generator: its resumed first reset is seeded with :func:`resumed_seed` (different from every
+earlier start, deterministic given the episodes already done), and its later episodes continue from there.
+
 :class:`GroupSeeds` derives the seeds (:func:`episode_seed` is the rule); :class:`SeedGroups` follows the groups
 through a run (who waits for the rest of its group, which envs a reset starts).
 
@@ -50,17 +57,27 @@ def episode_seed(process_seed: int, process_id: int, group: int, episode: int) -
     return int(sequence.generate_state(1)[0])
 
 
+def resumed_seed(process_seed: int, process_id: int, episodes_done: int) -> int:
+    """The int seed of the first reset of a resumed process whose env takes no per-env seeds (env i starts from it
+    plus i): drawn from the process seed and the episodes the process had done, apart from every :func:`episode_seed`
+    (another entropy pool)."""
+    sequence = np.random.SeedSequence([process_seed, episodes_done], spawn_key=(process_id,))
+    return int(sequence.generate_state(1)[0] >> 1)  # room for + i below 2**32
+
+
 class GroupSeeds:
     """Seeds of the envs ``offset .. offset + n - 1`` of a process.
 
     ``per_env``: the env starts env i from ``seed[i]`` of a list (``metadata["per_env_seeds"]``); without it only
-    the first reset is seeded.
+    the first reset is seeded. ``start``: the episodes each env completed before (a resumed run), where its
+    numbering continues (empty: none).
 
     ``listed``: this process's share of fixed start seeds (module docstring), run by its ``stride`` envs (the
     process's envs over all its groups; default ``offset + n``)."""
 
     def __init__(self, seed: int | None, process_id: int, offset: int, n: int, group_size: int,
-                 per_env: bool = False, listed: tuple[int, ...] = (), stride: int | None = None) -> None:
+                 per_env: bool = False, start: tuple[int, ...] = (), listed: tuple[int, ...] = (),
+                 stride: int | None = None) -> None:
         if group_size < 1 or offset % group_size or n % group_size:
             raise ValueError(f"envs {offset}..{offset + n - 1} do not split into seed groups of {group_size}")
         if seed is not None and seed < 0:
@@ -78,9 +95,22 @@ class GroupSeeds:
                               f"seed groups (--runner.group-size {group_size}): use --runner.group-size 1")
         if self.listed and any(s < 0 for s in self.listed):
             raise ConfigError(f"start seeds must be >= 0, got {min(self.listed)}")
+        if start:
+            if len(start) != n:
+                raise ValueError(f"start holds {len(start)} episode counts for {n} envs")
+            done = np.asarray(start, np.int64).reshape(-1, group_size).max(axis=1)
+            self.episode[:] = np.repeat(done, group_size)
 
     def initial(self) -> int | list[int | None] | None:
-        """The seed argument of the first reset of every env."""
+        """The seed argument of the first reset of every env (of a resumed run: each at its next episode)."""
+        if self.episode.any():
+            if not self.per_env:
+                return None if self.seed is None else resumed_seed(self._root, self.process_id, int(self.episode.sum()))
+            seeds = self._seeds(np.arange(self.n), self.episode)
+            if self.size == 1 and self.seed is not None and not self.listed:  # at its first episode: seed + i
+                for i in np.flatnonzero(self.episode == 0):
+                    seeds[i] = self.seed + self.offset + int(i)
+            return seeds
         if self.size == 1 and not self.listed:
             return None if self.seed is None else self.seed + self.offset
         return self._seeds(np.arange(self.n), self.episode)

@@ -67,6 +67,9 @@ class LoopSettings(LoopConfig):
     process_envs: int | None = None
     """The process's envs over all its groups (they share its ``start_seeds``, which here hold only this process's
     share); None: one group."""
+    first_episodes: tuple[int, ...] = ()
+    """Per env of the process: the episodes it completed in earlier segments of a resumed run, where its episode
+    numbering (and so its seeds) continues; empty: none (a new run)."""
 
     @classmethod
     def of(cls, config: LoopConfig, **added: Any) -> LoopSettings:

@@ -32,6 +32,8 @@ from recording_rollouts import (
 
 from plugrl_env_client.envs.base_env import Observation
 from plugrl_env_client.errors import ConfigError
+from plugrl_env_client.outputs.recording.config import RecorderConfig
+from plugrl_env_client.outputs.recording.recorder import EpisodeRecorder
 from plugrl_env_client.outputs.recording.report import RecorderReport
 from plugrl_env_client.records import EpisodeRecord
 
@@ -56,6 +58,18 @@ def test_the_kth_2kth_episode_start_is_recorded_and_named_by_its_completion(k: i
     assert report.episodes_dropped == 0 and report.errors == ()
     if k == 3:  # starts 3 (env 2, third to end) and 6 (env 3, seventh to end); start 9 (env 1) still runs
         assert expected == {(3, 2), (7, 3)} and report.episodes_unfinished == 1
+
+
+def test_a_resumed_process_continues_the_numbering_of_its_episodes() -> None:
+    """A process of a resumed run whose envs completed 3, 0, 2 and 1 episodes before numbers its episodes from 7 on
+    (no file takes an earlier segment's name), and records the starts that are a K-th of the whole process's."""
+    sink = MemorySink()
+    rec = EpisodeRecorder(RecorderConfig(episode_freq=2), 0, 4, sink, first_episodes=(3, 0, 2, 1))
+    log = scenario(rec)
+    rec.close()
+    expected = {(6 + log.completed[start], env) for start, (env, _) in log.ended.items() if (6 + start + 1) % 2 == 0}
+    assert recorded(sink.files) == expected
+    assert expected and min(number for number, _ in expected) > 6
 
 
 def test_thread0_only_records_in_process_zero_only() -> None:

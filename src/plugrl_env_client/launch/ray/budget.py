@@ -151,12 +151,13 @@ class LeaseBook:
     With ``target`` None there is nothing to count: every grant is empty and not final, and actors claim freely.
     """
 
-    def __init__(self, target: int | None, num_procs: int, split: Split) -> None:
+    def __init__(self, target: int | None, num_procs: int, split: Split, recorded: list[int] | None = None) -> None:
         self.target = target
         self.split = split
         self.num_procs = num_procs
         self._shares = shares(target, num_procs) if target is not None else [0] * num_procs
-        self.recorded = [0] * num_procs
+        self.recorded = list(recorded) if recorded else [0] * num_procs
+        """Each process's recorded episodes (a resumed run starts from those of its earlier segments)."""
         self._leases = [_Lease() for _ in range(num_procs)]
 
     @property

@@ -94,7 +94,7 @@ class Supervisor:
         self.ray, self.budget, self.writer, self.config = ray, budget, writer, config
         self.shipped, self.placement, self.demand = shipped, placement, demand
         cfg = jobs[0].config
-        self.book = LeaseBook(cfg.num_episodes, cfg.num_procs, cfg.runner.episode_split)
+        self.book = LeaseBook(cfg.num_episodes, cfg.num_procs, cfg.runner.episode_split, budget.per_process())
         self.jobs = jobs
         self.procs: list[_Proc] = []
         self._controls: list[Any] = []  # control calls in flight (collected, so Ray never warns of lost errors)

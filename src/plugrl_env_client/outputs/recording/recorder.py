@@ -76,7 +76,7 @@ class EpisodeRecorder:
 
     def __init__(self, config: RecorderConfig, process_id: int, num_envs: int, sink: ArtifactSink | None,
                  *, max_frames: int = MAX_FRAMES_PER_EPISODE, queue_episodes: int = QUEUE_EPISODES,
-                 queue_bytes: int = QUEUE_BYTES) -> None:
+                 queue_bytes: int = QUEUE_BYTES, first_episodes: tuple[int, ...] = ()) -> None:
         if config.episode_freq < 0:
             raise ConfigError(f"--recorder.episode-freq must be >= 0 (0 records nothing), got {config.episode_freq}")
         if config.episode_freq > 0 and config.record_video:
@@ -96,9 +96,12 @@ class EpisodeRecorder:
         self._keep_steps = config.record_video or config.record_full_rollout
         self._recording = np.zeros(self.num_envs, dtype=bool)  # the fast-path mask: envs with a recorded episode
         self._running: dict[int, RecordedEpisode] = {}
-        self._starts = 0
+        # A resumed run's process continues its numbering (``first_episodes``: each env's episodes before), so its
+        # files never take the names of earlier segments' and the K-th episodes stay every K-th of the whole run.
         self._env_starts = np.zeros(self.num_envs, dtype=np.int64)  # each env's episodes so far
-        self._completed = 0  # the process's completed episodes, recorded or not
+        self._env_starts[:len(first_episodes)] = first_episodes
+        self._starts = int(self._env_starts.sum())
+        self._completed = self._starts  # the process's completed episodes, recorded or not
         self._stats = EpisodeStats(config.metric_window)
         self._lock = threading.Lock()
         self._close_lock = threading.Lock()

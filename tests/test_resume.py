@@ -1,0 +1,320 @@
+"""``--resume``: a run stopped in any way (SIGKILL of the launcher or of a rollout process, SIGTERM, SIGHUP)
+continues where it stopped. Runs are the command line's, in real processes, stopped with real signals at seeded
+random moments; the stopped run is resumed until it ends.
+
+What every resumed run must show: exactly ``--num-episodes`` lines, none twice, a torn last line cut; each env's
+episodes are its own sequence continued (episode k from the seed of episode k); with the static split and one env
+per process, the episodes (process, seed, return, length) are the set an uninterrupted run collects.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import random
+import signal
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+from children import sigint_default
+from waiting import wait_until
+
+from plugrl_env_client.rollout.seeds import episode_seed
+
+ENV_FILE = str(Path(__file__).parent / "_support" / "seeded_length_env.py")
+RUN_TIMEOUT_S = 300.0
+
+
+def _args(out: Path, name: str, *, episodes: int, procs: int = 1, envs: int = 1, pipeline: int = 1,
+          pid_dir: Path | None = None, hold_after: int = 0) -> list[str]:
+    return ["SeededLength-v1", "--env-path", ENV_FILE, "--local-policy", "zero", "--num-episodes", str(episodes),
+            "--num-procs", str(procs), "--num-envs", str(envs), "--runner.pipeline", str(pipeline),
+            "--runner.episode-split", "static", "--env.pid-dir", str(pid_dir or ""), "--env.hold-after-episodes",
+            str(hold_after), "--output-dir", str(out), "--exp-name", name, "--no-progress"]
+
+
+def _command(args: list[str]) -> list[str]:
+    return sigint_default([sys.executable, "-m", "plugrl_env_client", *args])
+
+
+def _run(args: list[str]) -> subprocess.CompletedProcess:
+    return subprocess.run(_command(args), capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
+
+
+def _whole_lines(run: Path) -> int:
+    return sum(f.read_bytes().count(b"\n") for f in run.glob("rollout/proc_*/episodes.jsonl"))
+
+
+def _episodes(run: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for f in sorted(run.glob("rollout/proc_*/episodes.jsonl"))
+            for line in f.read_text().splitlines()]
+
+
+def _key(row: dict[str, Any]) -> tuple:
+    return row["process_id"], row["env_index"], row["seed"], row["return"], row["length"]
+
+
+def _stop_at(args: list[str], run: Path, at: int, sig: int, victim: Path | None = None) -> subprocess.CompletedProcess:
+    """Start the run, and once ``at`` episodes are on disk send ``sig`` to its launcher (or, with ``victim``, a
+    folder of pid files, to a rollout process that is not the launcher); how the launcher ended."""
+    proc = subprocess.Popen(_command(args), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_until(lambda: _whole_lines(run) >= at, RUN_TIMEOUT_S, f"{at} episodes in {run}", proc=proc)
+        if victim is None:
+            proc.send_signal(sig)
+        else:
+            pids = sorted(int(p.read_text()) for p in victim.glob("pid-*") if int(p.read_text()) != proc.pid)
+            assert pids, "no rollout process wrote its pid"
+            subprocess.run(["kill", f"-{int(sig)}", str(pids[0])], check=True)
+        out, err = proc.communicate(timeout=RUN_TIMEOUT_S)
+    finally:
+        proc.kill()
+        proc.wait()
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+_references: dict[tuple, list[dict[str, Any]]] = {}
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    """The episodes of an uninterrupted run with the given flags (run once per flag set in this module)."""
+
+    def episodes(**flags: Any) -> list[dict[str, Any]]:
+        key = tuple(sorted((k, tuple(v) if isinstance(v, (list, tuple)) else v) for k, v in flags.items()))
+        if key not in _references:
+            out = tmp_path_factory.mktemp("reference")
+            extra = list(flags.pop("extra", ()))
+            done = _run([*_args(out, "whole", **flags), *extra])
+            assert done.returncode == 0, done.stderr
+            _references[key] = _episodes(out / "whole")
+        return _references[key]
+
+    return episodes
+
+
+def _check_exact(run: Path, episodes: int) -> list[dict[str, Any]]:
+    """Exactly ``episodes`` lines, none twice, counted as such by summary.json; the rows."""
+    rows = _episodes(run)
+    repeated = [k for k, n in Counter(_key(r) for r in rows).items() if n > 1]
+    assert not repeated, f"episodes recorded twice: {repeated}"
+    summary = json.loads((run / "summary.json").read_text())
+    assert len(rows) == summary["completed_episodes"] == episodes, (len(rows), summary["completed_episodes"])
+    assert sum(s["episodes"] for s in summary["segments"]) == episodes, summary["segments"]
+    return rows
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("procs", [1, 2])
+def test_sigkill_of_the_launcher_twice_then_resumed_gives_the_uninterrupted_run(tmp_path, uninterrupted, procs):
+    rng = random.Random(1000 + procs)
+    target = 40
+    args = _args(tmp_path, "run", episodes=target, procs=procs)
+    run = tmp_path / "run"
+    reference = uninterrupted(episodes=target, procs=procs)
+
+    first = _stop_at(args, run, rng.randint(1, target // 3), signal.SIGKILL)
+    assert first.returncode == -signal.SIGKILL
+    with (run / "rollout" / "proc_000" / "episodes.jsonl").open("ab") as f:
+        f.write(b'{"env_index": 0, "return": 0.5, "len')  # a line the kill cut short
+    now = _whole_lines(run)
+    second = _stop_at([*args, "--resume"], run, rng.randint(now + 1, now + (target - now) // 2), signal.SIGKILL)
+    assert second.returncode == -signal.SIGKILL
+    last = _run([*args, "--resume"])
+    assert last.returncode == 0, last.stderr
+
+    rows = _check_exact(run, target)
+    assert sorted(map(_key, rows)) == sorted(map(_key, reference))
+    segments = json.loads((run / "summary.json").read_text())["segments"]
+    assert [s["status"] for s in segments] == ["killed", "killed", "finished"], segments
+    assert all(s["started"] and s["ended"] for s in segments), segments
+    manifest = json.loads((run / "rollout" / "proc_000" / "manifest.json").read_text())
+    assert len(manifest["segments"]) == 3
+
+    again = _run([*args, "--resume"])
+    assert again.returncode == 0, again.stderr
+    assert f"{run} is finished: it has its {target} of --num-episodes {target} episodes" in again.stdout
+    assert len(json.loads((run / "summary.json").read_text())["segments"]) == 3, "a finished run is left as it was"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
+def test_a_run_stopped_by_sigterm_or_sighup_is_resumed_not_beside_itself(tmp_path, uninterrupted, sig):
+    rng = random.Random(int(sig))
+    target, at = 40, rng.randint(1, 13)
+    gate = tmp_path / "gate"
+    gate.mkdir()
+    (gate / "closed").touch()  # the run holds once it has `at` episodes, until the test opens the gate
+    args = _args(tmp_path, "run", episodes=target, pid_dir=gate, hold_after=at)
+    run = tmp_path / "run"
+    proc = subprocess.Popen(_command(args), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_until(lambda: _whole_lines(run) >= at, RUN_TIMEOUT_S, f"{at} episodes", proc=proc)
+        beside = _run([*args, "--resume"])  # the run is alive: refused
+        (gate / "closed").unlink()
+        proc.send_signal(sig)
+        proc.communicate(timeout=RUN_TIMEOUT_S)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert beside.returncode == 1
+    assert f"--resume: {run} is in use by a run that is still alive (process {proc.pid} holds" in beside.stderr
+    assert proc.returncode == 128 + sig
+    stopped = json.loads((run / "summary.json").read_text())["segments"]
+    assert [s["status"] for s in stopped] == ["interrupted"], stopped
+
+    resumed = _run([*args, "--resume"])
+    assert resumed.returncode == 0, resumed.stderr
+    rows = _check_exact(run, target)
+    assert sorted(map(_key, rows)) == sorted(map(_key, uninterrupted(episodes=target)))
+    timing = json.loads((run / "summary.json").read_text())["timing"]
+    assert timing["env_steps"] >= sum(r["length"] for r in rows), "the timing adds up both segments'"
+
+    from plugrl_env_client.report.build import build_report
+
+    page = build_report(run).page.read_text()
+    assert "The run ran in 2 segments (resumed once with --resume)" in page
+    assert "<td class=\"text\">interrupted</td>" in page and "<td class=\"text\">finished</td>" in page
+
+
+@pytest.mark.slow
+def test_sigkill_of_a_rollout_process_then_resumed_gives_the_uninterrupted_run(tmp_path, uninterrupted):
+    rng = random.Random(7)
+    target = 40
+    pids = tmp_path / "pids"
+    pids.mkdir()
+    args = _args(tmp_path, "run", episodes=target, procs=2, pid_dir=pids)
+    run = tmp_path / "run"
+    stopped = _stop_at(args, run, rng.randint(2, target // 3), signal.SIGKILL, victim=pids)
+    assert stopped.returncode == 1, stopped.stderr
+    resumed = _run([*args, "--resume"])
+    assert resumed.returncode == 0, resumed.stderr
+    rows = _check_exact(run, target)
+    reference = uninterrupted(episodes=target, procs=2)
+    assert sorted(map(_key, rows)) == sorted(map(_key, reference))
+
+
+@pytest.mark.slow
+def test_pipelined_envs_each_continue_their_own_episodes(tmp_path, uninterrupted):
+    """Several envs per process: which env runs the last episodes of a share depends on timing (and so on a stop),
+    but every env's lines are its episodes 0, 1, ... from their own seeds, each the same episode as in any run."""
+    rng = random.Random(11)
+    target, procs, envs = 48, 2, 4
+    args = _args(tmp_path, "run", episodes=target, procs=procs, envs=envs, pipeline=2)
+    run = tmp_path / "run"
+    stopped = _stop_at(args, run, rng.randint(1, target // 3), signal.SIGKILL)
+    assert stopped.returncode == -signal.SIGKILL
+    resumed = _run([*args, "--resume"])
+    assert resumed.returncode == 0, resumed.stderr
+    rows = _check_exact(run, target)
+
+    per_process = Counter(r["process_id"] for r in rows)
+    assert per_process == {0: target // procs, 1: target // procs}, "the static shares are kept"
+    for p in range(procs):
+        for i in range(envs):
+            seeds = [r["seed"] for r in rows if (r["process_id"], r["env_index"]) == (p, i)]
+            expected = [p * envs + i] + [episode_seed(p * envs, p, i, k) for k in range(1, len(seeds))]
+            assert seeds == expected[:len(seeds)], (p, i, seeds)
+    known = {r["seed"]: (r["return"], r["length"]) for r in uninterrupted(episodes=target, procs=procs, envs=envs,
+                                                                            pipeline=2)}
+    both = [r for r in rows if r["seed"] in known]
+    assert both and all(known[r["seed"]] == (r["return"], r["length"]) for r in both)
+
+
+# ------------------------------------------------------------------------------------------ refusals, in process
+
+
+@pytest.fixture
+def finished_run(tmp_path):
+    from plugrl_env_client.app import run_client
+    from plugrl_env_client.config import ClientConfig, RunnerConfig
+    from plugrl_env_client.envs import discover_envs
+    from plugrl_env_client.envs.point.point_env import PointEnvConfig
+
+    discover_envs()
+    cfg = ClientConfig(output_dir=tmp_path, exp_name="run", local_policy="zero", num_episodes=2, progress=False,
+                       env=PointEnvConfig(), runner=RunnerConfig(max_episode_steps=3))
+    assert run_client(cfg, "point-v1") == 0
+    return cfg
+
+
+def test_a_flag_that_defines_the_run_must_be_the_stopped_runs(finished_run, tmp_path):
+    from plugrl_env_client.app import run_client
+    from plugrl_env_client.errors import ConfigError
+
+    cfg = dataclasses.replace(finished_run, resume=True)
+    changes = {
+        "--num-envs is 2 now but 1": dataclasses.replace(cfg, num_envs=2),
+        "--num-episodes is 3 now but 2": dataclasses.replace(cfg, num_episodes=3),
+        "--runner.seed is 1 now but 0": dataclasses.replace(cfg, runner=dataclasses.replace(cfg.runner, seed=1)),
+        "--runner.episode-split is \"shared\" now": dataclasses.replace(
+            cfg, runner=dataclasses.replace(cfg.runner, episode_split="shared")),
+        "--runner.max-episode-steps is 4 now but 3": dataclasses.replace(
+            cfg, runner=dataclasses.replace(cfg.runner, max_episode_steps=4)),
+        "--env.step-size is 0.2 now but 0.1": dataclasses.replace(cfg, env=dataclasses.replace(cfg.env, step_size=0.2)),
+    }
+    for said, changed in changes.items():
+        with pytest.raises(ConfigError, match=f"^--resume: {said}.* in {tmp_path / 'run'}'s client_config.json"):
+            run_client(changed, "point-v1")
+
+
+def test_flags_that_do_not_change_the_episodes_may_differ_and_a_finished_run_says_so(finished_run, tmp_path, capsys):
+    from plugrl_env_client.app import run_client
+
+    cfg = dataclasses.replace(finished_run, resume=True, progress=True, server_port=9, tracking="none")
+    before = (tmp_path / "run" / "summary.json").read_text()
+    assert run_client(cfg, "point-v1") == 0
+    assert f"{tmp_path / 'run'} is finished: it has its 2 of --num-episodes 2 episodes; nothing to resume" in (
+        capsys.readouterr().out)
+    assert (tmp_path / "run" / "summary.json").read_text() == before
+
+
+def test_resume_is_refused_while_the_run_is_alive_and_without_a_run(finished_run, tmp_path):
+    from plugrl_env_client.app import run_client
+    from plugrl_env_client.errors import ConfigError
+    from plugrl_env_client.outputs.run_dir import RunLock
+
+    cfg = dataclasses.replace(finished_run, resume=True)
+    alive = RunLock(tmp_path / "run")
+    assert alive.acquire()
+    try:
+        with pytest.raises(ConfigError, match=f"{tmp_path / 'run'} is in use by a run that is still alive"):
+            run_client(cfg, "point-v1")
+    finally:
+        alive.release()
+    with pytest.raises(ConfigError, match="holds no run to resume \\(no such folder\\)"):
+        run_client(dataclasses.replace(cfg, exp_name="other"), "point-v1")
+    with pytest.raises(ConfigError, match="already holds a run; to continue that run where it stopped add --resume"):
+        run_client(finished_run, "point-v1")
+    with pytest.raises(ConfigError, match="^--resume continues the run in --output-dir/<exp-name>: pass the stopped "
+                                          "run's --exp-name"):
+        run_client(dataclasses.replace(cfg, exp_name=None), "point-v1")
+
+
+@pytest.mark.slow
+def test_a_run_stopped_by_a_full_disk_is_resumed_once_space_is_freed(tmp_path, uninterrupted):
+    """A disk that fills stops the run (every line whole); once it has room again, --resume ends the run with the
+    uninterrupted run's episodes. Needs root to mount the small disk (skipped otherwise)."""
+    from small_disk import small_tmpfs
+
+    target = 1500
+    with small_tmpfs(tmp_path / "disk", "200k") as disk:
+        args = [*_args(disk, "run", episodes=target), "--env.step-sleep-s", "0"]
+        full = _run(args)
+        assert full.returncode == 1 and f"no space left on device in {disk / 'run'}" in full.stderr, full.stderr
+        stopped = _whole_lines(disk / "run")
+        assert 0 < stopped < target
+        grown = subprocess.run(["mount", "-o", "remount,size=16m", str(disk)], capture_output=True, text=True,
+                               timeout=30)
+        assert grown.returncode == 0, grown.stderr
+        resumed = _run([*args, "--resume"])
+        assert resumed.returncode == 0, resumed.stderr
+        rows = _check_exact(disk / "run", target)
+        segments = json.loads((disk / "run" / "summary.json").read_text())["segments"]
+    assert [(s["status"], s["episodes"]) for s in segments] == [("failed", stopped), ("finished", target - stopped)]
+    reference = uninterrupted(episodes=target, extra=("--env.step-sleep-s", "0"))
+    assert sorted(map(_key, rows)) == sorted(map(_key, reference))
