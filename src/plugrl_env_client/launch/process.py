@@ -13,7 +13,7 @@ import dataclasses
 import logging
 import os
 import signal
-from typing import Any, ClassVar, Literal, Protocol
+from typing import Any, ClassVar, Literal, Protocol, TypeVar
 from urllib.parse import urlsplit
 
 from plugrl_env_client.envs import contract
@@ -29,6 +29,7 @@ from plugrl_env_client.rollout.budget import Budget
 from plugrl_env_client.rollout.group import EnvGroup
 from plugrl_env_client.rollout.interfaces import ResultSink
 from plugrl_env_client.rollout.loop import Rollout
+from plugrl_env_client.rollout.pipeline_auto import Probe, ProbeBudget, ProbeSink, allowed_groups, choose_groups
 from plugrl_env_client.rollout.settings import LoopConfig, LoopSettings
 from plugrl_env_client.rollout.signals import shielded
 from plugrl_env_client.server.embedded import local_policy_flag, server_command
@@ -51,9 +52,12 @@ class RunnerConfig(LoopConfig):
     """Build envs one process at a time (for simulators whose setup is not safe to run concurrently)."""
     start_method: Literal["spawn", "forkserver", "fork"] = "spawn"
     """How --num-procs processes are started."""
-    pipeline: int = 1
+    pipeline: int | Literal["auto"] = 1
     """Split each process's envs into this many groups, each with its own env object and connection, and step one
-    group while the others wait for their actions (1: every env in lockstep)."""
+    group while the others wait for their actions (1: every env in lockstep). auto: a short lockstep probe against
+    the server before collecting measures the env's batch step and the wait for actions, and picks 1, 2 or 4
+    groups once (logged, and recorded as runner.pipeline_chosen in client_config.json and pipeline in the summary);
+    an env registered single_instance=True is never split."""
     episode_split: Literal["static", "shared"] = "static"
     """With --num-episodes and several processes: static gives each process a fixed share (shares differ by at most
     one), so the episodes depend only on the seed; shared lets whichever process finishes first take the next one."""
@@ -83,6 +87,9 @@ class RunConfig(Protocol):
     def connection(self) -> ConnectionConfig: ...
 
 
+RunConfigT = TypeVar("RunConfigT", bound=RunConfig)
+
+
 @dataclasses.dataclass
 class ProcessJob:
     """Everything a rollout process needs to know (picklable: it crosses to spawned processes)."""
@@ -107,10 +114,16 @@ def build_env(job: ProcessJob, env_lock: Any = None, num_envs: int | None = None
                                                                config=cfg.env, **ids), passthrough=(PlugRLError,))
 
 
-def group_sizes(config: RunConfig) -> list[int]:
+def group_sizes(config: RunConfig, env_id: str | None = None) -> list[int]:
     """Envs per pipeline group: ``--num-envs`` split into ``--runner.pipeline`` equal groups, each a whole number
-    of ``--runner.group-size`` seed groups (otherwise a clear error)."""
+    of ``--runner.group-size`` seed groups (otherwise a clear error). ``auto`` is checked as lockstep (the probe
+    picks only splits that fit); a single-instance ``env_id`` takes only one group."""
     n, k, g = config.num_envs, config.runner.pipeline, config.runner.group_size
+    if k == "auto":
+        k = 1
+    if k > 1 and env_id is not None and get_spec(env_id).single_instance:
+        raise ConfigError(f"{get_spec(env_id).uid} can exist only once per process (registered single_instance=True), "
+                          f"so it cannot be split into --runner.pipeline {k} groups; use --runner.pipeline 1 (or auto)")
     if k < 1:
         raise ConfigError(f"--runner.pipeline must be >= 1, got {k}")
     if g < 1:
@@ -122,6 +135,57 @@ def group_sizes(config: RunConfig) -> list[int]:
         raise ConfigError(f"--runner.group-size {g} must divide the envs of each pipeline group ({n // k} = "
                           f"--num-envs {n} / --runner.pipeline {k})")
     return [n // k] * k
+
+
+@dataclasses.dataclass(frozen=True)
+class PipelineChoice:
+    """``--runner.pipeline auto``'s pick for a run: the number of groups, why, and the probe's figures (None when
+    nothing needed measuring)."""
+
+    groups: int
+    why: str
+    probe: Probe | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"groups": self.groups, "why": self.why, "probe": None if self.probe is None else self.probe.to_json()}
+
+
+def choose_pipeline(job: ProcessJob, stop: Any = None, env: BaseEnv | None = None) -> PipelineChoice:
+    """``--runner.pipeline auto``: the number of groups for ``job``'s run, from a short lockstep probe of its env
+    batch against its server (see :mod:`~plugrl_env_client.rollout.pipeline_auto`). The probe steps ``env`` (the
+    run's lockstep env, left open for the run, which starts every env afresh) or an env batch of its own, closed
+    before it returns; its connection is closed and its episodes are not the run's. ``stop`` (the run's stop flag)
+    ends it early."""
+    cfg, spec = job.config, get_spec(job.env_id)
+    allowed = allowed_groups(cfg.num_envs, cfg.runner.group_size, spec.single_instance)
+    if len(allowed) == 1:
+        why = ("the env can exist only once per process" if spec.single_instance
+               else f"--num-envs {cfg.num_envs} allows no other split")
+        return PipelineChoice(1, why)
+    probed = env if env is not None else build_env(job, num_envs=cfg.num_envs)
+    timing = Timing()
+    try:
+        budget = ProbeBudget(timing, stop=stop)
+        settings = LoopSettings.of(cfg.runner, seed=process_seed(cfg.runner.seed, job.process_id, cfg.num_envs),
+                                   max_episode_steps=spec.max_episode_steps if cfg.runner.max_episode_steps is None
+                                   else cfg.runner.max_episode_steps, env_id=spec.uid, process_id=job.process_id,
+                                   success_threshold=spec.best_reward_threshold_for_success,
+                                   reuse_feedback_obs=cfg.connection.reuse_feedback_obs)
+        session = Session(session_config(job, probed, 0), should_stop=lambda: budget.finished(job.process_id),
+                          timing=timing)
+        sink = ProbeSink()
+        Rollout([EnvGroup(probed, session, settings, budget, sink, timing)], settings, budget, sink).run()
+    finally:
+        if probed is not env:
+            close_env(probed, spec.uid)
+    probe = Probe.of(timing)
+    groups, why = choose_groups(probe, allowed)
+    return PipelineChoice(groups, why, probe)
+
+
+def with_pipeline(config: RunConfigT, groups: int) -> RunConfigT:
+    """``config`` with ``--runner.pipeline`` set to ``groups`` (what auto chose)."""
+    return dataclasses.replace(config, runner=dataclasses.replace(config.runner, pipeline=groups))
 
 
 def run_process(job: ProcessJob, budget: Budget, sink: ResultSink, env_lock: Any = None,
@@ -136,7 +200,13 @@ def run_process(job: ProcessJob, budget: Budget, sink: ResultSink, env_lock: Any
     rollout: Rollout | None = None
     keepalive: Keepalive | None = None
     try:
-        sizes = group_sizes(cfg)
+        if cfg.runner.pipeline == "auto":  # a caller that did not resolve it first (the client's run does)
+            choice = choose_pipeline(job, budget.stop)
+            logger.info("process %d: --runner.pipeline auto chose %d group(s): %s", job.process_id, choice.groups,
+                        choice.why)
+            cfg = with_pipeline(cfg, choice.groups)
+            job = dataclasses.replace(job, config=cfg)
+        sizes = group_sizes(cfg, job.env_id)
         recorder = EpisodeRecorder(cfg.recorder, job.process_id, cfg.num_envs, sink.artifacts(job.process_id))
         hooks = recorder if recorder.enabled else None
         while len(envs) < len(sizes):

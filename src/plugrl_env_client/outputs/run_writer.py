@@ -114,6 +114,9 @@ class RunWriter:
                  tracker: Tracker | None = None) -> None:
         self.run_dir = run_dir
         self.exp_name = exp_name
+        self.notes: dict[str, Any] = {}
+        """Choices the run made as it started (``pipeline``: what ``--runner.pipeline auto`` chose), written into
+        the run's summary."""
         self.num_procs = num_procs
         self.metric_window = metric_window
         self.num_envs = num_envs
@@ -318,6 +321,7 @@ class RunWriter:
             **_statistics(self.metric_window, [s.stats for s in states]),
             "timing": Timing.across_processes(s.timing for s in states).to_json(),
             "recorder": _summed([c for s in states if (c := recorder_counts(s.recorder)) is not None]),
+            **self.notes,
         }
 
 
