@@ -190,6 +190,34 @@ def client_cell(port: int, seconds: float) -> Cell:
     return Cell(CLOCK.rate(), timing["bytes_sent"] / max(1, timing["env_steps"]))
 
 
+def jpeg_projection(raw_per_step: float) -> tuple[float, float] | None:
+    """(bytes per env step, encode + decode ms per batch) the link would carry with the images JPEG-encoded: the raw
+    run's bytes per step with each image's share replaced by its encoded size (frames of one batch, quality 90).
+    None without the images extra."""
+    from plugrl_env_client.errors import ConfigError
+    from plugrl_env_client.protocol import images
+
+    env = LinkFramesEnv(LinkFramesConfig(), num_envs=NUM_ENVS)
+    obs = env._observe()
+    try:
+        images.decode(images.encode(obs.images["cam112"][:1], "jpeg", 90), "jpeg", (1, 112, 112, 3))  # imports
+        started = time.perf_counter()
+        encoded = {key: images.encode(batch, "jpeg", 90) for key, batch in obs.images.items()}
+        for key, rows in encoded.items():
+            images.decode(rows, "jpeg", obs.images[key].shape)
+        codec_ms = (time.perf_counter() - started) * 1e3
+    except ConfigError as exc:
+        print(f"jpeg q90 projection: {exc}")
+        return None
+    raw_images = sum(batch.nbytes for batch in obs.images.values()) / NUM_ENVS
+    jpeg_images = sum(len(row) for rows in encoded.values() for row in rows) / NUM_ENVS
+    # With reuse-feedback-obs an env's observation crosses once per chunk (every HORIZON steps) and once more at each
+    # episode end (the terminal one, in the feedback; the chunk there is cut short): that is the images' share of
+    # the bytes per env step, which the projection swaps for the encoded size.
+    sent_per_step = 1 / HORIZON + 1 / EPISODE_STEPS
+    return max(raw_per_step - (raw_images - jpeg_images) * sent_per_step, jpeg_images * sent_per_step), codec_ms
+
+
 def verdict(value: float, target: float | None) -> str:
     if target is None:
         return "(information)"
@@ -222,8 +250,17 @@ def main() -> None:
     print(f"  {'jpeg q90, link':<24} {'-':>10}              not run: the client does not send encoded images "
           f"yet  target >= {JPEG_TARGET:g} x raw arrays, link: NOT MET")
     link_bytes = args.rate_mbytes * 1e6
-    print(f"link ceiling for raw arrays: {link_bytes / sent['raw arrays, link']:,.0f} env-steps/s "
-          f"(measured {rates['raw arrays, link'] / (link_bytes / sent['raw arrays, link']):.0%} of it)")
+    raw_ceiling = link_bytes / sent["raw arrays, link"]
+    print(f"link ceiling for raw arrays: {raw_ceiling:,.0f} env-steps/s (measured "
+          f"{rates['raw arrays, link'] / raw_ceiling:.0%} of it)")
+    projected = jpeg_projection(sent["raw arrays, link"])
+    if projected is not None:
+        per_step, codec_ms = projected
+        ceiling = link_bytes / per_step
+        print(f"jpeg q90 projected (images encoded by protocol/images.py, the rest of each message as sent): "
+              f"{per_step / 1e3:.1f} kB/env step, link ceiling {ceiling:,.0f} env-steps/s = "
+              f"{ceiling / rates['raw arrays, link']:.1f} x raw arrays, link; encode + decode {codec_ms:.1f} ms per "
+              f"16-env batch (a projection, not a measured run)")
     print(f"\ntotal bench time {time.perf_counter() - started:.0f} s, load avg {load_avg()}")
 
 
