@@ -21,33 +21,48 @@ from plugrl_env_client.rollout.pipeline_auto import (
     ProbeBudget,
     allowed_groups,
     choose_groups,
+    estimated_s,
 )
 from plugrl_env_client.timing import Timing
 
 
-def probe(step_ms: float, wait_ms: float) -> Probe:
-    return Probe(step_ms / 1e3, wait_ms / 1e3, wait_ms / 1e3 * 8, 24, 3)
+def probe(step_ms: float, wait_ms: float, client_ms: float = 0.0) -> Probe:
+    return Probe(step_ms / 1e3, wait_ms / 1e3, wait_ms / 1e3 * 8, 24, 3, client_ms / 1e3)
 
 
-@pytest.mark.parametrize("step_ms,wait_ms,groups", [
-    (10.0, 0.0, 1),    # a server that answers at once: lockstep
-    (10.0, 0.4, 1),    # waiting 4 % of a batch step: not worth splitting
-    (10.0, 1.25, 2),   # a round trip of one batch step every 8 steps: two groups hide it
-    (10.0, 5.0, 2),    # exactly what two groups hide
-    (10.0, 6.0, 4),    # more than two can hide, less than four
-    (10.0, 40.0, 4),   # more than any allowed split hides: the most groups allowed
-    (0.0, 1.0, 4),     # an env that takes no measurable time: all waiting
+@pytest.mark.parametrize("step_ms,wait_ms,client_ms,groups", [
+    (10.0, 0.0, 0.0, 1),     # a server that answers at once: lockstep
+    (10.0, 0.4, 0.0, 1),     # waiting 4 % of a batch step: a split would save less than 5 %
+    (10.0, 1.25, 0.0, 2),    # a round trip of one batch step every 8 steps: two groups hide it
+    (10.0, 5.0, 0.0, 2),     # exactly what two groups hide
+    (10.0, 6.0, 0.0, 4),     # more than two can hide, less than four
+    (10.0, 40.0, 0.0, 4),    # more than any allowed split hides: the most groups allowed
+    (0.0, 1.0, 0.0, 1),      # an env that takes no time: nothing to hide the wait behind
+    (0.06, 0.13, 0.3, 1),    # a tiny env whose client work dominates: more groups cost more than they hide
+    (10.0, 4.0, 1.0, 2),     # the client's work per group makes 4 groups slower than 2
 ])
-def test_the_fewest_groups_that_hide_the_wait(step_ms, wait_ms, groups):
-    chosen, why = choose_groups(probe(step_ms, wait_ms), [1, 2, 4])
+def test_the_split_with_the_least_estimated_time(step_ms, wait_ms, client_ms, groups):
+    chosen, why = choose_groups(probe(step_ms, wait_ms, client_ms), [1, 2, 4])
     assert chosen == groups, why
     assert why
 
 
+def test_the_estimate_of_each_split():
+    measured = probe(10.0, 4.0, 1.0)
+    assert estimated_s(measured, 1) == pytest.approx(0.015)
+    assert estimated_s(measured, 2) == pytest.approx(0.012)   # 10 + 2 * 1, the 4 ms wait hidden behind 6
+    assert estimated_s(measured, 4) == pytest.approx(0.014)   # 10 + 4 * 1
+    assert estimated_s(probe(10.0, 40.0), 4) == pytest.approx(0.0425)  # 10 + (40 - 7.5) left unhidden
+
+
+def test_a_probe_that_took_no_step_keeps_lockstep():
+    assert choose_groups(Probe(0.0, 0.0, 0.0, 0, 0), [1, 2, 4]) == (1, "the probe took no step")
+
+
 def test_only_allowed_splits_are_chosen():
-    assert choose_groups(probe(10.0, 6.0), [1, 2]) == (2, "the wait (60% of a batch step) is more than 2 groups "
-                                                           "can hide")
-    assert choose_groups(probe(10.0, 9.0), [1])[0] == 1
+    chosen, why = choose_groups(probe(10.0, 6.0), [1, 2])
+    assert chosen == 2 and why == "about 11 ms per batch step instead of lockstep's 16 ms"
+    assert choose_groups(probe(10.0, 9.0), [1]) == (1, "no other split is allowed")
 
 
 @pytest.mark.parametrize("num_envs,group_size,allowed", [
@@ -64,22 +79,31 @@ def test_a_single_instance_env_is_never_split():
     assert allowed_groups(16, 1, single_instance=True) == [1]
 
 
-def test_the_probe_figures_come_from_a_lockstep_timing():
-    timing = Timing(batch_steps=24, infer_calls=3, env_step_s=0.24, infer_wait_s=0.06)
-    measured = Probe.of(timing)
+def test_the_probe_figures_come_from_two_lockstep_timings():
+    before = Timing(batch_steps=1, infer_calls=1, env_step_s=0.01, infer_wait_s=0.02)
+    after = Timing(batch_steps=25, infer_calls=4, env_step_s=0.25, infer_wait_s=0.08)
+    measured = Probe.between(before, after, wall_s=0.36)
+    assert (measured.batch_steps, measured.infers) == (24, 3)
     assert measured.batch_step_s == pytest.approx(0.01)
     assert measured.wait_per_batch_step_s == pytest.approx(0.0025)
     assert measured.round_trip_s == pytest.approx(0.02)
-    assert measured.to_json() == {"batch_step_ms": 10.0, "wait_per_batch_step_ms": 2.5, "round_trip_ms": 20.0,
-                                  "batch_steps": 24, "infers": 3}
+    assert measured.overhead_s == pytest.approx(0.0025)  # (0.36 - 0.24 - 0.06) / 24
+    assert measured.to_json() == {"batch_step_ms": 10.0, "wait_per_batch_step_ms": 2.5, "client_per_batch_step_ms": 2.5,
+                                  "round_trip_ms": 20.0, "batch_steps": 24, "infers": 3}
 
 
-def test_the_probe_budget_ends_after_its_batch_steps_or_its_stop():
+def test_the_probe_budget_measures_from_the_first_step_to_its_end():
     timing = Timing()
     budget = ProbeBudget(timing, batch_steps=3)
     assert not budget.finished() and not budget.claim()
-    timing.batch_steps = 3
+    assert budget.probe().batch_steps == 0, "nothing measured before the first step"
+    timing.batch_steps, timing.env_step_s = 1, 0.5  # connecting, the first reset and step: left out
+    assert not budget.finished()
+    timing.batch_steps, timing.env_step_s, timing.infer_calls, timing.infer_wait_s = 3, 0.52, 1, 0.004
     assert budget.finished() and budget.exhausted()
+    measured = budget.probe()
+    assert measured.batch_steps == 2 and measured.batch_step_s == pytest.approx(0.01)
+    assert measured.wait_per_batch_step_s == pytest.approx(0.002)
     stopped = ProbeBudget(Timing())
     stopped.stop.set()
     assert stopped.finished()
@@ -114,21 +138,27 @@ def test_auto_keeps_a_single_instance_env_whole_without_probing(single):
     assert "only once per process" in choice.why
 
 
+SLOW_STEP_ENV = str(Path(__file__).resolve().parents[1] / "_support" / "slow_step_env.py")
+
+
 @pytest.mark.slow
 def test_auto_splits_against_a_slow_server_and_records_its_choice(tmp_path: Path):
-    """Point-v1 x16 steps in well under a millisecond; the server takes 20 ms per infer: the wait is more than
-    any split hides, so auto takes the most groups (4), says so in the log, client_config.json and the summary,
-    and the run collects its episodes with them."""
+    """An env whose batch step takes 10 ms, a server that holds each infer back 30 ms and answers one action at a
+    time: lockstep waits three times as long as it steps, so auto splits (into 4 groups on an idle machine, 2 when
+    the client's own work per group weighs more), says so in the log, client_config.json and the summary, and the
+    run collects its episodes with that many groups."""
     server = subprocess.Popen([sys.executable, "-c", "from plugrl_env_client.server.cli import main; main()",
-                               "--port", "0", "--policy.action-dim", "2", "--policy.latency-ms", "20"],
+                               "--port", "0", "--policy.action-dim", "2", "--policy.latency-ms", "30",
+                               "--policy.action-horizon", "1"],
                               stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     try:
         line = server.stdout.readline()
         assert "listening on ws://127.0.0.1:" in line, line
         port = line.rsplit(":", 1)[1].split()[0]
-        done = subprocess.run([sys.executable, "-m", "plugrl_env_client", "Point-v1", "--num-envs", "16",
-                               "--num-episodes", "20", "--server-port", port, "--runner.pipeline", "auto",
-                               "--output-dir", str(tmp_path), "--exp-name", "auto", "--no-progress"],
+        done = subprocess.run([sys.executable, "-m", "plugrl_env_client", "SlowStep-v1", "--env-path", SLOW_STEP_ENV,
+                               "--num-envs", "16", "--num-episodes", "16", "--server-port", port,
+                               "--runner.pipeline", "auto", "--output-dir", str(tmp_path), "--exp-name", "auto",
+                               "--no-progress"],
                               capture_output=True, text=True, timeout=240)
     finally:
         server.terminate()
@@ -136,8 +166,11 @@ def test_auto_splits_against_a_slow_server_and_records_its_choice(tmp_path: Path
     assert done.returncode == 0, done.stderr
     run = tmp_path / "auto"
     runner = json.loads((run / "client_config.json").read_text())["runner"]
-    assert (runner["pipeline"], runner["pipeline_chosen"]) == ("auto", 4)
+    assert runner["pipeline"] == "auto" and runner["pipeline_chosen"] in (2, 4)
+    groups = runner["pipeline_chosen"]
     summary = json.loads((run / "summary.json").read_text())
-    assert summary["completed_episodes"] == 20
-    assert summary["pipeline"]["groups"] == 4 and summary["pipeline"]["probe"]["round_trip_ms"] >= 20
-    assert "--runner.pipeline auto: 4 group(s) of 4 envs" in (run / "logs" / "client.log").read_text()
+    assert summary["completed_episodes"] == 16
+    assert summary["pipeline"]["groups"] == groups
+    probe = summary["pipeline"]["probe"]
+    assert probe["round_trip_ms"] >= 30 and probe["batch_step_ms"] >= 10
+    assert f"--runner.pipeline auto: {groups} group(s) of {16 // groups} envs" in (run / "logs" / "client.log").read_text()

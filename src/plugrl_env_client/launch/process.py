@@ -164,8 +164,8 @@ def choose_pipeline(job: ProcessJob, stop: Any = None, env: BaseEnv | None = Non
         return PipelineChoice(1, why)
     probed = env if env is not None else build_env(job, num_envs=cfg.num_envs)
     timing = Timing()
+    budget = ProbeBudget(timing, stop=stop)
     try:
-        budget = ProbeBudget(timing, stop=stop)
         settings = LoopSettings.of(cfg.runner, seed=process_seed(cfg.runner.seed, job.process_id, cfg.num_envs),
                                    max_episode_steps=spec.max_episode_steps if cfg.runner.max_episode_steps is None
                                    else cfg.runner.max_episode_steps, env_id=spec.uid, process_id=job.process_id,
@@ -178,7 +178,7 @@ def choose_pipeline(job: ProcessJob, stop: Any = None, env: BaseEnv | None = Non
     finally:
         if probed is not env:
             close_env(probed, spec.uid)
-    probe = Probe.of(timing)
+    probe = budget.probe()
     groups, why = choose_groups(probe, allowed)
     return PipelineChoice(groups, why, probe)
 

@@ -2,16 +2,19 @@
 
 Each group is an env object and a connection, so the number is chosen once, before the run collects, and never
 changed: a probe steps the whole env batch in lockstep for :data:`PROBE_BATCH_STEPS` batch steps against the run's
-server and measures the env's batch step and the time the loop sat waiting for actions. The rule
-(:func:`choose_groups`):
+server and measures, per batch step, the env's step (E), the time the loop sat waiting for actions (W: a round trip
+every chunk, so it already counts the horizon) and the client's own work around them (O: building, sending and
+reading messages, resets). The rule (:func:`choose_groups`) estimates the time per batch step of every env with K
+groups:
 
-* waiting costs at most :data:`WORTH_SPLITTING` of the stepping: lockstep (one group; splitting a batch makes each
-  env call cost more per env, and a server that answers at once gains nothing);
-* otherwise the fewest groups K that hide the wait: while one group waits, the other K - 1 step, so K groups hide
-  a wait per batch step of up to (K - 1) / K of the batch step (the wait per batch step already counts how often a
-  chunk ends: a server's round trip every H steps costs 1/H of it);
-* at most :data:`MAX_GROUPS`, and only K that divide ``--num-envs`` into whole ``--runner.group-size`` seed groups;
-  when none hides the wait, the largest such K.
+    T(1) = E + O + W        T(K) = E + K * O + max(0, W - (K - 1) / K * (E + K * O))
+
+Each group pays the client's work once per its step (K * O), and while one group waits, the other K - 1 step, which
+hides up to (K - 1) / K of the stepping. Auto takes the K with the least T, but keeps lockstep unless that K saves
+at least :data:`WORTH_SPLITTING` of T(1): a server that answers at once, or an env so cheap that the client's own
+work dominates, stays in lockstep. K is one of 1, 2, 4 (at most :data:`MAX_GROUPS`) that divides ``--num-envs`` into
+whole ``--runner.group-size`` seed groups. (E is taken as splitting evenly over the groups; a vectorised simulator's
+fixed cost per call counts in O.)
 
 An env registered ``single_instance=True`` can exist only once per process and is never split.
 """
@@ -33,30 +36,36 @@ PROBE_MAX_S = 20.0
 MAX_GROUPS = 4
 """The most groups auto picks: past it each group's batch is small and the per-group costs grow."""
 WORTH_SPLITTING = 0.05
-"""Waiting per batch step, as a share of the batch step, below which lockstep is kept."""
+"""The share of lockstep's time per batch step a split must save to be taken."""
 
 
 @dataclasses.dataclass(frozen=True)
 class Probe:
-    """What the lockstep probe measured: seconds per batch step of the env, seconds waited for actions per batch
-    step and per infer, and how many batch steps and infers it took."""
+    """What the lockstep probe measured, per batch step: the env's step, the wait for actions, the client's own
+    work around them; the wait per infer; how many batch steps and infers it measured."""
 
     batch_step_s: float
     wait_per_batch_step_s: float
     round_trip_s: float
     batch_steps: int
     infers: int
+    overhead_s: float = 0.0
 
     @classmethod
-    def of(cls, timing: Timing) -> Probe:
-        """The figures of a lockstep rollout's timing (its ``infer_wait_s`` is the whole wait for each reply)."""
-        steps, infers = max(timing.batch_steps, 1), max(timing.infer_calls, 1)
-        return cls(timing.env_step_s / steps, timing.infer_wait_s / steps, timing.infer_wait_s / infers,
-                   timing.batch_steps, timing.infer_calls)
+    def between(cls, before: Timing, after: Timing, wall_s: float) -> Probe:
+        """The figures of a lockstep rollout's timing from ``before`` to ``after``, ``wall_s`` apart (its
+        ``infer_wait_s`` is the whole wait for each reply)."""
+        steps = after.batch_steps - before.batch_steps
+        infers = after.infer_calls - before.infer_calls
+        env = after.env_step_s - before.env_step_s
+        wait = after.infer_wait_s - before.infer_wait_s
+        per = max(steps, 1)
+        return cls(env / per, wait / per, wait / max(infers, 1), steps, infers, max(0.0, wall_s - env - wait) / per)
 
     def to_json(self) -> dict[str, float | int]:
         return {"batch_step_ms": round(self.batch_step_s * 1e3, 3),
                 "wait_per_batch_step_ms": round(self.wait_per_batch_step_s * 1e3, 3),
+                "client_per_batch_step_ms": round(self.overhead_s * 1e3, 3),
                 "round_trip_ms": round(self.round_trip_s * 1e3, 3),
                 "batch_steps": self.batch_steps, "infers": self.infers}
 
@@ -75,25 +84,35 @@ def allowed_groups(num_envs: int, group_size: int = 1, single_instance: bool = F
     return out or [1]
 
 
+def estimated_s(probe: Probe, groups: int) -> float:
+    """Estimated seconds per batch step of every env with ``groups`` groups (the module's T(K))."""
+    env, work, wait = probe.batch_step_s, probe.overhead_s, probe.wait_per_batch_step_s
+    if groups == 1:
+        return env + work + wait
+    stepping = env + groups * work
+    return stepping + max(0.0, wait - (groups - 1) / groups * stepping)
+
+
 def choose_groups(probe: Probe, allowed: list[int]) -> tuple[int, str]:
     """The number of groups for ``probe``'s figures among ``allowed`` (ascending, starting at 1), and why, in
     words for the log."""
-    step, wait = probe.batch_step_s, probe.wait_per_batch_step_s
-    share = wait / step if step > 0 else float("inf")
-    if share <= WORTH_SPLITTING or len(allowed) == 1:
-        why = (f"waiting is {share:.0%} of a batch step" if share <= WORTH_SPLITTING
-               else "no other split of the envs is allowed")
-        return 1, why
-    for k in allowed[1:]:
-        if wait <= (k - 1) / k * step:
-            return k, f"{k} groups hide a wait of {share:.0%} of a batch step"
-    return allowed[-1], f"the wait ({share:.0%} of a batch step) is more than {allowed[-1]} groups can hide"
+    if probe.batch_steps == 0:  # the run ended (or was stopped) before the probe stepped: nothing says to split
+        return 1, "the probe took no step"
+    lockstep = estimated_s(probe, 1)
+    best = min(allowed, key=lambda k: (estimated_s(probe, k), k))
+    if best == 1 or estimated_s(probe, best) > (1 - WORTH_SPLITTING) * lockstep:
+        return 1, (f"no split saves {WORTH_SPLITTING:.0%} of lockstep's "
+                   f"{lockstep * 1e3:.3g} ms per batch step" if len(allowed) > 1 else "no other split is allowed")
+    return best, (f"about {estimated_s(probe, best) * 1e3:.3g} ms per batch step instead of lockstep's "
+                  f"{lockstep * 1e3:.3g} ms")
 
 
 class ProbeBudget:
     """The probe's budget: finished after :data:`PROBE_BATCH_STEPS` batch steps of ``timing`` (the probe's one
     group), after ``max_s`` seconds from the first step, or when the run's ``stop`` is set. Its episodes count for
-    nothing (the run starts every env afresh after it)."""
+    nothing (the run starts every env afresh after it). Asked on every loop iteration, it notes the timing after
+    the first batch step and at the end: :meth:`probe` measures between them (connecting and the first reset left
+    out)."""
 
     target: int | None = None
 
@@ -101,7 +120,8 @@ class ProbeBudget:
                  stop: Any = None) -> None:
         self.timing, self.batch_steps, self.max_s = timing, batch_steps, max_s
         self._stop = stop if stop is not None else threading.Event()
-        self._deadline: float | None = None
+        self._first: tuple[float, Timing] | None = None
+        self._last: tuple[float, Timing] | None = None
 
     @property
     def stop(self) -> Any:
@@ -114,13 +134,23 @@ class ProbeBudget:
         return self.timing.batch_steps >= self.batch_steps
 
     def finished(self, process_id: int = 0) -> bool:
-        if self.timing.batch_steps and self._deadline is None:
-            self._deadline = time.monotonic() + self.max_s
-        return (self.exhausted() or self._stop.is_set()
-                or (self._deadline is not None and time.monotonic() > self._deadline))
+        now = time.perf_counter()
+        if self.timing.batch_steps and self._first is None:
+            self._first = (now, dataclasses.replace(self.timing))
+        done = (self.exhausted() or self._stop.is_set()
+                or (self._first is not None and now - self._first[0] > self.max_s))
+        if done and self._last is None and self._first is not None:
+            self._last = (now, dataclasses.replace(self.timing))
+        return done
 
     def add_env_steps(self, count: int) -> None:
         pass
+
+    def probe(self) -> Probe:
+        """The figures from the first batch step to the end (none measured: a probe of no step)."""
+        if self._first is None or self._last is None:
+            return Probe(0.0, 0.0, 0.0, 0, 0)
+        return Probe.between(self._first[1], self._last[1], self._last[0] - self._first[0])
 
 
 class ProbeSink:
