@@ -92,7 +92,9 @@ def run_client(config: ClientConfig, env_id: str, sources: EnvSources | None = N
             jobs = [dataclasses.replace(job, url=url) for job in jobs]
             if config.runner.pipeline == "auto":
                 config, env = _choose_pipeline(jobs[0], env, writer)
-                _write_client_config(run_dir, recorded, spec.uid, spec.kwargs, limit, config.runner.pipeline)
+                _write_client_config(run_dir, recorded, spec.uid, spec.kwargs, limit,
+                                     {"pipeline_chosen": config.runner.pipeline,
+                                      "align_chunks_chosen": config.runner.align_chunks})
                 jobs = [dataclasses.replace(job, config=config) for job in jobs]
             _run(config, spec.uid, run_dir, writer, jobs, sources, env)
         except PlugRLError as exc:  # the run could not start: say why in its summary
@@ -212,10 +214,9 @@ def _report(uid: str, run_dir: RunDir, summary: dict[str, Any], writer: RunWrite
 
 
 def _write_client_config(run_dir: RunDir, config: ClientConfig, uid: str, env_kwargs: dict[str, Any],
-                         limit: int | None, pipeline_chosen: int | str | None = None) -> None:
+                         limit: int | None, chosen: dict[str, Any] | None = None) -> None:
     recorded = _recorded_config(config, uid, env_kwargs)
-    if pipeline_chosen is not None:  # what --runner.pipeline auto chose, beside the flag as given
-        recorded["runner"]["pipeline_chosen"] = pipeline_chosen
+    recorded["runner"].update(chosen or {})  # what --runner.pipeline auto chose, beside the flags as given
     write_json_atomic(run_dir.client_config, with_plugrl_config_keys(recorded, uid, limit))
 
 
@@ -227,14 +228,15 @@ def _choose_pipeline(job: ProcessJob, env: BaseEnv | None, writer: RunWriter) ->
                 job.config.num_envs // choice.groups, choice.why,
                 "" if choice.probe is None else
                 f"; probe: batch step {choice.probe.batch_step_s * 1e3:.2f} ms, waiting "
-                f"{choice.probe.wait_per_batch_step_s * 1e3:.2f} ms per batch step, round trip "
+                f"{choice.probe.wait_per_batch_step_s * 1e3:.2f} ms and the client's work "
+                f"{choice.probe.overhead_s * 1e3:.2f} ms per batch step, round trip "
                 f"{choice.probe.round_trip_s * 1e3:.2f} ms")
     writer.notes["pipeline"] = choice.to_json()
     if choice.groups > 1 and env is not None:  # each group builds its own env
         close_env(env, job.env_id)
         env = None
     assert isinstance(job.config, ClientConfig)
-    return with_pipeline(job.config, choice.groups), env
+    return with_pipeline(job.config, choice.groups, choice.align_chunks), env
 
 
 def _served_at(config: ClientConfig, url: str) -> ClientConfig:

@@ -14,7 +14,7 @@ from plugrl_env_client.config import ClientConfig, RunnerConfig
 from plugrl_env_client.envs.base_env import BaseEnv
 from plugrl_env_client.envs.registry import get_spec, register_env
 from plugrl_env_client.errors import ConfigError
-from plugrl_env_client.launch.process import ProcessJob, choose_pipeline, group_sizes
+from plugrl_env_client.launch.process import ProcessJob, auto_align, choose_pipeline, group_sizes, with_pipeline
 from plugrl_env_client.rollout.pipeline_auto import (
     MAX_GROUPS,
     Probe,
@@ -109,6 +109,23 @@ def test_the_probe_budget_measures_from_the_first_step_to_its_end():
     assert stopped.finished()
 
 
+@pytest.mark.parametrize("groups,given,horizon,align", [
+    (2, 0, 8, 4), (4, 0, 5, 2),   # a split aligns chunks at half the server's horizon
+    (1, 0, 8, None),              # lockstep: the flag as given
+    (2, 3, 8, None),              # the user's own --runner.align-chunks stays
+    (2, 0, 1, None), (2, 0, None, None),  # nothing to align with one action per chunk, or an unknown horizon
+])
+def test_a_split_aligns_chunks_unless_the_user_said_otherwise(groups, given, horizon, align):
+    assert auto_align(groups, given, horizon) == align
+
+
+def test_the_choice_becomes_the_runs_config():
+    config = ClientConfig(num_envs=8, runner=RunnerConfig(pipeline="auto", align_chunks=0))
+    assert (with_pipeline(config, 2, 4).runner.pipeline, with_pipeline(config, 2, 4).runner.align_chunks) == (2, 4)
+    assert with_pipeline(config, 1).runner.align_chunks == 0
+    assert config.runner.pipeline == "auto", "the given config is left as it was"
+
+
 @pytest.fixture
 def single(registry):
     @register_env("OnlyOnce-v1", single_instance=True)
@@ -167,6 +184,7 @@ def test_auto_splits_against_a_slow_server_and_records_its_choice(tmp_path: Path
     run = tmp_path / "auto"
     runner = json.loads((run / "client_config.json").read_text())["runner"]
     assert runner["pipeline"] == "auto" and runner["pipeline_chosen"] in (2, 4)
+    assert runner["align_chunks"] == 0 and runner["align_chunks_chosen"] == 0, "a horizon of 1 is not aligned"
     groups = runner["pipeline_chosen"]
     summary = json.loads((run / "summary.json").read_text())
     assert summary["completed_episodes"] == 16
@@ -174,3 +192,34 @@ def test_auto_splits_against_a_slow_server_and_records_its_choice(tmp_path: Path
     probe = summary["pipeline"]["probe"]
     assert probe["round_trip_ms"] >= 30 and probe["batch_step_ms"] >= 10
     assert f"--runner.pipeline auto: {groups} group(s) of {16 // groups} envs" in (run / "logs" / "client.log").read_text()
+
+
+@pytest.mark.slow
+def test_a_process_given_auto_resolves_it_itself(registry, tmp_path: Path, caplog):
+    """A caller that runs a process with ``auto`` still unresolved (the client's run resolves it first): the
+    process probes, logs its choice and collects its episodes with it."""
+    import logging
+
+    import gymnasium as gym
+
+    from plugrl_env_client.launch.process import run_process
+    from plugrl_env_client.outputs.run_dir import RunDir
+    from plugrl_env_client.outputs.run_writer import RunWriter
+    from plugrl_env_client.records import ProcessStatus
+    from plugrl_env_client.rollout.budget import EpisodeBudget
+    from plugrl_env_client.server.embedded import start_local_server
+
+    server = start_local_server("random", gym.spaces.Box(-1.0, 1.0, (2,)), 4, seed=0)
+    try:
+        writer = RunWriter(RunDir(tmp_path / "run").create(), "run", 1)
+        from plugrl_env_client.envs.point.point_env import PointEnvConfig
+
+        config = ClientConfig(num_envs=4, progress=False, env=PointEnvConfig(), runner=RunnerConfig(pipeline="auto"))
+        with caplog.at_level(logging.INFO, logger="plugrl_env_client.launch.process"):
+            result = run_process(ProcessJob("Point-v1", config, 0, server.url), EpisodeBudget(4), writer)
+        summary = writer.close()
+    finally:
+        server.shutdown()
+    assert result.status is ProcessStatus.FINISHED, result.error
+    assert summary["completed_episodes"] == 4
+    assert "process 0: --runner.pipeline auto chose" in caplog.text

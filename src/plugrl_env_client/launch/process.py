@@ -57,7 +57,8 @@ class RunnerConfig(LoopConfig):
     group while the others wait for their actions (1: every env in lockstep). auto: a short lockstep probe against
     the server before collecting measures the env's batch step and the wait for actions, and picks 1, 2 or 4
     groups once (logged, and recorded as runner.pipeline_chosen in client_config.json and pipeline in the summary);
-    an env registered single_instance=True is never split."""
+    a split also sets --runner.align-chunks to half the server's horizon unless it is given. An env registered
+    single_instance=True is never split."""
     episode_split: Literal["static", "shared"] = "static"
     """With --num-episodes and several processes: static gives each process a fixed share (shares differ by at most
     one), so the episodes depend only on the seed; shared lets whichever process finishes first take the next one."""
@@ -137,6 +138,21 @@ def group_sizes(config: RunConfig, env_id: str | None = None) -> list[int]:
     return [n // k] * k
 
 
+def loop_settings(job: ProcessJob) -> LoopSettings:
+    """The rollout settings of ``job``'s process: the runner's choices, with its seed, time limit and env."""
+    cfg, spec = job.config, get_spec(job.env_id)
+    return LoopSettings.of(
+        cfg.runner,
+        seed=process_seed(cfg.runner.seed, job.process_id, cfg.num_envs),
+        max_episode_steps=spec.max_episode_steps if cfg.runner.max_episode_steps is None else cfg.runner.max_episode_steps,
+        env_id=spec.uid,
+        process_id=job.process_id,
+        success_threshold=spec.best_reward_threshold_for_success,
+        reuse_feedback_obs=cfg.connection.reuse_feedback_obs,
+        progress_period_s=PROGRESS_PERIOD_S,
+    )
+
+
 @dataclasses.dataclass(frozen=True)
 class PipelineChoice:
     """``--runner.pipeline auto``'s pick for a run: the number of groups, why, and the probe's figures (None when
@@ -145,9 +161,12 @@ class PipelineChoice:
     groups: int
     why: str
     probe: Probe | None = None
+    align_chunks: int | None = None
+    """``--runner.align-chunks`` auto set along with a split (None: the flag stays as given)."""
 
     def to_json(self) -> dict[str, Any]:
-        return {"groups": self.groups, "why": self.why, "probe": None if self.probe is None else self.probe.to_json()}
+        return {"groups": self.groups, "align_chunks": self.align_chunks, "why": self.why,
+                "probe": None if self.probe is None else self.probe.to_json()}
 
 
 def choose_pipeline(job: ProcessJob, stop: Any = None, env: BaseEnv | None = None) -> PipelineChoice:
@@ -166,11 +185,7 @@ def choose_pipeline(job: ProcessJob, stop: Any = None, env: BaseEnv | None = Non
     timing = Timing()
     budget = ProbeBudget(timing, stop=stop)
     try:
-        settings = LoopSettings.of(cfg.runner, seed=process_seed(cfg.runner.seed, job.process_id, cfg.num_envs),
-                                   max_episode_steps=spec.max_episode_steps if cfg.runner.max_episode_steps is None
-                                   else cfg.runner.max_episode_steps, env_id=spec.uid, process_id=job.process_id,
-                                   success_threshold=spec.best_reward_threshold_for_success,
-                                   reuse_feedback_obs=cfg.connection.reuse_feedback_obs)
+        settings = loop_settings(job)
         session = Session(session_config(job, probed, 0), should_stop=lambda: budget.finished(job.process_id),
                           timing=timing)
         sink = ProbeSink()
@@ -180,12 +195,30 @@ def choose_pipeline(job: ProcessJob, stop: Any = None, env: BaseEnv | None = Non
             close_env(probed, spec.uid)
     probe = budget.probe()
     groups, why = choose_groups(probe, allowed)
-    return PipelineChoice(groups, why, probe)
+    horizon = session.metadata.action_horizon if session.metadata is not None else None
+    align = auto_align(groups, cfg.runner.align_chunks, horizon)
+    if align is not None:
+        why += f"; --runner.align-chunks {align} (half the server's horizon of {horizon})"
+    return PipelineChoice(groups, why, probe, align)
 
 
-def with_pipeline(config: RunConfigT, groups: int) -> RunConfigT:
-    """``config`` with ``--runner.pipeline`` set to ``groups`` (what auto chose)."""
-    return dataclasses.replace(config, runner=dataclasses.replace(config.runner, pipeline=groups))
+def auto_align(groups: int, align_chunks: int, horizon: int | None) -> int | None:
+    """``--runner.align-chunks`` for a run that auto split into ``groups``: half the server's action horizon, so
+    groups whose envs' chunks drifted apart ask for actions together again (the pipelined cells of
+    bench/pipeline.py with a slow server collect about twice as much with it); None (the flag as given) in
+    lockstep, when the user set it, or for a horizon of 1."""
+    if groups < 2 or align_chunks != 0 or horizon is None or horizon < 2:
+        return None
+    return horizon // 2
+
+
+def with_pipeline(config: RunConfigT, groups: int, align_chunks: int | None = None) -> RunConfigT:
+    """``config`` with ``--runner.pipeline`` set to ``groups`` (what auto chose), and ``--runner.align-chunks``
+    when auto set it."""
+    runner = dataclasses.replace(config.runner, pipeline=groups)
+    if align_chunks is not None:
+        runner = dataclasses.replace(runner, align_chunks=align_chunks)
+    return dataclasses.replace(config, runner=runner)
 
 
 def run_process(job: ProcessJob, budget: Budget, sink: ResultSink, env_lock: Any = None,
@@ -201,10 +234,12 @@ def run_process(job: ProcessJob, budget: Budget, sink: ResultSink, env_lock: Any
     keepalive: Keepalive | None = None
     try:
         if cfg.runner.pipeline == "auto":  # a caller that did not resolve it first (the client's run does)
-            choice = choose_pipeline(job, budget.stop)
+            choice = choose_pipeline(job, budget.stop, env)
             logger.info("process %d: --runner.pipeline auto chose %d group(s): %s", job.process_id, choice.groups,
                         choice.why)
-            cfg = with_pipeline(cfg, choice.groups)
+            if choice.groups > 1 and envs:  # each group builds its own env
+                close_env(envs.pop(), spec.uid)
+            cfg = with_pipeline(cfg, choice.groups, choice.align_chunks)
             job = dataclasses.replace(job, config=cfg)
         sizes = group_sizes(cfg, job.env_id)
         recorder = EpisodeRecorder(cfg.recorder, job.process_id, cfg.num_envs, sink.artifacts(job.process_id))
@@ -212,16 +247,7 @@ def run_process(job: ProcessJob, budget: Budget, sink: ResultSink, env_lock: Any
         while len(envs) < len(sizes):
             envs.append(build_env(job, env_lock, sizes[len(envs)]))
         recorder.render_for(envs)  # envs that render only the recorded episodes' frames, when asked for them
-        settings = LoopSettings.of(
-            cfg.runner,
-            seed=process_seed(cfg.runner.seed, job.process_id, cfg.num_envs),
-            max_episode_steps=spec.max_episode_steps if cfg.runner.max_episode_steps is None else cfg.runner.max_episode_steps,
-            env_id=spec.uid,
-            process_id=job.process_id,
-            success_threshold=spec.best_reward_threshold_for_success,
-            reuse_feedback_obs=cfg.connection.reuse_feedback_obs,
-            progress_period_s=PROGRESS_PERIOD_S,
-        )
+        settings = loop_settings(job)
         keepalive = Keepalive()  # answers the server's pings while an env call of any group runs long (SPEC C2)
         groups = []
         for g, group_env in enumerate(envs):
