@@ -18,6 +18,9 @@ so a load change on a shared machine moves both sides of a ratio. Every figure i
 2. The same with the server holding each action back for about one batch step of the env (``--policy.latency-ms``
    set to the batch step measured at the start), as a GPU policy would. Target: pipelined (align allowed: hiding a
    slow server is what it is for) / raw stepping without latency >= 0.85; pipelined / lockstep as information.
+   ``--runner.pipeline auto`` is a row of cells 1 and 2: its probe runs once against each server (its choice, why,
+   and the probe's time are printed), and its cells run with the groups it chose. Targets: auto / raw stepping
+   without latency >= 0.85 in cell 2; auto / lockstep >= 0.95 in cell 1 (not slower, within the noise).
 3. The client's CPU time per group step outside the env (this process's CPU time minus the env's own step and reset
    CPU time, from the first step on), pipelined with 2 groups of 8 envs (target <= 40 us, set against an env step of
    about 630 us on an idle machine: the share of the env's own CPU is printed too, since a loaded or slower machine
@@ -61,7 +64,7 @@ from plugrl_env_client.config import ClientConfig, RunnerConfig
 from plugrl_env_client.envs import discover_envs
 from plugrl_env_client.envs.mujoco.mujoco_env import MujocoEnvConfig
 from plugrl_env_client.launch.local import LocalLauncher
-from plugrl_env_client.launch.process import ProcessJob
+from plugrl_env_client.launch.process import PipelineChoice, ProcessJob, choose_pipeline
 from plugrl_env_client.outputs.run_dir import RunDir
 from plugrl_env_client.outputs.run_writer import RunWriter
 from plugrl_env_client.rollout.budget import EpisodeBudget
@@ -72,6 +75,8 @@ NUM_ENVS = 16
 HORIZON = 8
 ACTION_DIM = 3
 EPISODE_CAP = 1000  # Hopper's own limit; random actions end episodes after ~20-40 steps anyway
+AUTO_VS_LOCKSTEP = 0.95
+"""``--runner.pipeline auto`` / lockstep with a server that answers at once: not slower (5 % of noise allowed)."""
 
 CORES: tuple[set[int], set[int]] | None = None
 """(this process and its client processes, the server) when the machine has two usable cores or more."""
@@ -146,7 +151,7 @@ def raw_rate(seconds: float, num_envs: int = NUM_ENVS) -> tuple[float, float]:
     return best, num_envs / best
 
 
-def _config(port: int, pipeline: int = 1, num_procs: int = 1, align: int = 0, env: str = "MuJoCo-v1",
+def _config(port: int, pipeline: int | str = 1, num_procs: int = 1, align: int = 0, env: str = "MuJoCo-v1",
             num_envs: int = NUM_ENVS) -> ClientConfig:
     from plugrl_env_client.envs.point.point_env import PointEnvConfig
 
@@ -155,7 +160,22 @@ def _config(port: int, pipeline: int = 1, num_procs: int = 1, align: int = 0, en
                         runner=RunnerConfig(pipeline=pipeline, max_episode_steps=EPISODE_CAP, align_chunks=align))
 
 
-def client_rate(port: int, seconds: float, pipeline: int = 1, num_procs: int = 1, align: int = 0) -> float:
+def auto_choice(port: int) -> PipelineChoice:
+    """What ``--runner.pipeline auto`` picks against the server on ``port`` (its probe, run here once, as the
+    client's run does before collecting); the cells then run with the groups it chose, so they measure the steady
+    state, and the probe's own time is printed apart."""
+    job = ProcessJob("MuJoCo-v1", _config(port, pipeline="auto"), 0, f"ws://127.0.0.1:{port}")
+    started = time.perf_counter()
+    choice = choose_pipeline(job)
+    probe = choice.probe
+    figures = "" if probe is None else (f"; probe {time.perf_counter() - started:.2f} s: batch step "
+                                        f"{probe.batch_step_s * 1e3:.2f} ms, waiting {probe.wait_per_batch_step_s * 1e3:.2f}"
+                                        f" ms per batch step")
+    print(f"  auto chose {choice.groups} group(s), align {choice.align_chunks or 0}: {choice.why}{figures}")
+    return choice
+
+
+def client_rate(port: int, seconds: float, pipeline: int | str = 1, num_procs: int = 1, align: int = 0) -> float:
     """Env-steps/s of the client (``num_procs`` processes of NUM_ENVS envs) against the server on ``port``. One
     process runs in this one, and its rate is taken from its first env step to its last (a loaded machine can spend
     seconds building the env and connecting); several are spawned, and their rate is the run's own."""
@@ -395,10 +415,20 @@ def main() -> None:
           "batch step)")
     variants = ((1, 0), (2, 0), (2, 4)) if args.quick else ((1, 0), (2, 0), (4, 0), (2, 4), (4, 4))
     with Server() as server:
+        fast_auto_choice = auto_choice(server.port)
+        fast_auto = fast_auto_choice.groups
         _, fast = alternated(rounds, lambda: raw_rate(cell)[0],
-                             {v: functools.partial(client_rate, server.port, cell, pipeline=v[0], align=v[1])
-                              for v in variants})
+                             {**{v: functools.partial(client_rate, server.port, cell, pipeline=v[0], align=v[1])
+                                 for v in variants},
+                              ("auto", fast_auto): functools.partial(client_rate, server.port, cell, pipeline=fast_auto,
+                                                                  align=fast_auto_choice.align_chunks or 0)})
     for (k, a), ratios in fast.items():
+        if k == "auto":
+            print(ratio_row(f"client auto ({a} group(s))", ratios, "raw", None))
+            print(f"  {'client auto / lockstep':<34} {statistics.median(ratios) / statistics.median(fast[(1, 0)]):5.2f} x"
+                  f"            {verdict(statistics.median(ratios) / statistics.median(fast[(1, 0)]), AUTO_VS_LOCKSTEP)}"
+                  " (not slower than lockstep, within the noise of a shared machine)")
+            continue
         print(ratio_row(_name(k, a), ratios, "raw", None if a else 0.9))
     if args.profile:
         with Server() as server:
@@ -409,15 +439,21 @@ def main() -> None:
           "without latency")
     slow_variants = ((1, 0), (2, 0), (2, 4)) if args.quick else ((1, 0), (2, 0), (2, 4), (4, 4), (4, 7))
     with Server(latency_ms) as server:
+        slow_auto_choice = auto_choice(server.port)
+        slow_auto = slow_auto_choice.groups
         _, slow = alternated(rounds, lambda: raw_rate(cell)[0],
-                             {v: functools.partial(client_rate, server.port, cell, pipeline=v[0], align=v[1])
-                              for v in slow_variants})
+                             {**{v: functools.partial(client_rate, server.port, cell, pipeline=v[0], align=v[1])
+                                 for v in slow_variants},
+                              ("auto", slow_auto): functools.partial(client_rate, server.port, cell, pipeline=slow_auto,
+                                                                  align=slow_auto_choice.align_chunks or 0)})
     for (k, a), ratios in slow.items():
-        print(ratio_row(_name(k, a), ratios, "raw", None if k == 1 else 0.85))
+        label = f"client auto ({a} group(s))" if k == "auto" else _name(k, a)
+        print(ratio_row(label, ratios, "raw", None if k == 1 else 0.85))
     lock = statistics.median(slow[(1, 0)])
     for (k, a), ratios in slow.items():
-        if k > 1:
-            print(f"  {_name(k, a) + ' / lockstep':<34} {statistics.median(ratios) / lock:5.2f} x            "
+        if k == "auto" or k > 1:
+            label = f"client auto ({a} group(s))" if k == "auto" else _name(k, a)
+            print(f"  {label + ' / lockstep':<34} {statistics.median(ratios) / lock:5.2f} x            "
                   f"{verdict(0, None)}")
 
     print("\n3. client CPU per group step outside the env's step and reset (Hopper-v5, no latency, in this process)")

@@ -33,7 +33,7 @@ CLIENT_FLAGS = {
     "--runner.non-finite-observations": "{error,allow}", "--runner.check-partial-reset": "{on,off}",
     "--runner.pass-proc-id": "", "--runner.no-pass-proc-id": "",
     "--runner.use-env-lock": "", "--runner.no-use-env-lock": "",
-    "--runner.start-method": "{spawn,forkserver,fork}", "--runner.pipeline": "INT",
+    "--runner.start-method": "{spawn,forkserver,fork}", "--runner.pipeline": "INT|{auto}",
     "--runner.episode-split": "{static,shared}", "--runner.instruction": "{prepend,off}",
     "--runner.align-chunks": "INT", "--runner.group-size": "INT", "--runner.start-seeds": "[INT [INT ...]]",
     "--recorder.episode-freq": "INT", "--recorder.thread0-only": "", "--recorder.no-thread0-only": "",

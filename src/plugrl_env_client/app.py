@@ -30,7 +30,14 @@ from plugrl_env_client.envs.discovery import EnvSources
 from plugrl_env_client.envs.registry import get_spec
 from plugrl_env_client.errors import ConfigError, EnvExitError, OutputError, PlugRLError
 from plugrl_env_client.launch.launchers import Launcher, make_launcher
-from plugrl_env_client.launch.process import ProcessJob, build_env, close_env, group_sizes
+from plugrl_env_client.launch.process import (
+    ProcessJob,
+    build_env,
+    choose_pipeline,
+    close_env,
+    group_sizes,
+    with_pipeline,
+)
 from plugrl_env_client.launch.ray.nodes import NODES_FILE
 from plugrl_env_client.outputs.logs import run_log, setup_logging, stop_file_logging
 from plugrl_env_client.outputs.progress import Periodic, Progress, summary_table
@@ -65,7 +72,7 @@ def run_client(config: ClientConfig, env_id: str, sources: EnvSources | None = N
     if type(config.env) is BaseEnvConfig and spec.config_cls is not BaseEnvConfig:
         # A config built in code without `env=`: the env's own defaults, as the CLI gives them.
         config = dataclasses.replace(config, env=spec.config_cls())
-    _validate(config)
+    _validate(config, spec.uid)
     launcher = make_launcher(config.launcher, config)
     exp_name = config.exp_name or default_exp_name(spec.uid, config.num_envs)
     limit = spec.max_episode_steps if config.runner.max_episode_steps is None else config.runner.max_episode_steps
@@ -87,13 +94,20 @@ def run_client(config: ClientConfig, env_id: str, sources: EnvSources | None = N
             # action space (pipeline groups build their own envs, of num_envs / pipeline copies each; Ray actors
             # build theirs where they run).
             jobs = [ProcessJob(spec.uid, config, p, "", writer.episodes_per_env(p)) for p in range(config.num_procs)]
-            if config.num_procs == 1 and config.runner.pipeline == 1 and launcher.in_process:
+            if config.num_procs == 1 and config.runner.pipeline in (1, "auto") and launcher.in_process:
                 env = build_env(jobs[0])
             server = _start_local_policy(config, spec.uid, env, run_dir) if config.local_policy else None
             url = server.url if server is not None else config.resolved_url()
+            recorded = _served_at(config, url) if server is not None else config
             if server is not None:  # its port is known only now: the file says where the run's server really was
-                _write_client_config(run_dir, _served_at(config, url), spec.uid, spec.kwargs, limit)
+                _write_client_config(run_dir, recorded, spec.uid, spec.kwargs, limit)
             jobs = [dataclasses.replace(job, url=url) for job in jobs]
+            if config.runner.pipeline == "auto":
+                config, env = _choose_pipeline(jobs[0], env, writer)
+                _write_client_config(run_dir, recorded, spec.uid, spec.kwargs, limit,
+                                     {"pipeline_chosen": config.runner.pipeline,
+                                      "align_chunks_chosen": config.runner.align_chunks})
+                jobs = [dataclasses.replace(job, config=config) for job in jobs]
             _run(config, launcher, spec.uid, run_dir, writer, jobs, sources, env)
         except PlugRLError as exc:  # the run could not start: say why in its summary
             logger.debug("the run could not start: %s", exc, exc_info=True)
@@ -309,8 +323,29 @@ def _report(uid: str, run_dir: RunDir, summary: dict[str, Any], writer: RunWrite
 
 
 def _write_client_config(run_dir: RunDir, config: ClientConfig, uid: str, env_kwargs: dict[str, Any],
-                         limit: int | None) -> None:
-    write_json_atomic(run_dir.client_config, with_plugrl_config_keys(_recorded_config(config, uid, env_kwargs), uid, limit))
+                         limit: int | None, chosen: dict[str, Any] | None = None) -> None:
+    recorded = _recorded_config(config, uid, env_kwargs)
+    recorded["runner"].update(chosen or {})  # what --runner.pipeline auto chose, beside the flags as given
+    write_json_atomic(run_dir.client_config, with_plugrl_config_keys(recorded, uid, limit))
+
+
+def _choose_pipeline(job: ProcessJob, env: BaseEnv | None, writer: RunWriter) -> tuple[ClientConfig, BaseEnv | None]:
+    """``--runner.pipeline auto``: probe (with the run's lockstep env when it is built here), log the choice, note
+    it for the summary; the run's config with the groups chosen, and the env still to use (None once split)."""
+    choice = choose_pipeline(job, env=env)
+    logger.info("--runner.pipeline auto: %d group(s) of %d envs (%s)%s", choice.groups,
+                job.config.num_envs // choice.groups, choice.why,
+                "" if choice.probe is None else
+                f"; probe: batch step {choice.probe.batch_step_s * 1e3:.2f} ms, waiting "
+                f"{choice.probe.wait_per_batch_step_s * 1e3:.2f} ms and the client's work "
+                f"{choice.probe.overhead_s * 1e3:.2f} ms per batch step, round trip "
+                f"{choice.probe.round_trip_s * 1e3:.2f} ms")
+    writer.notes["pipeline"] = choice.to_json()
+    if choice.groups > 1 and env is not None:  # each group builds its own env
+        close_env(env, job.env_id)
+        env = None
+    assert isinstance(job.config, ClientConfig)
+    return with_pipeline(job.config, choice.groups, choice.align_chunks), env
 
 
 def _served_at(config: ClientConfig, url: str) -> ClientConfig:
@@ -332,7 +367,7 @@ def _recorded_config(config: ClientConfig, env_id: str, env_kwargs: dict[str, An
     return {"env_id": env_id, "env_kwargs": env_kwargs, **flags}
 
 
-def _validate(config: ClientConfig) -> None:
+def _validate(config: ClientConfig, env_id: str) -> None:
     if config.exp_name is not None:
         _check_exp_name(config.exp_name)
     elif config.resume:
@@ -350,7 +385,7 @@ def _validate(config: ClientConfig) -> None:
                         ("--local-policy-horizon", config.local_policy_horizon)):
         if value is not None and value < 1:
             raise ConfigError(f"{flag} must be >= 1, got {value}")
-    group_sizes(config)  # pipeline and seed groups must split the envs evenly
+    group_sizes(config, env_id)  # pipeline and seed groups must split the envs evenly
     require(config.tracking)  # its library, before the run folder exists
 
 

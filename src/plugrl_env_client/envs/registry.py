@@ -45,6 +45,8 @@ class EnvSpec:
     kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)
     config: type[BaseEnvConfig] | None = None
     """The config class given as ``register_env(uid, config=...)``, if any."""
+    single_instance: bool = False
+    """The env can exist only once per process (a simulator with global state): never split into pipeline groups."""
 
     @property
     def config_cls(self) -> type[BaseEnvConfig]:
@@ -149,12 +151,15 @@ def register_env(
     best_reward_threshold_for_success: float | None = None,
     override: bool = False,
     config: type[BaseEnvConfig] | None = None,
+    single_instance: bool = False,
     **kwargs: Any,
 ) -> Callable[[EnvT], EnvT]:
     """Class decorator registering a :class:`BaseEnv` subclass under ``uid``.
 
     ``config`` is the env's config dataclass (or use ``register_env_config(uid)`` on it, or annotate ``config`` in
-    ``__init__``). ``kwargs`` are passed to the env's constructor and written to ``client_config.json``; they must
+    ``__init__``). ``single_instance=True`` says the env can exist only once per process (a simulator with global
+    state): ``--runner.pipeline`` then never splits it into several env objects (``auto`` keeps one group, a number
+    above 1 is an error). ``kwargs`` are passed to the env's constructor and written to ``client_config.json``; they must
     therefore be JSON-serializable (pass a string key and look the object up inside the env otherwise).
     """
     if config is not None:
@@ -173,7 +178,7 @@ def register_env(
         old = _ENVS.get(uid)
         if _accept(uid, "env", cls.__module__, old.module if old else None, override):
             _ENVS[uid] = EnvSpec(uid, cls, cls.__module__, max_episode_steps, best_reward_threshold_for_success, kwargs,
-                                 config)
+                                 config, single_instance)
             _register_with_gymnasium(uid)
         return cls
 

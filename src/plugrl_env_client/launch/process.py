@@ -14,7 +14,7 @@ import dataclasses
 import logging
 import os
 import signal
-from typing import Any, ClassVar, Literal, Protocol
+from typing import Any, ClassVar, Literal, Protocol, TypeVar
 from urllib.parse import urlsplit
 
 from plugrl_env_client.envs import contract
@@ -31,6 +31,7 @@ from plugrl_env_client.rollout.budget import Budget
 from plugrl_env_client.rollout.group import EnvGroup
 from plugrl_env_client.rollout.interfaces import ResultSink
 from plugrl_env_client.rollout.loop import Rollout
+from plugrl_env_client.rollout.pipeline_auto import Probe, ProbeBudget, ProbeSink, allowed_groups, choose_groups
 from plugrl_env_client.rollout.seeds import listed_share
 from plugrl_env_client.rollout.settings import LoopConfig, LoopSettings
 from plugrl_env_client.rollout.signals import shielded
@@ -54,9 +55,13 @@ class RunnerConfig(LoopConfig):
     """Build envs one process at a time (for simulators whose setup is not safe to run concurrently)."""
     start_method: Literal["spawn", "forkserver", "fork"] = "spawn"
     """How --num-procs processes are started."""
-    pipeline: int = 1
+    pipeline: int | Literal["auto"] = 1
     """Split each process's envs into this many groups, each with its own env object and connection, and step one
-    group while the others wait for their actions (1: every env in lockstep)."""
+    group while the others wait for their actions (1: every env in lockstep). auto: a short lockstep probe against
+    the server before collecting measures the env's batch step and the wait for actions, and picks 1, 2 or 4
+    groups once (logged, and recorded as runner.pipeline_chosen in client_config.json and pipeline in the summary);
+    a split also sets --runner.align-chunks to half the server's horizon unless it is given. An env registered
+    single_instance=True is never split."""
     episode_split: Literal["static", "shared"] = "static"
     """With --num-episodes and several processes: static gives each process a fixed share (shares differ by at most
     one), so the episodes depend only on the seed; shared lets whichever process finishes first take the next one."""
@@ -86,6 +91,9 @@ class RunConfig(Protocol):
     def connection(self) -> ConnectionConfig: ...
 
 
+RunConfigT = TypeVar("RunConfigT", bound=RunConfig)
+
+
 @dataclasses.dataclass
 class ProcessJob:
     """Everything a rollout process needs to know (picklable: it crosses to spawned processes)."""
@@ -112,10 +120,16 @@ def build_env(job: ProcessJob, env_lock: Any = None, num_envs: int | None = None
                                                                config=cfg.env, **ids), passthrough=(PlugRLError,))
 
 
-def group_sizes(config: RunConfig) -> list[int]:
+def group_sizes(config: RunConfig, env_id: str | None = None) -> list[int]:
     """Envs per pipeline group: ``--num-envs`` split into ``--runner.pipeline`` equal groups, each a whole number
-    of ``--runner.group-size`` seed groups (otherwise a clear error)."""
+    of ``--runner.group-size`` seed groups (otherwise a clear error). ``auto`` is checked as lockstep (the probe
+    picks only splits that fit); a single-instance ``env_id`` takes only one group."""
     n, k, g = config.num_envs, config.runner.pipeline, config.runner.group_size
+    if k == "auto":
+        k = 1
+    if k > 1 and env_id is not None and get_spec(env_id).single_instance:
+        raise ConfigError(f"{get_spec(env_id).uid} can exist only once per process (registered single_instance=True), "
+                          f"so it cannot be split into --runner.pipeline {k} groups; use --runner.pipeline 1 (or auto)")
     if k < 1:
         raise ConfigError(f"--runner.pipeline must be >= 1, got {k}")
     if g < 1:
@@ -127,6 +141,92 @@ def group_sizes(config: RunConfig) -> list[int]:
         raise ConfigError(f"--runner.group-size {g} must divide the envs of each pipeline group ({n // k} = "
                           f"--num-envs {n} / --runner.pipeline {k})")
     return [n // k] * k
+
+
+def loop_settings(job: ProcessJob) -> LoopSettings:
+    """The rollout settings of ``job``'s process: the runner's choices, with its seed, time limit and env."""
+    cfg, spec = job.config, get_spec(job.env_id)
+    return LoopSettings.of(
+        cfg.runner,
+        seed=process_seed(cfg.runner.seed, job.process_id, cfg.num_envs),
+        max_episode_steps=spec.max_episode_steps if cfg.runner.max_episode_steps is None else cfg.runner.max_episode_steps,
+        env_id=spec.uid,
+        process_id=job.process_id,
+        success_threshold=spec.best_reward_threshold_for_success,
+        reuse_feedback_obs=cfg.connection.reuse_feedback_obs,
+        progress_period_s=PROGRESS_PERIOD_S,
+        start_seeds=listed_share(cfg.runner.start_seeds, job.process_id, cfg.num_procs),
+        process_envs=cfg.num_envs,
+        first_episodes=_per_env(job.first_episodes, cfg.num_envs),
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class PipelineChoice:
+    """``--runner.pipeline auto``'s pick for a run: the number of groups, why, and the probe's figures (None when
+    nothing needed measuring)."""
+
+    groups: int
+    why: str
+    probe: Probe | None = None
+    align_chunks: int | None = None
+    """``--runner.align-chunks`` auto set along with a split (None: the flag stays as given)."""
+
+    def to_json(self) -> dict[str, Any]:
+        return {"groups": self.groups, "align_chunks": self.align_chunks, "why": self.why,
+                "probe": None if self.probe is None else self.probe.to_json()}
+
+
+def choose_pipeline(job: ProcessJob, stop: Any = None, env: BaseEnv | None = None) -> PipelineChoice:
+    """``--runner.pipeline auto``: the number of groups for ``job``'s run, from a short lockstep probe of its env
+    batch against its server (see :mod:`~plugrl_env_client.rollout.pipeline_auto`). The probe steps ``env`` (the
+    run's lockstep env, left open for the run, which starts every env afresh) or an env batch of its own, closed
+    before it returns; its connection is closed and its episodes are not the run's. ``stop`` (the run's stop flag)
+    ends it early."""
+    cfg, spec = job.config, get_spec(job.env_id)
+    allowed = allowed_groups(cfg.num_envs, cfg.runner.group_size, spec.single_instance)
+    if len(allowed) == 1:
+        why = ("the env can exist only once per process" if spec.single_instance
+               else f"--num-envs {cfg.num_envs} allows no other split")
+        return PipelineChoice(1, why)
+    probed = env if env is not None else build_env(job, num_envs=cfg.num_envs)
+    timing = Timing()
+    budget = ProbeBudget(timing, stop=stop)
+    try:
+        settings = loop_settings(job)
+        session = Session(session_config(job, probed, 0), should_stop=lambda: budget.finished(job.process_id),
+                          timing=timing)
+        sink = ProbeSink()
+        Rollout([EnvGroup(probed, session, settings, budget, sink, timing)], settings, budget, sink).run()
+    finally:
+        if probed is not env:
+            close_env(probed, spec.uid)
+    probe = budget.probe()
+    groups, why = choose_groups(probe, allowed)
+    horizon = session.metadata.action_horizon if session.metadata is not None else None
+    align = auto_align(groups, cfg.runner.align_chunks, horizon)
+    if align is not None:
+        why += f"; --runner.align-chunks {align} (half the server's horizon of {horizon})"
+    return PipelineChoice(groups, why, probe, align)
+
+
+def auto_align(groups: int, align_chunks: int, horizon: int | None) -> int | None:
+    """``--runner.align-chunks`` for a run that auto split into ``groups``: half the server's action horizon, so
+    groups whose envs' chunks drifted apart ask for actions together again (the pipelined cells of
+    bench/pipeline.py with a slow server collect about twice as much with it); None (the flag as given) in
+    lockstep, when the user set it, or for a horizon of 1."""
+    if groups < 2 or align_chunks != 0 or horizon is None or horizon < 2:
+        return None
+    return horizon // 2
+
+
+def with_pipeline(config: RunConfigT, groups: int, align_chunks: int | None = None) -> RunConfigT:
+    """``config`` with ``--runner.pipeline`` set to ``groups`` (what auto chose), and ``--runner.align-chunks``
+    when auto set it."""
+    runner = dataclasses.replace(config.runner, pipeline=groups)
+    if align_chunks is not None:
+        runner = dataclasses.replace(runner, align_chunks=align_chunks)
+    return dataclasses.replace(config, runner=runner)
 
 
 def run_process(job: ProcessJob, budget: Budget, sink: ResultSink, env_lock: Any = None,
@@ -143,26 +243,22 @@ def run_process(job: ProcessJob, budget: Budget, sink: ResultSink, env_lock: Any
     rollout: Rollout | None = None
     keepalive: Keepalive | None = None
     try:
-        sizes = group_sizes(cfg)
+        if cfg.runner.pipeline == "auto":  # a caller that did not resolve it first (the client's run does)
+            choice = choose_pipeline(job, budget.stop, env)
+            logger.info("process %d: --runner.pipeline auto chose %d group(s): %s", job.process_id, choice.groups,
+                        choice.why)
+            if choice.groups > 1 and envs:  # each group builds its own env
+                close_env(envs.pop(), spec.uid)
+            cfg = with_pipeline(cfg, choice.groups, choice.align_chunks)
+            job = dataclasses.replace(job, config=cfg)
+        sizes = group_sizes(cfg, job.env_id)
         recorder = EpisodeRecorder(cfg.recorder, job.process_id, cfg.num_envs, sink.artifacts(job.process_id),
                                    first_episodes=_per_env(job.first_episodes, cfg.num_envs))
         hooks = recorder if recorder.enabled else None
         while len(envs) < len(sizes):
             envs.append(build_env(job, env_lock, sizes[len(envs)]))
         recorder.render_for(envs)  # envs that render only the recorded episodes' frames, when asked for them
-        settings = LoopSettings.of(
-            cfg.runner,
-            seed=process_seed(cfg.runner.seed, job.process_id, cfg.num_envs),
-            max_episode_steps=spec.max_episode_steps if cfg.runner.max_episode_steps is None else cfg.runner.max_episode_steps,
-            env_id=spec.uid,
-            process_id=job.process_id,
-            success_threshold=spec.best_reward_threshold_for_success,
-            reuse_feedback_obs=cfg.connection.reuse_feedback_obs,
-            progress_period_s=PROGRESS_PERIOD_S,
-            start_seeds=listed_share(cfg.runner.start_seeds, job.process_id, cfg.num_procs),
-            process_envs=cfg.num_envs,
-            first_episodes=_per_env(job.first_episodes, cfg.num_envs),
-        )
+        settings = loop_settings(job)
         keepalive = Keepalive()  # answers the server's pings while an env call of any group runs long (SPEC C2)
         groups = []
         for g, group_env in enumerate(envs):

@@ -165,6 +165,9 @@ class RunWriter:
                  tracker: Tracker | None = None, resume: bool = False, lock: RunLock | None = None) -> None:
         self.run_dir = run_dir
         self.exp_name = exp_name
+        self.notes: dict[str, Any] = {}
+        """Choices the run made as it started (``pipeline``: what ``--runner.pipeline auto`` chose), written into
+        the run's summary."""
         self.num_procs = num_procs
         self.metric_window = metric_window
         self.num_envs = num_envs
@@ -426,6 +429,7 @@ class RunWriter:
             **_statistics(self.metric_window, [s.stats for s in states]),
             "timing": Timing.across_processes(s.run_timing() for s in states).to_json(),
             "recorder": _summed([c for s in states if (c := recorder_counts(s.recorder)) is not None]),
+            **self.notes,
         }
 
 

@@ -1,0 +1,133 @@
+"""Camera images encoded per env row for the wire, and decoded back with their size checked first.
+
+An observation's ``images`` field is ``[n, h, w, c]`` uint8; encoded, it travels as ``n`` byte strings, one per env
+row, in one of the :data:`CODECS`:
+
+* ``jpeg`` (quality 1-100, 4:2:0 chroma subsampling for 3 channels): lossy, for 1- and 3-channel images only;
+  decoded pixels differ from the originals by the codec's quantisation (at quality 90 a few levels on smooth
+  areas, more at sharp edges);
+* ``qoi`` (the Quite OK Image format): lossless, for 3- and 4-channel images.
+
+An image a codec cannot carry (``jpeg`` of 4 channels, say) travels raw: :func:`encodable` says which do. The
+library behind each codec is chosen by ``bench/image_codecs.py`` (encode and decode time per batch of 16 envs'
+camera frames): simplejpeg (libjpeg-turbo in its wheel, no system library) for JPEG, ``qoi`` for QOI. Both are the
+extra ``images`` and are imported only when a codec is used.
+
+Decoding reads each row's header before anything is decompressed or allocated, and refuses an image whose size or
+channels differ from the declared shape with a :class:`~plugrl_env_client.errors.ProtocolError` naming the field
+and the row: a small message cannot make the receiver allocate a huge image (no decompression bombs).
+
+Pure functions; nothing here sends or receives. :data:`FEATURE` is the name a server offers in its metadata's
+``features`` when it decodes images it receives this way (prefixed so it cannot clash with PlugRL's own names).
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Sequence
+from types import ModuleType
+from typing import Any, Literal
+
+import numpy as np
+
+from plugrl_env_client.errors import ConfigError, ProtocolError
+
+FEATURE = "x-plugrl-env-client-images"
+"""The metadata feature of a server that decodes encoded images (this package's own name space)."""
+
+Codec = Literal["none", "jpeg", "qoi"]
+CODECS: tuple[str, ...] = ("none", "jpeg", "qoi")
+CHANNELS: dict[str, tuple[int, ...]] = {"jpeg": (1, 3), "qoi": (3, 4)}
+"""The channel counts each codec carries; other images travel raw."""
+DEFAULT_QUALITY = 90
+
+_QOI_HEADER = struct.Struct(">4sIIBB")  # magic, width, height, channels, colorspace (the QOI specification)
+
+
+def _library(name: str, codec: str) -> ModuleType:
+    """The codec's library, imported on first use; a clear error when the extra is not installed."""
+    import importlib
+
+    try:
+        return importlib.import_module(name)
+    except ImportError:
+        raise ConfigError(f"the {codec} image codec needs the {name} package: pip install "
+                          f"'plugrl-env-client[images]' (or pass --image-codec none)") from None
+
+
+def encodable(shape: Sequence[int], codec: str) -> bool:
+    """Whether ``codec`` carries images of ``shape`` (``[n, h, w, c]`` or ``[h, w, c]``); otherwise they travel raw."""
+    return codec in CHANNELS and len(shape) in (3, 4) and shape[-1] in CHANNELS[codec]
+
+
+def encode(images: np.ndarray, codec: str, quality: int = DEFAULT_QUALITY, field: str = "images") -> list[bytes]:
+    """``images`` (``[n, h, w, c]`` uint8) as ``n`` encoded rows. ``field`` names them in an error."""
+    if codec not in CHANNELS:
+        raise ValueError(f"unknown image codec {codec!r}; one of {', '.join(c for c in CODECS if c != 'none')}")
+    if images.dtype != np.uint8 or not encodable(images.shape, codec) or images.ndim != 4:
+        raise ValueError(f"{field}: {codec} encodes [n, h, w, c] uint8 images with c in {CHANNELS[codec]}, not "
+                         f"{images.dtype} {list(images.shape)}")
+    if codec == "jpeg":
+        if not 1 <= quality <= 100:
+            raise ValueError(f"JPEG quality must be 1..100, got {quality}")
+        jpeg: Any = _library("simplejpeg", codec)
+        gray = images.shape[-1] == 1
+        return [jpeg.encode_jpeg(np.ascontiguousarray(row), quality=quality, colorspace="GRAY" if gray else "RGB",
+                                 colorsubsampling="Gray" if gray else "420") for row in images]
+    qoi: Any = _library("qoi", codec)
+    return [bytes(qoi.encode(np.ascontiguousarray(row))) for row in images]
+
+
+def header_shape(data: bytes, codec: str) -> tuple[int, int, int]:
+    """(height, width, channels) an encoded image declares, read from its header alone; a ProtocolError when it is
+    not one of ``codec``'s images."""
+    if codec == "qoi":
+        if len(data) < _QOI_HEADER.size:
+            raise ProtocolError(f"not a QOI image ({len(data)} bytes, shorter than its header)")
+        magic, width, height, channels, _ = _QOI_HEADER.unpack_from(data)
+        if magic != b"qoif":
+            raise ProtocolError("not a QOI image (its header does not start with 'qoif')")
+        return height, width, channels
+    if codec == "jpeg":
+        jpeg: Any = _library("simplejpeg", codec)
+        try:
+            height, width, colorspace, _ = jpeg.decode_jpeg_header(data)
+        except ValueError as exc:
+            raise ProtocolError(f"not a JPEG image ({exc})") from None
+        return height, width, 1 if colorspace == "Gray" else 3
+    raise ValueError(f"unknown image codec {codec!r}")
+
+
+def decode(rows: Sequence[bytes], codec: str, shape: Sequence[int], field: str = "images") -> np.ndarray:
+    """The ``[n, h, w, c]`` uint8 array of ``rows`` (one encoded image per env row), whose declared ``shape`` is
+    checked against every row's header before anything is decoded or allocated. A mismatch, a row count that
+    differs, or bytes that are not such an image raise a ProtocolError naming ``field`` and the row."""
+    shape = tuple(int(s) for s in shape)
+    if len(shape) != 4 or not encodable(shape, codec):
+        raise ProtocolError(f"{field}: declared shape {list(shape)} cannot be {codec}-encoded images "
+                            f"([n, h, w, c] with c in {CHANNELS.get(codec, ())})")
+    if len(rows) != shape[0]:
+        raise ProtocolError(f"{field}: {len(rows)} encoded rows for a declared shape of {shape[0]} rows")
+    for i, data in enumerate(rows):
+        if not isinstance(data, (bytes, bytearray, memoryview)):
+            raise ProtocolError(f"{field} row {i}: an encoded image is bytes, got {type(data).__name__}")
+        try:
+            found = header_shape(bytes(data[:64]) if codec == "qoi" else bytes(data), codec)
+        except ProtocolError as exc:
+            raise ProtocolError(f"{field} row {i}: {exc}") from None
+        if found != shape[1:]:
+            raise ProtocolError(f"{field} row {i}: the encoded image is {found[0]}x{found[1]}x{found[2]}, the "
+                                f"declared shape says {shape[1]}x{shape[2]}x{shape[3]}")
+    out = np.empty(shape, np.uint8)
+    for i, data in enumerate(rows):
+        try:
+            if codec == "jpeg":
+                jpeg: Any = _library("simplejpeg", codec)
+                gray = shape[3] == 1
+                decoded = jpeg.decode_jpeg(bytes(data), colorspace="GRAY" if gray else "RGB")
+            else:
+                decoded = _library("qoi", codec).decode(bytes(data))
+            out[i] = np.asarray(decoded).reshape(shape[1:])
+        except (ValueError, RuntimeError) as exc:
+            raise ProtocolError(f"{field} row {i}: the {codec} image does not decode ({exc})") from None
+    return out

@@ -1,0 +1,225 @@
+"""``--runner.pipeline auto``: the choice rule on made-up figures, the splits it may pick, single-instance envs, and
+one real run against a reference server that takes its time."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from plugrl_env_client.config import ClientConfig, RunnerConfig
+from plugrl_env_client.envs.base_env import BaseEnv
+from plugrl_env_client.envs.registry import get_spec, register_env
+from plugrl_env_client.errors import ConfigError
+from plugrl_env_client.launch.process import ProcessJob, auto_align, choose_pipeline, group_sizes, with_pipeline
+from plugrl_env_client.rollout.pipeline_auto import (
+    MAX_GROUPS,
+    Probe,
+    ProbeBudget,
+    allowed_groups,
+    choose_groups,
+    estimated_s,
+)
+from plugrl_env_client.timing import Timing
+
+
+def probe(step_ms: float, wait_ms: float, client_ms: float = 0.0) -> Probe:
+    return Probe(step_ms / 1e3, wait_ms / 1e3, wait_ms / 1e3 * 8, 24, 3, client_ms / 1e3)
+
+
+@pytest.mark.parametrize("step_ms,wait_ms,client_ms,groups", [
+    (10.0, 0.0, 0.0, 1),     # a server that answers at once: lockstep
+    (10.0, 0.4, 0.0, 1),     # waiting 4 % of a batch step: a split would save less than 5 %
+    (10.0, 1.25, 0.0, 2),    # a round trip of one batch step every 8 steps: two groups hide it
+    (10.0, 5.0, 0.0, 2),     # exactly what two groups hide
+    (10.0, 6.0, 0.0, 4),     # more than two can hide, less than four
+    (10.0, 40.0, 0.0, 4),    # more than any allowed split hides: the most groups allowed
+    (0.0, 1.0, 0.0, 1),      # an env that takes no time: nothing to hide the wait behind
+    (0.06, 0.13, 0.3, 1),    # a tiny env whose client work dominates: more groups cost more than they hide
+    (10.0, 4.0, 1.0, 2),     # the client's work per group makes 4 groups slower than 2
+])
+def test_the_split_with_the_least_estimated_time(step_ms, wait_ms, client_ms, groups):
+    chosen, why = choose_groups(probe(step_ms, wait_ms, client_ms), [1, 2, 4])
+    assert chosen == groups, why
+    assert why
+
+
+def test_the_estimate_of_each_split():
+    measured = probe(10.0, 4.0, 1.0)
+    assert estimated_s(measured, 1) == pytest.approx(0.015)
+    assert estimated_s(measured, 2) == pytest.approx(0.012)   # 10 + 2 * 1, the 4 ms wait hidden behind 6
+    assert estimated_s(measured, 4) == pytest.approx(0.014)   # 10 + 4 * 1
+    assert estimated_s(probe(10.0, 40.0), 4) == pytest.approx(0.0425)  # 10 + (40 - 7.5) left unhidden
+
+
+def test_a_probe_that_took_no_step_keeps_lockstep():
+    assert choose_groups(Probe(0.0, 0.0, 0.0, 0, 0), [1, 2, 4]) == (1, "the probe took no step")
+
+
+def test_only_allowed_splits_are_chosen():
+    chosen, why = choose_groups(probe(10.0, 6.0), [1, 2])
+    assert chosen == 2 and why == "about 11 ms per batch step instead of lockstep's 16 ms"
+    assert choose_groups(probe(10.0, 9.0), [1]) == (1, "no other split is allowed")
+
+
+@pytest.mark.parametrize("num_envs,group_size,allowed", [
+    (16, 1, [1, 2, 4]), (6, 1, [1, 2]), (7, 1, [1]), (2, 1, [1, 2]), (1, 1, [1]),
+    (16, 8, [1, 2]),  # each pipeline group holds whole seed groups
+    (12, 3, [1, 2, 4]), (12, 4, [1]), (12, 6, [1, 2]),
+])
+def test_allowed_splits_divide_the_envs_into_whole_seed_groups(num_envs, group_size, allowed):
+    assert allowed_groups(num_envs, group_size) == allowed
+    assert max(allowed) <= MAX_GROUPS
+
+
+def test_a_single_instance_env_is_never_split():
+    assert allowed_groups(16, 1, single_instance=True) == [1]
+
+
+def test_the_probe_figures_come_from_two_lockstep_timings():
+    before = Timing(batch_steps=1, infer_calls=1, env_step_s=0.01, infer_wait_s=0.02)
+    after = Timing(batch_steps=25, infer_calls=4, env_step_s=0.25, infer_wait_s=0.08)
+    measured = Probe.between(before, after, wall_s=0.36)
+    assert (measured.batch_steps, measured.infers) == (24, 3)
+    assert measured.batch_step_s == pytest.approx(0.01)
+    assert measured.wait_per_batch_step_s == pytest.approx(0.0025)
+    assert measured.round_trip_s == pytest.approx(0.02)
+    assert measured.overhead_s == pytest.approx(0.0025)  # (0.36 - 0.24 - 0.06) / 24
+    assert measured.to_json() == {"batch_step_ms": 10.0, "wait_per_batch_step_ms": 2.5, "client_per_batch_step_ms": 2.5,
+                                  "round_trip_ms": 20.0, "batch_steps": 24, "infers": 3}
+
+
+def test_the_probe_budget_measures_from_the_first_step_to_its_end():
+    timing = Timing()
+    budget = ProbeBudget(timing, batch_steps=3)
+    assert not budget.finished() and not budget.claim()
+    assert budget.probe().batch_steps == 0, "nothing measured before the first step"
+    timing.batch_steps, timing.env_step_s = 1, 0.5  # connecting, the first reset and step: left out
+    assert not budget.finished()
+    timing.batch_steps, timing.env_step_s, timing.infer_calls, timing.infer_wait_s = 3, 0.52, 1, 0.004
+    assert budget.finished() and budget.exhausted()
+    measured = budget.probe()
+    assert measured.batch_steps == 2 and measured.batch_step_s == pytest.approx(0.01)
+    assert measured.wait_per_batch_step_s == pytest.approx(0.002)
+    stopped = ProbeBudget(Timing())
+    stopped.stop.set()
+    assert stopped.finished()
+
+
+@pytest.mark.parametrize("groups,given,horizon,align", [
+    (2, 0, 8, 4), (4, 0, 5, 2),   # a split aligns chunks at half the server's horizon
+    (1, 0, 8, None),              # lockstep: the flag as given
+    (2, 3, 8, None),              # the user's own --runner.align-chunks stays
+    (2, 0, 1, None), (2, 0, None, None),  # nothing to align with one action per chunk, or an unknown horizon
+])
+def test_a_split_aligns_chunks_unless_the_user_said_otherwise(groups, given, horizon, align):
+    assert auto_align(groups, given, horizon) == align
+
+
+def test_the_choice_becomes_the_runs_config():
+    config = ClientConfig(num_envs=8, runner=RunnerConfig(pipeline="auto", align_chunks=0))
+    assert (with_pipeline(config, 2, 4).runner.pipeline, with_pipeline(config, 2, 4).runner.align_chunks) == (2, 4)
+    assert with_pipeline(config, 1).runner.align_chunks == 0
+    assert config.runner.pipeline == "auto", "the given config is left as it was"
+
+
+@pytest.fixture
+def single(registry):
+    @register_env("OnlyOnce-v1", single_instance=True)
+    class OnlyOnce(BaseEnv):
+        pass
+
+    yield "OnlyOnce-v1"
+
+
+def test_single_instance_is_a_registration_flag(single):
+    assert get_spec(single).single_instance
+    assert not get_spec("Point-v1").single_instance
+
+
+def test_a_single_instance_env_split_by_hand_is_a_clear_error(single):
+    config = ClientConfig(num_envs=4, runner=RunnerConfig(pipeline=2))
+    with pytest.raises(ConfigError, match=r"OnlyOnce-v1 can exist only once per process .* --runner.pipeline 1"):
+        group_sizes(config, single)
+    assert group_sizes(ClientConfig(num_envs=4, runner=RunnerConfig(pipeline="auto")), single) == [4]
+
+
+def test_auto_keeps_a_single_instance_env_whole_without_probing(single):
+    """No env is built and no server asked (there is none at this URL): nothing needs measuring."""
+    job = ProcessJob(single, ClientConfig(num_envs=4, runner=RunnerConfig(pipeline="auto")), 0, "ws://127.0.0.1:1")
+    choice = choose_pipeline(job)
+    assert (choice.groups, choice.probe) == (1, None)
+    assert "only once per process" in choice.why
+
+
+SLOW_STEP_ENV = str(Path(__file__).resolve().parents[1] / "_support" / "slow_step_env.py")
+
+
+@pytest.mark.slow
+def test_auto_splits_against_a_slow_server_and_records_its_choice(tmp_path: Path):
+    """An env whose batch step takes 10 ms, a server that holds each infer back 30 ms and answers one action at a
+    time: lockstep waits three times as long as it steps, so auto splits (into 4 groups on an idle machine, 2 when
+    the client's own work per group weighs more), says so in the log, client_config.json and the summary, and the
+    run collects its episodes with that many groups."""
+    server = subprocess.Popen([sys.executable, "-c", "from plugrl_env_client.server.cli import main; main()",
+                               "--port", "0", "--policy.action-dim", "2", "--policy.latency-ms", "30",
+                               "--policy.action-horizon", "1"],
+                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        line = server.stdout.readline()
+        assert "listening on ws://127.0.0.1:" in line, line
+        port = line.rsplit(":", 1)[1].split()[0]
+        done = subprocess.run([sys.executable, "-m", "plugrl_env_client", "SlowStep-v1", "--env-path", SLOW_STEP_ENV,
+                               "--num-envs", "16", "--num-episodes", "16", "--server-port", port,
+                               "--runner.pipeline", "auto", "--output-dir", str(tmp_path), "--exp-name", "auto",
+                               "--no-progress"],
+                              capture_output=True, text=True, timeout=240)
+    finally:
+        server.terminate()
+        server.wait(timeout=60)
+    assert done.returncode == 0, done.stderr
+    run = tmp_path / "auto"
+    runner = json.loads((run / "client_config.json").read_text())["runner"]
+    assert runner["pipeline"] == "auto" and runner["pipeline_chosen"] in (2, 4)
+    assert runner["align_chunks"] == 0 and runner["align_chunks_chosen"] == 0, "a horizon of 1 is not aligned"
+    groups = runner["pipeline_chosen"]
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["completed_episodes"] == 16
+    assert summary["pipeline"]["groups"] == groups
+    probe = summary["pipeline"]["probe"]
+    assert probe["round_trip_ms"] >= 30 and probe["batch_step_ms"] >= 10
+    assert f"--runner.pipeline auto: {groups} group(s) of {16 // groups} envs" in (run / "logs" / "client.log").read_text()
+
+
+@pytest.mark.slow
+def test_a_process_given_auto_resolves_it_itself(registry, tmp_path: Path, caplog):
+    """A caller that runs a process with ``auto`` still unresolved (the client's run resolves it first): the
+    process probes, logs its choice and collects its episodes with it."""
+    import logging
+
+    import gymnasium as gym
+
+    from plugrl_env_client.launch.process import run_process
+    from plugrl_env_client.outputs.run_dir import RunDir
+    from plugrl_env_client.outputs.run_writer import RunWriter
+    from plugrl_env_client.records import ProcessStatus
+    from plugrl_env_client.rollout.budget import EpisodeBudget
+    from plugrl_env_client.server.embedded import start_local_server
+
+    server = start_local_server("random", gym.spaces.Box(-1.0, 1.0, (2,)), 4, seed=0)
+    try:
+        writer = RunWriter(RunDir(tmp_path / "run").create(), "run", 1)
+        from plugrl_env_client.envs.point.point_env import PointEnvConfig
+
+        config = ClientConfig(num_envs=4, progress=False, env=PointEnvConfig(), runner=RunnerConfig(pipeline="auto"))
+        with caplog.at_level(logging.INFO, logger="plugrl_env_client.launch.process"):
+            result = run_process(ProcessJob("Point-v1", config, 0, server.url), EpisodeBudget(4), writer)
+        summary = writer.close()
+    finally:
+        server.shutdown()
+    assert result.status is ProcessStatus.FINISHED, result.error
+    assert summary["completed_episodes"] == 4
+    assert "process 0: --runner.pipeline auto chose" in caplog.text
