@@ -55,7 +55,7 @@ from plugrl_env_client.envs.base_env import (
     observation_space,
 )
 from plugrl_env_client.envs.registry import register_env
-from plugrl_env_client.launch.local import launch
+from plugrl_env_client.launch.local import LocalLauncher
 from plugrl_env_client.launch.process import ProcessJob
 from plugrl_env_client.outputs.run_dir import RunDir
 from plugrl_env_client.outputs.run_writer import RunWriter
@@ -180,7 +180,7 @@ def client_cell(port: int, seconds: float) -> Cell:
         writer = RunWriter(RunDir(Path(tmp) / "run").create(), "bench", 1)
         timer.start()  # connecting and the first reset are inside the cell, but not inside the rate
         try:
-            launch([ProcessJob(ENV_ID, config, 0, f"ws://127.0.0.1:{port}")], budget, mp.get_context("spawn"), writer)
+            LocalLauncher(config).launch([ProcessJob(ENV_ID, config, 0, f"ws://127.0.0.1:{port}")], budget, writer)
         finally:
             timer.cancel()
         summary = writer.close()

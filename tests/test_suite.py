@@ -162,11 +162,12 @@ local_policy_choices = ["<answer>2</answer>", "<answer>5</answer>", "nothing"]
 
 @pytest.mark.slow
 def test_a_killed_suite_resumed_gives_the_table_of_an_uninterrupted_one(tmp_path: Path) -> None:
-    """Three tasks (two policies: random for Point-v1, text for GuessNumber-v1): killed with SIGKILL during the
-    second, then resumed; the first is skipped, the second runs again in full, and the table is the table of the
-    same suite run without a stop."""
+    """Three tasks (two policies: zero for Point-v1, text for GuessNumber-v1): killed with SIGKILL during the
+    second, then resumed; the first is skipped, the second is resumed in its folder (its whole episodes count, the
+    rest run from their own seeds), and the table is the table of the same suite run without a stop (a deterministic
+    policy: a resumed connection of the random one would draw other actions)."""
     path = suite_of(tmp_path, THREE)
-    flags = ["--local-policy", "random", "--output-dir", str(tmp_path / "runs"), "--no-progress"]
+    flags = ["--local-policy", "zero", "--output-dir", str(tmp_path / "runs"), "--no-progress"]
     whole = run_module([str(path), *flags, "--exp-name", "whole"], tmp_path)
     assert whole.returncode == 0, whole.stderr
     assert "  mean " in whole.stdout and "suite three: 3 tasks" in whole.stdout
@@ -192,7 +193,8 @@ def test_a_killed_suite_resumed_gives_the_table_of_an_uninterrupted_one(tmp_path
     assert "task point-v1-0: done in point-v1-0, skipped" in resumed.stdout
     assert table(root) == table(tmp_path / "runs" / "whole")
     got = json.loads((root / "suite.json").read_text())
-    assert [t["run"] for t in got["tasks"]] == ["point-v1-0", "long-retry-1", "guess"]
+    assert [t["run"] for t in got["tasks"]] == ["point-v1-0", "long", "guess"]
+    assert "task 2/3: long (Point-v1, 150 episodes) resumed in" in resumed.stdout
     want = json.loads((tmp_path / "runs" / "whole" / "suite.json").read_text())
     assert {k: got[k] for k in ("mean_return", "success_rate", "mean_length")} == {
         k: want[k] for k in ("mean_return", "success_rate", "mean_length")}

@@ -13,9 +13,10 @@ Tasks run one after another in this process. With ``--launcher ray`` on a cluste
 a spawned process of its own, its processes actors on the shared cluster, and the cluster schedules them all.
 
 A task is done when its run folder's ``summary.json`` says ``finished`` (or ``stopped by server``). ``--resume``
-skips the tasks that are done; a task whose folder exists but is not done (the suite was killed during it, or it
-failed) runs again from its start into a fresh folder, ``<task>-retry-<n>`` (the run folder of a client run cannot
-be continued), and the table takes the newest done folder of each task.
+skips the tasks that are done; a task whose run folder holds a run that is not done (the suite was killed during
+it, or it failed) is resumed in that folder (the client's ``--resume``: its whole episodes count, the rest run);
+a folder that holds no run (it never got going) is left as it is and the task runs into a fresh folder,
+``<task>-retry-<n>``. The table takes the newest done folder of each task.
 """
 
 from __future__ import annotations
@@ -175,11 +176,12 @@ def run_suite(suite: Suite, suite_file: Path, base: ClientConfig, flags: Sequenc
             print(f"task {task.name}: done in {done.name}, skipped")
             rows[i] = _row(task, uid, done)
             continue
-        folder = _free_folder(root, task.name)
-        print(f"\ntask {i + 1}/{len(plan)}: {task.name} ({uid}, {config.num_episodes} episodes) -> {root / folder}")
+        folder, resumed = _task_folder(root, task.name)
+        print(f"\ntask {i + 1}/{len(plan)}: {task.name} ({uid}, {config.num_episodes} episodes) "
+              f"{'resumed in' if resumed else '->'} {root / folder}")
         rows[i] = {**rows[i], "status": "running", "run": folder}
         _write_table(root, suite, rows)
-        result = run_client(dataclasses.replace(config, exp_name=folder), uid, sources)
+        result = run_client(dataclasses.replace(config, exp_name=folder, resume=resumed), uid, sources)
         rows[i] = _row(task, uid, root / folder)
         _write_table(root, suite, rows)
         if result in INTERRUPTED_CODES:
@@ -229,8 +231,8 @@ def _run_side_by_side(root: Path, suite: Suite, plan: list[tuple[Task, tuple[str
                     print(f"task {task.name}: done in {done.name}, skipped")
                     rows[i] = _row(task, uid, done)
                     continue
-                folder = _free_folder(root, task.name)
-                job = pickle.dumps((dataclasses.replace(config, exp_name=folder, progress=False), uid))
+                folder, resumed = _task_folder(root, task.name)
+                job = pickle.dumps((dataclasses.replace(config, exp_name=folder, progress=False, resume=resumed), uid))
                 proc = ctx.Process(target=_task_main, args=(task.name, job, sources or EnvSources()),
                                    name=f"plugrl-suite-{task.name}")
                 proc.start()
@@ -304,14 +306,17 @@ def _done_folder(root: Path, name: str) -> Path | None:
     return done[-1] if done else None
 
 
-def _free_folder(root: Path, name: str) -> str:
-    """Where the task's run goes: its own folder, or, when that exists, a retry folder (``<name>-retry-<n>``,
-    the next free n): a client run's folder cannot be continued, so a stopped task runs again in full."""
+def _task_folder(root: Path, name: str) -> tuple[str, bool]:
+    """Where the task's run goes, and whether it resumes the run there: the newest of its folders when that holds a
+    run (``client_config.json``), resumed; else its own folder when there is none yet; else the next free retry
+    folder (``<name>-retry-<n>``), beside a folder that holds no run to continue."""
     folders = _folders(root, name)
     if not folders:
-        return name
+        return name, False
+    if RunDir(folders[-1]).client_config.exists():
+        return folders[-1].name, True
     last = max((int(p.name.rsplit("-", 1)[1]) for p in folders if p.name != name), default=0)
-    return f"{name}-retry-{last + 1}"
+    return f"{name}-retry-{last + 1}", False
 
 
 def _summary(folder: Path) -> dict[str, Any]:
