@@ -1,11 +1,9 @@
 """A message encoded straight into its masked client frame: one copy of each array's bytes on the way out.
 
-Sending an observation used to copy its arrays twice before the kernel's copy: msgpack packed them into its buffer
-(:class:`~plugrl_env_client.protocol.codec.Encoder`), then the frame was masked into another
-(:class:`~plugrl_env_client.protocol.framing.MaskedFramer`). Masking is a copy anyway (RFC 6455: every byte a
-client sends is XORed with the frame's key), so it can be the only one: :class:`FramePacker` lays out the msgpack
-bytes of the message and masks each array's bytes from the array itself into a frame buffer it keeps. Peak memory
-on the send path drops by one frame, and so does the memory traffic.
+RFC 6455 makes a client mask every byte it sends with the frame's 4-byte key, so masking is a copy anyway; it is the
+only one here: :class:`FramePacker` lays out the msgpack bytes of the message and masks each array's bytes from the
+array itself into a frame buffer it keeps for the connection's life (no fresh memory once the buffer has the size
+of the largest message, and no second copy of the frame as websockets' own framing makes).
 
 The bytes are exactly those of :func:`~plugrl_env_client.protocol.codec.packb` (the same rules: arrays through
 :func:`~plugrl_env_client.protocol.codec.encode_numpy`, everything else through msgpack), framed as a masked,
@@ -20,6 +18,7 @@ feedback's observation and info costs are measured in the one encoding the messa
 from __future__ import annotations
 
 import os
+import struct
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -29,7 +28,6 @@ import numpy as np
 from websockets.frames import apply_mask
 
 from plugrl_env_client.protocol import codec
-from plugrl_env_client.protocol.framing import frame_header
 from plugrl_env_client.protocol.writer import SLOT, MessageWriter, bin_header
 
 __all__ = ["BIG_ARRAY", "SLOT", "WALK_MIN", "FramePacker"]
@@ -42,6 +40,18 @@ BIG_ARRAY = 1 << 14
 bytes around them."""
 _HEAD_ROOM = 16  # the payload starts here in the buffer (8-aligned); the header (at most 14 bytes) ends here
 _MSGPACK_ERRORS = (OverflowError, UnicodeEncodeError, ValueError, TypeError)
+_BINARY_FIN = 0x82  # FIN | opcode 2: a final binary frame, no RSV bits (no extensions)
+_MASKED = 0x80
+
+
+def frame_header(length: int) -> bytes:
+    """The first bytes of a masked, final binary frame of ``length`` payload bytes (without the key), with the
+    shortest length encoding."""
+    if length < 126:
+        return struct.pack("!BB", _BINARY_FIN, _MASKED | length)
+    if length < 1 << 16:
+        return struct.pack("!BBH", _BINARY_FIN, _MASKED | 126, length)
+    return struct.pack("!BBQ", _BINARY_FIN, _MASKED | 127, length)
 
 
 class FramePacker:
