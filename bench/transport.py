@@ -316,12 +316,12 @@ def stack_cell(kind: str, n: int, durations: Durations) -> Cell:
     try:
         session = Session(SessionConfig(url=f"ws://127.0.0.1:{peer.port}", connect_timeout=30, transport=kind))
         session.open()
-        session.infer(obs, ids, steps)  # the server now expects this chunk's feedback
+        session.infer(messages.InferRequest(obs, ids, steps))  # the server now expects this chunk's feedback
         try:
             def round_trip() -> int:
                 before = session.timing.bytes_sent
-                session.feedback(ids, steps, obs, zeros, falses, falses, {})
-                session.infer(none, ids, steps, reuse_all)
+                session.feedback(messages.Feedback(ids, steps, obs, zeros, falses, falses, {}))
+                session.infer(messages.InferRequest(none, ids, steps, reuse_all))
                 return session.timing.bytes_sent - before
 
             return timed_rounds(f"stack ({kind})", n, round_trip, durations.stack_s,

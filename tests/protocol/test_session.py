@@ -148,7 +148,7 @@ def test_reconnects_that_fail_at_once_back_off_further(harness):
     for _ in range(4):
         obs = Observation(states={"x": np.zeros((1, 1))}, text="a")
         with pytest.raises(ConnectionLost) as info:
-            session.infer(obs, np.arange(1), np.zeros(1, np.int64))
+            session.infer(messages.InferRequest(obs, np.arange(1), np.zeros(1, np.int64)))
         assert info.value.close.action is CloseAction.RECONNECT
         session.reconnect(info.value.close)
     session.close()
@@ -175,11 +175,11 @@ def test_session_reads_chunks_and_classifies_closes(harness):
     meta = session.open()
     obs = Observation(states={"x": np.zeros((2, 1))}, text="a")
     ids, steps = np.arange(2), np.zeros(2, np.int64)
-    reply = session.infer(obs, ids, steps)
+    reply = session.infer(messages.InferRequest(obs, ids, steps))
     assert meta.action_horizon == 2 and reply.actions.shape == (2, 2, 3) and not reply.actions.any()
-    session.feedback(ids, steps, obs, np.zeros(2, np.float32), np.zeros(2, bool), np.zeros(2, bool), {})
+    session.feedback(messages.Feedback(ids, steps, obs, np.zeros(2, np.float32), np.zeros(2, bool), np.zeros(2, bool), {}))
     with pytest.raises(ConnectionLost) as info:
-        session.infer(obs, ids, steps)
+        session.infer(messages.InferRequest(obs, ids, steps))
     session.close()
     assert info.value.close.action is CloseAction.RECONNECT and info.value.close.reason == messages.REASON_RESYNC
     assert seen["stream"] == "3.1"
@@ -205,9 +205,9 @@ def test_an_infer_sent_now_is_collected_later_and_only_once(harness):
     ids, steps = np.arange(2), np.zeros(2, np.int64)
     with pytest.raises(RuntimeError, match="no infer is waiting"):
         session.receive_actions(0.0)
-    session.send_infer(obs, ids, steps)
+    session.send_infer(messages.InferRequest(obs, ids, steps))
     with pytest.raises(RuntimeError, match="already waiting"):
-        session.send_infer(obs, ids, steps)
+        session.send_infer(messages.InferRequest(obs, ids, steps))
     assert session.receive_actions(0.0) is None and session.receive_actions(0.05) is None
     release.set()
     reply = session.receive_actions(None)
@@ -346,7 +346,7 @@ def test_infer_timeout_closes_the_connection_names_the_infer_and_a_reconnect_goe
     ids, steps = np.arange(2), np.zeros(2, np.int64)
     start = time.monotonic()
     with pytest.raises(ConnectionLost) as info:
-        session.infer(obs, ids, steps)
+        session.infer(messages.InferRequest(obs, ids, steps))
     assert 1.0 <= time.monotonic() - start < 2.0
     closed = info.value.close
     assert closed.action is CloseAction.RECONNECT
@@ -359,7 +359,7 @@ def test_infer_timeout_closes_the_connection_names_the_infer_and_a_reconnect_goe
     assert closes == [(1001, "Infer timeout")]
     assert not session.awaiting
     session.reconnect(closed)
-    assert session.infer(obs, ids, steps).actions.shape == (2, 2, 1)
+    assert session.infer(messages.InferRequest(obs, ids, steps)).actions.shape == (2, 2, 1)
     assert session.timing.reconnects == 1
     session.close()
 
@@ -376,7 +376,7 @@ def test_a_slow_reply_is_announced_and_then_taken(harness, caplog, fast_warnings
     h = harness(script)
     session = Session(SessionConfig(url=f"ws://127.0.0.1:{h.port}"))
     session.open()
-    reply = session.infer(Observation(states={"x": np.zeros((3, 1))}, text="a"), np.arange(3), np.zeros(3, np.int64))
+    reply = session.infer(messages.InferRequest(Observation(states={"x": np.zeros((3, 1))}, text="a"), np.arange(3), np.zeros(3, np.int64)))
     assert reply.actions.shape == (2, 3, 1)
     said = _warnings(caplog, "no reply from the server for")
     assert len(said) >= 2 and all("to the infer for 3 envs sent at" in line for line in said)
@@ -402,7 +402,7 @@ def test_a_server_that_stays_stopped_gets_one_line_and_a_reminder(harness, caplo
     start = time.monotonic()
     while time.monotonic() - start < 1.5:
         with pytest.raises(ConnectionLost) as info:
-            session.infer(obs, np.arange(1), np.zeros(1, np.int64))
+            session.infer(messages.InferRequest(obs, np.arange(1), np.zeros(1, np.int64)))
         assert info.value.close.action is CloseAction.RECONNECT
         session.reconnect(info.value.close)
     session.close()
@@ -443,17 +443,17 @@ def test_a_reply_that_answers_no_infer_is_a_resync(harness, caplog, extra):
     session.open()
     obs = Observation(states={"x": np.zeros((2, 1))}, text="a")
     ids, steps, flags = np.arange(2), np.zeros(2, np.int64), np.zeros(2, bool)
-    session.infer(obs, ids, steps)
-    session.feedback(ids, steps, obs, np.zeros(2, np.float32), flags, flags, {})
+    session.infer(messages.InferRequest(obs, ids, steps))
+    session.feedback(messages.Feedback(ids, steps, obs, np.zeros(2, np.float32), flags, flags, {}))
     assert fed_back.wait(10)
     assert ws_client.wait_any([session._client], timeout=10)  # the extra reply is in (read, not taken)
     with pytest.raises(ConnectionLost) as info:
-        session.send_infer(obs, ids, steps + 1)
+        session.send_infer(messages.InferRequest(obs, ids, steps + 1))
     closed = info.value.close
     assert (closed.action, closed.code, closed.reason) == (CloseAction.RECONNECT, 1001, messages.REASON_RESYNC)
     assert "sent an action that answers no infer" in closed.why
     wait_until(lambda: closes, 10, "the server seeing the client's close")
     assert closes == [(1001, messages.REASON_RESYNC)]
     session.reconnect(closed)
-    assert session.infer(obs, ids, steps + 1).actions.shape == (2, 2, 1)
+    assert session.infer(messages.InferRequest(obs, ids, steps + 1)).actions.shape == (2, 2, 1)
     session.close()

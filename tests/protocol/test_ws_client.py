@@ -411,19 +411,19 @@ def test_a_session_runs_over_the_client_against_the_reference_server(reference):
     assert meta.action_horizon == 4
     ids, steps = np.arange(3, dtype=np.int64), np.zeros(3, np.int64)
     obs = Observation(states={"x": np.zeros((3, 2))}, text="a")
-    reply = session.infer(obs, ids, steps)
+    reply = session.infer(messages.InferRequest(obs, ids, steps))
     assert reply.actions.shape == (4, 3, 2)
-    session.feedback(ids, steps, obs, np.zeros(3, np.float32), np.zeros(3, bool), np.zeros(3, bool), {})
-    session.send_infer(obs, ids, steps)
+    session.feedback(messages.Feedback(ids, steps, obs, np.zeros(3, np.float32), np.zeros(3, bool), np.zeros(3, bool), {}))
+    session.send_infer(messages.InferRequest(obs, ids, steps))
     assert session.awaiting
     deadline = time.monotonic() + 10
     got = None
     while got is None and time.monotonic() < deadline:
         got = session.receive_actions(0)
     assert got is not None and got.actions.shape == (4, 3, 2) and not session.awaiting
-    session.feedback(ids, steps, obs, np.zeros(3, np.float32), np.zeros(3, bool), np.zeros(3, bool), {})
+    session.feedback(messages.Feedback(ids, steps, obs, np.zeros(3, np.float32), np.zeros(3, bool), np.zeros(3, bool), {}))
     reference.shutdown()
     with pytest.raises(ConnectionLost) as info:
-        session.infer(obs, ids, steps)
+        session.infer(messages.InferRequest(obs, ids, steps))
     assert (info.value.close.code, info.value.close.reason) == (1001, messages.REASON_SHUTDOWN)
     session.close()

@@ -47,7 +47,7 @@ from plugrl_env_client.errors import ConfigError, ProtocolError
 from plugrl_env_client.protocol import codec, messages, transport, ws_client
 from plugrl_env_client.protocol.connection import CloseAction, Closed, ConnectionLost, classify_close
 from plugrl_env_client.protocol.frame_packer import SLOT, FramePacker
-from plugrl_env_client.protocol.messages import ActionReply, ObservationLike, ServerMetadata
+from plugrl_env_client.protocol.messages import ActionReply, Feedback, InferRequest, ObservationLike, ServerMetadata
 from plugrl_env_client.redaction import redact_text, redact_url
 from plugrl_env_client.timing import Timing
 
@@ -173,16 +173,14 @@ class Session:
         """An infer of this session is on the wire and its reply has not been taken."""
         return self._asked is not None
 
-    def infer(self, obs: ObservationLike, env_indices: np.ndarray, step_ids: np.ndarray,
-              reuse: np.ndarray | None = None) -> ActionReply:
+    def infer(self, request: InferRequest[ObservationLike]) -> ActionReply:
         """Send one infer and wait for its action chunk (raises :class:`ConnectionLost` when closed)."""
-        self.send_infer(obs, env_indices, step_ids, reuse)
+        self.send_infer(request)
         reply = self.receive_actions(None)
         assert reply is not None  # no timeout: a reply or an exception
         return reply
 
-    def send_infer(self, obs: ObservationLike, env_indices: np.ndarray, step_ids: np.ndarray,
-                   reuse: np.ndarray | None = None) -> None:
+    def send_infer(self, request: InferRequest[ObservationLike]) -> None:
         """Send one infer without waiting for its reply (:meth:`receive_actions` collects it), so the caller can
         step other envs meanwhile. One infer is outstanding at most: the protocol answers them in order."""
         if self._asked is not None:
@@ -195,9 +193,8 @@ class Session:
             if early is not None:
                 self._answers_no_infer(early)
             start = time.perf_counter()
-            wire = messages.wire_observation(obs)
-            frame = self._packer.pack(messages.infer_message(wire, env_indices, step_ids, reuse),
-                                      _payload_bytes(wire))
+            wire = messages.wire_observation(request.obs)
+            frame = self._packer.pack(request.message(wire), _payload_bytes(wire))
             packed = time.perf_counter()
             client.send_frame(frame)
         except transport.TransportClosed as exc:
@@ -207,7 +204,7 @@ class Session:
         timing.infer_obs_pack_s += packed - start
         timing.infer_calls += 1
         timing.bytes_sent += frame.nbytes
-        self._asked = np.asarray(env_indices, dtype=np.int64)
+        self._asked = np.asarray(request.env_indices, dtype=np.int64)
         self._sent_at = packed
         self._sent_wall = time.time()
         self._asked_since = now = time.monotonic()
@@ -250,8 +247,7 @@ class Session:
             ws_client.wait_any([s._client for s in waiting if s._client is not None],
                                max(0.0, due - time.monotonic()))
 
-    def feedback(self, env_indices: np.ndarray, step_ids: np.ndarray, obs: ObservationLike, rewards: np.ndarray,
-                 terminated: np.ndarray, truncated: np.ndarray, info: dict[str, Any]) -> None:
+    def feedback(self, feedback: Feedback[ObservationLike]) -> None:
         """Send one feedback (no reply). A connection found closed is reported by the next :meth:`send_infer`."""
         if self._lost is not None:
             return
@@ -260,10 +256,10 @@ class Session:
         client = self._current()
         timing = self.timing
         start = time.perf_counter()
-        wire = messages.wire_observation(obs)
-        skeleton = messages.feedback_message(env_indices, step_ids, SLOT, rewards, terminated, truncated, SLOT)
+        wire = messages.wire_observation(feedback.obs)
+        skeleton = feedback.message(SLOT, SLOT)
         packing = time.perf_counter()
-        frame, (obs_s, info_s) = self._packer.pack_parts(skeleton, (wire, info), _payload_bytes(wire))
+        frame, (obs_s, info_s) = self._packer.pack_parts(skeleton, (wire, feedback.info), _payload_bytes(wire))
         packed = time.perf_counter()
         timing.pack_s += packed - packing
         timing.feedback_obs_pack_s += packing - start + obs_s

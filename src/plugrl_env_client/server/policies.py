@@ -30,7 +30,7 @@ from plugrl_env_client.errors import ProtocolError
 from plugrl_env_client.server.ars import ArsLearner, ArsSettings, Episode, state_layout, state_matrix
 
 if TYPE_CHECKING:
-    from plugrl_env_client.protocol.messages import FeedbackMessage
+    from plugrl_env_client.protocol.messages import Feedback
 
 
 @dataclasses.dataclass
@@ -133,7 +133,7 @@ class Policy(abc.ABC):
         since its reset). Default: :meth:`act`, for policies that do not care which env is which."""
         return self.act(obs, len(env_indices))
 
-    def feedback(self, feedback: FeedbackMessage) -> None:
+    def feedback(self, feedback: Feedback[dict[str, Any]]) -> None:
         """A feedback of this connection (default: ignored)."""
         return None
 
@@ -291,7 +291,7 @@ class _ArsConnection(Policy):
             rollouts.append(episode.rollout)
         return self.policy.chunk(self.learner.actions(rollouts, x))
 
-    def feedback(self, feedback: FeedbackMessage) -> None:
+    def feedback(self, feedback: Feedback[dict[str, Any]]) -> None:
         done = (feedback.terminated | feedback.truncated).tolist()
         lengths = _episode_lengths(feedback.info.get("episode"), len(done))
         rewards = feedback.rewards.tolist()  # float32 to Python floats: exact
