@@ -93,12 +93,6 @@ def test_every_kind_of_big_array_gives_the_codecs_bytes(array):
     assert bytes(FramePacker().pack(msg, size_hint=WALK_MIN, key=KEY)) == expected(msg)
 
 
-def test_a_message_holding_the_marker_falls_back_to_plain_packing():
-    packer = FramePacker()
-    msg = {"images": camera(4, 96, 96), "sly": packer._marker, "more": camera(2, 96, 96, seed=3)}
-    assert bytes(packer.pack(msg, size_hint=WALK_MIN, key=KEY)) == expected(msg)
-
-
 def test_a_message_without_big_arrays_is_packed_whole_even_when_hinted_big():
     msg = {"x": np.arange(5)}
     assert bytes(FramePacker().pack(msg, size_hint=10 * WALK_MIN, key=KEY)) == expected(msg)
@@ -180,10 +174,16 @@ def test_a_parts_cost_is_timed_on_that_part():
 
 def test_a_skeleton_may_hold_any_bytes_and_slots_in_nested_maps():
     """Slots are pieces of their own (no marker in the bytes that a value could collide with)."""
-    skeleton = {"sly": FramePacker()._marker, "obs": SLOT, "deep": {"x": np.arange(3), "info": SLOT}}
+    skeleton = {"sly": FramePacker()._writer._marker, "obs": SLOT, "deep": {"x": np.arange(3), "info": SLOT}}
     frame, _ = FramePacker().pack_parts(skeleton, [np.arange(4), {"a": 1}], key=KEY)
     assert bytes(frame) == expected({"sly": skeleton["sly"], "obs": np.arange(4), "deep": {"x": np.arange(3),
                                                                                           "info": {"a": 1}}})
+
+
+def test_a_message_holding_slots_is_refused_by_pack():
+    for hint in (0, WALK_MIN):
+        with pytest.raises((RuntimeError, ProtocolError), match="slots|cannot encode"):
+            FramePacker().pack({"a": SLOT, "b": camera(4, 96, 96)}, size_hint=hint)
 
 
 def test_parts_the_codec_refuses_are_a_protocol_error():

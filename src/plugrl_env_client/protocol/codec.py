@@ -29,7 +29,7 @@ BUFFER_KINDS = frozenset("biufSU")
 _MAX_CODE_POINT = 0x10FFFF
 _ND, _NG, _DATA, _DTYPE, _SHAPE = b"__ndarray__", b"__npgeneric__", b"data", b"dtype", b"shape"
 DATA_KEY = _DATA
-"""The key of an array's bytes in its map (what :class:`~plugrl_env_client.protocol.writer.MessageWriter` fills)."""
+"""The key of an array's bytes in its map (what :class:`~plugrl_env_client.protocol.frame_packer.MessageWriter` fills)."""
 
 
 def encode_numpy(obj: Any) -> Any:
