@@ -32,7 +32,8 @@ from plugrl_env_client.protocol.connection import (
 )
 from plugrl_env_client.protocol.dialing import ReconnectsExhausted, ServerUnreachable
 from plugrl_env_client.protocol.messages import ServerMetadata
-from plugrl_env_client.protocol.session import Session, SessionConfig
+from plugrl_env_client.protocol.session import Session, SessionConfig, Stopwatch
+from plugrl_env_client.timing import Timing
 
 
 def test_api_key_header_from_flag(harness):
@@ -494,3 +495,23 @@ def test_reconnects_past_the_limit_are_a_typed_error_that_says_why():
     assert str(raised.value) == ("the server closed the connection (code 1001, reason 'plugrl-server-resync') more "
                                  "than --max-reconnects=0 times; giving up")
     assert raised.value.closed == closed and raised.value.limit == 0 and session.timing.reconnects == 0
+
+
+def test_a_stopwatch_adds_each_blocks_seconds_to_every_field_it_names():
+    timing = Timing()
+    packing, sending = Stopwatch(timing, "pack_s", "infer_obs_pack_s"), Stopwatch(timing, "feedback_s")
+
+    def busy(seconds: float) -> None:  # the clock moves on while the block runs (no sleep: CPU time)
+        until = time.perf_counter() + seconds
+        while time.perf_counter() < until:
+            pass
+
+    with sending:
+        with packing:
+            busy(0.01)
+        busy(0.01)
+    assert timing.pack_s == timing.infer_obs_pack_s >= 0.01 and timing.feedback_s >= timing.pack_s + 0.01
+    first = timing.pack_s
+    with packing:
+        busy(0.01)
+    assert timing.pack_s == timing.infer_obs_pack_s >= first + 0.01 and timing.env_step_s == 0.0

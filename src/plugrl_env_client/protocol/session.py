@@ -63,7 +63,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["ConnectionConfig", "Session", "SessionConfig", "warning_period"]
+__all__ = ["ConnectionConfig", "Session", "SessionConfig", "Stopwatch", "warning_period"]
 
 WARNING_PERIOD_ENV = "PLUGRL_WAIT_WARNING_S"
 DEFAULT_WARNING_PERIOD_S = 30.0
@@ -153,6 +153,11 @@ class Session:
         self._warn_s = warning_period()
         self._dialer = Dialer(config, self.timing, self._warn_s, should_stop)
         self._packer = FramePacker()  # one frame buffer for the session's life, across reconnects
+        # Where the seconds of each step go (one reused stopwatch per step: nothing made per message).
+        self._infer_packing = Stopwatch(self.timing, "pack_s", "infer_obs_pack_s")
+        self._feedback_sending = Stopwatch(self.timing, "feedback_s")
+        self._feedback_building = Stopwatch(self.timing, "feedback_obs_pack_s")  # the observation's wire map
+        self._feedback_packing = Stopwatch(self.timing, "pack_s")
         self._client: ws_client.WebSocketClient | None = None
         self._lost: Closed | None = None  # a feedback found the connection gone: the next infer raises it
         self._asked: np.ndarray | None = None  # env_indices of the infer in flight (None: none is)
@@ -187,21 +192,18 @@ class Session:
             early = client.recv(0)  # nothing may wait here: every reply answered the infer before it
             if early is not None:
                 self._answers_no_infer(early)
-            start = time.perf_counter()
-            wire = messages.wire_observation(request.obs)
-            frame = self._packer.pack(request.message(wire), _payload_bytes(wire))
-            packed = time.perf_counter()
+            with self._infer_packing:
+                wire = messages.wire_observation(request.obs)
+                frame = self._packer.pack(request.message(wire), _payload_bytes(wire))
+            self._sent_at = time.perf_counter()
             client.send_frame(frame)
         except transport.TransportClosed as exc:
             raise ConnectionLost(self._closed(exc)) from None
         timing = self.timing
-        timing.pack_s += packed - start
-        timing.infer_obs_pack_s += packed - start
         timing.infer_calls += 1
         timing.bytes_sent += frame.nbytes
         self._asked = np.asarray(request.env_indices, dtype=np.int64)
         self.state = Exchange.AWAITING_REPLY
-        self._sent_at = packed
         self._sent_wall = time.time()
         self._asked_since = now = time.monotonic()
         limit = self.config.infer_timeout
@@ -253,22 +255,19 @@ class Session:
                    NoFeedbackDue("a feedback that answers no reply: send_infer() and receive_actions() first"))
         client = self._current()
         timing = self.timing
-        start = time.perf_counter()
-        wire = messages.wire_observation(feedback.obs)
-        skeleton = feedback.message(SLOT, SLOT)
-        packing = time.perf_counter()
-        frame, (obs_s, info_s) = self._packer.pack_parts(skeleton, (wire, feedback.info), _payload_bytes(wire))
-        packed = time.perf_counter()
-        timing.pack_s += packed - packing
-        timing.feedback_obs_pack_s += packing - start + obs_s
-        timing.feedback_info_pack_s += info_s
-        try:
-            client.send_frame(frame)
-        except transport.TransportClosed as exc:
-            self._lost = self._closed(exc)
-            return
-        finally:
-            timing.feedback_s += time.perf_counter() - start
+        with self._feedback_sending:
+            with self._feedback_building:
+                wire = messages.wire_observation(feedback.obs)
+                skeleton = feedback.message(SLOT, SLOT)
+            with self._feedback_packing:
+                frame, (obs_s, info_s) = self._packer.pack_parts(skeleton, (wire, feedback.info), _payload_bytes(wire))
+            timing.feedback_obs_pack_s += obs_s
+            timing.feedback_info_pack_s += info_s
+            try:
+                client.send_frame(frame)
+            except transport.TransportClosed as exc:
+                self._lost = self._closed(exc)
+                return
         timing.feedback_calls += 1
         timing.bytes_sent += frame.nbytes
 
@@ -374,6 +373,26 @@ class Session:
         self._asked, self.state = None, Exchange.IDLE
         if client is not None and self._keepalive is not None:
             self._keepalive.discard(client)
+
+
+class Stopwatch:
+    """Adds the seconds of each ``with`` block to the named fields of a :class:`~plugrl_env_client.timing.Timing`.
+    Made once per step of the exchange and reused (a block costs two clock readings and two method calls), so a
+    step's time is measured in one place, not by clock readings spread through it. Not reentrant."""
+
+    __slots__ = ("_timing", "_fields", "_start")
+
+    def __init__(self, timing: Timing, *fields: str) -> None:
+        self._timing, self._fields, self._start = timing, fields, 0.0
+
+    def __enter__(self) -> None:
+        self._start = time.perf_counter()
+
+    def __exit__(self, *exc: object) -> None:
+        elapsed = time.perf_counter() - self._start
+        timing = self._timing
+        for field in self._fields:
+            setattr(timing, field, getattr(timing, field) + elapsed)
 
 
 def _payload_bytes(wire: dict[str, Any]) -> int:
