@@ -292,10 +292,16 @@ def _raw_client(kind: str, port: int) -> tuple[Callable[[bytes], None], Callable
         ws = ws_connect(f"ws://127.0.0.1:{port}", compression=None, max_size=None, ping_interval=None,
                         proxy=None).__enter__()
         return ws.send, ws.recv, ws.close
+    from websockets.frames import Frame, Opcode
+
     from plugrl_env_client.protocol import ws_client
 
     conn = ws_client.connect(f"ws://127.0.0.1:{port}")  # the client of every PlugRL connection: one thread, Sans-I/O
-    return conn.send, conn.recv, conn.close
+
+    def send(data: bytes) -> None:  # already msgpack: framed by websockets (a session frames with its FramePacker)
+        conn.send_frame(Frame(Opcode.BINARY, data).serialize(mask=True))
+
+    return send, conn.recv, conn.close
 
 
 def stack_cell(kind: str, n: int, durations: Durations) -> Cell:
@@ -310,12 +316,12 @@ def stack_cell(kind: str, n: int, durations: Durations) -> Cell:
     try:
         session = Session(SessionConfig(url=f"ws://127.0.0.1:{peer.port}", connect_timeout=30, transport=kind))
         session.open()
-        session.infer(obs, ids, steps)  # the server now expects this chunk's feedback
+        session.infer(messages.InferRequest(obs, ids, steps))  # the server now expects this chunk's feedback
         try:
             def round_trip() -> int:
                 before = session.timing.bytes_sent
-                session.feedback(ids, steps, obs, zeros, falses, falses, {})
-                session.infer(none, ids, steps, reuse_all)
+                session.feedback(messages.Feedback(ids, steps, obs, zeros, falses, falses, {}))
+                session.infer(messages.InferRequest(none, ids, steps, reuse_all))
                 return session.timing.bytes_sent - before
 
             return timed_rounds(f"stack ({kind})", n, round_trip, durations.stack_s,

@@ -11,12 +11,11 @@ its own). The server is ``server.transport.serve`` (picows when installed, else 
 with one ~200 B action frame. Clients, each sending real PlugRL frames it encodes every round:
 
 * ``websockets``: websockets' threading client (``websockets.sync.client.connect``: a reader thread), frames from
-  ``codec.Encoder`` (msgpack), framed by websockets.
+  ``codec.packb`` (msgpack), framed by websockets.
 * ``picows 1-thread``: picows with its asyncio loop driven from the calling thread only
   (``loop.run_until_complete`` on each receive; no second thread): what picows would be without a bridge thread.
 * ``sansio``: ``ws_client.WebSocketClient`` with ``FramePacker`` (arrays masked straight into the frame): the
   package's client.
-* ``sansio + Encoder``: the same client fed by ``codec.Encoder`` + ``send``: the transport's share alone.
 
 Cells: (a) a ~1 KB infer and its ~200 B reply in lockstep, round trips per second; (b) 3 MB and 24 MB observation
 frames (Dummy-v1-shaped images and states of 16 and 128 envs), MB/s and the peak resident memory above the
@@ -48,7 +47,7 @@ from plugrl_env_client.protocol import codec, messages, transport, ws_client
 from plugrl_env_client.protocol.frame_packer import FramePacker
 from plugrl_env_client.server import transport as server_transport
 
-KINDS = ("websockets", "picows 1-thread", "sansio", "sansio + Encoder")
+KINDS = ("websockets", "picows 1-thread", "sansio")
 SIZES = {"small": 0, "3 MB": 16, "24 MB": 128}  # envs per observation frame (0: the small infer)
 SECONDS = {"small": 1.5, "3 MB": 1.5, "24 MB": 2.0}
 MAX_ROUNDS = {"small": 100_000, "3 MB": 5_000, "24 MB": 60}
@@ -234,7 +233,7 @@ def client_cell(kind: str, size: str, port: int, seconds: float, max_rounds: int
     n = SIZES[size]
     msg, hint = small_infer() if n == 0 else observation_feedback(n)
     url = f"ws://127.0.0.1:{port}"
-    encoder, packer = codec.Encoder(), FramePacker()
+    packer = FramePacker()
     close: Any
     if kind == "sansio":
         client = ws_client.connect(url)
@@ -244,21 +243,11 @@ def client_cell(kind: str, size: str, port: int, seconds: float, max_rounds: int
             codec.unpackb(client.recv())  # type: ignore[arg-type]
 
         close = client.close
-    elif kind == "sansio + Encoder":
-        client = ws_client.connect(url)
-
-        def round_trip() -> None:
-            with encoder.encode(msg, hint) as frame:
-                client.send(frame)
-            codec.unpackb(client.recv())  # type: ignore[arg-type]
-
-        close = client.close
     elif kind == "picows 1-thread":
         driver = PicowsOneThread(url)
 
         def round_trip() -> None:
-            with encoder.encode(msg, hint) as frame:
-                driver.send(frame)
+            driver.send(codec.packb(msg))
             codec.unpackb(driver.recv())
 
         close = driver.close
@@ -268,8 +257,7 @@ def client_cell(kind: str, size: str, port: int, seconds: float, max_rounds: int
         conn = threading_connect(url, compression=None, max_size=None, ping_interval=None)
 
         def round_trip() -> None:
-            with encoder.encode(msg, hint) as frame:
-                conn.send(frame)
+            conn.send(codec.packb(msg))
             codec.unpackb(conn.recv())
 
         close = conn.close

@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from plugrl_env_client.envs.base_env import Observation
+from plugrl_env_client.protocol import messages
 from plugrl_env_client.protocol.connection import CloseAction, Closed, ConnectionLost
 from plugrl_env_client.protocol.messages import (
     CLOSE_GOING_AWAY,
@@ -39,6 +40,7 @@ from plugrl_env_client.protocol.messages import (
     REASON_RESYNC,
     REASON_STOP,
     ActionReply,
+    InferRequest,
     ServerMetadata,
 )
 from plugrl_env_client.rollout.settings import LoopSettings
@@ -210,7 +212,8 @@ class FakeConnection:
 
     # ------------------------------------------------------------------------------------------ the messages
 
-    def take_infer(self, obs: Observation, env_indices: Any, step_ids: Any, reuse: Any) -> None:
+    def take_infer(self, request: InferRequest[Observation]) -> None:
+        obs, env_indices, step_ids, reuse = request.obs, request.env_indices, request.step_ids, request.reuse
         self._check_open()
         if self.closed is not None:
             raise ConnectionLost(self.closed)
@@ -304,8 +307,9 @@ class FakeConnection:
         self._close_if_scripted(reply)
         return reply
 
-    def take_feedback(self, env_indices: Any, step_ids: Any, obs: Observation, rewards: Any, terminated: Any,
-                      truncated: Any, info: dict[str, Any]) -> None:
+    def take_feedback(self, sent: messages.Feedback[Observation]) -> None:
+        env_indices, step_ids, obs, info = sent.env_indices, sent.step_ids, sent.obs, sent.info
+        rewards, terminated, truncated = sent.rewards, sent.terminated, sent.truncated
         self._check_open()
         if self.closed is not None:  # as over a socket: it never arrives, and the next infer learns of the close
             self.lost.append(Feedback(_ids(env_indices, "env_indices"), _ids(step_ids, "step_ids"), obs.copy(),
@@ -386,9 +390,7 @@ class FakeSession:
             self._failed_opens += 1
             raise ConnectionLost(DROPPED)
         data = self.server.metadata_for(self.index, len(self.connections))
-        meta = ServerMetadata(raw=dict(data), protocol_version=data.get("protocol_version"),
-                              server=data.get("server"), action_horizon=data.get("action_horizon"),
-                              action_dim=data.get("action_dim"), features=tuple(data.get("features", ())))
+        meta = messages.parse_metadata(messages.metadata_message(dict(data)))  # what a client reads of it
         self.connections.append(FakeConnection(self.server, self.index, len(self.connections), meta))
         self.server.timeline.append(("open", (self.index, len(self.connections) - 1), meta))
         return meta
@@ -410,16 +412,14 @@ class FakeSession:
         self.reconnects.append(closed)
         return self._connect()
 
-    def infer(self, obs: Observation, env_indices: np.ndarray, step_ids: np.ndarray,
-              reuse: np.ndarray | None = None) -> ActionReply:
-        self.send_infer(obs, env_indices, step_ids, reuse)
+    def infer(self, request: InferRequest[Observation]) -> ActionReply:
+        self.send_infer(request)
         reply = self.receive_actions(None)
         assert reply is not None
         return reply
 
-    def send_infer(self, obs: Observation, env_indices: np.ndarray, step_ids: np.ndarray,
-                   reuse: np.ndarray | None = None) -> None:
-        self.current.take_infer(obs, env_indices, step_ids, reuse)
+    def send_infer(self, request: InferRequest[Observation]) -> None:
+        self.current.take_infer(request)
 
     def receive_actions(self, timeout: float | None = None) -> ActionReply | None:
         return self.current.give_reply(timeout)
@@ -434,9 +434,8 @@ class FakeSession:
         if waiting:
             min(waiting, key=lambda conn: conn.asked_at).release()
 
-    def feedback(self, env_indices: np.ndarray, step_ids: np.ndarray, obs: Observation, rewards: np.ndarray,
-                 terminated: np.ndarray, truncated: np.ndarray, info: dict[str, Any]) -> None:
-        self.current.take_feedback(env_indices, step_ids, obs, rewards, terminated, truncated, info)
+    def feedback(self, feedback: messages.Feedback[Observation]) -> None:
+        self.current.take_feedback(feedback)
 
     def close(self) -> None:
         if self.connections and not self.closed:

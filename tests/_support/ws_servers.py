@@ -19,6 +19,7 @@ from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
 import pytest
+from websockets.frames import Frame, Opcode
 
 
 class Running:
@@ -98,6 +99,11 @@ class Servers:
     def stop_all(self) -> None:
         for running in self.running:
             running.stop()
+
+
+def binary_frame(payload: bytes | bytearray | memoryview) -> bytes:
+    """``payload`` as one masked client frame, framed by websockets itself (for a client's ``send_frame``)."""
+    return Frame(Opcode.BINARY, bytes(payload)).serialize(mask=True)
 
 
 def echo(ws: Any) -> None:

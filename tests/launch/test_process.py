@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -10,6 +11,7 @@ from file_modules import imported
 
 from plugrl_env_client.app import run_client
 from plugrl_env_client.config import ClientConfig
+from plugrl_env_client.protocol.session import ConnectionConfig
 from plugrl_env_client.server.policies import PolicyConfig, make_policy
 from plugrl_env_client.server.server import PolicyServer
 
@@ -55,3 +57,23 @@ def test_a_failing_close_in_spawned_processes_is_one_warning_line_each(leaky: No
     lines, log = closing_output(tmp_path, capsys)
     assert len(lines) == 2 and all(line.startswith(WARNING) for line in lines), lines
     assert log.count("Traceback (most recent call last)") == 2
+
+
+@pytest.mark.slow
+def test_a_server_that_never_answers_is_said_with_a_command_that_starts_one(registry: None, tmp_path: Path,
+                                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    """The session raises a bare ServerUnreachable; the warning while waiting and the error end with what the user
+    can do, in the env's terms (its action space's server command, the embedded policy's flag)."""
+    with socket.socket() as s:  # a port where nothing listens
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cfg = config(tmp_path, num_episodes=1, server_port=port, connection=ConnectionConfig(connect_timeout=1))
+    assert run_client(cfg, "Dummy-v1") == 1
+    err = capsys.readouterr().err
+    url = f"ws://127.0.0.1:{port}"
+    waiting = [line for line in err.splitlines() if f"waiting for a policy server at {url} (" in line]
+    assert len(waiting) == 1 and waiting[0].endswith(
+        f"Start one with `plugrl-run-policy-server --port {port} --policy.action-dim 7 --policy.dtype float32`, or run with "
+        "`--local-policy random` to use the embedded one."), err
+    assert (f"no policy server answered at {url} within 1 s (--connect-timeout); start one with "
+            f"`plugrl-run-policy-server --port {port} --policy.action-dim 7 --policy.dtype float32` or use `--local-policy random`") in err, err

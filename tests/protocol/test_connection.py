@@ -7,6 +7,7 @@ import threading
 import numpy as np
 
 from plugrl_env_client.envs.base_env import Observation
+from plugrl_env_client.protocol import messages
 from plugrl_env_client.protocol.session import Session, SessionConfig
 
 
@@ -27,16 +28,16 @@ def test_feedback_times_its_observation_and_its_info_inside_its_own_time(harness
     session.open()
     ids, steps, n = np.arange(2), np.zeros(2, np.int64), 2
     small = Observation(states={"x": np.zeros((n, 1))}, text="a")
-    session.infer(small, ids, steps)
+    session.infer(messages.InferRequest(small, ids, steps))
     timing = session.timing
     assert timing.feedback_obs_pack_s == timing.feedback_info_pack_s == 0.0
     big = Observation(images={"cam": np.ones((n, 1024, 1024, 4), np.uint8)}, states={"x": np.zeros((n, 1))}, text="a")
     flags = np.zeros(n, bool)
-    session.feedback(ids, steps, big, np.zeros(n, np.float32), flags, flags, {"episode": {"r": np.ones(n)}})
+    session.feedback(messages.Feedback(ids, steps, big, np.zeros(n, np.float32), flags, flags, {"episode": {"r": np.ones(n)}}))
     obs_part, info_part = timing.feedback_obs_pack_s, timing.feedback_info_pack_s
     assert obs_part > 0 and info_part > 0
-    session.feedback(ids, steps + 1, small, np.zeros(n, np.float32), flags, flags,
-                     {"blob": np.ones((n, 4 << 20), np.uint8)})
+    session.feedback(messages.Feedback(ids, steps + 1, small, np.zeros(n, np.float32), flags, flags,
+                     {"blob": np.ones((n, 4 << 20), np.uint8)}))
     assert done.wait(30)
     assert timing.feedback_calls == 2
     assert timing.feedback_obs_pack_s + timing.feedback_info_pack_s <= timing.feedback_s, "parts of feedback_s"

@@ -1,20 +1,52 @@
-"""FramePacker: the codec's exact bytes, framed and masked as MaskedFramer frames them, from one kept buffer."""
+"""FramePacker: the codec's exact bytes, framed and masked as websockets frames them, from one kept buffer."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
+import websockets.frames
+from websockets.frames import Frame, Opcode
+from websockets.streams import StreamReader
 
 from plugrl_env_client.errors import ProtocolError
 from plugrl_env_client.protocol import codec
-from plugrl_env_client.protocol.frame_packer import BIG_ARRAY, SLOT, WALK_MIN, FramePacker
-from plugrl_env_client.protocol.framing import MaskedFramer
+from plugrl_env_client.protocol.frame_packer import BIG_ARRAY, SLOT, WALK_MIN, FramePacker, frame_header
 
 KEY = bytes([0x37, 0xFA, 0x21, 0x3D])
 
 
+@pytest.fixture(autouse=True)
+def _websockets_masks_with_key(monkeypatch) -> None:
+    """websockets' own framing (the reference) draws its mask key here: make it :data:`KEY`."""
+    monkeypatch.setattr(websockets.frames.secrets, "token_bytes", lambda n: KEY)
+
+
 def expected(msg: object) -> bytes:
-    return bytes(MaskedFramer().frame(codec.packb(msg), key=KEY))
+    """``msg``'s frame as websockets frames the codec's bytes."""
+    return Frame(Opcode.BINARY, codec.packb(msg)).serialize(mask=True)
+
+
+def _parse(frame: bytes) -> Frame:
+    reader = StreamReader()
+    reader.feed_data(frame)
+    reader.feed_eof()
+    parser = Frame.parse(reader.read_exact, mask=True)
+    with pytest.raises(StopIteration) as stop:
+        next(parser)
+    return stop.value.value
+
+
+@pytest.mark.parametrize("size", [0, 1, 125, 126, 65535, 65536, 1_000_003])
+def test_frames_of_every_length_encoding_are_websockets_bytes(size: int) -> None:
+    """The 7-, 16- and 64-bit lengths, each the shortest that fits; a random key parses back to the message."""
+    msg = {"b": np.random.default_rng(size).integers(0, 256, size, dtype=np.uint8)}
+    hint = size if size >= WALK_MIN else 0
+    assert bytes(FramePacker().pack(msg, size_hint=hint, key=KEY)) == expected(msg)
+    assert _parse(bytes(FramePacker().pack(msg, size_hint=hint))).data == codec.packb(msg)
+
+
+def test_header_uses_the_shortest_length_encoding() -> None:
+    assert [len(frame_header(n)) for n in (0, 125, 126, 65535, 65536)] == [2, 2, 4, 4, 10]
 
 
 def camera(n: int, h: int, w: int, seed: int = 0) -> np.ndarray:
@@ -61,12 +93,6 @@ def test_every_kind_of_big_array_gives_the_codecs_bytes(array):
     assert bytes(FramePacker().pack(msg, size_hint=WALK_MIN, key=KEY)) == expected(msg)
 
 
-def test_a_message_holding_the_marker_falls_back_to_plain_packing():
-    packer = FramePacker()
-    msg = {"images": camera(4, 96, 96), "sly": packer._marker, "more": camera(2, 96, 96, seed=3)}
-    assert bytes(packer.pack(msg, size_hint=WALK_MIN, key=KEY)) == expected(msg)
-
-
 def test_a_message_without_big_arrays_is_packed_whole_even_when_hinted_big():
     msg = {"x": np.arange(5)}
     assert bytes(FramePacker().pack(msg, size_hint=10 * WALK_MIN, key=KEY)) == expected(msg)
@@ -84,6 +110,17 @@ def test_frames_come_from_one_kept_buffer_and_each_gets_a_fresh_key():
     assert bytes(second[10:14]) != key
     smaller = packer.pack({"images": camera(2, 128, 128)}, size_hint=WALK_MIN)
     assert smaller.obj is buffer
+
+
+def test_every_frame_gets_its_own_key_across_refills_of_the_key_pool():
+    """Keys come from the OS's random source in batches of 1024; every frame still has a fresh one."""
+    packer = FramePacker()
+    keys = []
+    for i in range(2500):  # more than two batches
+        frame = bytes(packer.pack({"i": i}))
+        assert codec.unpackb(_parse(frame).data) == {"i": i}
+        keys.append(frame[2:6])  # a payload below 126 bytes: 2 header bytes, then the key
+    assert len(set(keys)) > 2490  # 32-bit keys: a handful of repeats at most, by chance
 
 
 def test_a_frame_still_held_is_not_overwritten_by_a_bigger_one():
@@ -137,10 +174,16 @@ def test_a_parts_cost_is_timed_on_that_part():
 
 def test_a_skeleton_may_hold_any_bytes_and_slots_in_nested_maps():
     """Slots are pieces of their own (no marker in the bytes that a value could collide with)."""
-    skeleton = {"sly": FramePacker()._marker, "obs": SLOT, "deep": {"x": np.arange(3), "info": SLOT}}
+    skeleton = {"sly": FramePacker()._writer._marker, "obs": SLOT, "deep": {"x": np.arange(3), "info": SLOT}}
     frame, _ = FramePacker().pack_parts(skeleton, [np.arange(4), {"a": 1}], key=KEY)
     assert bytes(frame) == expected({"sly": skeleton["sly"], "obs": np.arange(4), "deep": {"x": np.arange(3),
                                                                                           "info": {"a": 1}}})
+
+
+def test_a_message_holding_slots_is_refused_by_pack():
+    for hint in (0, WALK_MIN):
+        with pytest.raises((RuntimeError, ProtocolError), match="slots|cannot encode"):
+            FramePacker().pack({"a": SLOT, "b": camera(4, 96, 96)}, size_hint=hint)
 
 
 def test_parts_the_codec_refuses_are_a_protocol_error():

@@ -8,7 +8,7 @@ import time
 from collections.abc import Callable
 
 import pytest
-from ws_servers import echo
+from ws_servers import binary_frame, echo
 
 from plugrl_env_client.protocol import ws_client
 from plugrl_env_client.protocol.keepalive import Keepalive
@@ -34,7 +34,7 @@ def test_without_the_keepalive_a_long_call_loses_the_connection(bare):
     try:
         time.sleep(2.5)  # an env call that does not return for longer than the ping interval plus its timeout
         with pytest.raises(TransportClosed) as info:
-            client.send(b"still there?")
+            client.send_frame(binary_frame(b"still there?"))
             client.recv(timeout=10)
         assert info.value.code == 1011  # websockets: "keepalive ping timeout"
     finally:
@@ -46,12 +46,12 @@ def test_the_keepalive_answers_pings_through_a_long_call_and_hands_the_socket_ba
     client = ws_client.connect(bare(echo, **PINGS))
     keepalive = Keepalive([client], grace_s=0.2)
     try:
-        client.send(b"before")
+        client.send_frame(binary_frame(b"before"))
         assert client.recv(timeout=10) == b"before"
         with keepalive:
             time.sleep(2.5)  # the long env call
         assert keepalive.takeovers == 1 and not client.lent
-        client.send(b"after")
+        client.send_frame(binary_frame(b"after"))
         assert client.recv(timeout=10) == b"after"
     finally:
         keepalive.close()
@@ -66,7 +66,7 @@ def test_short_calls_never_involve_the_keepalives_thread(bare):
             with keepalive:
                 client_is_free = not client.lent
             assert client_is_free
-            client.send(b"x")
+            client.send_frame(binary_frame(b"x"))
             assert client.recv(timeout=10) == b"x"
         assert keepalive.takeovers == 0
     finally:
@@ -88,17 +88,17 @@ def test_messages_the_keepalive_reads_during_a_call_wait_for_the_owner_in_order(
     client = ws_client.connect(bare(handler, ping_interval=None))
     keepalive = Keepalive([client], grace_s=0.1)
     try:
-        client.send(b"go")
+        client.send_frame(binary_frame(b"go"))
         with keepalive:
             assert sent.wait(10)  # the call lasts until the server has pinged and sent
             assert wait_for(lambda: keepalive.takeovers == 1)
             with pytest.raises(RuntimeError, match="serviced by its keepalive"):  # the owner must keep out
                 client.recv(timeout=0)
             with pytest.raises(RuntimeError, match="serviced by its keepalive"):
-                client.send(b"too early")
+                client.send_frame(binary_frame(b"too early"))
         assert client.recv(timeout=10) == b"one"
         assert client.recv(timeout=10) == b"two"
-        client.send(b"done")
+        client.send_frame(binary_frame(b"done"))
     finally:
         keepalive.close()
         client.close()
@@ -112,7 +112,7 @@ def test_a_close_during_a_long_call_is_raised_after_it(bare):
     client = ws_client.connect(bare(handler))
     keepalive = Keepalive([client], grace_s=0.1)
     try:
-        client.send(b"x")
+        client.send_frame(binary_frame(b"x"))
         with keepalive:
             assert wait_for(lambda: keepalive.takeovers == 1 and client.closed)
         with pytest.raises(TransportClosed) as info:
@@ -132,7 +132,7 @@ def test_a_call_that_raises_still_gets_the_socket_back(bare):
                 assert wait_for(lambda: keepalive.takeovers == 1)
                 raise ZeroDivisionError  # the env failed mid-call
         assert not client.lent
-        client.send(b"after")
+        client.send_frame(binary_frame(b"after"))
         assert client.recv(timeout=10) == b"after"
     finally:
         keepalive.close()
@@ -150,12 +150,13 @@ def test_several_clients_and_a_replaced_one(bare):
             time.sleep(2.0)
         first.close()
         third = ws_client.connect(url)
-        keepalive.clients = [second, third]
+        keepalive.discard(first)
+        keepalive.add(third)
         with keepalive:
             time.sleep(2.0)
         assert keepalive.takeovers == 2
         for client in (second, third):
-            client.send(b"alive")
+            client.send_frame(binary_frame(b"alive"))
             assert client.recv(timeout=10) == b"alive"
         third.close()
     finally:
@@ -172,7 +173,7 @@ def test_close_stops_the_thread(bare):
     assert threads
     keepalive.close()
     assert not any(t.is_alive() for t in threads)
-    client.send(b"still mine")
+    client.send_frame(binary_frame(b"still mine"))
     assert client.recv(timeout=10) == b"still mine"
     client.close()
 
@@ -188,7 +189,7 @@ def test_calls_that_end_as_the_grace_runs_out_never_share_the_client(bare):
             with keepalive:
                 time.sleep(0.004 + 0.002 * (i % 3) / 2)  # 4, 5 and 6 ms: before, at and after the grace
             assert not client.lent
-            client.send(b"%d" % i)
+            client.send_frame(binary_frame(b"%d" % i))
             assert client.recv(timeout=10) == b"%d" % i
         assert 0 < keepalive.takeovers < 300
     finally:

@@ -11,7 +11,7 @@ from plugrl_env_client.errors import ProtocolError
 from plugrl_env_client.protocol import codec, messages
 from plugrl_env_client.protocol.messages import (
     ActionReply,
-    FeedbackMessage,
+    Feedback,
     InferRequest,
     ServerMetadata,
     action_message,
@@ -122,7 +122,7 @@ def test_builders_round_trip_through_parsers() -> None:
     reply = parse_action(wire(action_message(sent, np.ones((5, 2, 3), dtype=np.float32))), sent)
     assert isinstance(reply, ActionReply) and reply.actions.shape == (5, 2, 3)
     fb = parse_feedback(feedback(2))
-    assert isinstance(fb, FeedbackMessage) and fb.rewards.tolist() == [2.0, 2.0] and fb.step_ids.tolist() == [1, 1]
+    assert isinstance(fb, Feedback) and fb.rewards.tolist() == [2.0, 2.0] and fb.step_ids.tolist() == [1, 1]
     meta = parse_metadata(wire(metadata_message({"protocol_version": 1, "features": ["reuse-feedback-obs"]})))
     assert meta.protocol_version == 1 and meta.supports(messages.FEATURE_REUSE_FEEDBACK_OBS)
 

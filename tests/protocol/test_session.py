@@ -19,9 +19,21 @@ from websockets.exceptions import ConnectionClosed
 from plugrl_env_client.envs.base_env import Observation
 from plugrl_env_client.errors import ConfigError
 from plugrl_env_client.protocol import messages, ws_client
-from plugrl_env_client.protocol.connection import CloseAction, ConnectionLost
+from plugrl_env_client.protocol.connection import (
+    AlreadyAwaitingReply,
+    CloseAction,
+    Closed,
+    ConnectionLost,
+    Exchange,
+    ExchangeMisuse,
+    NoFeedbackDue,
+    NoReplyAwaited,
+    NotConnected,
+)
+from plugrl_env_client.protocol.dialing import ReconnectsExhausted, ServerUnreachable
 from plugrl_env_client.protocol.messages import ServerMetadata
-from plugrl_env_client.protocol.session import Session, SessionConfig
+from plugrl_env_client.protocol.session import Session, SessionConfig, Stopwatch
+from plugrl_env_client.timing import Timing
 
 
 def test_api_key_header_from_flag(harness):
@@ -85,20 +97,21 @@ def test_waits_for_a_server_that_comes_up_later_and_says_so_once(harness, caplog
 
     holder: list = []
     threading.Thread(target=bring_up_later, daemon=True).start()
-    session = Session(SessionConfig(url=f"ws://127.0.0.1:{port}", backoff_max_s=0.3, connect_timeout=60))
+    session = Session(SessionConfig(url=f"ws://127.0.0.1:{port}", backoff_max_s=0.3, connect_timeout=60,
+                                    waiting_hint="Start one with `plugrl-run-policy-server`."))
     meta = session.open()
     session.close()
     assert started.is_set() and isinstance(meta, ServerMetadata) and meta.action_horizon == 2
     waiting = [r for r in caplog.records if "waiting for a policy server" in r.getMessage()]
-    assert len(waiting) == 1 and "plugrl-run-policy-server" in waiting[0].getMessage()
+    assert len(waiting) == 1 and waiting[0].getMessage().endswith("refused). Start one with `plugrl-run-policy-server`.")
     for server in holder:
         server.shutdown()
 
 
 def test_backoff_grows_with_jitter_and_is_capped():
     session = Session(SessionConfig(url="ws://127.0.0.1:1", backoff_initial_s=0.1, backoff_max_s=2.0))
-    first = [session._backoff(1) for _ in range(200)]
-    late = [session._backoff(20) for _ in range(200)]
+    first = [session._dialer.backoff(1) for _ in range(200)]
+    late = [session._dialer.backoff(20) for _ in range(200)]
     assert 0.05 <= min(first) and max(first) <= 0.1
     assert len(set(np.round(first, 6))) > 1, "jitter spreads retries"
     assert 1.0 <= min(late) and max(late) <= 2.0
@@ -148,7 +161,7 @@ def test_reconnects_that_fail_at_once_back_off_further(harness):
     for _ in range(4):
         obs = Observation(states={"x": np.zeros((1, 1))}, text="a")
         with pytest.raises(ConnectionLost) as info:
-            session.infer(obs, np.arange(1), np.zeros(1, np.int64))
+            session.infer(messages.InferRequest(obs, np.arange(1), np.zeros(1, np.int64)))
         assert info.value.close.action is CloseAction.RECONNECT
         session.reconnect(info.value.close)
     session.close()
@@ -175,11 +188,11 @@ def test_session_reads_chunks_and_classifies_closes(harness):
     meta = session.open()
     obs = Observation(states={"x": np.zeros((2, 1))}, text="a")
     ids, steps = np.arange(2), np.zeros(2, np.int64)
-    reply = session.infer(obs, ids, steps)
+    reply = session.infer(messages.InferRequest(obs, ids, steps))
     assert meta.action_horizon == 2 and reply.actions.shape == (2, 2, 3) and not reply.actions.any()
-    session.feedback(ids, steps, obs, np.zeros(2, np.float32), np.zeros(2, bool), np.zeros(2, bool), {})
+    session.feedback(messages.Feedback(ids, steps, obs, np.zeros(2, np.float32), np.zeros(2, bool), np.zeros(2, bool), {}))
     with pytest.raises(ConnectionLost) as info:
-        session.infer(obs, ids, steps)
+        session.infer(messages.InferRequest(obs, ids, steps))
     session.close()
     assert info.value.close.action is CloseAction.RECONNECT and info.value.close.reason == messages.REASON_RESYNC
     assert seen["stream"] == "3.1"
@@ -200,20 +213,33 @@ def test_an_infer_sent_now_is_collected_later_and_only_once(harness):
 
     h = harness(script)
     session = Session(SessionConfig(url=f"ws://127.0.0.1:{h.port}"))
-    session.open()
     obs = Observation(states={"x": np.zeros((2, 1))}, text="a")
     ids, steps = np.arange(2), np.zeros(2, np.int64)
-    with pytest.raises(RuntimeError, match="no infer is waiting"):
+    flags = np.zeros(2, bool)
+    feedback = messages.Feedback(ids, steps, obs, np.zeros(2, np.float32), flags, flags, {})
+    with pytest.raises(NotConnected, match="call open"):
+        session.send_infer(messages.InferRequest(obs, ids, steps))
+    session.open()
+    assert session.state is Exchange.IDLE
+    with pytest.raises(NoReplyAwaited, match="no infer is waiting"):
         session.receive_actions(0.0)
-    session.send_infer(obs, ids, steps)
-    with pytest.raises(RuntimeError, match="already waiting"):
-        session.send_infer(obs, ids, steps)
+    with pytest.raises(NoFeedbackDue, match="a feedback that answers no reply"):
+        session.feedback(feedback)
+    session.send_infer(messages.InferRequest(obs, ids, steps))
+    assert session.state is Exchange.AWAITING_REPLY and session.awaiting
+    with pytest.raises(AlreadyAwaitingReply, match="already waiting"):
+        session.send_infer(messages.InferRequest(obs, ids, steps))
+    with pytest.raises(AlreadyAwaitingReply, match="a feedback while an infer waits"):
+        session.feedback(feedback)
     assert session.receive_actions(0.0) is None and session.receive_actions(0.05) is None
     release.set()
     reply = session.receive_actions(None)
     assert reply is not None and reply.actions.shape == (2, 2, 3) and reply.env_ids.tolist() == [0, 1]
-    with pytest.raises(RuntimeError, match="no infer is waiting"):
+    assert session.state is Exchange.FEEDBACK_DUE and not session.awaiting
+    with pytest.raises(NoReplyAwaited, match="no infer is waiting"):
         session.receive_actions(0.0)
+    assert all(issubclass(e, ExchangeMisuse) and issubclass(e, RuntimeError)
+               for e in (NotConnected, NoReplyAwaited, NoFeedbackDue, AlreadyAwaitingReply))
     assert session.timing.infer_calls == 1 and session.timing.actions_received == 1
     session.close()
 
@@ -316,9 +342,11 @@ def test_connect_timeout_holds_to_within_a_second(peer):
             port = silent.getsockname()[1]
         session = Session(SessionConfig(url=f"ws://127.0.0.1:{port}", connect_timeout=2.0))
         start = time.monotonic()
-        with pytest.raises(ConfigError, match=r"no policy server answered at .* within 2 s \(--connect-timeout\)"):
+        with pytest.raises(ServerUnreachable, match=r"no policy server answered at .* within 2 s \(--connect-timeout\)$"
+                           ) as raised:
             session.open()
         assert 2.0 <= time.monotonic() - start < 3.0
+        assert raised.value.first and raised.value.timeout_s == 2.0 and isinstance(raised.value, ConfigError)
 
 
 @pytest.mark.slow
@@ -346,7 +374,7 @@ def test_infer_timeout_closes_the_connection_names_the_infer_and_a_reconnect_goe
     ids, steps = np.arange(2), np.zeros(2, np.int64)
     start = time.monotonic()
     with pytest.raises(ConnectionLost) as info:
-        session.infer(obs, ids, steps)
+        session.infer(messages.InferRequest(obs, ids, steps))
     assert 1.0 <= time.monotonic() - start < 2.0
     closed = info.value.close
     assert closed.action is CloseAction.RECONNECT
@@ -359,7 +387,7 @@ def test_infer_timeout_closes_the_connection_names_the_infer_and_a_reconnect_goe
     assert closes == [(1001, "Infer timeout")]
     assert not session.awaiting
     session.reconnect(closed)
-    assert session.infer(obs, ids, steps).actions.shape == (2, 2, 1)
+    assert session.infer(messages.InferRequest(obs, ids, steps)).actions.shape == (2, 2, 1)
     assert session.timing.reconnects == 1
     session.close()
 
@@ -376,7 +404,7 @@ def test_a_slow_reply_is_announced_and_then_taken(harness, caplog, fast_warnings
     h = harness(script)
     session = Session(SessionConfig(url=f"ws://127.0.0.1:{h.port}"))
     session.open()
-    reply = session.infer(Observation(states={"x": np.zeros((3, 1))}, text="a"), np.arange(3), np.zeros(3, np.int64))
+    reply = session.infer(messages.InferRequest(Observation(states={"x": np.zeros((3, 1))}, text="a"), np.arange(3), np.zeros(3, np.int64)))
     assert reply.actions.shape == (2, 3, 1)
     said = _warnings(caplog, "no reply from the server for")
     assert len(said) >= 2 and all("to the infer for 3 envs sent at" in line for line in said)
@@ -402,7 +430,7 @@ def test_a_server_that_stays_stopped_gets_one_line_and_a_reminder(harness, caplo
     start = time.monotonic()
     while time.monotonic() - start < 1.5:
         with pytest.raises(ConnectionLost) as info:
-            session.infer(obs, np.arange(1), np.zeros(1, np.int64))
+            session.infer(messages.InferRequest(obs, np.arange(1), np.zeros(1, np.int64)))
         assert info.value.close.action is CloseAction.RECONNECT
         session.reconnect(info.value.close)
     session.close()
@@ -443,17 +471,47 @@ def test_a_reply_that_answers_no_infer_is_a_resync(harness, caplog, extra):
     session.open()
     obs = Observation(states={"x": np.zeros((2, 1))}, text="a")
     ids, steps, flags = np.arange(2), np.zeros(2, np.int64), np.zeros(2, bool)
-    session.infer(obs, ids, steps)
-    session.feedback(ids, steps, obs, np.zeros(2, np.float32), flags, flags, {})
+    session.infer(messages.InferRequest(obs, ids, steps))
+    session.feedback(messages.Feedback(ids, steps, obs, np.zeros(2, np.float32), flags, flags, {}))
     assert fed_back.wait(10)
     assert ws_client.wait_any([session._client], timeout=10)  # the extra reply is in (read, not taken)
     with pytest.raises(ConnectionLost) as info:
-        session.send_infer(obs, ids, steps + 1)
+        session.send_infer(messages.InferRequest(obs, ids, steps + 1))
     closed = info.value.close
     assert (closed.action, closed.code, closed.reason) == (CloseAction.RECONNECT, 1001, messages.REASON_RESYNC)
     assert "sent an action that answers no infer" in closed.why
     wait_until(lambda: closes, 10, "the server seeing the client's close")
     assert closes == [(1001, messages.REASON_RESYNC)]
     session.reconnect(closed)
-    assert session.infer(obs, ids, steps + 1).actions.shape == (2, 2, 1)
+    assert session.infer(messages.InferRequest(obs, ids, steps + 1)).actions.shape == (2, 2, 1)
     session.close()
+
+
+def test_reconnects_past_the_limit_are_a_typed_error_that_says_why():
+    session = Session(SessionConfig(url="ws://127.0.0.1:1", max_reconnects=0))
+    closed = Closed(CloseAction.RECONNECT, messages.CLOSE_GOING_AWAY, messages.REASON_RESYNC)
+    with pytest.raises(ReconnectsExhausted) as raised:
+        session.reconnect(closed)
+    assert str(raised.value) == ("the server closed the connection (code 1001, reason 'plugrl-server-resync') more "
+                                 "than --max-reconnects=0 times; giving up")
+    assert raised.value.closed == closed and raised.value.limit == 0 and session.timing.reconnects == 0
+
+
+def test_a_stopwatch_adds_each_blocks_seconds_to_every_field_it_names():
+    timing = Timing()
+    packing, sending = Stopwatch(timing, "pack_s", "infer_obs_pack_s"), Stopwatch(timing, "feedback_s")
+
+    def busy(seconds: float) -> None:  # the clock moves on while the block runs (no sleep: CPU time)
+        until = time.perf_counter() + seconds
+        while time.perf_counter() < until:
+            pass
+
+    with sending:
+        with packing:
+            busy(0.01)
+        busy(0.01)
+    assert timing.pack_s == timing.infer_obs_pack_s >= 0.01 and timing.feedback_s >= timing.pack_s + 0.01
+    first = timing.pack_s
+    with packing:
+        busy(0.01)
+    assert timing.pack_s == timing.infer_obs_pack_s >= first + 0.01 and timing.env_step_s == 0.0

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import pytest
 from waiting import wait_until
-from ws_servers import echo_async
+from ws_servers import binary_frame, echo_async
 
 from plugrl_env_client.errors import ConfigError, ProtocolError
 from plugrl_env_client.protocol import codec, transport, ws_client
@@ -48,7 +48,7 @@ def test_round_trips_keep_every_byte(served, server_kind):
     conn = ws_client.connect(s.url)
     try:
         for payload in [b"x", b"", bytes(range(256)) * 100, big.tobytes()]:
-            conn.send(payload)
+            conn.send_frame(binary_frame(payload))
             assert bytes(conn.recv(timeout=20)) == payload
         # Buffers that are not bytes travel the same (a memoryview of a reused buffer, as the codec's encoder
         # lends out), and the caller may overwrite the buffer as soon as send returns.
@@ -56,7 +56,7 @@ def test_round_trips_keep_every_byte(served, server_kind):
             buffer = bytearray(rng.integers(0, 256, size, dtype=np.uint8).tobytes())
             expected = bytes(buffer)
             with memoryview(buffer) as view:
-                conn.send(view)
+                conn.send_frame(binary_frame(view))
             buffer[:] = bytes(size)
             assert bytes(conn.recv(timeout=20)) == expected
     finally:
@@ -79,7 +79,7 @@ def test_many_frames_in_a_row_arrive_in_order(served, kind):
     conn = ws_client.connect(s.url)
     frames = [bytes([i]) * (i * 50_000 + 1) for i in range(40)]  # up to 2 MB, sent without waiting
     for frame in frames:
-        conn.send(frame)
+        conn.send_frame(binary_frame(frame))
     assert done.wait(30)
     conn.close()
     assert got == frames
@@ -102,11 +102,11 @@ def test_server_parse_hook_decodes_and_its_errors_come_out_of_recv(served, kind)
     s = served(handler, kind, parse=codec.unpackb)
     conn = ws_client.connect(s.url)
     try:
-        conn.send(codec.packb({"a": np.arange(5)}))
+        conn.send_frame(binary_frame(codec.packb({"a": np.arange(5)})))
         conn.recv(timeout=10)
-        conn.send(b"\xc1not msgpack")
+        conn.send_frame(binary_frame(b"\xc1not msgpack"))
         conn.recv(timeout=10)
-        conn.send(codec.packb({"b": "text"}))
+        conn.send_frame(binary_frame(codec.packb({"b": "text"})))
         conn.recv(timeout=10)
     finally:
         conn.close()
@@ -128,12 +128,12 @@ def test_server_close_code_and_reason_reach_the_client(served, server_kind, code
 
     s = served(handler, server_kind)
     conn = ws_client.connect(s.url)
-    conn.send(b"bye")
+    conn.send_frame(binary_frame(b"bye"))
     with pytest.raises(TransportClosed) as info:
         conn.recv(timeout=10)
     assert (info.value.code, info.value.reason) == (code, reason)
     with pytest.raises(TransportClosed) as again:  # it stays closed, and says so the same way
-        conn.send(b"more")
+        conn.send_frame(binary_frame(b"more"))
         conn.recv(timeout=10)
     assert again.value.code == code
     conn.close()
@@ -207,7 +207,7 @@ def test_recv_timeout_leaves_the_connection_usable(served, server_kind):
     conn = ws_client.connect(s.url)
     try:
         assert conn.recv(timeout=0.2) is None
-        conn.send(b"still here")
+        conn.send_frame(binary_frame(b"still here"))
         assert conn.recv(timeout=10) == b"still here"
     finally:
         conn.close()
@@ -238,7 +238,7 @@ def test_freed_multi_mb_buffers_stay_in_the_process():
 def test_server_shutdown_closes_open_connections_as_going_away(served, server_kind):
     s = served(echo_async, server_kind)
     conn = ws_client.connect(s.url)
-    conn.send(b"x")
+    conn.send_frame(binary_frame(b"x"))
     assert conn.recv(timeout=10) == b"x"
     s.stop()
     with pytest.raises(TransportClosed) as info:

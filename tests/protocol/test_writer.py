@@ -10,9 +10,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from plugrl_env_client.errors import ProtocolError
-from plugrl_env_client.protocol import codec, writer
-from plugrl_env_client.protocol.frame_packer import FramePacker
-from plugrl_env_client.protocol.writer import SLOT, MessageWriter
+from plugrl_env_client.protocol import codec
+from plugrl_env_client.protocol import frame_packer as writer
+from plugrl_env_client.protocol.frame_packer import SLOT, FramePacker, MessageWriter
 
 DTYPES = ["<f4", "<f8", ">f4", "<i8", "<u2", "|i1", "|u1", "|b1", "<U3", "|S2", "<f2", "<M8[s]", "<m8[ms]"]
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from ws_servers import echo
+from ws_servers import binary_frame, echo
 
 from plugrl_env_client.envs.base_env import Observation
 from plugrl_env_client.protocol import codec, messages, ws_client
@@ -54,7 +54,7 @@ def test_handshake_sends_the_callers_headers(bare):
     client = ws_client.connect(bare(handler), {"Authorization": "Api-Key s3cret", messages.STREAM_HEADER: "3.1"})
     try:
         assert client.recv(timeout=10) == b"hello"
-        client.send(b"done")
+        client.send_frame(binary_frame(b"done"))
     finally:
         client.close()
     assert seen["Authorization"] == "Api-Key s3cret" and seen[messages.STREAM_HEADER] == "3.1"
@@ -112,7 +112,7 @@ def test_wss_with_a_trusted_certificate(bare, tls, monkeypatch):
     try:
         for n in (0, 126, 70_000, 3 << 20):  # the big one spans many TLS records
             payload = os.urandom(n)
-            client.send(payload)
+            client.send_frame(binary_frame(payload))
             assert bytes(client.recv(timeout=20)) == payload
     finally:
         client.close()
@@ -136,9 +136,9 @@ def test_binary_messages_of_every_length_encoding_keep_every_byte(bare, n):
     client = ws_client.connect(bare(echo))
     try:
         payload = os.urandom(n)
-        client.send(payload)
+        client.send_frame(binary_frame(payload))
         assert bytes(client.recv(timeout=20)) == payload
-        client.send(memoryview(payload)[n // 2:])  # any contiguous buffer, a view included
+        client.send_frame(binary_frame(memoryview(payload)[n // 2:]))  # any contiguous buffer, a view included
         assert bytes(client.recv(timeout=20)) == payload[n // 2:]
     finally:
         client.close()
@@ -153,9 +153,9 @@ def test_many_messages_in_one_read_come_out_one_by_one_in_order(bare):
 
     client = ws_client.connect(bare(handler))
     try:
-        client.send(b"go")
+        client.send_frame(binary_frame(b"go"))
         assert [int.from_bytes(client.recv(timeout=10), "big") for _ in range(50)] == list(range(50))
-        client.send(b"done")
+        client.send_frame(binary_frame(b"done"))
     finally:
         client.close()
 
@@ -174,7 +174,7 @@ def test_fragmented_and_text_messages_from_the_server(bare):
         assert client.recv(timeout=10) == "hello"
         assert len(client.recv(timeout=10)) == 3 << 20
         assert bytes(client.recv(timeout=10)) == b"x" * (1 << 20) + b"y" * (2 << 20)
-        client.send(b"done")
+        client.send_frame(binary_frame(b"done"))
     finally:
         client.close()
 
@@ -211,7 +211,7 @@ def test_recv_with_timeout_zero_returns_nothing_yet_without_raising(bare):
         start = time.monotonic()
         assert client.recv(timeout=0.2) is None
         assert time.monotonic() - start >= 0.2
-        client.send(b"back")
+        client.send_frame(binary_frame(b"back"))
         assert client.recv(timeout=10) == b"back"
     finally:
         client.close()
@@ -228,12 +228,12 @@ def test_service_reads_what_arrived_and_recv_zero_then_hands_it_out(bare):
 
     client = ws_client.connect(bare(handler))
     try:
-        client.send(b"ask")
+        client.send_frame(binary_frame(b"ask"))
         assert sent.wait(10)
         assert select.select([client], [], [], 10)[0] == [client]  # the reply is in the socket, not read yet
         assert client.service() is True and client.has_message
         assert client.recv(timeout=0) == b"reply"
-        client.send(b"done")
+        client.send_frame(binary_frame(b"done"))
     finally:
         client.close()
 
@@ -252,8 +252,8 @@ def test_wait_any_returns_the_connections_with_a_message(bare):
     fast, slow = ws_client.connect(url), ws_client.connect(url)
     try:
         assert ws_client.wait_any([fast, slow], timeout=0) == []
-        slow.send(b"slow")
-        fast.send(b"fast")
+        slow.send_frame(binary_frame(b"slow"))
+        fast.send_frame(binary_frame(b"fast"))
         assert ws_client.wait_any([fast, slow], timeout=10) == [fast]
         assert fast.recv(timeout=0) == b"fast"
         release.set()
@@ -261,7 +261,7 @@ def test_wait_any_returns_the_connections_with_a_message(bare):
         assert slow.recv(timeout=0) == b"slow"
     finally:
         for client in (fast, slow):
-            client.send(b"done")
+            client.send_frame(binary_frame(b"done"))
             client.close()
 
 
@@ -288,7 +288,7 @@ def test_no_thread_reads_the_socket_but_the_callers():
         before = set(threading.enumerate())
         client = ws_client.connect(f"ws://127.0.0.1:{port}")
         for n in (10, 1 << 20):
-            client.send(b"x" * n)
+            client.send_frame(binary_frame(b"x" * n))
             assert len(client.recv(timeout=10)) == n
             assert client.recv(timeout=0) is None
         assert set(threading.enumerate()) - before == set()  # (threads of earlier tests may end meanwhile)
@@ -315,14 +315,14 @@ def test_server_pings_are_answered_while_the_client_waits_or_services(bare):
 
     client = ws_client.connect(bare(handler, ping_interval=None))
     try:
-        client.send(b"start")
+        client.send_frame(binary_frame(b"start"))
         assert client.recv(timeout=30) == b"pinged"
-        client.send(b"next")
+        client.send_frame(binary_frame(b"next"))
         deadline = time.monotonic() + 30
         while not done.is_set() and time.monotonic() < deadline:
             client.service()
             client.recv(timeout=0.01)
-        client.send(b"done")
+        client.send_frame(binary_frame(b"done"))
     finally:
         client.close()
     assert pongs == [True, True, True, True]
@@ -337,13 +337,13 @@ def test_a_close_comes_out_as_transport_closed_with_its_code_and_reason_after_th
         ws.close(code, reason)
 
     client = ws_client.connect(bare(handler))
-    client.send(b"bye")
+    client.send_frame(binary_frame(b"bye"))
     assert client.recv(timeout=10) == b"last words"
     with pytest.raises(TransportClosed) as info:
         client.recv(timeout=10)
     assert (info.value.code, info.value.reason) == (code, reason)
     with pytest.raises(TransportClosed) as again:  # it stays closed, and says so the same way
-        client.send(b"more")
+        client.send_frame(binary_frame(b"more"))
     assert again.value.code == code
     assert client.closed and client.has_message  # recv would raise at once
     client.close()
@@ -356,7 +356,7 @@ def test_a_dropped_socket_is_transport_closed_without_a_code(bare):
         ws.socket.shutdown(socket.SHUT_RDWR)  # no close frame
 
     client = ws_client.connect(bare(handler))
-    client.send(b"x")
+    client.send_frame(binary_frame(b"x"))
     with pytest.raises(TransportClosed) as info:
         client.recv(timeout=10)
     assert info.value.code is None and "without a close frame" in str(info.value)
@@ -379,7 +379,7 @@ def test_the_clients_close_reaches_the_server_with_its_code(bare):
     assert closed.wait(10)
     assert seen == [(4001, "done here")]
     with pytest.raises(TransportClosed):
-        client.send(b"after close")
+        client.send_frame(binary_frame(b"after close"))
 
 
 # ------------------------------------------------------------------------------------------------ reference server
@@ -411,19 +411,19 @@ def test_a_session_runs_over_the_client_against_the_reference_server(reference):
     assert meta.action_horizon == 4
     ids, steps = np.arange(3, dtype=np.int64), np.zeros(3, np.int64)
     obs = Observation(states={"x": np.zeros((3, 2))}, text="a")
-    reply = session.infer(obs, ids, steps)
+    reply = session.infer(messages.InferRequest(obs, ids, steps))
     assert reply.actions.shape == (4, 3, 2)
-    session.feedback(ids, steps, obs, np.zeros(3, np.float32), np.zeros(3, bool), np.zeros(3, bool), {})
-    session.send_infer(obs, ids, steps)
+    session.feedback(messages.Feedback(ids, steps, obs, np.zeros(3, np.float32), np.zeros(3, bool), np.zeros(3, bool), {}))
+    session.send_infer(messages.InferRequest(obs, ids, steps))
     assert session.awaiting
     deadline = time.monotonic() + 10
     got = None
     while got is None and time.monotonic() < deadline:
         got = session.receive_actions(0)
     assert got is not None and got.actions.shape == (4, 3, 2) and not session.awaiting
-    session.feedback(ids, steps, obs, np.zeros(3, np.float32), np.zeros(3, bool), np.zeros(3, bool), {})
+    session.feedback(messages.Feedback(ids, steps, obs, np.zeros(3, np.float32), np.zeros(3, bool), np.zeros(3, bool), {}))
     reference.shutdown()
     with pytest.raises(ConnectionLost) as info:
-        session.infer(obs, ids, steps)
+        session.infer(messages.InferRequest(obs, ids, steps))
     assert (info.value.close.code, info.value.close.reason) == (1001, messages.REASON_SHUTDOWN)
     session.close()

@@ -18,7 +18,7 @@ def _chunk(h: int, env_ids: list[int], dim: int) -> np.ndarray:
 
 def needing(plans: ActionPlans) -> np.ndarray:
     """The envs (ascending) that must ask for a chunk, as the rollout reads them off its plans."""
-    return np.flatnonzero(plans.needing_actions_mask())
+    return np.flatnonzero(plans.needing)
 
 
 def _no_reward(n: int) -> np.ndarray:

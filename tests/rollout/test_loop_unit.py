@@ -37,6 +37,7 @@ from scripted_env import Reset, ScriptedEnv, Step, by_env, col
 
 from plugrl_env_client.envs.base_env import Observation
 from plugrl_env_client.errors import ConfigError
+from plugrl_env_client.protocol import messages
 from plugrl_env_client.records import EpisodeRecord, ProcessStatus
 from plugrl_env_client.rollout.group import EnvGroup
 from plugrl_env_client.rollout.loop import Rollout
@@ -698,25 +699,25 @@ def test_the_fake_refuses_what_breaks_the_protocol(broken: str) -> None:
     rewards = np.zeros(2, np.float32)
 
     def exchange() -> None:
-        s.infer(_obs(2), ids, zeros)
+        s.infer(messages.InferRequest(_obs(2), ids, zeros))
 
     with pytest.raises(ProtocolViolation):
         if broken == "two-infers":
             exchange()
             exchange()
         elif broken == "feedback-first":
-            s.feedback(ids, zeros, _obs(2), rewards, flags, flags, {})
+            s.feedback(messages.Feedback(ids, zeros, _obs(2), rewards, flags, flags, {}))
         elif broken == "two-feedbacks":
             exchange()
-            s.feedback(ids[:1], zeros[:1], _obs(1), rewards[:1], flags[:1], flags[:1], {})
-            s.feedback(ids[1:], zeros[1:], _obs(1), rewards[1:], flags[1:], flags[1:], {})
+            s.feedback(messages.Feedback(ids[:1], zeros[:1], _obs(1), rewards[:1], flags[:1], flags[:1], {}))
+            s.feedback(messages.Feedback(ids[1:], zeros[1:], _obs(1), rewards[1:], flags[1:], flags[1:], {}))
         elif broken == "foreign-env":
-            s.infer(_obs(1), ids[:1], zeros[:1])
-            s.feedback(ids, zeros, _obs(2), rewards, flags, flags, {})
+            s.infer(messages.InferRequest(_obs(1), ids[:1], zeros[:1]))
+            s.feedback(messages.Feedback(ids, zeros, _obs(2), rewards, flags, flags, {}))
         elif broken == "reuse-unoffered":
-            s.infer(_obs(0), ids, zeros, reuse=np.ones(2, bool))
+            s.infer(messages.InferRequest(_obs(0), ids, zeros, reuse=np.ones(2, bool)))
         elif broken == "unsorted":
-            s.infer(_obs(2), ids[::-1], zeros)
+            s.infer(messages.InferRequest(_obs(2), ids[::-1], zeros))
         elif broken == "feedback-while-waiting":
-            s.send_infer(_obs(2), ids, zeros)
-            s.feedback(ids, zeros, _obs(2), rewards, flags, flags, {})
+            s.send_infer(messages.InferRequest(_obs(2), ids, zeros))
+            s.feedback(messages.Feedback(ids, zeros, _obs(2), rewards, flags, flags, {}))

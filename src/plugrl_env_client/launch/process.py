@@ -24,6 +24,7 @@ from plugrl_env_client.envs.registry import get_spec, make_env
 from plugrl_env_client.errors import ConfigError, EnvCrashedError, EnvExitError, PlugRLError
 from plugrl_env_client.outputs.recording.config import RecorderConfig
 from plugrl_env_client.outputs.recording.recorder import EpisodeRecorder
+from plugrl_env_client.protocol.dialing import ServerUnreachable
 from plugrl_env_client.protocol.keepalive import Keepalive
 from plugrl_env_client.protocol.session import ConnectionConfig, Session, SessionConfig
 from plugrl_env_client.records import ProcessResult, ProcessStatus
@@ -272,7 +273,7 @@ def run_process(job: ProcessJob, budget: Budget, sink: ResultSink, env_lock: Any
     except PlugRLError as exc:
         # The user sees the message (printed by the CLI); the traceback is for the log file only.
         logger.debug("process %d failed: %s", job.process_id, exc, exc_info=True)
-        status, error = ProcessStatus.FAILED, str(exc)
+        status, error = ProcessStatus.FAILED, said(exc, job, envs)
     except KeyboardInterrupt as exc:
         logger.warning("process %d interrupted", job.process_id)
         status, signum = ProcessStatus.INTERRUPTED, getattr(exc, "signum", signal.SIGINT)
@@ -300,15 +301,30 @@ def _per_env(counts: tuple[int, ...], num_envs: int) -> tuple[int, ...]:
 def session_config(job: ProcessJob, env: BaseEnv, group: int) -> SessionConfig:
     """How group ``group`` of the process connects: the run's server flags, and hints that fit the env."""
     connection = job.config.connection
-    space = contract.action_space_of(env)
+    command, flag = server_hints(job, env)
     return SessionConfig.of(
         connection,
         api_key=connection.api_key or os.environ.get("PLUGRL_API_KEY") or None,
         url=job.url,
-        server_command=server_command(space, _port_of(job.url)),
-        local_flag=local_policy_flag(space),
+        waiting_hint=f"Start one with `{command}`, or run with `{flag}` to use the embedded one.",
         stream=(job.process_id, group),
     )
+
+
+def server_hints(job: ProcessJob, env: BaseEnv) -> tuple[str, str]:
+    """How to start a policy server that fits ``env`` at the job's port, and the flag that embeds one instead."""
+    space = contract.action_space_of(env)
+    return server_command(space, _port_of(job.url)), local_policy_flag(space)
+
+
+def said(exc: PlugRLError, job: ProcessJob, envs: list[BaseEnv]) -> str:
+    """What the user reads of ``exc``: its message, and for a server that never answered, what to do about it."""
+    if not isinstance(exc, ServerUnreachable) or not envs:
+        return str(exc)
+    if not exc.first:
+        return f"{exc}; it went away and did not come back"
+    command, flag = server_hints(job, envs[0])
+    return f"{exc}; start one with `{command}` or use `{flag}`"
 
 
 def _port_of(url: str) -> int | str:

@@ -8,16 +8,12 @@ Decoding validates every array (dtype, shape, data length) so a broken peer prod
 message, never a numpy exception from deep inside a rollout.
 
 Copies: an array's bytes are copied once on the way out, into the frame (:func:`encode_numpy` hands msgpack the array's
-own buffer). An :class:`Encoder` also keeps its frame buffer from message to message and lends it out as a
-memoryview, instead of copying each frame into a fresh ``bytes`` (and faulting fresh memory in) as :func:`packb`
-does. On the way in, msgpack copies each array's bytes out of the frame once and ``np.frombuffer`` wraps them.
+own buffer). On the way in, msgpack copies each array's bytes out of the frame once and ``np.frombuffer`` wraps them.
 """
 
 from __future__ import annotations
 
 import math
-import time
-from collections.abc import Mapping
 from typing import Any
 
 import msgpack
@@ -25,7 +21,7 @@ import numpy as np
 
 from plugrl_env_client.errors import ProtocolError
 
-__all__ = ["Encoder", "ProtocolError", "encode_numpy", "packb", "unencodable", "unpackb"]
+__all__ = ["ProtocolError", "encode_numpy", "packb", "unencodable", "unpackb"]
 
 _REFUSED_KINDS = frozenset("OVc")
 BUFFER_KINDS = frozenset("biufSU")
@@ -33,7 +29,7 @@ BUFFER_KINDS = frozenset("biufSU")
 _MAX_CODE_POINT = 0x10FFFF
 _ND, _NG, _DATA, _DTYPE, _SHAPE = b"__ndarray__", b"__npgeneric__", b"data", b"dtype", b"shape"
 DATA_KEY = _DATA
-"""The key of an array's bytes in its map (what :class:`~plugrl_env_client.protocol.writer.MessageWriter` fills)."""
+"""The key of an array's bytes in its map (what :class:`~plugrl_env_client.protocol.frame_packer.MessageWriter` fills)."""
 
 
 def encode_numpy(obj: Any) -> Any:
@@ -154,80 +150,6 @@ def unencodable(exc: Exception) -> ProtocolError:
     """The error for what msgpack itself refused (an int beyond 64 bits, a str with a lone surrogate, nesting deeper
     than msgpack allows), as every packer reports it."""
     return ProtocolError(f"cannot encode the message: {type(exc).__name__}: {exc}")
-
-
-class Encoder:
-    """Encodes messages into one buffer it keeps: the same bytes as :func:`packb`, without a copy per frame.
-
-    :meth:`encode` returns a memoryview of the buffer, valid until it is released; release it (``with
-    encoder.encode(msg) as frame: ...``) before the next :meth:`encode`, which reuses the buffer. One encoder
-    per connection (it is not thread-safe).
-    """
-
-    def __init__(self) -> None:
-        self._packer = msgpack.Packer(default=encode_numpy, use_bin_type=True, autoreset=False)
-        self._capacity = 0
-
-    def encode(self, obj: Any, size_hint: int = 0) -> memoryview:
-        """The frame of ``obj``; raises :class:`ProtocolError` for what the convention cannot carry, and
-        BufferError while the previous frame's memoryview is still held.
-
-        msgpack grows its buffer by doubling, which can leave it (and the process) holding up to twice the largest
-        frame; given ``size_hint`` (the bytes of the message's arrays) above what the buffer has, a buffer of about
-        that size is made instead, so it holds one frame's worth."""
-        packer = self._ready(size_hint)
-        try:
-            packer.pack(obj)
-        except ProtocolError:
-            raise
-        except (OverflowError, UnicodeEncodeError, ValueError, TypeError) as exc:
-            raise unencodable(exc) from None
-        return packer.getbuffer()
-
-    def encode_timed(self, obj: Mapping[str, Any], timed: Mapping[tuple[str, ...], str], size_hint: int = 0
-                     ) -> tuple[memoryview, dict[str, float]]:
-        """The frame of the map ``obj`` (the same bytes as :meth:`encode`), and the seconds msgpack spent on the
-        values at the key paths of ``timed``, by label (``{("data", "obs"): "obs"}``): what a message's parts cost
-        to encode, measured in the one encoding the message gets. The maps on the way to a timed value are written
-        key by key (a map header, then each key and value), which is how msgpack writes a map anyway."""
-        packer = self._ready(size_hint)
-        seconds = dict.fromkeys(timed.values(), 0.0)
-        inner = {path[:k] for path in timed for k in range(1, len(path))}
-        try:
-            _pack_timed(packer, obj, (), timed, inner, seconds)
-        except ProtocolError:
-            raise
-        except (OverflowError, UnicodeEncodeError, ValueError, TypeError) as exc:
-            raise unencodable(exc) from None
-        return packer.getbuffer(), seconds
-
-    def _ready(self, size_hint: int) -> msgpack.Packer:
-        """The packer, empty, with room for about ``size_hint`` bytes."""
-        needed = size_hint
-        if needed > self._capacity:
-            self._capacity = needed + needed // 64 + (1 << 16)
-            self._packer = msgpack.Packer(default=encode_numpy, use_bin_type=True, autoreset=False,
-                                          buf_size=self._capacity)
-        packer = self._packer
-        packer.reset()  # keeps the buffer's memory; also drops what a failed encode left behind
-        return packer
-
-
-def _pack_timed(packer: msgpack.Packer, obj: Mapping[str, Any], path: tuple[str, ...],
-                timed: Mapping[tuple[str, ...], str], inner: set[tuple[str, ...]], seconds: dict[str, float]) -> None:
-    packer.pack_map_header(len(obj))
-    for key, value in obj.items():
-        packer.pack(key)
-        here = (*path, key)
-        label = timed.get(here)
-        if label is not None:
-            start = time.perf_counter()
-            packer.pack(value)
-            seconds[label] += time.perf_counter() - start
-        elif here in inner and isinstance(value, dict):
-            _pack_timed(packer, value, here, timed, inner, seconds)
-        else:
-            packer.pack(value)
 
 
 def unpackb(data: bytes | bytearray | memoryview) -> Any:

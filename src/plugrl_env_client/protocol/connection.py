@@ -15,7 +15,49 @@ import enum
 
 from plugrl_env_client.protocol import messages
 
-__all__ = ["CloseAction", "Closed", "ConnectionLost", "classify_close"]
+__all__ = [
+    "AlreadyAwaitingReply",
+    "CloseAction",
+    "Closed",
+    "ConnectionLost",
+    "Exchange",
+    "ExchangeMisuse",
+    "NoFeedbackDue",
+    "NoReplyAwaited",
+    "NotConnected",
+    "classify_close",
+]
+
+
+class Exchange(enum.Enum):
+    """Where the exchange on one connection stands: PlugRL answers each infer with one action, and a feedback
+    answers an action (``infer -> action -> [feedback] -> infer``; a fresh connection starts idle, with an
+    infer)."""
+
+    IDLE = "idle"  # an infer may go out; a feedback may not
+    AWAITING_REPLY = "awaiting a reply"  # an infer is on the wire: its action comes next, nothing goes out
+    FEEDBACK_DUE = "feedback due"  # its action came: the feedback on it (or the next infer) goes out
+
+
+class ExchangeMisuse(RuntimeError):
+    """A call out of the exchange's order (a bug of the caller, never the server's doing), as Gymnasium's
+    ``AlreadyPendingCallError`` and ``NoAsyncCallError`` are for ``step_async``/``step_wait``."""
+
+
+class AlreadyAwaitingReply(ExchangeMisuse):
+    """An infer or a feedback while an infer waits for its reply."""
+
+
+class NoReplyAwaited(ExchangeMisuse):
+    """A reply asked for while no infer waits for one."""
+
+
+class NoFeedbackDue(ExchangeMisuse):
+    """A feedback that answers no reply."""
+
+
+class NotConnected(ExchangeMisuse):
+    """The session is used before it was opened."""
 
 
 class CloseAction(enum.Enum):

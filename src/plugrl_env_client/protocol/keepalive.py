@@ -6,32 +6,32 @@ construction, a slow reset, a long step) would leave a ping unanswered and the s
 PlugRL promises (SPEC C2) that pings are answered while envs step, so the owner brackets each env call::
 
     keepalive = Keepalive(clients)
-    with keepalive:             # enter(): three attribute writes and a clock reading
+    with keepalive:             # entering: three attribute writes and a clock reading
         env.step(actions)       # past grace_s, the keepalive's thread services the clients
-    # exit(): the socket is the owner's again before this line runs
+    # leaving: the socket is the owner's again before this line runs
 
 The handover, in one rule: **a client is used by exactly one thread at a time, and the ``held`` mark decides which.**
 
-* ``enter()`` records that the owner is in call number *k* since *t* (plain attribute writes, no lock). It wakes
+* ``__enter__`` records that the owner is in call number *k* since *t* (plain attribute writes, no lock). It wakes
   nobody: a call that returns within ``grace_s`` (every ordinary step) never involves the other thread.
 * The keepalive's thread sleeps until *t + grace_s*. If call *k* is still running then, it takes the clients over
   under the lock (``held``; each client's ``lent`` flag makes a stray use by the owner an error, not a race) and
   services them: it waits on their sockets and on a wake-up socket, reads, answers pings, queues the messages for
   the owner, notes a close. It never sends data frames: every frame the owner sent was written whole before the
   call began.
-* ``exit()`` records that the call is over, then looks whether the thread holds the clients; the thread marks
+* ``__exit__`` records that the call is over, then looks whether the thread holds the clients; the thread marks
   them held, then looks whether the call is still on (and backs off if not), so one of the two always sees the
-  other (Python's threads see each other's writes in order). If the clients are held, ``exit()`` wakes the thread
+  other (Python's threads see each other's writes in order). If the clients are held, ``__exit__`` wakes the thread
   through the wake-up socket and waits, under the lock, until the thread has given them back (the thread finishes
-  the read it is in, which never waits on the network). So when ``exit()`` returns, the owner may use the clients,
+  the read it is in, which never waits on the network). So when ``__exit__`` returns, the owner may use the clients,
   and the thread has stopped touching them.
 
 Many short calls in a row need no thread either, but they need someone to read: a loop that steps through a long
-chunk reads nothing from the server for many steps. So ``exit()`` also services the clients itself, on the owner's
+chunk reads nothing from the server for many steps. So ``__exit__`` also services the clients itself, on the owner's
 thread, when the call began ``grace_s`` or more after the last time they were serviced: the longest a ping waits
 for its pong is then about ``grace_s`` plus one call, and an ordinary step pays one clock comparison for it.
 
-The thread is created at the first ``enter()`` and lives until :meth:`close` (a daemon thread, so it never holds
+The thread is created at the first ``__enter__`` and lives until :meth:`close` (a daemon thread, so it never holds
 the process up). Between long calls it wakes about once per ``grace_s`` to look at the clock.
 """
 
@@ -61,7 +61,7 @@ a step never pays for it. A takeover costs about a hundred microseconds against 
 
 class Keepalive:
     """Services ``clients`` for their owner while the owner is inside a call longer than ``grace_s`` (see the
-    module docstring for the handover). Use one per owner thread; ``enter``/``exit`` (or ``with``) come from the
+    module docstring for the handover). Use one per owner thread; ``with`` blocks come from the
     owner only."""
 
     def __init__(self, clients: Iterable[WebSocketClient] = (), grace_s: float = GRACE_S) -> None:
@@ -77,19 +77,9 @@ class Keepalive:
         self._thread: threading.Thread | None = None
         self._wake_r: socket.socket | None = None
         self._wake_w: socket.socket | None = None
-        self._next_service = 0.0  # exit() services the clients when a call began at or after this time
+        self._next_service = 0.0  # leaving a call services the clients when a call began at or after this time
         self.takeovers = 0
         """How many calls ran long enough for the keepalive to service the clients (for tests and logs)."""
-
-    @property
-    def clients(self) -> list[WebSocketClient]:
-        return list(self._clients)
-
-    @clients.setter
-    def clients(self, clients: Iterable[WebSocketClient]) -> None:
-        """Replace the clients serviced (after a reconnect); from the owner, outside a call."""
-        with self._lock:
-            self._clients = list(clients)
 
     def add(self, client: WebSocketClient) -> None:
         """Service ``client`` too (a connection just opened); from the owner, outside a call."""
@@ -125,9 +115,6 @@ class Keepalive:
             self._next_service = self._since + self.grace_s
             for client in self._clients:
                 client.service()  # reads what came, answers pings; never raises
-
-    enter = __enter__
-    exit = __exit__
 
     def _take_back(self) -> None:
         """Wake the thread servicing the clients and wait until it has given them back."""
@@ -168,7 +155,7 @@ class Keepalive:
         with self._lock:
             while not self._stopping:
                 if not self._in_call:
-                    self._changed.wait(self.grace_s)  # enter() wakes nobody: look again a grace period later
+                    self._changed.wait(self.grace_s)  # entering wakes nobody: look again a grace period later
                     continue
                 call = self._call
                 due = self._since + self.grace_s - time.monotonic()
@@ -190,7 +177,7 @@ class Keepalive:
                 self._lock.release()
                 try:
                     self._service(clients, call)
-                except Exception:  # a bug here must not leave the owner waiting in exit()
+                except Exception:  # a bug here must not leave the owner waiting on its way out
                     logger.exception("the keepalive failed while servicing the connection")
                 finally:
                     self._lock.acquire()

@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import reprlib
 from collections.abc import Mapping
-from typing import Any, Protocol
+from typing import Any, Generic, Protocol, TypeVar
 
 import numpy as np
 
@@ -34,7 +34,11 @@ OBS_KEYS = ("images", "states", "text")
 FEEDBACK_KEYS = ("obs", "rewards", "terminated", "truncated", "info")
 
 
-@dataclasses.dataclass(frozen=True)
+Obs = TypeVar("Obs", covariant=True)
+"""An observation batch: an :class:`ObservationLike` as the client builds a message, its wire map once parsed."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class ServerMetadata:
     """What a server said about itself; ``None`` means the server did not say (never zero)."""
 
@@ -49,7 +53,7 @@ class ServerMetadata:
         return feature in self.features
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, slots=True)
 class ActionReply:
     """A time-major chunk: ``actions[t, j]`` is the action for env ``env_ids[j]`` at chunk step ``t``."""
 
@@ -57,23 +61,56 @@ class ActionReply:
     actions: np.ndarray
 
 
-@dataclasses.dataclass(frozen=True)
-class InferRequest:
-    obs: dict[str, Any]
+@dataclasses.dataclass(frozen=True, slots=True)
+class InferRequest(Generic[Obs]):
+    """An infer: observation rows for ``env_indices`` (only those not marked in ``reuse``, when given)."""
+
+    obs: Obs
     env_indices: np.ndarray
     step_ids: np.ndarray
-    reuse: np.ndarray | None
+    reuse: np.ndarray | None = None
+
+    def message(self, obs: Any = None) -> dict[str, Any]:
+        """The message as it travels, with ``obs`` (the wire map of :attr:`obs`) in place of :attr:`obs` when
+        given."""
+        msg = {"message_type": INFER, "data": self.obs if obs is None else obs,
+               "env_indices": np.asarray(self.env_indices, dtype=_I8), "step_ids": np.asarray(self.step_ids, dtype=_I8)}
+        if self.reuse is not None:
+            msg["reuse"] = np.asarray(self.reuse, dtype=bool)
+        return msg
 
 
-@dataclasses.dataclass(frozen=True)
-class FeedbackMessage:
+@dataclasses.dataclass(frozen=True, slots=True)
+class Feedback(Generic[Obs]):
+    """A feedback: what the envs of ``env_indices`` saw at the end of their chunks (rewards summed over it).
+
+    The rollout builds one and hands it to its session whole; the reference server gets one from
+    :func:`parse_feedback`. A field added here is added to :func:`feedback_message`, its parser and SPEC."""
+
     env_indices: np.ndarray
     step_ids: np.ndarray
-    obs: dict[str, Any]
+    obs: Obs
     rewards: np.ndarray
     terminated: np.ndarray
     truncated: np.ndarray
     info: dict[str, Any]
+
+    def message(self, obs: Any = None, info: Any = None) -> dict[str, Any]:
+        """The message as it travels, with ``obs`` and ``info`` in place of those fields when given: the wire map
+        of :attr:`obs`, or a packer's slots, filled when the message is packed
+        (:meth:`~plugrl_env_client.protocol.frame_packer.FramePacker.pack_parts`)."""
+        return {
+            "message_type": FEEDBACK,
+            "env_indices": np.asarray(self.env_indices, dtype=_I8),
+            "step_ids": np.asarray(self.step_ids, dtype=_I8),
+            "data": {
+                "obs": self.obs if obs is None else obs,
+                "rewards": np.asarray(self.rewards, dtype="<f4"),
+                "terminated": np.asarray(self.terminated, dtype=bool),
+                "truncated": np.asarray(self.truncated, dtype=bool),
+                "info": self.info if info is None else info,
+            },
+        }
 
 
 class ObservationLike(Protocol):
@@ -109,40 +146,18 @@ def metadata_message(data: dict[str, Any]) -> dict[str, Any]:
 
 
 def infer_message(obs: dict[str, Any], env_indices: np.ndarray, step_ids: np.ndarray, reuse: np.ndarray | None = None) -> dict[str, Any]:
-    msg = {"message_type": INFER, "data": obs, "env_indices": np.asarray(env_indices, dtype=_I8),
-           "step_ids": np.asarray(step_ids, dtype=_I8)}
-    if reuse is not None:
-        msg["reuse"] = np.asarray(reuse, dtype=bool)
-    return msg
+    """An infer's message from its fields (a wire observation map as ``obs``)."""
+    return InferRequest(obs, env_indices, step_ids, reuse).message()
 
 
 def action_message(env_ids: np.ndarray, actions: np.ndarray) -> dict[str, Any]:
     return {"message_type": ACTION, "data": {"env_ids": np.asarray(env_ids, dtype=_I8), "action": actions}}
 
 
-def feedback_message(
-    env_indices: np.ndarray,
-    step_ids: np.ndarray,
-    obs: Any,
-    rewards: np.ndarray,
-    terminated: np.ndarray,
-    truncated: np.ndarray,
-    info: Any,
-) -> dict[str, Any]:
-    """A feedback; ``obs`` (a wire observation) and ``info`` (a map) may be a packer's slots instead, filled when
-    the message is packed (:meth:`~plugrl_env_client.protocol.frame_packer.FramePacker.pack_parts`)."""
-    return {
-        "message_type": FEEDBACK,
-        "env_indices": np.asarray(env_indices, dtype=_I8),
-        "step_ids": np.asarray(step_ids, dtype=_I8),
-        "data": {
-            "obs": obs,
-            "rewards": np.asarray(rewards, dtype="<f4"),
-            "terminated": np.asarray(terminated, dtype=bool),
-            "truncated": np.asarray(truncated, dtype=bool),
-            "info": info,
-        },
-    }
+def feedback_message(env_indices: np.ndarray, step_ids: np.ndarray, obs: Any, rewards: np.ndarray,
+                     terminated: np.ndarray, truncated: np.ndarray, info: Any) -> dict[str, Any]:
+    """A feedback's message from its fields (a wire observation map as ``obs``)."""
+    return Feedback(env_indices, step_ids, obs, rewards, terminated, truncated, info).message()
 
 
 _I8 = np.dtype("<i8")
@@ -304,7 +319,7 @@ def _unique(env_indices: np.ndarray, kind: str) -> None:
         raise ProtocolError(f"{kind} env_indices must be unique, got {env_indices.tolist()}")
 
 
-def parse_infer(msg: Any) -> InferRequest:
+def parse_infer(msg: Any) -> InferRequest[dict[str, Any]]:
     _expect_type(msg, INFER)
     env_indices = index_array(msg.get("env_indices"), "env_indices")
     step_ids = index_array(msg.get("step_ids"), "step_ids")
@@ -324,7 +339,7 @@ def parse_infer(msg: Any) -> InferRequest:
     return InferRequest(obs=msg["data"], env_indices=env_indices, step_ids=step_ids, reuse=reuse)
 
 
-def parse_feedback(msg: Any) -> FeedbackMessage:
+def parse_feedback(msg: Any) -> Feedback[dict[str, Any]]:
     _expect_type(msg, FEEDBACK)
     env_indices = index_array(msg.get("env_indices"), "env_indices")
     step_ids = index_array(msg.get("step_ids"), "step_ids")
@@ -345,6 +360,6 @@ def parse_feedback(msg: Any) -> FeedbackMessage:
             raise ProtocolError(f"feedback {key!r} must be a [{m}] {'float (float32)' if kind == 'f' else 'bool'} array")
     if not isinstance(data["info"], dict):
         raise ProtocolError("feedback 'info' must be a map")
-    return FeedbackMessage(
+    return Feedback(
         env_indices, step_ids, data["obs"], data["rewards"], data["terminated"], data["truncated"], data["info"]
     )

@@ -1,33 +1,31 @@
 """The rollout's handle on its server: one PlugRL connection at a time, worked by the rollout's own thread.
 
-A :class:`Session` opens a WebSocket (:func:`~plugrl_env_client.protocol.ws_client.connect`: websockets' Sans-I/O
-protocol over a socket it owns, so no background thread reads it), reads the server's metadata, then carries the
-exchange: ``infer`` (or its halves, ``send_infer`` and ``receive_actions``, for a pipelined rollout that steps other
-envs meanwhile) and ``feedback``. It is the one place that knows whether an infer is in flight
-(:attr:`Session.awaiting`). Every message is packed straight into its frame by one
+A :class:`Session` gets its connections from a :class:`~plugrl_env_client.protocol.dialing.Dialer` (dialing with
+backoff, the handshake and the server's metadata, each bounded), then carries the exchange: ``infer`` (or its
+halves, ``send_infer`` and ``receive_actions``, for a pipelined rollout that steps other envs meanwhile) and
+``feedback``. The exchange is an explicit state machine (:class:`~plugrl_env_client.protocol.connection.Exchange`:
+idle, awaiting a reply, feedback due) and a call out of its order raises a named
+:class:`~plugrl_env_client.protocol.connection.ExchangeMisuse`, as Gymnasium's vector envs do for
+``step_async``/``step_wait``. Every message is packed straight into its frame by one
 :class:`~plugrl_env_client.protocol.frame_packer.FramePacker` kept for the session's life, and sent through the
 client's one write loop.
 
 Whatever ends a connection surfaces as :class:`~plugrl_env_client.protocol.connection.ConnectionLost` from the call
-that finds it, and the caller decides, in one place, whether to :meth:`~Session.reconnect` (with exponential backoff
-and jitter) or end the run. ``feedback`` has no reply, so a feedback that finds the connection gone is not an error
-of its own: the next ``send_infer`` raises the close, exactly as if the server had closed right after the feedback.
+that finds it, and the caller decides, in one place, whether to :meth:`~Session.reconnect` or end the run.
+``feedback`` has no reply, so a feedback that finds the connection gone is not an error of its own: the next
+``send_infer`` raises the close, exactly as if the server had closed right after the feedback.
 
-Every wait is bounded or announced:
+Every wait for a reply is bounded or announced:
 
-* Opening: ``--connect-timeout`` / ``--reconnect-timeout`` bound the whole of it, the metadata read included; each
-  attempt's handshake and each backoff pause are cut to the time left.
-* A reply: after :func:`warning_period` seconds (30 unless ``$PLUGRL_WAIT_WARNING_S`` says otherwise) a warning
-  names the infer it waits for, then one every twice that; at ``--infer-timeout`` the session closes the
-  connection (``1001 Infer timeout``) and raises the close, so the caller reconnects under the usual rules (each
-  time counts as one of ``--max-reconnects``).
+* after :func:`warning_period` seconds (30 unless ``$PLUGRL_WAIT_WARNING_S`` says otherwise) a warning names the
+  infer it waits for, then one every twice that; at ``--infer-timeout`` the session closes the connection
+  (``1001 Infer timeout``) and raises the close, so the caller reconnects under the usual rules (each time counts as
+  one of ``--max-reconnects``).
 * A reply that answers no infer (an action after a feedback, a second reply to one infer) would be taken for the
   next chunk, and every later chunk would be one reply stale: the session closes the connection with the
   protocol's resync close (``1001 plugrl-server-resync``) and raises it, so the caller starts over.
 
-Handshake answers that no retry can fix (a 4xx status other than 408/429, a TLS certificate that does not verify,
-a malformed URL) are errors that say so. Counters and times go into the caller's
-:class:`~plugrl_env_client.timing.Timing`.
+Counters and times go into the caller's :class:`~plugrl_env_client.timing.Timing`.
 """
 
 from __future__ import annotations
@@ -36,7 +34,6 @@ import dataclasses
 import datetime
 import logging
 import os
-import random
 import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Literal, NoReturn
@@ -45,10 +42,20 @@ import numpy as np
 
 from plugrl_env_client.errors import ConfigError, ProtocolError
 from plugrl_env_client.protocol import codec, messages, transport, ws_client
-from plugrl_env_client.protocol.connection import CloseAction, Closed, ConnectionLost, classify_close
+from plugrl_env_client.protocol.connection import (
+    AlreadyAwaitingReply,
+    CloseAction,
+    Closed,
+    ConnectionLost,
+    Exchange,
+    NoFeedbackDue,
+    NoReplyAwaited,
+    NotConnected,
+    classify_close,
+)
+from plugrl_env_client.protocol.dialing import Dialer, seconds
 from plugrl_env_client.protocol.frame_packer import SLOT, FramePacker
-from plugrl_env_client.protocol.messages import ActionReply, ObservationLike, ServerMetadata
-from plugrl_env_client.redaction import redact_text, redact_url
+from plugrl_env_client.protocol.messages import ActionReply, Feedback, InferRequest, ObservationLike, ServerMetadata
 from plugrl_env_client.timing import Timing
 
 if TYPE_CHECKING:
@@ -56,13 +63,8 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["ConnectionConfig", "Session", "SessionConfig", "warning_period"]
+__all__ = ["ConnectionConfig", "Session", "SessionConfig", "Stopwatch", "warning_period"]
 
-STOPPED_LOCALLY = Closed(CloseAction.END, None, "the run was stopped locally")
-RETRYABLE_STATUS = (408, 429)  # request timeout, too many requests: worth another try
-STEADY_CONNECTION_S = 1.0  # a connection that lived this long and completed an exchange resets the backoff
-OPEN_TIMEOUT_S = 10.0
-"""The longest one attempt's TCP connect, TLS and WebSocket handshake may take (less when a deadline is nearer)."""
 WARNING_PERIOD_ENV = "PLUGRL_WAIT_WARNING_S"
 DEFAULT_WARNING_PERIOD_S = 30.0
 INFER_TIMEOUT_REASON = "Infer timeout"
@@ -119,10 +121,8 @@ class SessionConfig(ConnectionConfig):
     url: str
     backoff_initial_s: float = 0.1
     backoff_max_s: float = 5.0
-    server_command: str = "plugrl-run-policy-server --port <port>"
-    """How to start a server that fits the env (said when none answers)."""
-    local_flag: str = "--local-policy random"
-    """The flag that uses the embedded server instead."""
+    waiting_hint: str = ""
+    """What the warning that waits for a server ends with: how to start one (the app layer's words)."""
     stream: tuple[int, int] | None = None
     """(process id, env group) of this connection, sent as the STREAM_HEADER handshake header: servers that know it
     (the reference server) give each stream its own reproducible random policy; others ignore it."""
@@ -145,13 +145,19 @@ class Session:
         if config.infer_timeout is not None and not config.infer_timeout > 0:
             raise ConfigError(f"--infer-timeout must be a positive number of seconds, got {config.infer_timeout}")
         self.config = config
-        self._shown_url = redact_url(config.url)  # the URL in messages: without its password
         self.timing = timing if timing is not None else Timing()
         self.metadata: ServerMetadata | None = None
-        self._should_stop = should_stop
+        self.state = Exchange.IDLE
+        """Where the exchange on the current connection stands (idle after an open)."""
         self._keepalive = keepalive
         self._warn_s = warning_period()
+        self._dialer = Dialer(config, self.timing, self._warn_s, should_stop)
         self._packer = FramePacker()  # one frame buffer for the session's life, across reconnects
+        # Where the seconds of each step go (one reused stopwatch per step: nothing made per message).
+        self._infer_packing = Stopwatch(self.timing, "pack_s", "infer_obs_pack_s")
+        self._feedback_sending = Stopwatch(self.timing, "feedback_s")
+        self._feedback_building = Stopwatch(self.timing, "feedback_obs_pack_s")  # the observation's wire map
+        self._feedback_packing = Stopwatch(self.timing, "pack_s")
         self._client: ws_client.WebSocketClient | None = None
         self._lost: Closed | None = None  # a feedback found the connection gone: the next infer raises it
         self._asked: np.ndarray | None = None  # env_indices of the infer in flight (None: none is)
@@ -159,56 +165,45 @@ class Session:
         self._sent_wall = 0.0  # time.time() when it went out (for the warnings)
         self._asked_since = 0.0  # monotonic() when it went out
         self._next_check = float("inf")  # monotonic() of its next warning, or of its --infer-timeout
-        self._rng = random.Random()
-        self._failed_reconnects = 0  # reconnects in a row that did not get one exchange done
-        self._actions_at_open = 0
-        self._opened_at = 0.0
-        self._stop_waits_since: float | None = None  # the server ended its run and we wait for its next one
-        self._stop_reminder_at = 0.0
 
     # ------------------------------------------------------------------------------ the exchange
 
     @property
     def awaiting(self) -> bool:
         """An infer of this session is on the wire and its reply has not been taken."""
-        return self._asked is not None
+        return self.state is Exchange.AWAITING_REPLY
 
-    def infer(self, obs: ObservationLike, env_indices: np.ndarray, step_ids: np.ndarray,
-              reuse: np.ndarray | None = None) -> ActionReply:
+    def infer(self, request: InferRequest[ObservationLike]) -> ActionReply:
         """Send one infer and wait for its action chunk (raises :class:`ConnectionLost` when closed)."""
-        self.send_infer(obs, env_indices, step_ids, reuse)
+        self.send_infer(request)
         reply = self.receive_actions(None)
         assert reply is not None  # no timeout: a reply or an exception
         return reply
 
-    def send_infer(self, obs: ObservationLike, env_indices: np.ndarray, step_ids: np.ndarray,
-                   reuse: np.ndarray | None = None) -> None:
+    def send_infer(self, request: InferRequest[ObservationLike]) -> None:
         """Send one infer without waiting for its reply (:meth:`receive_actions` collects it), so the caller can
         step other envs meanwhile. One infer is outstanding at most: the protocol answers them in order."""
-        if self._asked is not None:
-            raise RuntimeError("an infer is already waiting for its reply: receive_actions() first")
         if self._lost is not None:
             raise ConnectionLost(self._lost)
+        if self.state is Exchange.AWAITING_REPLY:
+            raise AlreadyAwaitingReply("an infer is already waiting for its reply: receive_actions() first")
         client = self._current()
         try:
             early = client.recv(0)  # nothing may wait here: every reply answered the infer before it
             if early is not None:
                 self._answers_no_infer(early)
-            start = time.perf_counter()
-            wire = messages.wire_observation(obs)
-            frame = self._packer.pack(messages.infer_message(wire, env_indices, step_ids, reuse),
-                                      _payload_bytes(wire))
-            packed = time.perf_counter()
+            with self._infer_packing:
+                wire = messages.wire_observation(request.obs)
+                frame = self._packer.pack(request.message(wire), _payload_bytes(wire))
+            self._sent_at = time.perf_counter()
             client.send_frame(frame)
         except transport.TransportClosed as exc:
             raise ConnectionLost(self._closed(exc)) from None
         timing = self.timing
-        timing.pack_s += packed - start
-        timing.infer_obs_pack_s += packed - start
         timing.infer_calls += 1
         timing.bytes_sent += frame.nbytes
-        self._asked = np.asarray(env_indices, dtype=np.int64)
-        self._sent_at = packed
+        self._asked = np.asarray(request.env_indices, dtype=np.int64)
+        self.state = Exchange.AWAITING_REPLY
         self._sent_wall = time.time()
         self._asked_since = now = time.monotonic()
         limit = self.config.infer_timeout
@@ -220,7 +215,7 @@ class Session:
         when the reply is ``--infer-timeout`` late."""
         asked = self._asked
         if asked is None:
-            raise RuntimeError("no infer is waiting for its reply: send_infer() first")
+            raise NoReplyAwaited("no infer is waiting for its reply: send_infer() first")
         client = self._current()
         try:
             if timeout == 0:  # the pipelined poll: one poll(2), and a clock reading only when nothing came
@@ -233,7 +228,7 @@ class Session:
             raise ConnectionLost(self._closed(exc)) from None
         if frame is None:
             return None
-        self._asked = None
+        self._asked, self.state = None, Exchange.FEEDBACK_DUE
         reply = messages.parse_action(self._decode(frame), asked)
         timing = self.timing
         timing.infer_wait_s += time.perf_counter() - self._sent_at
@@ -244,43 +239,41 @@ class Session:
         """Block until the reply to this session's infer or to one of ``peers``' is in, or one of them is due for
         a warning or its ``--infer-timeout`` (the caller then polls each with ``receive_actions(0)``). A pipelined
         rollout waits here when no env group can step: on every connection at once, whichever answers first."""
-        waiting = [s for s in (self, *peers) if s._asked is not None and s._client is not None]
+        waiting = [s for s in (self, *peers) if s.state is Exchange.AWAITING_REPLY and s._client is not None]
         if waiting:
             due = min(s._next_check for s in waiting)
             ws_client.wait_any([s._client for s in waiting if s._client is not None],
                                max(0.0, due - time.monotonic()))
 
-    def feedback(self, env_indices: np.ndarray, step_ids: np.ndarray, obs: ObservationLike, rewards: np.ndarray,
-                 terminated: np.ndarray, truncated: np.ndarray, info: dict[str, Any]) -> None:
+    def feedback(self, feedback: Feedback[ObservationLike]) -> None:
         """Send one feedback (no reply). A connection found closed is reported by the next :meth:`send_infer`."""
         if self._lost is not None:
             return
-        if self._asked is not None:
-            raise RuntimeError("a feedback while an infer waits for its reply: receive_actions() first")
+        if self.state is not Exchange.FEEDBACK_DUE:
+            raise (AlreadyAwaitingReply("a feedback while an infer waits for its reply: receive_actions() first")
+                   if self.state is Exchange.AWAITING_REPLY else
+                   NoFeedbackDue("a feedback that answers no reply: send_infer() and receive_actions() first"))
         client = self._current()
         timing = self.timing
-        start = time.perf_counter()
-        wire = messages.wire_observation(obs)
-        skeleton = messages.feedback_message(env_indices, step_ids, SLOT, rewards, terminated, truncated, SLOT)
-        packing = time.perf_counter()
-        frame, (obs_s, info_s) = self._packer.pack_parts(skeleton, (wire, info), _payload_bytes(wire))
-        packed = time.perf_counter()
-        timing.pack_s += packed - packing
-        timing.feedback_obs_pack_s += packing - start + obs_s
-        timing.feedback_info_pack_s += info_s
-        try:
-            client.send_frame(frame)
-        except transport.TransportClosed as exc:
-            self._lost = self._closed(exc)
-            return
-        finally:
-            timing.feedback_s += time.perf_counter() - start
+        with self._feedback_sending:
+            with self._feedback_building:
+                wire = messages.wire_observation(feedback.obs)
+                skeleton = feedback.message(SLOT, SLOT)
+            with self._feedback_packing:
+                frame, (obs_s, info_s) = self._packer.pack_parts(skeleton, (wire, feedback.info), _payload_bytes(wire))
+            timing.feedback_obs_pack_s += obs_s
+            timing.feedback_info_pack_s += info_s
+            try:
+                client.send_frame(frame)
+            except transport.TransportClosed as exc:
+                self._lost = self._closed(exc)
+                return
         timing.feedback_calls += 1
         timing.bytes_sent += frame.nbytes
 
     def _current(self) -> ws_client.WebSocketClient:
         if self._client is None:
-            raise RuntimeError("the session has no connection: call open() first")
+            raise NotConnected("the session has no connection: call open() first")
         return self._client
 
     def _decode(self, frame: Any) -> Any:
@@ -324,7 +317,7 @@ class Session:
                    f"{limit:g} s")
             logger.warning("%s; closing the connection and reconnecting", why)
             self._give_up(Closed(CloseAction.RECONNECT, messages.CLOSE_GOING_AWAY, INFER_TIMEOUT_REASON, why))
-        logger.warning("no reply from the server for %s s to the infer for %d envs sent at %s%s", _seconds(waited), n,
+        logger.warning("no reply from the server for %s s to the infer for %d envs sent at %s%s", seconds(waited), n,
                        sent, "" if limit is None else f" (--infer-timeout {limit:g} s)")
         self._next_check = now + 2 * self._warn_s if limit is None else min(now + 2 * self._warn_s,
                                                                             self._asked_since + limit)
@@ -351,24 +344,13 @@ class Session:
 
     def open(self) -> ServerMetadata:
         """First connection: wait for the server (up to ``connect_timeout``, if set) and read its metadata."""
-        return self._open(self.config.connect_timeout, "--connect-timeout")
+        return self._attach(*self._dialer.open())
 
     def reconnect(self, closed: Closed) -> ServerMetadata:
         """Open a fresh connection after ``closed``; the caller has dropped every chunk in flight."""
-        limit = self.config.max_reconnects
-        if limit is not None and self.timing.reconnects >= limit:
-            ended = closed.why if closed.why else f"the server closed the connection ({closed.describe()})"
-            raise ConfigError(f"{ended} more than --max-reconnects={limit} times; giving up")
-        # Back off further while reconnects keep failing before a single exchange (a server that resyncs at once).
-        progressed = (self.timing.actions_received > self._actions_at_open
-                      and time.monotonic() - self._opened_at >= STEADY_CONNECTION_S)
-        self._failed_reconnects = 1 if progressed else self._failed_reconnects + 1
-        self.timing.reconnects += 1
-        self._say_reconnecting(closed, progressed)
+        self._dialer.count_reconnect(closed)
         self.close()
-        time.sleep(self._backoff(self._failed_reconnects))
-        # A restarting server may take a while: wait for it, up to --reconnect-timeout if set.
-        return self._open(self.config.reconnect_timeout, "--reconnect-timeout")
+        return self._attach(*self._dialer.reopen())
 
     def close(self) -> None:
         """Close the current connection (1000, waiting briefly for the server's answer); a no-op without one."""
@@ -377,139 +359,40 @@ class Session:
         if client is not None:
             client.close(messages.CLOSE_NORMAL)
 
+    def _attach(self, client: ws_client.WebSocketClient, meta: ServerMetadata) -> ServerMetadata:
+        """A fresh connection becomes the session's: the exchange starts over, idle."""
+        self._client, self._lost, self._asked, self.state = client, None, None, Exchange.IDLE
+        if self._keepalive is not None:
+            self._keepalive.add(client)
+        self.metadata = meta
+        return meta
+
     def _drop(self) -> None:
         """Forget the current connection (its socket is closed, or about to be) and the infer in flight on it."""
         client, self._client = self._client, None
-        self._asked = None
+        self._asked, self.state = None, Exchange.IDLE
         if client is not None and self._keepalive is not None:
             self._keepalive.discard(client)
 
-    def _open(self, timeout_s: float | None, flag: str) -> ServerMetadata:
-        deadline = None if timeout_s is None else time.monotonic() + timeout_s
-        attempt = 0
-        while True:
-            if self._should_stop():
-                raise ConnectionLost(STOPPED_LOCALLY)
-            left = None if deadline is None else deadline - time.monotonic()
-            if left is not None and left <= 0 and attempt > 0:
-                raise ConfigError(f"no policy server answered at {self._shown_url} within {timeout_s:g} s ({flag}); "
-                                  f"{self._hint(flag)}")
-            client = self._dial(attempt, OPEN_TIMEOUT_S if left is None else max(0.05, min(OPEN_TIMEOUT_S, left)))
-            if client is not None:
-                return self._start(client, deadline, timeout_s, flag)
-            attempt += 1
-            pause = self._backoff(attempt)
-            if deadline is not None:
-                pause = max(0.0, min(pause, deadline - time.monotonic()))
-            time.sleep(pause)
 
-    def _start(self, client: ws_client.WebSocketClient, deadline: float | None, timeout_s: float | None,
-               flag: str) -> ServerMetadata:
-        """The connection's first message, the metadata (read within the deadline), and the session's state for it."""
-        self._client, self._lost, self._asked = client, None, None
-        if self._keepalive is not None:
-            self._keepalive.add(client)
-        self._actions_at_open = self.timing.actions_received
-        self._opened_at = time.monotonic()
-        try:
-            frame = self._read_first(client, deadline)
-        except transport.TransportClosed as exc:
-            raise ConnectionLost(self._closed(exc)) from None
-        if frame is None:
-            self.close()
-            raise ConfigError(f"the server at {self._shown_url} accepted the connection but sent no metadata within "
-                              f"{timeout_s:g} s ({flag}); is it a PlugRL v1 policy server?")
-        reply = self._decode(frame)
-        if messages.message_type(reply) != messages.METADATA:
-            raise ProtocolError(
-                f"the server's first message must be 'metadata', got {messages.message_type(reply)!r}; "
-                "is this a PlugRL v1 policy server?"
-            )
-        self.metadata = meta = messages.parse_metadata(reply)
-        logger.info("connected to %s; server metadata: %s", self._shown_url, messages.short_repr(meta.raw, 400))
-        return meta
+class Stopwatch:
+    """Adds the seconds of each ``with`` block to the named fields of a :class:`~plugrl_env_client.timing.Timing`.
+    Made once per step of the exchange and reused (a block costs two clock readings and two method calls), so a
+    step's time is measured in one place, not by clock readings spread through it. Not reentrant."""
 
-    def _read_first(self, client: ws_client.WebSocketClient, deadline: float | None) -> Any:
-        """The first message, or None when the deadline passed first; a late one is announced."""
-        opened = time.monotonic()
-        next_warning = opened + self._warn_s
-        while True:
-            until = next_warning if deadline is None else min(deadline, next_warning)
-            frame = client.recv(max(0.0, until - time.monotonic()))
-            if frame is not None:
-                return frame
-            now = time.monotonic()
-            if deadline is not None and now >= deadline:
-                return None
-            if now >= next_warning:
-                logger.warning("connected to %s, but no metadata from the server for %s s", self._shown_url,
-                               _seconds(now - opened))
-                next_warning = now + 2 * self._warn_s
+    __slots__ = ("_timing", "_fields", "_start")
 
-    def _dial(self, attempt: int, open_timeout: float) -> ws_client.WebSocketClient | None:
-        """One attempt at a WebSocket; None when it is worth another (said once)."""
-        headers = {"Authorization": f"Api-Key {self.config.api_key}"} if self.config.api_key else {}
-        if self.config.stream is not None:
-            headers[messages.STREAM_HEADER] = "{}.{}".format(*self.config.stream)
-        try:
-            return ws_client.connect(self.config.url, headers, open_timeout=open_timeout, close_timeout=2.0)
-        except transport.CertificateNotVerified as exc:
-            raise ConfigError(
-                f"the TLS certificate of {self._shown_url} did not verify ({exc.verify_message}); point SSL_CERT_FILE "
-                "at the CA that signed it, or use ws:// on a trusted network"
-            ) from None
-        except transport.InvalidServerURL as exc:
-            raise ConfigError(f"invalid server URL {self._shown_url!r}: {redact_text(str(exc))}; use ws://host:port or wss://host:port") from None
-        except transport.HandshakeRefused as exc:
-            if 400 <= exc.status < 500 and exc.status not in RETRYABLE_STATUS:
-                raise ConfigError(
-                    f"the server at {self._shown_url} refused the WebSocket handshake with HTTP {exc.status}; check the "
-                    "URL and --api-key / $PLUGRL_API_KEY"
-                ) from None
-            self._say_waiting(attempt, exc)
-            return None
-        except transport.ConnectFailed as exc:
-            self._say_waiting(attempt, exc)
-            return None
+    def __init__(self, timing: Timing, *fields: str) -> None:
+        self._timing, self._fields, self._start = timing, fields, 0.0
 
-    def _backoff(self, attempt: int) -> float:
-        base = min(self.config.backoff_max_s, self.config.backoff_initial_s * 2 ** max(attempt - 1, 0))
-        return base * (0.5 + self._rng.random() / 2)
+    def __enter__(self) -> None:
+        self._start = time.perf_counter()
 
-    def _hint(self, flag: str) -> str:
-        if flag == "--connect-timeout":
-            return f"start one with `{self.config.server_command}` or use `{self.config.local_flag}`"
-        return "it went away and did not come back"
-
-    def _say_waiting(self, attempt: int, exc: BaseException) -> None:
-        if attempt == 0:
-            logger.warning(
-                "waiting for a policy server at %s (%s). Start one with `%s`, or run with `%s` to use the "
-                "embedded one.",
-                self._shown_url,
-                exc,
-                self.config.server_command,
-                self.config.local_flag,
-            )
-
-    def _say_reconnecting(self, closed: Closed, progressed: bool) -> None:
-        """One warning per close, except while a stopped server stays up: then one line, and a reminder every
-        twice the warning period (a minute by default)."""
-        if not closed.ends_a_run:
-            self._stop_waits_since = None
-            logger.warning("reconnecting to %s after close (%s)", self._shown_url, closed.describe())
-            return
-        now = time.monotonic()
-        if self._stop_waits_since is None or progressed:
-            self._stop_waits_since, self._stop_reminder_at = now, now + 2 * self._warn_s
-            logger.warning("the server at %s ended its run (%s); waiting for its next run (--reconnect-on-server-stop)",
-                           self._shown_url, closed.describe())
-        elif now >= self._stop_reminder_at:
-            self._stop_reminder_at = now + 2 * self._warn_s
-            logger.warning("still waiting for the next run of the server at %s (for %s s; --reconnect-on-server-stop)",
-                           self._shown_url, _seconds(now - self._stop_waits_since))
-        else:
-            logger.debug("the server at %s ended its run again (%s); reconnecting", self._shown_url, closed.describe())
+    def __exit__(self, *exc: object) -> None:
+        elapsed = time.perf_counter() - self._start
+        timing = self._timing
+        for field in self._fields:
+            setattr(timing, field, getattr(timing, field) + elapsed)
 
 
 def _payload_bytes(wire: dict[str, Any]) -> int:
@@ -520,8 +403,3 @@ def _payload_bytes(wire: dict[str, Any]) -> int:
     for arr in wire["states"].values():
         total += arr.nbytes
     return total
-
-
-def _seconds(value: float) -> str:
-    """A wait as a log line says it: whole seconds, tenths below ten."""
-    return f"{value:.0f}" if value >= 10 else f"{value:.1f}"

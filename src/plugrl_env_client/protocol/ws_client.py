@@ -19,9 +19,8 @@ What a one-thread loop needs, and what it gets:
   when the call returns.
 
 One send path: every byte goes out through one write loop (non-blocking ``send`` of memoryviews, waiting with
-``poll`` when the socket is full; never a copy into fresh ``bytes``). A binary message is framed once into a buffer the connection keeps
-(:class:`~plugrl_env_client.protocol.framing.MaskedFramer`), or arrives already framed from a
-:class:`~plugrl_env_client.protocol.frame_packer.FramePacker` (:meth:`~WebSocketClient.send_frame`), which encodes
+``poll`` when the socket is full; never a copy into fresh ``bytes``). A binary message arrives already framed from
+a :class:`~plugrl_env_client.protocol.frame_packer.FramePacker` (:meth:`~WebSocketClient.send_frame`), which encodes
 the arrays straight into the frame. The data frames PlugRL sends are never fragmented, so writing them past the
 Sans-I/O protocol object leaves its state exact (it tracks only fragmentation and the closing handshake for
 outgoing frames); pongs and closes come from the protocol (``data_to_send``) and go through the same write loop.
@@ -53,7 +52,6 @@ from websockets.http11 import USER_AGENT
 from websockets.protocol import State
 from websockets.uri import parse_uri
 
-from plugrl_env_client.protocol.framing import MaskedFramer
 from plugrl_env_client.protocol.transport import (
     CertificateNotVerified,
     ConnectFailed,
@@ -91,7 +89,6 @@ class WebSocketClient:
         self._tls = isinstance(sock, ssl.SSLSocket)
         self._protocol = protocol
         self._close_timeout = close_timeout
-        self._framer = MaskedFramer()
         self._messages: collections.deque[Received] = collections.deque()
         self._parts: list[bytes | bytearray] = []  # a fragmented message being assembled
         self._text = False
@@ -122,13 +119,6 @@ class WebSocketClient:
     def closed(self) -> bool:
         """Whether the connection is closed for reading (messages received before the close may still wait)."""
         return self._closed is not None
-
-    def send(self, data: Data) -> None:
-        """Send ``data`` as one binary message, framed into the connection's kept buffer (the caller's buffer is
-        free when this returns). Raises :class:`TransportClosed` when the connection is closed."""
-        self._check_owner()
-        self._check_open()
-        self._write(self._framer.frame(data))
 
     def send_frame(self, frame: Data) -> None:
         """Send a whole masked client frame built by a

@@ -38,10 +38,6 @@ class ActionPlans:
         """Per env: its chunk is used up or was dropped (``cursor >= length``), kept current by every method."""
         self._all = np.arange(num_envs)
 
-    def needing_actions_mask(self) -> np.ndarray:
-        """Per env: its chunk is used up or was dropped."""
-        return self.needing
-
     def load(self, env_ids: np.ndarray, actions: np.ndarray) -> None:
         """Queue a time-major chunk ``actions[t, j]`` for env ``env_ids[j]``, cut to ``replan_steps``."""
         steps = actions.shape[0] if self.replan_steps is None else min(actions.shape[0], self.replan_steps)

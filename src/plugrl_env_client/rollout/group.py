@@ -50,7 +50,13 @@ from plugrl_env_client.envs.base_env import BaseEnv, Observation, observation_sp
 from plugrl_env_client.envs.calls import call_env
 from plugrl_env_client.errors import ConfigError, EnvContractError
 from plugrl_env_client.protocol.connection import CloseAction, ConnectionLost
-from plugrl_env_client.protocol.messages import FEATURE_REUSE_FEEDBACK_OBS, ActionReply, ServerMetadata
+from plugrl_env_client.protocol.messages import (
+    FEATURE_REUSE_FEEDBACK_OBS,
+    ActionReply,
+    Feedback,
+    InferRequest,
+    ServerMetadata,
+)
 from plugrl_env_client.rollout import checks
 from plugrl_env_client.rollout.budget import Budget
 from plugrl_env_client.rollout.chunks import ActionPlans, ChunkEnds, HeldRows
@@ -213,13 +219,13 @@ class EnvGroup:
         one blocking exchange)."""
         request = self._infer_request(obs)
         if request is not None:
-            self._load(self.session.infer(*request))
+            self._load(self.session.infer(request))
 
     def ask_for_actions(self, obs: Observation) -> None:
         """Send the infer of :meth:`request_actions` without waiting for its reply (nothing to send: no infer)."""
         request = self._infer_request(obs)
         if request is not None:
-            self.session.send_infer(*request)
+            self.session.send_infer(request)
 
     def take_actions(self, timeout: float | None = 0.0) -> bool:
         """Queue the chunks answering the infer on the wire, if they arrive within ``timeout`` s (0: if they are
@@ -283,7 +289,7 @@ class EnvGroup:
             if self.tracker.judges_success:  # as PlugRL's client does: a server cannot tell a False "s" from no rule
                 info.setdefault("is_step_success", self.tracker.success[rows].copy())
         self.held.fed_back(rows, done)
-        self.session.feedback(
+        self.session.feedback(Feedback(
             env_indices=rows,
             step_ids=self.plans.finish_chunks(rows, done),
             obs=self._rows(step.obs, rows),
@@ -291,7 +297,7 @@ class EnvGroup:
             terminated=step.terminated[rows],
             truncated=step.truncated[rows],
             info=info,
-        )
+        ))
 
     def finish_episodes(self, step: StepResult) -> Observation:
         """Record finished episodes and start the next ones (unless the run needs no more episodes); returns the
@@ -321,8 +327,8 @@ class EnvGroup:
 
     # ------------------------------------------------------------------------------------------ helpers
 
-    def _infer_request(self, obs: Observation) -> tuple[Observation, np.ndarray, np.ndarray, np.ndarray | None] | None:
-        """(rows sent, env indices, step ids, reuse) of the infer for the active envs without actions; None when
+    def _infer_request(self, obs: Observation) -> InferRequest[Observation] | None:
+        """The infer for the active envs without actions (the rows sent, env indices, step ids, reuse); None when
         every active env has its actions."""
         needing = self.plans.needing
         need = np.flatnonzero(needing if self.active is None else needing & self.active)
@@ -330,7 +336,7 @@ class EnvGroup:
             return None
         reuse = self.held.reuse(need)
         sent = need if reuse is None else need[~reuse]
-        return self._rows(obs, sent), need, self.plans.chunk_index[need], reuse
+        return InferRequest(self._rows(obs, sent), need, self.plans.chunk_index[need], reuse)
 
     def _load(self, reply: ActionReply) -> None:
         """Queue a reply's chunks for the envs it names (the session checked they are the infer's)."""

@@ -11,7 +11,7 @@ import numpy as np
 
 from plugrl_env_client.envs.base_env import Observation
 from plugrl_env_client.protocol.connection import Closed
-from plugrl_env_client.protocol.messages import ActionReply, ServerMetadata
+from plugrl_env_client.protocol.messages import ActionReply, Feedback, InferRequest, ServerMetadata
 from plugrl_env_client.records import EpisodeRecord, ProcessResult, ProcessStatus
 from plugrl_env_client.timing import Timing
 
@@ -28,11 +28,9 @@ class ServerSession(Protocol):
 
     def reconnect(self, closed: Closed) -> ServerMetadata: ...
 
-    def infer(self, obs: Observation, env_indices: np.ndarray, step_ids: np.ndarray,
-              reuse: np.ndarray | None = None) -> ActionReply: ...
+    def infer(self, request: InferRequest[Observation]) -> ActionReply: ...
 
-    def send_infer(self, obs: Observation, env_indices: np.ndarray, step_ids: np.ndarray,
-                   reuse: np.ndarray | None = None) -> None:
+    def send_infer(self, request: InferRequest[Observation]) -> None:
         """The first half of ``infer``: send it, and let the caller step other envs until the reply is in."""
 
     def receive_actions(self, timeout: float | None = None) -> ActionReply | None:
@@ -47,8 +45,8 @@ class ServerSession(Protocol):
         """Block until the reply to this session's infer or one of ``peers``' (sessions of its kind) is in, or
         one of them needs looking at; then ``receive_actions(0)`` of each says which."""
 
-    def feedback(self, env_indices: np.ndarray, step_ids: np.ndarray, obs: Observation, rewards: np.ndarray,
-                 terminated: np.ndarray, truncated: np.ndarray, info: dict[str, Any]) -> None: ...
+    def feedback(self, feedback: Feedback[Observation]) -> None:
+        """Send one feedback (no reply); a connection found gone surfaces at the next infer."""
 
     def close(self) -> None: ...
 

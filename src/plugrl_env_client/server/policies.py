@@ -41,7 +41,7 @@ from plugrl_env_client.server.registry import (
 )
 
 if TYPE_CHECKING:
-    from plugrl_env_client.protocol.messages import FeedbackMessage
+    from plugrl_env_client.protocol.messages import Feedback
 
 
 @dataclasses.dataclass
@@ -166,7 +166,7 @@ class Policy(abc.ABC):
         resyncs every connection of the batch."""
         return [call.policy.infer(call.obs, call.env_indices, call.step_ids) for call in calls]
 
-    def feedback(self, feedback: FeedbackMessage) -> None:
+    def feedback(self, feedback: Feedback[dict[str, Any]]) -> None:
         """A feedback of this connection (default: ignored)."""
         return None
 
@@ -371,7 +371,7 @@ class _ArsConnection(Policy):
             rollouts.append(episode.rollout)
         return self.policy.chunk(self.learner.actions(rollouts, x))
 
-    def feedback(self, feedback: FeedbackMessage) -> None:
+    def feedback(self, feedback: Feedback[dict[str, Any]]) -> None:
         done = (feedback.terminated | feedback.truncated).tolist()
         lengths = _episode_lengths(feedback.info.get("episode"), len(done))
         rewards = feedback.rewards.tolist()  # float32 to Python floats: exact

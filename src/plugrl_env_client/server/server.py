@@ -311,7 +311,7 @@ class PolicyServer:
                     return
                 expect = messages.INFER
 
-    def _with_reused_rows(self, request: messages.InferRequest, held: dict[int, HeldRow]) -> dict[str, Any]:
+    def _with_reused_rows(self, request: messages.InferRequest[dict[str, Any]], held: dict[int, HeldRow]) -> dict[str, Any]:
         """The full observation batch of an infer, reused rows taken from the held feedback rows.
 
         When every row is reused and they are one run of a single feedback, in order (a chunk's feedback, then
@@ -395,7 +395,7 @@ def _run_of_one_batch(rows: list[HeldRow]) -> dict[str, Any] | None:
     }
 
 
-def _hold_rows(held: dict[int, HeldRow], feedback: messages.FeedbackMessage, skip: set[int]) -> None:
+def _hold_rows(held: dict[int, HeldRow], feedback: messages.Feedback[dict[str, Any]], skip: set[int]) -> None:
     done = feedback.terminated | feedback.truncated
     for i, env in enumerate(feedback.env_indices.tolist()):
         if env in skip:

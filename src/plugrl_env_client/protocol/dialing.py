@@ -1,0 +1,241 @@
+"""Opening a session's connections: dialing with backoff and jitter, the handshake, and the server's metadata.
+
+A :class:`Dialer` opens one connection at a time for one :class:`~plugrl_env_client.protocol.session.Session`
+and keeps what reconnecting needs from one attempt to the next (the backoff, whether the last connection got an
+exchange done, the reminder while a stopped server stays up). Every wait is bounded or announced:
+``--connect-timeout`` / ``--reconnect-timeout`` bound the whole of an opening, the metadata read included; each
+attempt's handshake and each backoff pause are cut to the time left.
+
+What ends an opening is a typed error: :class:`ServerUnreachable` (nobody answered in time),
+:class:`ReconnectsExhausted` (``--max-reconnects`` reached), a :class:`~plugrl_env_client.errors.ConfigError` for
+what no retry can fix (a 4xx handshake answer other than 408/429, a TLS certificate that does not verify, a
+malformed URL), a :class:`~plugrl_env_client.protocol.connection.ConnectionLost` when the server closes before its
+metadata or the run is stopped locally. The app layer adds what a user can do about the first two.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from plugrl_env_client.errors import ConfigError, ProtocolError
+from plugrl_env_client.protocol import codec, messages, transport, ws_client
+from plugrl_env_client.protocol.connection import CloseAction, Closed, ConnectionLost, classify_close
+from plugrl_env_client.protocol.messages import ServerMetadata
+from plugrl_env_client.redaction import redact_text, redact_url
+from plugrl_env_client.timing import Timing
+
+if TYPE_CHECKING:
+    from plugrl_env_client.protocol.session import SessionConfig
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["Dialer", "ReconnectsExhausted", "ServerUnreachable"]
+
+STOPPED_LOCALLY = Closed(CloseAction.END, None, "the run was stopped locally")
+RETRYABLE_STATUS = (408, 429)  # request timeout, too many requests: worth another try
+STEADY_CONNECTION_S = 1.0  # a connection that lived this long and completed an exchange resets the backoff
+OPEN_TIMEOUT_S = 10.0
+"""The longest one attempt's TCP connect, TLS and WebSocket handshake may take (less when a deadline is nearer)."""
+CONNECT_FLAG, RECONNECT_FLAG = "--connect-timeout", "--reconnect-timeout"
+
+
+class ServerUnreachable(ConfigError):
+    """No policy server answered at ``url`` within ``timeout_s`` (``flag`` says which opening: the first, or a
+    reconnect)."""
+
+    def __init__(self, url: str, timeout_s: float, flag: str) -> None:
+        super().__init__(f"no policy server answered at {url} within {timeout_s:g} s ({flag})")
+        self.url, self.timeout_s, self.flag = url, timeout_s, flag
+
+    @property
+    def first(self) -> bool:
+        """Whether no server answered the run's first connection (not a reconnect)."""
+        return self.flag == CONNECT_FLAG
+
+
+class ReconnectsExhausted(ConfigError):
+    """The connection was lost (``closed``) more than ``--max-reconnects`` times."""
+
+    def __init__(self, closed: Closed, limit: int) -> None:
+        ended = closed.why if closed.why else f"the server closed the connection ({closed.describe()})"
+        super().__init__(f"{ended} more than --max-reconnects={limit} times; giving up")
+        self.closed, self.limit = closed, limit
+
+
+class Dialer:
+    """Opens the connections of one session (see the module docstring); the caller's ``timing`` counts the
+    reconnects and tells whether a connection got an exchange done."""
+
+    def __init__(self, config: SessionConfig, timing: Timing, warn_s: float,
+                 should_stop: Callable[[], bool] = lambda: False) -> None:
+        self.config = config
+        self.shown_url = redact_url(config.url)  # the URL in messages: without its password
+        self._timing = timing
+        self._warn_s = warn_s
+        self._should_stop = should_stop
+        self._rng = random.Random()
+        self._failed_reconnects = 0  # reconnects in a row that did not get one exchange done
+        self._actions_at_open = 0
+        self._opened_at = 0.0
+        self._stop_waits_since: float | None = None  # the server ended its run and we wait for its next one
+        self._stop_reminder_at = 0.0
+
+    def open(self) -> tuple[ws_client.WebSocketClient, ServerMetadata]:
+        """The first connection: wait for the server (up to ``--connect-timeout``, if set) and read its metadata."""
+        return self._open(self.config.connect_timeout, CONNECT_FLAG)
+
+    def count_reconnect(self, closed: Closed) -> None:
+        """A reconnect after ``closed`` is about to start: count it (raises :class:`ReconnectsExhausted` past
+        ``--max-reconnects``) and say so."""
+        limit = self.config.max_reconnects
+        if limit is not None and self._timing.reconnects >= limit:
+            raise ReconnectsExhausted(closed, limit)
+        # Back off further while reconnects keep failing before a single exchange (a server that resyncs at once).
+        progressed = (self._timing.actions_received > self._actions_at_open
+                      and time.monotonic() - self._opened_at >= STEADY_CONNECTION_S)
+        self._failed_reconnects = 1 if progressed else self._failed_reconnects + 1
+        self._timing.reconnects += 1
+        self._say_reconnecting(closed, progressed)
+
+    def reopen(self) -> tuple[ws_client.WebSocketClient, ServerMetadata]:
+        """A fresh connection after the backoff pause: a restarting server may take a while, so wait for it, up to
+        ``--reconnect-timeout`` if set."""
+        time.sleep(self.backoff(self._failed_reconnects))
+        return self._open(self.config.reconnect_timeout, RECONNECT_FLAG)
+
+    def backoff(self, attempt: int) -> float:
+        """Seconds to pause before attempt ``attempt`` (from 1): doubling up to the cap, with jitter."""
+        base = min(self.config.backoff_max_s, self.config.backoff_initial_s * 2 ** max(attempt - 1, 0))
+        return base * (0.5 + self._rng.random() / 2)
+
+    # ------------------------------------------------------------------------------------------ one opening
+
+    def _open(self, timeout_s: float | None, flag: str) -> tuple[ws_client.WebSocketClient, ServerMetadata]:
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        attempt = 0
+        while True:
+            if self._should_stop():
+                raise ConnectionLost(STOPPED_LOCALLY)
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0 and attempt > 0:
+                assert timeout_s is not None
+                raise ServerUnreachable(self.shown_url, timeout_s, flag)
+            client = self._dial(attempt, OPEN_TIMEOUT_S if left is None else max(0.05, min(OPEN_TIMEOUT_S, left)))
+            if client is not None:
+                self._actions_at_open = self._timing.actions_received
+                self._opened_at = time.monotonic()
+                return client, self._metadata(client, deadline, timeout_s, flag)
+            attempt += 1
+            pause = self.backoff(attempt)
+            if deadline is not None:
+                pause = max(0.0, min(pause, deadline - time.monotonic()))
+            time.sleep(pause)
+
+    def _metadata(self, client: ws_client.WebSocketClient, deadline: float | None, timeout_s: float | None,
+                  flag: str) -> ServerMetadata:
+        """The connection's first message, the metadata, read within the deadline."""
+        try:
+            frame = self._read_first(client, deadline)
+        except transport.TransportClosed as exc:
+            closed = classify_close(exc.code, exc.reason, self.config.reconnect_on_server_stop)
+            logger.info("connection closed by the server (%s)", closed.describe())
+            raise ConnectionLost(closed) from None
+        if frame is None:
+            client.close(messages.CLOSE_NORMAL)
+            raise ConfigError(f"the server at {self.shown_url} accepted the connection but sent no metadata within "
+                              f"{timeout_s:g} s ({flag}); is it a PlugRL v1 policy server?")
+        try:
+            if isinstance(frame, str):
+                raise ProtocolError(f"the server sent a text frame instead of a binary msgpack frame: {frame[:2000]!r}")
+            self._timing.bytes_received += len(frame)
+            reply = codec.unpackb(frame)
+            if messages.message_type(reply) != messages.METADATA:
+                raise ProtocolError(
+                    f"the server's first message must be 'metadata', got {messages.message_type(reply)!r}; "
+                    "is this a PlugRL v1 policy server?"
+                )
+        except ProtocolError:
+            client.close(messages.CLOSE_NORMAL)
+            raise
+        meta = messages.parse_metadata(reply)
+        logger.info("connected to %s; server metadata: %s", self.shown_url, messages.short_repr(meta.raw, 400))
+        return meta
+
+    def _read_first(self, client: ws_client.WebSocketClient, deadline: float | None) -> Any:
+        """The first message, or None when the deadline passed first; a late one is announced."""
+        opened = time.monotonic()
+        next_warning = opened + self._warn_s
+        while True:
+            until = next_warning if deadline is None else min(deadline, next_warning)
+            frame = client.recv(max(0.0, until - time.monotonic()))
+            if frame is not None:
+                return frame
+            now = time.monotonic()
+            if deadline is not None and now >= deadline:
+                return None
+            if now >= next_warning:
+                logger.warning("connected to %s, but no metadata from the server for %s s", self.shown_url,
+                               seconds(now - opened))
+                next_warning = now + 2 * self._warn_s
+
+    def _dial(self, attempt: int, open_timeout: float) -> ws_client.WebSocketClient | None:
+        """One attempt at a WebSocket; None when it is worth another (said once)."""
+        headers = {"Authorization": f"Api-Key {self.config.api_key}"} if self.config.api_key else {}
+        if self.config.stream is not None:
+            headers[messages.STREAM_HEADER] = "{}.{}".format(*self.config.stream)
+        try:
+            return ws_client.connect(self.config.url, headers, open_timeout=open_timeout, close_timeout=2.0)
+        except transport.CertificateNotVerified as exc:
+            raise ConfigError(
+                f"the TLS certificate of {self.shown_url} did not verify ({exc.verify_message}); point SSL_CERT_FILE "
+                "at the CA that signed it, or use ws:// on a trusted network"
+            ) from None
+        except transport.InvalidServerURL as exc:
+            raise ConfigError(f"invalid server URL {self.shown_url!r}: {redact_text(str(exc))}; use ws://host:port or "
+                              "wss://host:port") from None
+        except transport.HandshakeRefused as exc:
+            if 400 <= exc.status < 500 and exc.status not in RETRYABLE_STATUS:
+                raise ConfigError(
+                    f"the server at {self.shown_url} refused the WebSocket handshake with HTTP {exc.status}; check the "
+                    "URL and --api-key / $PLUGRL_API_KEY"
+                ) from None
+            self._say_waiting(attempt, exc)
+            return None
+        except transport.ConnectFailed as exc:
+            self._say_waiting(attempt, exc)
+            return None
+
+    # ------------------------------------------------------------------------------------------ what it says
+
+    def _say_waiting(self, attempt: int, exc: BaseException) -> None:
+        if attempt == 0:
+            hint = self.config.waiting_hint
+            logger.warning("waiting for a policy server at %s (%s).%s", self.shown_url, exc, f" {hint}" if hint else "")
+
+    def _say_reconnecting(self, closed: Closed, progressed: bool) -> None:
+        """One warning per close, except while a stopped server stays up: then one line, and a reminder every
+        twice the warning period (a minute by default)."""
+        if not closed.ends_a_run:
+            self._stop_waits_since = None
+            logger.warning("reconnecting to %s after close (%s)", self.shown_url, closed.describe())
+            return
+        now = time.monotonic()
+        if self._stop_waits_since is None or progressed:
+            self._stop_waits_since, self._stop_reminder_at = now, now + 2 * self._warn_s
+            logger.warning("the server at %s ended its run (%s); waiting for its next run (--reconnect-on-server-stop)",
+                           self.shown_url, closed.describe())
+        elif now >= self._stop_reminder_at:
+            self._stop_reminder_at = now + 2 * self._warn_s
+            logger.warning("still waiting for the next run of the server at %s (for %s s; --reconnect-on-server-stop)",
+                           self.shown_url, seconds(now - self._stop_waits_since))
+        else:
+            logger.debug("the server at %s ended its run again (%s); reconnecting", self.shown_url, closed.describe())
+
+
+def seconds(value: float) -> str:
+    """A wait as a log line says it: whole seconds, tenths below ten."""
+    return f"{value:.0f}" if value >= 10 else f"{value:.1f}"
