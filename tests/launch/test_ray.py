@@ -564,6 +564,8 @@ def test_a_ray_run_whose_driver_was_killed_is_resumed_to_the_uninterrupted_runs_
     try:
         wait_for(lambda: all(f.exists() and f.read_bytes().count(b"\n") >= at for f in files),
                  f"{at} episodes of each process", proc)
+        # the driver writes ray_nodes.json every 10 s while it runs: the first segment's must exist to be kept
+        wait_for(lambda: (run / "ray_nodes.json").exists(), "the first segment's ray_nodes.json", proc)
         proc.kill()
         proc.wait()
     finally:
