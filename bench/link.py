@@ -29,10 +29,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import multiprocessing as mp
-import socket
 import statistics
-import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -42,7 +39,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 from link_proxy import LinkProxy
-from machine import load_avg, machine_line
+from machine import ReferenceServer, load_avg, machine_line
 
 from plugrl_env_client.config import ClientConfig, RunnerConfig
 from plugrl_env_client.envs.base_env import (
@@ -129,35 +126,9 @@ class LinkFramesEnv(BaseEnv[LinkFramesConfig]):
         return self._observe(), np.zeros(self.num_envs, np.float32), zeros, zeros, {}
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Server:
-    """The reference server in a subprocess for the length of a ``with`` block."""
-
-    def __enter__(self) -> Server:
-        self.port = free_port()
-        self.proc = subprocess.Popen(
-            [sys.executable, "-c", "from plugrl_env_client.server.cli import main; main()", "--port", str(self.port),
-             "--policy.action-dim", str(ACTION_DIM), "--policy.action-horizon", str(HORIZON), "--policy.seed", "0"],
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        line = self.proc.stdout.readline() if self.proc.stdout else ""
-        if "listening" not in line:
-            self.proc.kill()
-            self.proc.wait()
-            raise RuntimeError(f"the reference server did not start: {line}")
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+def Server() -> ReferenceServer:
+    """The reference server answering the bench env's actions."""
+    return ReferenceServer(["--policy.action-dim", str(ACTION_DIM), "--policy.action-horizon", str(HORIZON)])
 
 
 @dataclasses.dataclass

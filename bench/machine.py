@@ -6,6 +6,10 @@ from __future__ import annotations
 import importlib.metadata
 import os
 import platform
+import socket
+import subprocess
+import sys
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -40,3 +44,38 @@ def _version(dist: str) -> str:
         return importlib.metadata.version(dist)
     except importlib.metadata.PackageNotFoundError:
         return "missing"
+
+
+def free_port() -> int:
+    """A port no one listens on now, on 127.0.0.1."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class ReferenceServer:
+    """``plugrl-run-policy-server`` (random policy, seed 0) in a subprocess on a free loopback port, for the length
+    of a ``with`` block; ``flags`` are more of its flags, ``cores`` the CPUs it may run on (None: any)."""
+
+    def __init__(self, flags: Sequence[str] = (), cores: set[int] | None = None) -> None:
+        self.port = free_port()
+        cmd = [sys.executable, "-c", "from plugrl_env_client.server.cli import main; main()", "--port", str(self.port),
+               "--policy.seed", "0", *flags]
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                     preexec_fn=(lambda: os.sched_setaffinity(0, cores)) if cores else None)
+
+    def __enter__(self) -> ReferenceServer:
+        line = self.proc.stdout.readline() if self.proc.stdout else ""
+        if "listening" not in line:
+            self.proc.kill()
+            self.proc.wait()
+            raise RuntimeError(f"the reference server did not start: {line}")
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()

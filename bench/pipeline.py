@@ -46,10 +46,7 @@ import inspect
 import multiprocessing as mp
 import os
 import pstats
-import socket
 import statistics
-import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -58,7 +55,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from machine import load_avg, machine_line, usable_cpus
+from machine import ReferenceServer, load_avg, machine_line, usable_cpus
 
 from plugrl_env_client.config import ClientConfig, RunnerConfig
 from plugrl_env_client.envs import discover_envs
@@ -92,37 +89,10 @@ def pin() -> None:
         os.sched_setaffinity(0, CORES[0])
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Server:
-    """The reference server in a subprocess (on the server's core), for the duration of a ``with`` block."""
-
-    def __init__(self, latency_ms: float = 0.0, action_dim: int = ACTION_DIM, horizon: int = HORIZON) -> None:
-        self.port = free_port()
-        cmd = [sys.executable, "-c", "from plugrl_env_client.server.cli import main; main()", "--port", str(self.port),
-               "--policy.action-dim", str(action_dim), "--policy.action-horizon", str(horizon),
-               "--policy.latency-ms", f"{latency_ms:g}", "--policy.seed", "0"]
-        cores = CORES[1] if CORES else None
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                     preexec_fn=(lambda: os.sched_setaffinity(0, cores)) if cores else None)
-
-    def __enter__(self) -> Server:
-        line = self.proc.stdout.readline() if self.proc.stdout else ""
-        if "listening" not in line:
-            self.proc.kill()
-            raise RuntimeError(f"the reference server did not start: {line}")
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
+def Server(latency_ms: float = 0.0, action_dim: int = ACTION_DIM, horizon: int = HORIZON) -> ReferenceServer:
+    """The reference server on the server's core, answering ``action_dim`` actions in chunks of ``horizon``."""
+    return ReferenceServer(["--policy.action-dim", str(action_dim), "--policy.action-horizon", str(horizon),
+                            "--policy.latency-ms", f"{latency_ms:g}"], CORES[1] if CORES else None)
 
 
 def raw_rate(seconds: float, num_envs: int = NUM_ENVS) -> tuple[float, float]:

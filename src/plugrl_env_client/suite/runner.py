@@ -171,10 +171,7 @@ def run_suite(suite: Suite, suite_file: Path, base: ClientConfig, flags: Sequenc
         return _finish(root, suite, rows, _run_side_by_side(root, suite, plan, rows, sources))
     code = 0
     for i, (task, (uid, config)) in enumerate(plan):
-        done = _done_folder(root, task.name)
-        if done is not None:
-            print(f"task {task.name}: done in {done.name}, skipped")
-            rows[i] = _row(task, uid, done)
+        if _skipped_as_done(root, task, uid, rows, i):
             continue
         folder, resumed = _task_folder(root, task.name)
         print(f"\ntask {i + 1}/{len(plan)}: {task.name} ({uid}, {config.num_episodes} episodes) "
@@ -226,10 +223,7 @@ def _run_side_by_side(root: Path, suite: Suite, plan: list[tuple[Task, tuple[str
     with interrupt_handlers():
         try:
             for i, (task, (uid, config)) in enumerate(plan):
-                done = _done_folder(root, task.name)
-                if done is not None:
-                    print(f"task {task.name}: done in {done.name}, skipped")
-                    rows[i] = _row(task, uid, done)
+                if _skipped_as_done(root, task, uid, rows, i):
                     continue
                 folder, resumed = _task_folder(root, task.name)
                 job = pickle.dumps((dataclasses.replace(config, exp_name=folder, progress=False, resume=resumed), uid))
@@ -298,6 +292,16 @@ def _folders(root: Path, name: str) -> list[Path]:
             retries.append((int(match.group(1)), path))
     own = [root / name] if (root / name).is_dir() else []
     return own + [p for _, p in sorted(retries)]
+
+
+def _skipped_as_done(root: Path, task: Task, uid: str, rows: list[dict[str, Any]], i: int) -> bool:
+    """Whether the task is done already (a resumed suite): then its row is its done folder's, and it says so."""
+    done = _done_folder(root, task.name)
+    if done is None:
+        return False
+    print(f"task {task.name}: done in {done.name}, skipped")
+    rows[i] = _row(task, uid, done)
+    return True
 
 
 def _done_folder(root: Path, name: str) -> Path | None:
