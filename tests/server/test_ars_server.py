@@ -385,7 +385,8 @@ def test_the_readme_training_commands_run(tmp_path):
     from doc_commands import Command, DocShell, fenced_blocks
 
     readme = ROOT / "README.md"
-    fences = [f for f in fenced_blocks(readme) if (f.comment or "").startswith("long-running:")]
+    fences = [f for f in fenced_blocks(readme)
+              if (f.comment or "") == "long-running: tests/server/test_ars_server.py::test_the_readme_training_commands_run"]
     assert len(fences) == 2
     ran = 0
     with DocShell(tmp_path, tmp_path / "runs") as shell:
