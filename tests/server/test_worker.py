@@ -235,3 +235,27 @@ def test_a_protocol_error_of_a_batch_resyncs_each_connection_in_it(serve):
     holder.send(infer_frame([0]))
     assert actions_of(holder, [0]).shape == (2, 1, 2)  # the others' resync ended nothing else
     holder.close()
+
+
+def test_a_fast_policy_is_called_on_the_loop_and_a_slow_one_in_the_worker():
+    """The built-in policies say they are fast (``off_loop`` False): their calls run on the event loop, with no
+    thread hop; a policy that does not say so runs in the worker thread."""
+
+    class Fast(Held):
+        off_loop = False
+
+    async def run(policy: Held) -> np.ndarray:
+        worker = PolicyWorker(policy)
+        obs = {"images": {}, "states": {"x": np.zeros((1, 1))}, "text": None}
+        try:
+            return await asyncio.wait_for(worker.infer(policy, obs, np.array([3]), np.zeros(1, np.int64)), WAIT_S)
+        finally:
+            worker.close()
+
+    fast, slow = Fast(), Held()
+    assert asyncio.run(run(fast))[0, 0, 0] == 3 and asyncio.run(run(slow))[0, 0, 0] == 3
+    assert fast.threads == {threading.main_thread().name}
+    assert slow.threads == {"plugrl-policy-worker"}
+    from plugrl_env_client.server.policies import ArsPolicy, RandomPolicy, TextPolicy, ZeroPolicy
+
+    assert not any(cls.off_loop for cls in (RandomPolicy, ZeroPolicy, TextPolicy, ArsPolicy))

@@ -103,10 +103,16 @@ class Policy(abc.ABC):
     A policy is built from a :class:`~plugrl_env_client.server.registry.PolicySetup` (the actions to answer) and
     the config it was registered with (its own options; None for a policy without). The server makes every call
     that serves a client (``for_stream``, ``for_connection``, ``infer``, ``infer_batch``, ``feedback``,
-    ``disconnect``) from one worker thread of its own, one call at a time, so a policy needs no lock and a slow one
-    (a model's forward pass) holds up no connection's pings or frames, only the infers waiting for it;
-    ``metadata`` is read on the event loop and ``close`` once the worker has stopped.
+    ``disconnect``) one at a time, so a policy needs no lock; unless it says it is fast (:attr:`off_loop` False),
+    from one worker thread of its own, so that a slow one (a model's forward pass) holds up no connection's pings or
+    frames, only the infers waiting for it; ``metadata`` is read on the event loop and ``close`` once the worker has
+    stopped.
     """
+
+    off_loop: ClassVar[bool] = True
+    """Whether the server runs this policy's calls in its worker thread (the default: a call may take long). A
+    policy whose every call takes microseconds sets it False and is called on the event loop, saving the two thread
+    hops of each call (the built-in policies do)."""
 
     batches: ClassVar[bool] = False
     """True: the server answers the infers of every connection waiting at one moment with one
@@ -183,6 +189,8 @@ class Policy(abc.ABC):
 class RandomPolicy(Policy):
     """Uniform in [low, high] (integers for an integer dtype; infinite bounds draw from [-1, 1])."""
 
+    off_loop = False  # numpy on a batch: microseconds
+
     def __init__(self, setup: PolicySetup, config: Any = None) -> None:
         super().__init__(setup)
         self.seed = setup.seed
@@ -209,6 +217,8 @@ class RandomPolicy(Policy):
 class ZeroPolicy(Policy):
     """All zeros."""
 
+    off_loop = False  # numpy on a batch: microseconds
+
     def act(self, obs: dict[str, Any], n: int) -> np.ndarray:
         return np.zeros((self.horizon, n, *self.action_shape), dtype=self.dtype)
 
@@ -223,6 +233,8 @@ class TextPolicy(Policy):
     without a language model. Given no choices for a known Text space (``--local-policy text``), it makes up
     :data:`DEFAULT_TEXT_CHOICES` strings from the space's characters (:func:`default_text_choices`).
     """
+
+    off_loop = False  # numpy on a batch: microseconds
 
     def __init__(self, setup: PolicySetup, config: TextConfig) -> None:
         choices = tuple(config.choices)
@@ -288,6 +300,8 @@ class ArsPolicy(Policy):
     --policy.save says where.
     """
 
+    off_loop = False  # numpy on a batch: microseconds
+
     def __init__(self, setup: PolicySetup, config: ArsConfig) -> None:
         super().__init__(setup)
         if not self.action_shape:
@@ -343,6 +357,8 @@ class ArsPolicy(Policy):
 
 class _ArsConnection(Policy):
     """One connection's envs: which episode each runs (env indices are private to a connection)."""
+
+    off_loop = False  # numpy on a batch: microseconds
 
     def __init__(self, policy: ArsPolicy, number: int) -> None:
         super().__init__(policy.setup)

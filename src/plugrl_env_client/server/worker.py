@@ -2,7 +2,8 @@
 
 A model's forward pass can take tens of milliseconds; run on the event loop it would stall every connection, their
 pings included. :class:`PolicyWorker` takes every call of the policy that serves a client (a connection's start
-and end, infer, feedback) on the loop and runs it in its own thread; the caller awaits the result while the loop goes on serving the other
+and end, infer, feedback) on the loop and runs it in its own thread (a policy that says it is fast,
+``off_loop`` False, is called on the loop instead); the caller awaits the result while the loop goes on serving the other
 connections. One thread, so a policy is never called from two threads at once and needs no lock of its own.
 
 A policy whose :attr:`~plugrl_env_client.server.policies.Policy.batches` is True answers the infers of every
@@ -86,9 +87,23 @@ class PolicyWorker:
 
     def post(self, fn: Callable[..., Any], *args: Any) -> None:
         """``fn(*args)`` in the worker, with nobody waiting for it (an error is logged)."""
+        if self._inline:
+            _run_one(_Job(fn, args, None, None, None))
+            return
         self._put(_Job(fn, args, None, None, None))
 
+    @property
+    def _inline(self) -> bool:
+        """The policy's calls run on the caller's loop, in order, with no thread (a fast policy: ``off_loop``
+        False and no batching)."""
+        return not self.policy.off_loop and not self.policy.batches
+
     async def _submit(self, fn: Callable[..., Any], args: tuple[Any, ...], infer: InferCall | None) -> Any:
+        if self._inline:
+            try:
+                return fn(*args)
+            except BaseException as exc:  # as from the worker: SystemExit or KeyboardInterrupt fail this call
+                raise _as_error(exc) from None
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Any] = loop.create_future()
         self._put(_Job(fn, args, infer, loop, future))
