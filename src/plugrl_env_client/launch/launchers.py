@@ -16,18 +16,10 @@ from plugrl_env_client.envs.base_env import BaseEnv
 from plugrl_env_client.envs.discovery import EnvSources
 from plugrl_env_client.errors import ConfigError
 from plugrl_env_client.launch.local import LocalLauncher
-from plugrl_env_client.launch.process import ProcessJob, RunConfig
-from plugrl_env_client.launch.ray.config import RayConfig
+from plugrl_env_client.launch.process import ProcessJob
+from plugrl_env_client.launch.ray.config import LaunchConfig
 from plugrl_env_client.outputs.run_writer import RunWriter
 from plugrl_env_client.rollout.budget import EpisodeBudget
-
-
-class LaunchConfig(RunConfig, Protocol):
-    """What the launchers read of a run's config besides what each process reads: the command line's
-    ``ClientConfig`` is one (this layer does not import it)."""
-
-    @property
-    def ray(self) -> RayConfig: ...
 
 
 class Launcher(Protocol):

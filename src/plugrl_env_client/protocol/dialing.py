@@ -19,7 +19,7 @@ import logging
 import random
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from plugrl_env_client.errors import ConfigError, ProtocolError
 from plugrl_env_client.protocol import codec, messages, transport, ws_client
@@ -27,9 +27,6 @@ from plugrl_env_client.protocol.connection import CloseAction, Closed, Connectio
 from plugrl_env_client.protocol.messages import ServerMetadata
 from plugrl_env_client.redaction import redact_text, redact_url
 from plugrl_env_client.timing import Timing
-
-if TYPE_CHECKING:
-    from plugrl_env_client.protocol.session import SessionConfig
 
 logger = logging.getLogger(__name__)
 
@@ -66,11 +63,37 @@ class ReconnectsExhausted(ConfigError):
         self.closed, self.limit = closed, limit
 
 
+class DialSettings(Protocol):
+    """What dialing reads of a session's config (:class:`~plugrl_env_client.protocol.session.SessionConfig` is
+    one): where, with which headers, how long to wait and how often to try."""
+
+    @property
+    def url(self) -> str: ...
+    @property
+    def api_key(self) -> str | None: ...
+    @property
+    def stream(self) -> tuple[int, int] | None: ...
+    @property
+    def connect_timeout(self) -> float | None: ...
+    @property
+    def reconnect_timeout(self) -> float | None: ...
+    @property
+    def max_reconnects(self) -> int | None: ...
+    @property
+    def backoff_initial_s(self) -> float: ...
+    @property
+    def backoff_max_s(self) -> float: ...
+    @property
+    def reconnect_on_server_stop(self) -> bool: ...
+    @property
+    def waiting_hint(self) -> str: ...
+
+
 class Dialer:
     """Opens the connections of one session (see the module docstring); the caller's ``timing`` counts the
     reconnects and tells whether a connection got an exchange done."""
 
-    def __init__(self, config: SessionConfig, timing: Timing, warn_s: float,
+    def __init__(self, config: DialSettings, timing: Timing, warn_s: float,
                  should_stop: Callable[[], bool] = lambda: False) -> None:
         self.config = config
         self.shown_url = redact_url(config.url)  # the URL in messages: without its password

@@ -4,7 +4,9 @@ command line never imports Ray: ``launch/ray.py`` imports it when a run asks for
 from __future__ import annotations
 
 import dataclasses
-from typing import Literal
+from typing import Literal, Protocol
+
+from plugrl_env_client.launch.process import RunConfig
 
 
 @dataclasses.dataclass
@@ -23,3 +25,11 @@ class RayConfig:
     """spread: processes on as many nodes as possible; pack: on as few as possible."""
     max_restarts: int = 3
     """How often Ray restarts a process whose actor died (killed, node lost) before the run goes on without it."""
+
+
+class LaunchConfig(RunConfig, Protocol):
+    """What the launchers read of a run's config besides what each process reads: the command line's
+    ``ClientConfig`` is one (this layer does not import it)."""
+
+    @property
+    def ray(self) -> RayConfig: ...
