@@ -4,7 +4,7 @@ A policy of one's own is a :class:`Policy` subclass registered with :func:`regis
 docs/custom-policies.md); the server builds it from a :class:`PolicySetup` and its own config.
 """
 
-from plugrl_env_client.server.policies import InferCall, Policy
-from plugrl_env_client.server.registry import PolicySetup, register_policy
+from plugrl_env_client.server.policy import InferCall, Policy, PolicySetup
+from plugrl_env_client.server.registry import register_policy
 
 __all__ = ["InferCall", "Policy", "PolicySetup", "register_policy"]

@@ -1,7 +1,7 @@
 """The policies of the reference server, by name: ``register_policy``, the ``--policy.*`` flags and ``make_policy``.
 
 Every policy the server can answer with, built-in (``random``, ``zero``, ``text``, ``ars``) or a user's, is a
-:class:`~plugrl_env_client.server.policies.Policy` subclass registered here under a name, with the config dataclass
+:class:`~plugrl_env_client.server.policy.Policy` subclass registered here under a name, with the config dataclass
 of its own options and the action horizon it answers when ``--policy.action-horizon`` is not given::
 
     @dataclasses.dataclass
@@ -41,11 +41,10 @@ import tyro
 
 from plugrl_env_client.envs.discovery import USER_MODULE_PREFIX, user_module_name
 from plugrl_env_client.errors import ConfigError
+from plugrl_env_client.server.policy import Policy, PolicySetup
 
 if TYPE_CHECKING:
     import gymnasium as gym
-
-    from plugrl_env_client.server.policies import Policy
 
 PolicyT = TypeVar("PolicyT", bound=type)
 
@@ -53,25 +52,6 @@ DEFAULT_HORIZON = 4
 """The action horizon of a policy registered without one, when --policy.action-horizon is not given."""
 POLICY_PATH_FLAG = "--policy-path"
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
-
-
-@dataclasses.dataclass(frozen=True)
-class PolicySetup:
-    """What a policy answers: ``[horizon, n, *action_shape]`` arrays of ``dtype`` within ``[low, high]``.
-
-    ``space`` is the env's single action space when the server knows it (``--local-policy``), else None;
-    ``run_dir`` is the client's run folder with ``--local-policy`` (a place for what a policy writes), else None.
-    ``seed`` is ``--policy.seed`` (or ``--runner.seed`` with ``--local-policy``), None for fresh entropy.
-    """
-
-    action_shape: tuple[int, ...]
-    dtype: np.dtype
-    horizon: int
-    low: Any
-    high: Any
-    seed: int | None = None
-    space: gym.Space | None = None
-    run_dir: Path | None = None
 
 
 @dataclasses.dataclass
@@ -123,7 +103,7 @@ _POLICIES: dict[str, PolicySpec] = {}
 
 def register_policy(name: str, config: type | None = None, horizon: int = DEFAULT_HORIZON,
                     override: bool = False) -> Callable[[PolicyT], PolicyT]:
-    """Class decorator registering a :class:`~plugrl_env_client.server.policies.Policy` subclass under ``name``.
+    """Class decorator registering a :class:`~plugrl_env_client.server.policy.Policy` subclass under ``name``.
 
     ``config`` is the dataclass of the policy's own options (every field with a default; each is a
     ``--policy.<field>`` flag); the server builds the policy as ``cls(setup, config_instance)``. ``horizon`` is
@@ -139,8 +119,6 @@ def register_policy(name: str, config: type | None = None, horizon: int = DEFAUL
         _check_config_class(name, config)
 
     def decorate(cls: PolicyT) -> PolicyT:
-        from plugrl_env_client.server.policies import Policy
-
         if not (isinstance(cls, type) and issubclass(cls, Policy)):
             raise ConfigError(f"register_policy({name!r}) decorates {cls!r}, which is not a subclass of Policy "
                               "(from plugrl_env_client.server import Policy)")
