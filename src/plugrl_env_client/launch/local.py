@@ -106,10 +106,12 @@ def _child_main(process_id: int, job_bytes: bytes, budget: EpisodeBudget, env_lo
     """
     with interrupt_handlers():
         home = Lifeline(f"proc_{process_id:03d}").start().guarded(queue)  # ends with the launcher
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)  # held since the parent started us
         sink = Reporter(home.put)
         forward_logging(LogReporter(home))
         try:
+            # Held since the parent started us: a stop signal that came meanwhile is raised here, and ends this
+            # process as an interrupted one.
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
             sources.load()
             job: ProcessJob = pickle.loads(job_bytes)
         except KeyboardInterrupt as exc:  # stopped while importing the env files
