@@ -34,7 +34,8 @@ env's text. Python holds it, but no UTF-8 encoder writes it: the wire, the recor
 line would fail on it. :class:`TextCheck` replaces each one by U+FFFD (the replacement character) in the text
 observation and in the info's text (keys, str values and '<U' arrays, ``info["env_instruction"]`` and metric names
 among them), and warns once per env and field. Text without one costs one reduction over its code points (or one
-``str.encode``); a text is only copied when it holds one.
+``str.encode``); an info entry whose key was clean before and whose value is a number or a non-text array costs a
+set lookup; a text is only copied when it holds one.
 """
 
 from __future__ import annotations
@@ -233,6 +234,8 @@ def _subspaces(space: Any, kind: str) -> dict[str, Any]:
 _SURROGATE_CODES = (0xD800, 0xE000)
 _REPLACEMENT = 0xFFFD
 _LONE = re.compile("[\ud800-\udfff]")
+_PLAIN = frozenset({float, int, bool, type(None), np.float32, np.float64, np.int32, np.int64, np.bool_})
+_CLEAN_KEYS_KEPT = 4096  # past this many distinct keys, new keys are checked on every call
 
 
 def _codes(text: np.ndarray) -> np.ndarray:
@@ -276,15 +279,19 @@ class TextCheck:
     """Lone surrogates in an env's text replaced by U+FFFD, with a warning once per field (see the module
     docstring)."""
 
-    __slots__ = ("env_id", "_warned")
+    __slots__ = ("env_id", "_warned", "_clean_keys")
 
     def __init__(self, env_id: str) -> None:
         self.env_id = env_id
         self._warned: set[str] = set()
+        self._clean_keys: set[Any] = set()  # keys that hold no lone surrogate (an info's keys repeat every step)
 
     def observation(self, obs: Observation) -> None:
         """The observation's text, fixed in place (a new array: the env's own is not written to)."""
-        fixed = _text_array_fixed(obs.text)
+        text = obs.text
+        if text.flags.c_contiguous and text.size and int(text.view(np.uint32).max()) < _SURROGATE_CODES[0]:
+            return  # the common case, in one reduction
+        fixed = _text_array_fixed(text)
         if fixed is not None:
             obs.text = fixed
             self._warn("the observation's text")
@@ -293,7 +300,11 @@ class TextCheck:
         """``info`` with its text fixed: the same dict when it holds no lone surrogate, else a copy of the maps on
         the way to each one (the env's own are not written to)."""
         out: dict[str, Any] | None = None
+        clean = self._clean_keys
         for key, value in info.items():
+            kind = type(value)
+            if key in clean and (kind in _PLAIN or (kind is np.ndarray and value.dtype.kind != "U")):
+                continue  # a key seen before, a value that holds no text: the common case
             name = key
             if type(key) is str and (fixed_key := _str_fixed(key)) is not None:
                 name = fixed_key
@@ -305,6 +316,8 @@ class TextCheck:
                 if name is not key:
                     del out[key]
                 out[name] = value if fixed is None else fixed
+            elif name is key and len(clean) < _CLEAN_KEYS_KEPT:
+                clean.add(key)
         return info if out is None else out
 
     def _value(self, value: Any, where: str) -> Any:
