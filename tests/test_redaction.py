@@ -23,7 +23,8 @@ from plugrl_env_client.server.server import PolicyServer
     ("ws://:secret@host:1", "ws://:***@host:1"),
     ("ws://user:p@ss@host:1", "ws://user:***@host:1"),  # a raw '@' in the password: split at the last one
     ("ws://user:secret@[::1]:8000", "ws://user:***@[::1]:8000"),
-    ("ws://user@host:1", "ws://user@host:1"),  # no password: nothing to hide
+    ("ws://user@host:1", "ws://***@host:1"),  # user info without a password: may be a token
+    ("ws://host:1/path", "ws://host:1/path"),  # no user info: nothing to hide
     ("ws://127.0.0.1:8000", "ws://127.0.0.1:8000"),
     ("ws://user:secret@host:notaport", "ws://user:***@host:notaport"),  # unparsable, still hidden
 ])
@@ -39,6 +40,11 @@ def test_redact_text_hides_every_url_password_in_a_message():
     assert shown.startswith("waiting for a policy server at ws://user:***@127.0.0.1:9 (refused)")
     assert "'ws://a:***@c:x'" in shown
     assert redact_text("no URL here: host:8000, a@b, x:y@z") == "no URL here: host:8000, a@b, x:y@z"
+
+
+def test_redact_text_hides_a_token_given_as_a_urls_user_name():
+    shown = redact_text("no policy server answered at wss://tok3n@gpu.example:8000/ws within 1 s; ws://h:1 too")
+    assert shown == "no policy server answered at wss://***@gpu.example:8000/ws within 1 s; ws://h:1 too"
 
 
 def test_redact_argv_hides_api_key_values_in_both_spellings_and_url_passwords():

@@ -7,6 +7,8 @@ rule for what is a secret and one way of hiding it: the value becomes :data:`RED
 
 * a URL's password: ``ws://user:pass@host:8000`` shows as ``ws://user:***@host:8000`` (the user name stays: it
   says which account connected);
+* a URL's user info without a password: ``ws://TOKEN@host`` shows as ``ws://***@host`` (services that take a
+  token as the user name, as many do, get no password field);
 * the value of ``--api-key`` in both spellings (``--api-key KEY``, ``--api-key=KEY``; ``--api_key`` too, which
   the parser accepts as well).
 
@@ -32,24 +34,32 @@ _URL_PASSWORD = re.compile(r"(?P<head>\b[A-Za-z][A-Za-z0-9+.-]*://[^\s/?#@:'\"]*
 """A URL's ``scheme://user:`` and its password up to the last ``@`` of the authority (a password may hold a
 raw ``@``; urllib splits at the last one too)."""
 
+_URL_TOKEN = re.compile(r"(?P<head>\b[A-Za-z][A-Za-z0-9+.-]*://)[^\s/?#@:'\"]+@")
+"""A URL's ``scheme://`` and user info without a colon (a token given as the user name) up to its ``@``."""
+
 
 def redact_url(url: str) -> str:
-    """``url`` with its password replaced (``ws://user:***@host:port``); a URL without one is returned as it is."""
+    """``url`` with its password replaced (``ws://user:***@host:port``), or its user info when it has no password
+    (``ws://***@host:port``); a URL without user info is returned as it is."""
     try:
         parts = urlsplit(url)
         password = parts.password
     except ValueError:  # e.g. a port that is no number: still a URL whose password must not show
         return redact_text(url)
-    if password is None:
+    user, at, host = parts.netloc.rpartition("@")
+    if not at:
         return url
+    if password is None:
+        return urlunsplit(parts._replace(netloc=f"{REDACTED}@{host}"))
     user = parts.username or ""
-    host = parts.netloc.rpartition("@")[2]
     return urlunsplit(parts._replace(netloc=f"{user}:{REDACTED}@{host}"))
 
 
 def redact_text(text: str) -> str:
-    """``text`` (a message, an error, a log line) with the password of every URL in it replaced."""
-    return _URL_PASSWORD.sub(lambda m: f"{m.group('head')}{REDACTED}@", text)
+    """``text`` (a message, an error, a log line) with the password of every URL in it replaced, and the user info
+    of every URL that has no password."""
+    text = _URL_PASSWORD.sub(lambda m: f"{m.group('head')}{REDACTED}@", text)
+    return _URL_TOKEN.sub(lambda m: f"{m.group('head')}{REDACTED}@", text)
 
 
 def redact_argv(argv: Sequence[str]) -> list[str]:
