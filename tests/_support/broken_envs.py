@@ -206,6 +206,16 @@ class NanRewardEnv(GoodEnv):
         return obs, rewards, terminated, truncated, info
 
 
+class HugeRewardEnv(GoodEnv):
+    """Env 0's reward is 1e39 (finite float64, beyond float32's range) on the second step of its episodes."""
+
+    def step(self, actions: np.ndarray) -> Any:
+        obs, rewards, terminated, truncated, info = super().step(actions)
+        rewards = rewards.astype(np.float64)
+        rewards[(self.t[:, 0] == 2) & (np.arange(self.num_envs) == 0)] = 1e39
+        return obs, rewards, terminated, truncated, info
+
+
 class NanStateEnv(GoodEnv):
     """Env 0's position is NaN on the second step of its episodes."""
 

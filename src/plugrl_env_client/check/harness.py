@@ -131,6 +131,9 @@ class StepRecord:
     truncated: np.ndarray
     info: dict[str, Any]
     reset_calls: int
+    returned_rewards: np.ndarray | None = None
+    """The rewards as the env returned them, before the cast: a finite float64 beyond float32's range is finite
+    here and inf in ``rewards``."""
 
     @property
     def done(self) -> np.ndarray:
@@ -168,6 +171,7 @@ class Context:
         self.space: gym.Space | None = None
         self.observation_space_declared = True  # whether the env came with its single_observation_space (rule 3)
         self._sampler: gym.Space | None = None
+        self.returned_rewards: np.ndarray | None = None  # the latest step's rewards as the env returned them (any dtype)
         self._trajectory: Trajectory | None = None
         self._trajectory_error: str | None = None
 
@@ -198,9 +202,11 @@ class Context:
     def step(self, actions: np.ndarray, what: str = "step(actions)") -> StepOutput:
         """A step's values as the client reads them (rewards float32, flags bool), copied: envs may overwrite their
         own buffers later. A step that breaks the step contract is :class:`ContractBroken`."""
-        out, problems = contract.read_step(self.n, self.call(what, self.env.step, actions), warnings=False)
+        result = self.call(what, self.env.step, actions)
+        out, problems = contract.read_step(self.n, result, warnings=False)
         if out is None:
             raise ContractBroken(what, _first_error(problems))
+        self.returned_rewards = np.array(result[1], copy=True)  # read_step accepted it: numeric, shape (n,)
         return StepOutput(out.obs.copy(), out.rewards.copy(), out.terminated.copy(), out.truncated.copy(), out.info,
                           out.zeroed_rewards)
 
@@ -248,7 +254,7 @@ class Context:
                 out = self.step(actions, f"step() (step {number} of the run)")
             traj.watched = traj.watched and calls.watched
             record = StepRecord(number, current, out.obs, out.rewards, out.terminated, out.truncated, out.info,
-                                calls.count)
+                                calls.count, self.returned_rewards)
             traj.steps.append(record)
             traj.observations.append((f"step {number}", out.obs))
             current = out.obs

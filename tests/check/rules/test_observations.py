@@ -13,6 +13,13 @@ def test_rule6_nan_rewards() -> None:
                     "--runner.non-finite-rewards zero")
 
 
+def test_rule6_rewards_beyond_float32_are_named_as_such_not_as_nan() -> None:
+    report = check_env(b.HugeRewardEnv())
+    result = b.assert_caught(report, 6, "fail", "rewards did not fit float32 at steps 2, 5, 8", "(1e+39 for envs [0] at "
+                             "step 2; float32's largest is 3.40282e+38)", "scale the rewards into float32's range")
+    assert "NaN" not in result.seen
+
+
 def test_rule6_inf_observations() -> None:
     report = check_env(b.NanStateEnv())
     b.assert_caught(report, 6, "fail", "states['pos'] held NaN or inf at step 2 (envs [0])",

@@ -22,7 +22,7 @@ RULES: tuple[Rule, ...] = (
     Rule(4, "same seed, same first observation; different seeds, different ones", rule_seeding, (3,)),
     Rule(5, "step returns (obs, rewards float32 (n,), terminated bool (n,), truncated bool (n,), info dict)",
          rule_step_returns, (2, 3)),
-    Rule(6, "no NaN or inf in rewards or observations", rule_finite, (2, 3, 5)),
+    Rule(6, "no NaN or inf in rewards or observations; rewards fit float32", rule_finite, (2, 3, 5)),
     Rule(7, "images uint8 (n, h, w, c); states numeric with the batch leading", rule_layout, (2, 3, 5)),
     Rule(8, "a partial reset changes only the listed rows and returns the whole batch", rule_partial_reset,
          (2, 3, 5)),

@@ -24,13 +24,24 @@ from plugrl_env_client.envs.contract import (
 
 
 def rule_finite(ctx: Context) -> Outcome:
-    """6. No NaN or inf in rewards (after the client's cast to float32) or in float state arrays, over the run.
+    """6. No NaN or inf in rewards, no finite reward beyond float32's range (the client casts rewards to float32),
+    and no NaN or inf in float state arrays, over the run.
     Images are uint8 and cannot hold either."""
     traj = ctx.trajectory()
     bad_rewards: dict[int, list[int]] = {}
+    too_large: dict[int, tuple[list[int], float]] = {}  # finite rewards the cast to float32 made infinite
     for rec in traj.steps:
         rows = non_finite_rows(rec.rewards)
-        if rows is not None:
+        if rows is None:
+            continue
+        returned = rec.returned_rewards
+        if returned is not None and returned.dtype.kind == "f":
+            with np.errstate(invalid="ignore"):
+                finite = rows[np.isfinite(returned[rows])]
+            if finite.size:
+                too_large[rec.number] = (finite.tolist(), float(returned[finite[0]]))
+            rows = np.setdiff1d(rows, finite)
+        if rows.size:
             bad_rewards[rec.number] = rows.tolist()
     bad_states: dict[str, list[str]] = {}
     for where, obs in traj.observations:
@@ -43,6 +54,14 @@ def rule_finite(ctx: Context) -> Outcome:
                                 f"{rows_text(bad_rewards[first])} at step {first})",
                                 "find where the env produces them (a division by zero, a diverging simulation) and "
                                 f"return finite values; to run anyway: {REWARDS_FLAG}"))
+    if too_large:
+        first = next(iter(too_large))
+        rows, value = too_large[first]
+        findings.append(Finding("fail", f"rewards did not fit float32 at {steps_text(list(too_large))} ({value:g} for "
+                                f"envs {rows_text(rows)} at step {first}; float32's largest is "
+                                f"{float(np.finfo(np.float32).max):g}): the client sends float32, where they become inf",
+                                "scale the rewards into float32's range; to run anyway (they become 0.0): "
+                                f"{REWARDS_FLAG}"))
     for key, places in bad_states.items():
         findings.append(Finding("fail", f"states[{key!r}] held NaN or inf at {', '.join(places[:3])}"
                                 + (", ..." if len(places) > 3 else ""),
