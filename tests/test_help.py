@@ -297,15 +297,17 @@ def test_no_rest_markup_and_no_empty_default(helps: dict[str, str]) -> None:
 def test_a_flag_shows_its_default_once(helps: dict[str, str]) -> None:
     """A flag whose default tyro cannot show (the policy's own horizon, an environment variable, fresh entropy)
     says it in tyro's "(default: ...)" hint instead, never once in its text and once more as None."""
-    entries = [e for p in panels(helps["plugrl-run-policy-server"]) for e in p.entries if e.flags]
-    entries.append(_entry(helps["plugrl-run-env-client point-v1"], "--local-policy-horizon"))
-    for entry in entries:
-        whole = " ".join(line for line in entry.lines if line)
-        assert len(re.findall(r"\(default: |Default: ", whole)) <= 1, (entry.head, whole)
+    for command, text in helps.items():
+        for entry in [e for p in panels(text) for e in p.entries if e.flags]:
+            whole = " ".join(line for line in entry.lines if line)
+            assert len(re.findall(r"\(default: |Default: ", whole)) <= 1, (command, entry.head, whole)
+            assert "(default: None)" not in whole and "['None']" not in whole, (command, entry.head, whole)
     horizon = _entry(helps["plugrl-run-policy-server"], "--policy.action-horizon")
     assert " ".join(horizon.lines).endswith("(default: 4; ars: 1)")
     key = _entry(helps["plugrl-run-policy-server"], "--api-key")
     assert " ".join(key.lines).endswith("(default: $PLUGRL_SERVER_API_KEY if set)")
+    client_key = _entry(helps["plugrl-run-env-client point-v1"], "--api-key")
+    assert " ".join(client_key.lines).endswith("(default: $PLUGRL_API_KEY if set)")
 
 
 def test_optional_values_show_the_value_they_take(helps: dict[str, str]) -> None:

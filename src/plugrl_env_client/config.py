@@ -43,10 +43,12 @@ class ClientConfig:
     """Env copies stepped together by each process."""
     num_procs: int = 1
     """Processes, each with its own env batch and server connection."""
-    num_episodes: int | None = None
-    """Episodes to collect in total over all processes. Default: until the server ends the run."""
-    exp_name: str | None = None
-    """Run folder name. Default: <env-id>-nenv<N>-<YYYYmmdd-HHMMSS>-<8 hex>."""
+    num_episodes: Annotated[int | None, tyro.conf.arg(
+        help_behavior_hint="(default: until the server ends the run)")] = None
+    """Episodes to collect in total over all processes."""
+    exp_name: Annotated[str | None, tyro.conf.arg(
+        help_behavior_hint="(default: <env-id>-nenv<N>-<YYYYmmdd-HHMMSS>-<8 hex>)")] = None
+    """Run folder name."""
     output_dir: Path = Path("runs")
     """Folder that holds the run folders."""
     resume: bool = False
@@ -56,9 +58,11 @@ class ClientConfig:
     """Host of the policy server to connect to."""
     server_port: int = 8000
     """Port of the policy server to connect to."""
-    server_url: str | None = None
+    server_url: Annotated[str | None, tyro.conf.arg(
+        help_behavior_hint="(default: ws://<server-host>:<server-port>)")] = None
     """ws://host:port or wss://host:port; overrides --server-host/--server-port."""
-    local_policy: Annotated[str | None, tyro.conf.arg(constructor_factory=optional_name_choice)] = None
+    local_policy: Annotated[str | None, tyro.conf.arg(
+        constructor_factory=optional_name_choice, help_behavior_hint="(default: none: connect to the server URL)")] = None
     """Start the reference policy server in this process (matched to the env's action space) and use it; text is
     for envs whose single_action_space is a gymnasium Text space; ars learns a linear policy (Augmented Random
     Search) from the episodes' returns, for envs with a float Box action space and state arrays. A policy of your

@@ -43,6 +43,7 @@ from plugrl_env_client.cli_support import HELP_RULES, VERSION_FLAG, VERSION_HELP
 from plugrl_env_client.envs.discovery import EnvSources, unknown_id_help
 from plugrl_env_client.envs.registry import UnknownEnvError, get_spec, registered_ids
 from plugrl_env_client.errors import ConfigError
+from plugrl_env_client.rollout.settings import TIME_LIMIT_DEFAULT
 
 C = TypeVar("C")
 
@@ -139,7 +140,8 @@ def _with_time_limit_alias(runner: type) -> type:
     """``runner`` (a frozen dataclass with ``max_episode_steps``) with :data:`TIME_LIMIT_ALIAS` as a tyro alias of
     that flag; its help text and the section's stay the base class's."""
     default = next(f.default for f in dataclasses.fields(runner) if f.name == "max_episode_steps")
-    flag = Annotated[int | None, tyro.conf.arg(aliases=(TIME_LIMIT_ALIAS,))]
+    flag = Annotated[int | None, tyro.conf.arg(aliases=(TIME_LIMIT_ALIAS,),
+                                               help_behavior_hint=TIME_LIMIT_DEFAULT)]
     cls = dataclasses.make_dataclass(runner.__name__, [("max_episode_steps", flag, dataclasses.field(default=default))],
                                      bases=(runner,), frozen=True)
     cls.__doc__ = runner.__doc__

@@ -36,9 +36,10 @@ import logging
 import os
 import time
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, Literal, NoReturn
+from typing import TYPE_CHECKING, Annotated, Any, Literal, NoReturn
 
 import numpy as np
+import tyro
 
 from plugrl_env_client.errors import ConfigError, ProtocolError
 from plugrl_env_client.protocol import codec, messages, transport, ws_client
@@ -92,21 +93,23 @@ class ConnectionConfig:
 
     # The user's choices: on the command line they are flags without a section prefix (--connect-timeout).
 
-    api_key: str | None = None
-    """Sent as 'Authorization: Api-Key <key>'. Default: $PLUGRL_API_KEY if set."""
+    api_key: Annotated[str | None, tyro.conf.arg(help_behavior_hint="(default: $PLUGRL_API_KEY if set)")] = None
+    """Sent as 'Authorization: Api-Key <key>'."""
     reconnect_on_server_stop: bool = False
     """After the server ends a run, wait for its next run instead of exiting."""
-    max_reconnects: int | None = None
-    """Give up after this many reconnects. Default: keep reconnecting while the server comes back."""
-    connect_timeout: float | None = None
-    """Seconds to wait for the first connection (the server's metadata included). Default: wait until a server is
-    up."""
-    reconnect_timeout: float | None = None
-    """Seconds to wait for the server to come back after a lost connection. Default: wait until it does."""
-    infer_timeout: float | None = None
+    max_reconnects: Annotated[int | None, tyro.conf.arg(
+        help_behavior_hint="(default: keep reconnecting while the server comes back)")] = None
+    """Give up after this many reconnects."""
+    connect_timeout: Annotated[float | None, tyro.conf.arg(help_behavior_hint="(default: wait until a server is up)")
+                               ] = None
+    """Seconds to wait for the first connection (the server's metadata included)."""
+    reconnect_timeout: Annotated[float | None, tyro.conf.arg(help_behavior_hint="(default: wait until it does)")
+                                 ] = None
+    """Seconds to wait for the server to come back after a lost connection."""
+    infer_timeout: Annotated[float | None, tyro.conf.arg(
+        help_behavior_hint="(default: no limit, as a first GPU compile can take minutes)")] = None
     """Seconds to wait for the server's reply to an infer; then the connection is closed and opened again (each
-    time counts as one of --max-reconnects). Default: no limit (a first GPU compile can take minutes); a warning
-    comes after 30 s without a reply, then every minute."""
+    time counts as one of --max-reconnects). A warning comes after 30 s without a reply, then every minute."""
     reuse_feedback_obs: bool = True
     """When the server offers reuse-feedback-obs, do not upload an observation the server already holds."""
     transport: Literal["websockets", "picows"] = "websockets"

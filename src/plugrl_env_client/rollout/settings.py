@@ -13,6 +13,9 @@ from typing import Annotated, Any, Literal
 
 import tyro
 
+TIME_LIMIT_DEFAULT = "(default: the env's registered max_episode_steps)"
+"""The help's default of ``--runner.max-episode-steps`` (and of its alias ``--env.max-episode-steps``)."""
+
 
 @dataclasses.dataclass(frozen=True)
 class LoopConfig:
@@ -22,10 +25,10 @@ class LoopConfig:
     """Seed of the run: env i of process p starts its first episode from seed + p * num_envs + i, later episodes from
     seeds derived from it and their place (process, env, episode number), for envs that take per-env seeds (the
     others continue each env's RNG)."""
-    max_episode_steps: int | None = None
-    """Time limit in env steps (marks truncated). Default: the env's registered max_episode_steps."""
-    replan_steps: int | None = None
-    """Use at most this many steps of each action chunk before asking again. Default: the whole chunk."""
+    max_episode_steps: Annotated[int | None, tyro.conf.arg(help_behavior_hint=TIME_LIMIT_DEFAULT)] = None
+    """Time limit in env steps (marks truncated)."""
+    replan_steps: Annotated[int | None, tyro.conf.arg(help_behavior_hint="(default: the whole chunk)")] = None
+    """Use at most this many steps of each action chunk before asking again."""
     non_finite_actions: Literal["error", "clip"] = "error"
     """What to do with NaN/inf actions for a float action space: stop with an error, or clip into the bounds."""
     non_finite_rewards: Literal["error", "zero"] = "error"

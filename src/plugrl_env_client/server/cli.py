@@ -42,7 +42,7 @@ class ServerArgs:
     anyone who reaches the port can feed the policy unless an --api-key is given too."""
     port: int = 8000
     """Port to listen on (0: any free port, printed when the server is up)."""
-    max_episodes: int | None = None
+    max_episodes: Annotated[int | None, tyro.conf.arg(help_behavior_hint="(default: no limit)")] = None
     """End the run (close every client with plugrl-server-stop) after this many reported episodes."""
     reuse_feedback_obs: bool = True
     """Offer the reuse-feedback-obs feature (clients then skip re-sending observations held from feedback)."""

@@ -63,10 +63,10 @@ class ArsConfig:
     """ars: step size alpha of the update."""
     noise: float = 0.03
     """ars: std nu of the exploration noise added to the weights."""
-    save: Path | None = None
+    save: Annotated[Path | None, tyro.conf.arg(help_behavior_hint="(default: not written)")] = None
     """ars: write the policy (npz: weights, state mean and std) here, atomically, at every iteration; the iteration
     log goes next to it as a .jsonl file."""
-    load: Path | None = None
+    load: Annotated[Path | None, tyro.conf.arg(help_behavior_hint="(default: a new policy of zero weights)")] = None
     """ars: start from a policy --policy.save wrote (to go on training, or to evaluate with --policy.eval)."""
     eval: bool = False
     """ars: no noise and no updates: every episode runs the loaded policy (needs --policy.load)."""

@@ -30,11 +30,11 @@ class SuiteCommand(ClientConfig):
     write one table: suite.json, suite.csv and the terminal's. Tasks run one after another, or side by side with
     --launcher ray on a running cluster. --env.FIELD VALUE applies to every task whose env has FIELD."""
 
-    num_episodes: int | None = None
-    """Episodes per task, instead of the suite file's (with seeds: the first N seeds). Default: the file's."""
-    exp_name: str | None = None
-    """The suite's folder name (its tasks' run folders go inside it). Default: <suite name>-<YYYYmmdd-HHMMSS>-<8
-    hex>."""
+    num_episodes: Annotated[int | None, tyro.conf.arg(help_behavior_hint="(default: the file's)")] = None
+    """Episodes per task, instead of the suite file's (with seeds: the first N seeds)."""
+    exp_name: Annotated[str | None, tyro.conf.arg(
+        help_behavior_hint="(default: <suite name>-<YYYYmmdd-HHMMSS>-<8 hex>)")] = None
+    """The suite's folder name (its tasks' run folders go inside it)."""
     suite_file: Annotated[Path, tyro.conf.Positional, tyro.conf.arg(metavar="SUITE.toml")] = dataclasses.field(
         kw_only=True)
     """The suite file: its tasks, episodes and optional seeds (docs/evaluation.md)."""

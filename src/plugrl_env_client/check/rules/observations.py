@@ -56,9 +56,9 @@ def rule_finite(ctx: Context) -> Outcome:
                                 f"return finite values; to run anyway: {REWARDS_FLAG}"))
     if too_large:
         first = next(iter(too_large))
-        rows, value = too_large[first]
+        listed, value = too_large[first]
         findings.append(Finding("fail", f"rewards did not fit float32 at {steps_text(list(too_large))} ({value:g} for "
-                                f"envs {rows_text(rows)} at step {first}; float32's largest is "
+                                f"envs {rows_text(listed)} at step {first}; float32's largest is "
                                 f"{float(np.finfo(np.float32).max):g}): the client sends float32, where they become inf",
                                 "scale the rewards into float32's range; to run anyway (they become 0.0): "
                                 f"{REWARDS_FLAG}"))

@@ -7,10 +7,11 @@ copy of the image buffers (observations never alias env state), not fresh random
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Annotated, Any
 
 import gymnasium as gym
 import numpy as np
+import tyro
 
 from plugrl_env_client.envs.base_env import (
     Action,
@@ -41,12 +42,14 @@ class DummyEnvConfig(BaseEnvConfig):
     """Probability that an env terminates on a step."""
     text: str = "do something useful"
     """Instruction text sent with every observation."""
-    img_width: int | None = None
+    img_width: Annotated[int | None, tyro.conf.arg(help_behavior_hint="(default: img_height, or base_image_size)")
+                         ] = None
     """PlugRL's name: images['base'] is img_height x img_width and images['wrist'] half of each (overrides the sizes
     above when given)."""
-    img_height: int | None = None
-    """PlugRL's name; see img_width (default: img_width, or base_image_size)."""
-    state_dim: int | None = None
+    img_height: Annotated[int | None, tyro.conf.arg(help_behavior_hint="(default: img_width, or base_image_size)")
+                          ] = None
+    """PlugRL's name; see img_width."""
+    state_dim: Annotated[int | None, tyro.conf.arg(help_behavior_hint="(default: robot_state_dim)")] = None
     """PlugRL's name: robot_state_dim = state_dim and joint_angles_dim = state_dim // 2 (when given)."""
 
     def shapes(self) -> tuple[tuple[int, int], tuple[int, int], int, int]:
