@@ -95,8 +95,8 @@ def run(url: str, num_envs: int = 16, horizon: int = 8, seconds: float = 4.0, ta
     ``url``: env-steps/s and CPU per batch step outside the env (process CPU minus the env's step and reset CPU, as
     pipeline.EnvMeter counts it), from the first batch step to the last."""
     n, rows = num_envs, np.arange(num_envs)
-    with closing(gym.make_vec(task, num_envs=n, vectorization_mode="sync", vector_kwargs={
-            "autoreset_mode": gym.vector.AutoresetMode.DISABLED})) as env, closing(Connection(url)) as conn:
+    vector_kwargs = {"autoreset_mode": gym.vector.AutoresetMode.DISABLED, "copy": False}  # obs is cast (a copy)
+    with closing(gym.make_vec(task, n, "sync", vector_kwargs)) as env, closing(Connection(url)) as conn:
         if (metadata := conn.recv()).get("message_type") != "metadata":
             raise ConnectionError(f"the server's first message must be 'metadata', got {metadata!r:.200}")
         obs, text = np.asarray(env.reset(seed=0)[0], np.float32), np.full(n, "", "<U1")
