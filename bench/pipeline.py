@@ -2,7 +2,7 @@
 
 Run from the repo root (extra ``mujoco``)::
 
-    python bench/pipeline.py            # about 5 minutes on 2 cores
+    python bench/pipeline.py            # about 6 minutes on 2 cores
     python bench/pipeline.py --quick    # about 2 minutes: shorter cells, fewer rounds, noisier numbers
 
 On a user's machine the server runs elsewhere (a GPU box), so what matters is what the client itself costs next to
@@ -309,8 +309,8 @@ def versus_minimal(seconds: float, rounds: int) -> None:
     print(ratio_row("client lockstep / minimal client", ratios["lockstep"], "minimal", LOCKSTEP_VS_MINIMAL))
     cpu_ratios = [p / m for p, m in zip(package_cpu, minimal_cpu) if m > 0]
     med = statistics.median(cpu_ratios) if cpu_ratios else float("nan")
-    print(f"  {'CPU per batch step outside the env':<34} package {statistics.median(package_cpu) * 1e6:.1f} us, minimal "
-          f"{statistics.median(minimal_cpu) * 1e6:.1f} us: {med:.2f} x minimal (pairs "
+    print(f"  {'client CPU per batch step':<34} package {statistics.median(package_cpu) * 1e6:.1f} us, minimal "
+          f"{statistics.median(minimal_cpu) * 1e6:.1f} us (outside the vector env): {med:.2f} x minimal (pairs "
           f"{min(cpu_ratios, default=0):.2f}-{max(cpu_ratios, default=0):.2f}) target < 1 (package lower): "
           f"{'met' if med < 1 else 'NOT MET'}")
 
