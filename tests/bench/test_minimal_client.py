@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import logging
 
+import numpy as np
 import pytest
 from file_modules import BENCH, bench_script
 from waiting import wait_until
 
+from plugrl_env_client.protocol import codec
 from plugrl_env_client.server.policies import PolicyConfig, make_policy
 from plugrl_env_client.server.server import PolicyServer
 
@@ -28,6 +30,24 @@ def minimal():
 def test_the_minimal_client_is_at_most_150_lines():
     lines = len((BENCH / "minimal_client.py").read_text().splitlines())
     assert lines <= MAX_LINES, f"bench/minimal_client.py has {lines} lines"
+
+
+def test_the_minimal_encoder_writes_the_packages_bytes_and_reads_them_back(minimal):
+    """One encoder, the openpi ndarray convention (SPEC 3.1): a feedback as the minimal client builds it is byte for
+    byte what the package's codec writes, and the package's bytes decode to the same arrays."""
+    ids = np.array([0, 3], np.int64)
+    message = {"message_type": "feedback", "env_indices": ids, "step_ids": np.array([1, 0], np.int64),
+               "data": {"obs": {"images": {}, "states": {"obs": np.arange(22, dtype=np.float32).reshape(2, 11)},
+                                "text": np.full(2, "", "<U1")},
+                        "rewards": np.array([1.5, -2.0], np.float32), "terminated": np.array([False, True]),
+                        "truncated": np.zeros(2, bool),
+                        "info": {"episode": {"r": np.array([3.0, 4.0], np.float32), "l": np.array([5, 6], np.int64),
+                                             "mask": np.array([False, True])}}}}
+    assert minimal.packb(message) == codec.packb(message)
+    back = minimal.msgpack.unpackb(codec.packb(message), object_hook=minimal.unpack_array)
+    assert back["data"]["obs"]["states"]["obs"].dtype == np.float32
+    np.testing.assert_array_equal(back["data"]["obs"]["states"]["obs"], message["data"]["obs"]["states"]["obs"])
+    np.testing.assert_array_equal(back["data"]["info"]["episode"]["mask"], [False, True])
 
 
 @pytest.mark.slow
