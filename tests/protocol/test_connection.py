@@ -19,6 +19,7 @@ def test_feedback_times_its_observation_and_its_info_inside_its_own_time(harness
         conn.send_metadata(action_horizon=2)
         conn.send_zero_action(conn.recv(), 2, 1)
         got.append(conn.recv())
+        conn.send_zero_action(conn.recv(), 2, 1)
         got.append(conn.recv())
         done.set()
         conn.recv()  # until the client closes
@@ -36,6 +37,7 @@ def test_feedback_times_its_observation_and_its_info_inside_its_own_time(harness
     session.feedback(messages.Feedback(ids, steps, big, np.zeros(n, np.float32), flags, flags, {"episode": {"r": np.ones(n)}}))
     obs_part, info_part = timing.feedback_obs_pack_s, timing.feedback_info_pack_s
     assert obs_part > 0 and info_part > 0
+    session.infer(messages.InferRequest(small, ids, steps + 1))  # one feedback per action (SPEC §2)
     session.feedback(messages.Feedback(ids, steps + 1, small, np.zeros(n, np.float32), flags, flags,
                      {"blob": np.ones((n, 4 << 20), np.uint8)}))
     assert done.wait(30)

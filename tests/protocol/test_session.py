@@ -26,6 +26,7 @@ from plugrl_env_client.protocol.connection import (
     ConnectionLost,
     Exchange,
     ExchangeMisuse,
+    FeedbackStillDue,
     NoFeedbackDue,
     NoReplyAwaited,
     NotConnected,
@@ -238,9 +239,15 @@ def test_an_infer_sent_now_is_collected_later_and_only_once(harness):
     assert session.state is Exchange.FEEDBACK_DUE and not session.awaiting
     with pytest.raises(NoReplyAwaited, match="no infer is waiting"):
         session.receive_actions(0.0)
+    with pytest.raises(FeedbackStillDue, match="feedback on the last action is still due"):
+        session.send_infer(messages.InferRequest(obs, ids, steps))
+    session.feedback(feedback)
+    assert session.state is Exchange.IDLE
+    with pytest.raises(NoFeedbackDue, match="a feedback that answers no reply"):
+        session.feedback(feedback)  # one feedback per action
     assert all(issubclass(e, ExchangeMisuse) and issubclass(e, RuntimeError)
-               for e in (NotConnected, NoReplyAwaited, NoFeedbackDue, AlreadyAwaitingReply))
-    assert session.timing.infer_calls == 1 and session.timing.actions_received == 1
+               for e in (NotConnected, NoReplyAwaited, NoFeedbackDue, AlreadyAwaitingReply, FeedbackStillDue))
+    assert session.timing.infer_calls == 1 and session.timing.actions_received == 1 and session.timing.feedback_calls == 1
     session.close()
 
 

@@ -22,6 +22,7 @@ __all__ = [
     "ConnectionLost",
     "Exchange",
     "ExchangeMisuse",
+    "FeedbackStillDue",
     "NoFeedbackDue",
     "NoReplyAwaited",
     "NotConnected",
@@ -30,13 +31,13 @@ __all__ = [
 
 
 class Exchange(enum.Enum):
-    """Where the exchange on one connection stands: PlugRL answers each infer with one action, and a feedback
-    answers an action (``infer -> action -> [feedback] -> infer``; a fresh connection starts idle, with an
-    infer)."""
+    """Where the exchange on one connection stands: PlugRL answers each infer with one action, and one feedback
+    answers each action (``infer -> action -> feedback -> infer``, SPEC §2; a fresh connection starts idle, with
+    an infer)."""
 
     IDLE = "idle"  # an infer may go out; a feedback may not
     AWAITING_REPLY = "awaiting a reply"  # an infer is on the wire: its action comes next, nothing goes out
-    FEEDBACK_DUE = "feedback due"  # its action came: the feedback on it (or the next infer) goes out
+    FEEDBACK_DUE = "feedback due"  # its action came: the feedback on it goes out next, then the exchange is idle
 
 
 class ExchangeMisuse(RuntimeError):
@@ -54,6 +55,10 @@ class NoReplyAwaited(ExchangeMisuse):
 
 class NoFeedbackDue(ExchangeMisuse):
     """A feedback that answers no reply."""
+
+
+class FeedbackStillDue(ExchangeMisuse):
+    """An infer before the feedback on the last action went out."""
 
 
 class NotConnected(ExchangeMisuse):

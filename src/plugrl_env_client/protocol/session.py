@@ -49,6 +49,7 @@ from plugrl_env_client.protocol.connection import (
     Closed,
     ConnectionLost,
     Exchange,
+    FeedbackStillDue,
     NoFeedbackDue,
     NoReplyAwaited,
     NotConnected,
@@ -190,6 +191,9 @@ class Session:
             raise ConnectionLost(self._lost)
         if self.state is Exchange.AWAITING_REPLY:
             raise AlreadyAwaitingReply("an infer is already waiting for its reply: receive_actions() first")
+        if self.state is Exchange.FEEDBACK_DUE:
+            raise FeedbackStillDue("an infer while the feedback on the last action is still due: feedback() first "
+                                   "(one feedback answers each action, SPEC §2)")
         client = self._current()
         try:
             early = client.recv(0)  # nothing may wait here: every reply answered the infer before it
@@ -271,6 +275,7 @@ class Session:
             except transport.TransportClosed as exc:
                 self._lost = self._closed(exc)
                 return
+        self.state = Exchange.IDLE
         timing.feedback_calls += 1
         timing.bytes_sent += frame.nbytes
 
