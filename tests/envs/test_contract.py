@@ -11,6 +11,7 @@ import pytest
 
 from plugrl_env_client.envs import contract
 from plugrl_env_client.envs.base_env import BaseEnv, Observation
+from plugrl_env_client.envs.contract import slice_info
 from plugrl_env_client.errors import EnvContractError
 
 BOX2 = gym.spaces.Box(-1.0, 1.0, (2,), np.float64)
@@ -412,3 +413,38 @@ def test_short_space_cuts_a_long_space_to_one_line() -> None:
 def test_a_problem_reads_as_what_came_then_what_to_do() -> None:
     assert contract.Problem("got 3", "return 5").message == "got 3: return 5"
     assert contract.Problem("got 3").message == "got 3"
+
+
+# ------------------------------------------------------------------------------------------------ info cut to rows
+
+
+def test_slice_info_keeps_per_env_arrays_cut_to_rows() -> None:
+    n = 4
+    rows = np.array([1, 3])
+    info = {
+        "distance": np.arange(n, dtype=np.float64),
+        "pos": np.arange(n * 2).reshape(n, 2),
+        "scalar": 3.0,
+        "np_scalar": np.float32(1.0),
+        "zero_d": np.array(5),
+        "other_len": np.zeros(n + 1),
+        "a_list": [1, 2, 3, 4],
+        "objects": np.array([object()] * n, dtype=object),
+        7: np.arange(n),
+        "nested": {"inner": np.arange(n) * 10, "drop": "text", 2: {"deep": np.arange(n) + 100}},
+        "empty_nested": {"only": 1.0},
+    }
+    out = slice_info(info, rows, n)
+    assert set(out) == {"distance", "pos", "7", "nested"}
+    assert out["distance"].tolist() == [1.0, 3.0]
+    assert out["pos"].tolist() == [[2, 3], [6, 7]]
+    assert out["7"].tolist() == [1, 3]
+    assert set(out["nested"]) == {"inner", "2"}
+    assert out["nested"]["inner"].tolist() == [10, 30]
+    assert set(out["nested"]["2"]) == {"deep"}
+    assert out["nested"]["2"]["deep"].tolist() == [101, 103]
+    assert all(isinstance(k, str) for k in out) and all(isinstance(k, str) for k in out["nested"])
+
+
+def test_slice_info_of_nothing_splittable_is_empty() -> None:
+    assert slice_info({"a": 1, "b": np.zeros(3)}, np.array([0]), 2) == {}

@@ -18,7 +18,8 @@ broken rule is an :class:`EnvContractError` (the loop prefixes ``env <id>: ``), 
 client uses them. ``plugrl-check-env`` calls the functions those two are made of, :func:`read_reset`,
 :func:`read_step`, :func:`observation_problems` and :func:`action_space_problem`, which list every broken rule as a
 :class:`Problem` (what came, what to change), and adds checks of its own that need more than one call (seeding,
-partial resets, time limits).
+partial resets, time limits). What an env must keep the same from one call to the next is
+:mod:`plugrl_env_client.envs.invariants`, with the same two callers.
 
 The checks run on every env step, so they look at types, shapes and dtypes, and make one vectorised
 ``np.isfinite(...).all()`` pass per float array; which rows are wrong is worked out only once something is.
@@ -379,6 +380,22 @@ def is_per_env(value: Any, num_envs: int) -> bool:
     carries (bool, numbers, strings). Scalars, lists and object arrays stay on the client."""
     return (isinstance(value, np.ndarray) and value.ndim >= 1 and value.shape[0] == num_envs
             and value.dtype.kind not in "OVc")
+
+
+def slice_info(info: dict[str, Any], rows: np.ndarray, num_envs: int) -> dict[str, Any]:
+    """The per-env part of a step's info, cut to ``rows``: the values :func:`is_per_env` accepts, in nested maps too.
+
+    Scalars and other values cannot be split per env, so they are left out (servers split info by rows).
+    """
+    out: dict[str, Any] = {}
+    for key, value in info.items():
+        if isinstance(value, dict):
+            sub = slice_info(value, rows, num_envs)
+            if sub:
+                out[str(key)] = sub
+        elif is_per_env(value, num_envs):
+            out[str(key)] = value[rows]
+    return out
 
 
 # ------------------------------------------------------------------------------------------------ words

@@ -48,6 +48,8 @@ import numpy as np
 from plugrl_env_client.envs import contract
 from plugrl_env_client.envs.base_env import BaseEnv, Observation, observation_space_of
 from plugrl_env_client.envs.calls import call_env
+from plugrl_env_client.envs.contract import slice_info
+from plugrl_env_client.envs.invariants import EnvChecks, undeclared_dtypes
 from plugrl_env_client.errors import ConfigError, EnvContractError
 from plugrl_env_client.protocol.connection import CloseAction, ConnectionLost
 from plugrl_env_client.protocol.messages import (
@@ -57,10 +59,9 @@ from plugrl_env_client.protocol.messages import (
     InferRequest,
     ServerMetadata,
 )
-from plugrl_env_client.rollout import checks
+from plugrl_env_client.rollout.actions import check_actions
 from plugrl_env_client.rollout.budget import Budget
 from plugrl_env_client.rollout.chunks import ActionPlans, ChunkEnds, HeldRows
-from plugrl_env_client.rollout.env_checks import EnvChecks, undeclared_dtypes
 from plugrl_env_client.rollout.episodes import EpisodeTracker, Instructions, Retirement
 from plugrl_env_client.rollout.interfaces import NO_HOOKS, EpisodeHooks, ResultSink, ServerSession
 from plugrl_env_client.rollout.seeds import GroupSeeds, SeedGroups
@@ -283,7 +284,7 @@ class EnvGroup:
         if rows.size == 0:
             return
         done = step.done
-        info = checks.slice_info(step.info, rows, self.n)
+        info = slice_info(step.info, rows, self.n)
         if done[rows].any():
             info["episode"] = self.tracker.episode_info(rows, done)
             if self.tracker.judges_success:  # as PlugRL's client does: a server cannot tell a False "s" from no rule
@@ -315,7 +316,7 @@ class EnvGroup:
                     self.sink.episode(record)
                     if watched:
                         row = np.array(record.env_index - self.offset)
-                        self.hooks.on_episode_end(record, checks.slice_info(step.info, row, self.n))
+                        self.hooks.on_episode_end(record, slice_info(step.info, row, self.n))
         if self.budget.finished(self.settings.process_id):
             return obs
         del obs  # the reset returns the whole batch: the step's observation need not stay alive while it runs
@@ -340,7 +341,7 @@ class EnvGroup:
 
     def _load(self, reply: ActionReply) -> None:
         """Queue a reply's chunks for the envs it names (the session checked they are the infer's)."""
-        actions = checks.check_actions(reply.actions, self.space, self.settings.replan_steps,
+        actions = check_actions(reply.actions, self.space, self.settings.replan_steps,
                                        self.settings.non_finite_actions)
         self.plans.load(reply.env_ids, actions)
 

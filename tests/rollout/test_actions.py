@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from plugrl_env_client.errors import EnvContractError, ProtocolError
-from plugrl_env_client.rollout import checks
+from plugrl_env_client.rollout.actions import check_actions
 
 BOX2 = gym.spaces.Box(-1.0, 1.0, (2,), np.float64)
 
@@ -20,7 +20,7 @@ BOX2 = gym.spaces.Box(-1.0, 1.0, (2,), np.float64)
 def test_action_tail_shape_mismatch_names_both_shapes_and_the_server_flag() -> None:
     actions = np.zeros((4, 3, 7), np.float32)
     with pytest.raises(EnvContractError) as err:
-        checks.check_actions(actions, BOX2, None)
+        check_actions(actions, BOX2, None)
     msg = str(err.value)
     assert "Expected action shape tail (2,), got (7,)" in msg
     assert "--policy.action-dim" in msg
@@ -29,28 +29,28 @@ def test_action_tail_shape_mismatch_names_both_shapes_and_the_server_flag() -> N
 
 def test_action_tail_mismatch_for_a_discrete_space() -> None:
     with pytest.raises(EnvContractError, match=re.escape("Expected action shape tail (), got (3,)")):
-        checks.check_actions(np.zeros((2, 1, 3), np.int64), gym.spaces.Discrete(4), None)
+        check_actions(np.zeros((2, 1, 3), np.int64), gym.spaces.Discrete(4), None)
 
 
 def test_action_tail_mismatch_for_a_multi_dim_space() -> None:
     space = gym.spaces.Box(0.0, 1.0, (2, 3), np.float32)
     with pytest.raises(EnvContractError, match=re.escape("Expected action shape tail (2, 3), got (3, 2)")):
-        checks.check_actions(np.zeros((1, 1, 3, 2), np.float32), space, None)
+        check_actions(np.zeros((1, 1, 3, 2), np.float32), space, None)
 
 
 def test_actions_are_cast_to_the_space_dtype() -> None:
     actions = np.array([[[0.5, -0.25]]], np.float32)
-    out = checks.check_actions(actions, BOX2, None)
+    out = check_actions(actions, BOX2, None)
     assert out.dtype == np.float64
     assert out.tolist() == [[[0.5, -0.25]]]
 
     same = np.zeros((2, 2, 2), np.float64)
-    assert checks.check_actions(same, BOX2, None) is same  # no copy when already right
+    assert check_actions(same, BOX2, None) is same  # no copy when already right
 
 
 def test_discrete_int_actions_keep_their_shape_and_take_the_space_dtype() -> None:
     space = gym.spaces.Discrete(5)
-    out = checks.check_actions(np.array([[1, 2], [3, 4]], np.int32), space, None)
+    out = check_actions(np.array([[1, 2], [3, 4]], np.int32), space, None)
     assert out.shape == (2, 2)
     assert out.dtype == space.dtype
     assert out.tolist() == [[1, 2], [3, 4]]
@@ -60,14 +60,14 @@ def test_non_finite_actions_raise_and_name_positions() -> None:
     actions = np.zeros((2, 3, 2), np.float32)
     actions[1, 2, 0] = np.nan
     with pytest.raises(ProtocolError) as err:
-        checks.check_actions(actions, BOX2, None)
+        check_actions(actions, BOX2, None)
     assert "NaN or infinite actions (for the infer's envs at positions [2])" in str(err.value)
     assert "--runner.non-finite-actions clip" in str(err.value)
 
 
 def test_non_finite_actions_clipped_into_the_bounds() -> None:
     actions = np.array([[[np.nan, np.inf], [-np.inf, 0.5]]], np.float32)
-    out = checks.check_actions(actions, BOX2, None, non_finite="clip")
+    out = check_actions(actions, BOX2, None, non_finite="clip")
     assert out.tolist() == [[[0.0, 1.0], [-1.0, 0.5]]]
 
 
@@ -76,25 +76,25 @@ def test_nan_actions_for_an_integer_space_are_an_error_before_the_cast(mode: str
     # Cast first, NaN would become an arbitrary integer and pass unnoticed.
     actions = np.array([[1.0, np.nan]])
     with pytest.raises(ProtocolError, match=re.escape("at positions [1]) for the integer action space Discrete(4)")):
-        checks.check_actions(actions, gym.spaces.Discrete(4), None, non_finite=mode)
+        check_actions(actions, gym.spaces.Discrete(4), None, non_finite=mode)
 
 
 def test_float_actions_for_an_integer_space_are_cast() -> None:
-    out = checks.check_actions(np.array([[1.0, 3.0]]), gym.spaces.Discrete(4), None)
+    out = check_actions(np.array([[1.0, 3.0]]), gym.spaces.Discrete(4), None)
     assert out.dtype == np.int64 and out.tolist() == [[1, 3]]
 
 
 def test_non_numeric_actions_for_a_numeric_space_raise() -> None:
     with pytest.raises(ProtocolError, match="needs numbers"):
-        checks.check_actions(np.array([[["a", "b"]]]), BOX2, None)
+        check_actions(np.array([[["a", "b"]]]), BOX2, None)
 
 
 def test_chunk_shorter_than_replan_steps_raises() -> None:
     with pytest.raises(ProtocolError, match=r"chunk of 2 steps.*replan-steps is 3"):
-        checks.check_actions(np.zeros((2, 1, 2), np.float32), BOX2, 3)
+        check_actions(np.zeros((2, 1, 2), np.float32), BOX2, 3)
     # equal or longer is fine
-    assert checks.check_actions(np.zeros((3, 1, 2), np.float32), BOX2, 3).shape == (3, 1, 2)
-    assert checks.check_actions(np.zeros((5, 1, 2), np.float32), BOX2, 3).shape == (5, 1, 2)
+    assert check_actions(np.zeros((3, 1, 2), np.float32), BOX2, 3).shape == (3, 1, 2)
+    assert check_actions(np.zeros((5, 1, 2), np.float32), BOX2, 3).shape == (5, 1, 2)
 
 
 @pytest.mark.parametrize("space, sent, expected", [
@@ -117,7 +117,7 @@ def test_chunk_shorter_than_replan_steps_raises() -> None:
 def test_discrete_actions_outside_the_space_name_the_value_and_what_the_space_allows(space: gym.Space, sent: list,
                                                                                      expected: str) -> None:
     with pytest.raises(ProtocolError) as err:
-        checks.check_actions(np.asarray(sent), space, None)
+        check_actions(np.asarray(sent), space, None)
     assert expected in str(err.value), str(err.value)
 
 
@@ -128,12 +128,12 @@ def test_discrete_actions_outside_the_space_name_the_value_and_what_the_space_al
     (gym.spaces.MultiBinary(2), [[[True, False]]]),
 ])
 def test_discrete_actions_inside_the_space_pass(space: gym.Space, sent: list) -> None:
-    out = checks.check_actions(np.asarray(sent), space, None)
+    out = check_actions(np.asarray(sent), space, None)
     assert out.dtype == space.dtype and out.tolist() == np.asarray(sent).astype(space.dtype).tolist()
 
 
 def test_finite_values_outside_a_box_still_reach_the_env() -> None:
-    out = checks.check_actions(np.array([[[5.0, -7.5]]]), BOX2, None)
+    out = check_actions(np.array([[[5.0, -7.5]]]), BOX2, None)
     assert out.tolist() == [[[5.0, -7.5]]]
 
 
@@ -141,12 +141,12 @@ def test_a_value_beyond_the_dtype_of_a_float_box_says_it_does_not_fit() -> None:
     space = gym.spaces.Box(-1.0, 1.0, (2,), np.float32)
     actions = np.array([[[0.5, 1e300], [0.0, 0.0]]])
     with pytest.raises(ProtocolError) as err:
-        checks.check_actions(actions, space, None)
+        check_actions(actions, space, None)
     msg = str(err.value)
     assert "the server's policy sent 1e+300 (for the infer's envs at positions [0]), which does not fit float32, the " \
            "dtype of the env's action space Box(-1.0, 1.0, (2,), float32) (largest 3.40282e+38)" in msg, msg
     assert "NaN" not in msg and "--runner.non-finite-actions clip" in msg
-    clipped = checks.check_actions(actions, space, None, non_finite="clip")
+    clipped = check_actions(actions, space, None, non_finite="clip")
     assert clipped.dtype == np.float32 and clipped.tolist() == [[[0.5, 1.0], [0.0, 0.0]]]
 
 
@@ -154,43 +154,8 @@ def test_a_value_beyond_the_dtype_of_an_integer_box_says_it_does_not_fit() -> No
     space = gym.spaces.Box(-3, 3, (1,), np.int32)
     with pytest.raises(ProtocolError, match=re.escape("sent 4000000000 (for the infer's envs at positions [1]), which does "
                                                       "not fit int32")):
-        checks.check_actions(np.array([[[1], [4_000_000_000]]], np.int64), space, None)
-    assert checks.check_actions(np.array([[[9]]], np.int64), space, None).tolist() == [[[9]]], "out of bounds: passes"
-
-
-# ------------------------------------------------------------------------------------------------ info
-
-
-def test_slice_info_keeps_per_env_arrays_cut_to_rows() -> None:
-    n = 4
-    rows = np.array([1, 3])
-    info = {
-        "distance": np.arange(n, dtype=np.float64),
-        "pos": np.arange(n * 2).reshape(n, 2),
-        "scalar": 3.0,
-        "np_scalar": np.float32(1.0),
-        "zero_d": np.array(5),
-        "other_len": np.zeros(n + 1),
-        "a_list": [1, 2, 3, 4],
-        "objects": np.array([object()] * n, dtype=object),
-        7: np.arange(n),
-        "nested": {"inner": np.arange(n) * 10, "drop": "text", 2: {"deep": np.arange(n) + 100}},
-        "empty_nested": {"only": 1.0},
-    }
-    out = checks.slice_info(info, rows, n)
-    assert set(out) == {"distance", "pos", "7", "nested"}
-    assert out["distance"].tolist() == [1.0, 3.0]
-    assert out["pos"].tolist() == [[2, 3], [6, 7]]
-    assert out["7"].tolist() == [1, 3]
-    assert set(out["nested"]) == {"inner", "2"}
-    assert out["nested"]["inner"].tolist() == [10, 30]
-    assert set(out["nested"]["2"]) == {"deep"}
-    assert out["nested"]["2"]["deep"].tolist() == [101, 103]
-    assert all(isinstance(k, str) for k in out) and all(isinstance(k, str) for k in out["nested"])
-
-
-def test_slice_info_of_nothing_splittable_is_empty() -> None:
-    assert checks.slice_info({"a": 1, "b": np.zeros(3)}, np.array([0]), 2) == {}
+        check_actions(np.array([[[1], [4_000_000_000]]], np.int64), space, None)
+    assert check_actions(np.array([[[9]]], np.int64), space, None).tolist() == [[[9]]], "out of bounds: passes"
 
 
 # ------------------------------------------------------------------------------------------------ a whole run

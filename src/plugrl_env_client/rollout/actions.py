@@ -1,8 +1,8 @@
-"""Checks on what a server sends as actions, and the per-env part of an env's info, on every chunk and step.
+"""What a server sends as actions, checked against the env's action space before the env sees a chunk.
 
-What an env must return is :mod:`plugrl_env_client.envs.contract`; this module holds the rollout's side: an action
-chunk checked against the env's action space before the env sees it, and the info values cut to the envs a
-feedback is about. A failure is one error whose message says what was expected, what came and what to change.
+What an env must return is :mod:`plugrl_env_client.envs.contract`; this module is the other direction: an action
+chunk from the server, checked and cast to the space's dtype. A failure is one error whose message says what was
+expected, what came and what to change.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import gymnasium as gym
 import numpy as np
 
 from plugrl_env_client.envs.base_env import describe_space
-from plugrl_env_client.envs.contract import is_per_env, rows_text
+from plugrl_env_client.envs.contract import rows_text
 from plugrl_env_client.errors import EnvContractError, ProtocolError
 
 # ------------------------------------------------------------------------------------------------ server actions
@@ -176,22 +176,3 @@ def _non_finite(actions: np.ndarray, space: gym.Space, mode: str, sent: np.ndarr
     low = np.maximum(getattr(space, "low", -finite_max), -finite_max)
     high = np.minimum(getattr(space, "high", finite_max), finite_max)
     return np.clip(np.nan_to_num(actions, nan=0.0, posinf=finite_max, neginf=-finite_max), low, high)
-
-
-# ------------------------------------------------------------------------------------------------ info
-
-
-def slice_info(info: dict[str, Any], rows: np.ndarray, num_envs: int) -> dict[str, Any]:
-    """The per-env part of a step's info, cut to ``rows``: arrays whose leading dim is ``num_envs``.
-
-    Scalars and other values cannot be split per env, so they are left out (servers split info by rows).
-    """
-    out: dict[str, Any] = {}
-    for key, value in info.items():
-        if isinstance(value, dict):
-            sub = slice_info(value, rows, num_envs)
-            if sub:
-                out[str(key)] = sub
-        elif is_per_env(value, num_envs):
-            out[str(key)] = value[rows]
-    return out

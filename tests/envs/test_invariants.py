@@ -26,10 +26,10 @@ from plugrl_env_client.app import run_client
 from plugrl_env_client.check import check_env
 from plugrl_env_client.config import ClientConfig, RunnerConfig
 from plugrl_env_client.envs.base_env import BaseEnv, BaseEnvConfig, Observation
+from plugrl_env_client.envs.invariants import ObservationSignature, PartialResetCheck, partial_reset_problem
 from plugrl_env_client.envs.registry import register_env
 from plugrl_env_client.errors import EnvContractError
 from plugrl_env_client.records import ProcessStatus
-from plugrl_env_client.rollout.env_checks import ObservationSignature, PartialResetCheck, partial_reset_problem
 from plugrl_env_client.rollout.group import EnvGroup
 from plugrl_env_client.rollout.loop import Rollout
 from plugrl_env_client.timing import Timing
@@ -397,7 +397,7 @@ def test_a_run_whose_env_rerandomises_every_row_fails_unless_told_not_to_check(
 
 
 def test_text_without_a_lone_surrogate_is_left_as_it_is(caplog) -> None:
-    from plugrl_env_client.rollout.env_checks import TextCheck
+    from plugrl_env_client.envs.invariants import TextCheck
 
     check = TextCheck("E-v1")
     obs = Observation(states={"x": np.zeros((2, 1))}, text=["plain", "\U0001f600 and \ud7ff and \ue000"])
@@ -408,7 +408,7 @@ def test_text_without_a_lone_surrogate_is_left_as_it_is(caplog) -> None:
 
 
 def test_lone_surrogates_become_u_fffd_with_one_warning_per_field(caplog) -> None:
-    from plugrl_env_client.rollout.env_checks import TextCheck
+    from plugrl_env_client.envs.invariants import TextCheck
 
     check = TextCheck("E-v1")
     env_text = np.array(["a\ud800b", "ok"])
