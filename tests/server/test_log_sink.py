@@ -10,8 +10,10 @@ import signal
 import subprocess
 import sys
 import threading
+from collections.abc import Iterator
 
 import numpy as np
+import pytest
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
@@ -19,6 +21,21 @@ from plugrl_env_client.protocol import codec, messages
 from plugrl_env_client.server.log_sink import ServerLog
 
 SERVER = [sys.executable, "-c", "from plugrl_env_client.server.cli import main; main()"]
+
+
+@pytest.fixture(autouse=True)
+def _only_the_sink_under_test() -> Iterator[None]:
+    """The flood goes to the ServerLog under test alone: handlers earlier tests left on the root logger (with
+    streams pytest has closed since) are taken off for the test and put back after it."""
+    root = logging.getLogger()
+    others = list(root.handlers)
+    for handler in others:
+        root.removeHandler(handler)
+    try:
+        yield
+    finally:
+        for handler in others:
+            root.addHandler(handler)
 
 
 def _log_many(count: int, timeout: float = 30.0) -> None:
