@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import logging
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -201,3 +202,20 @@ def test_bad_codec_flags_stop_the_run_before_it_starts(tmp_path, cameras, flags,
         run_client(config, ENV_ID)
     assert str(info.value) == said
     assert not (tmp_path / "bad").exists(), "nothing started"
+
+
+def test_without_the_images_extra_a_codec_stops_the_run_before_it_starts_and_a_server_does_not_offer_it(
+        tmp_path, cameras, monkeypatch):
+    monkeypatch.setitem(sys.modules, "simplejpeg", None)  # an import of it now fails, as when not installed
+    config = ClientConfig(num_envs=1, num_episodes=1, output_dir=tmp_path, exp_name="bare", progress=False,
+                          connection=ConnectionConfig(image_codec="jpeg"))
+    with pytest.raises(ConfigError) as info:
+        run_client(config, ENV_ID)
+    assert str(info.value) == ("the jpeg image codec needs the simplejpeg package: pip install "
+                               "'plugrl-env-client[images]' (or pass --image-codec none)")
+    assert not (tmp_path / "bare").exists(), "nothing started"
+    server = PolicyServer(Checking(), host="127.0.0.1", port=0)
+    try:
+        assert images.FEATURE not in server.metadata()["features"]
+    finally:
+        server.shutdown()

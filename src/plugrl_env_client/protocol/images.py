@@ -67,10 +67,13 @@ def check_choice(codec: str, quality: int) -> None:
 
 
 def available() -> bool:
-    """Whether every codec's library is installed here: a server offers :data:`FEATURE` only then."""
-    import importlib.util
-
-    return all(importlib.util.find_spec(name) is not None for name in _LIBRARIES.values())
+    """Whether every codec's library can be imported here: a server offers :data:`FEATURE` only then."""
+    try:
+        for codec, name in _LIBRARIES.items():
+            _library(name, codec)
+    except ConfigError:
+        return False
+    return True
 
 
 _LIBRARIES = {"jpeg": "simplejpeg", "qoi": "qoi"}
