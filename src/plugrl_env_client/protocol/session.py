@@ -25,6 +25,11 @@ Every wait for a reply is bounded or announced:
   next chunk, and every later chunk would be one reply stale: the session closes the connection with the
   protocol's resync close (``1001 plugrl-server-resync``) and raises it, so the caller starts over.
 
+With ``--image-codec`` other than none, a connection whose server offers
+:data:`~plugrl_env_client.protocol.images.FEATURE` carries the observations' cameras encoded per env row
+(:func:`~plugrl_env_client.protocol.messages.wire_observation`); one that does not gets raw arrays, and the session
+says so once.
+
 Counters and times go into the caller's :class:`~plugrl_env_client.timing.Timing`.
 """
 

@@ -9,7 +9,9 @@ many episodes were reported.
 Whatever a client sends, the server does not fail the connection for it: every field of every message is checked
 (``messages.parse_infer``/``parse_feedback``, :mod:`~plugrl_env_client.server.info` for ``info``), and a value the
 server cannot use is a resync whose log line names the field. ``1011 internal error`` is left for the server's own
-bugs (and a policy's). A malformed ``X-PlugRL-Stream`` header is ignored, with one warning: the header is optional
+bugs (and a policy's). Camera images a client sends encoded (the ``x-plugrl-env-client-images`` feature, offered
+when the ``images`` extra is installed, SPEC 5a) are decoded while the message is parsed, each row's size checked
+against the declared shape first, so the policy and the rows held for reuse only ever see arrays. A malformed ``X-PlugRL-Stream`` header is ignored, with one warning: the header is optional
 (SPEC 1), so refusing the handshake would lock out a client that means something else by it.
 
 The policy sees each connection through ``policy.for_connection()``: every infer of it (with the env indices),
