@@ -14,14 +14,23 @@ camera, playing back frames MuJoCo rendered once (``bench/frames/halfcheetah.npz
 simulation cost: the link is what is measured. H=8, ``reuse-feedback-obs`` on (each observation crosses the link
 about once).
 
-Rows (env-steps/s from the env's first step to its last, median over rounds, the rows alternated per round):
+Rows (env-steps/s from the env's first step to its last, median over rounds, the rows alternated per round; the
+bytes the client sent per env step). Through the link the envs run in two pipelined groups (``--runner.pipeline
+2``: one group's frames cross the link while the other steps and encodes), and the proxy's link is shared by the
+two connections, as a real network path is:
 
-* ``raw arrays, no link``: the same run straight to the server (what the machine does without the link);
+* ``raw arrays, no link``: lockstep, straight to the server (what the machine does without the link);
+* ``jpeg q90, no link``: the same with ``--image-codec jpeg``: where the link costs nothing, the codec's time shows;
 * ``raw arrays, link``: the images as arrays through the link;
-* ``jpeg q90, link``: the images JPEG-encoded per env row through the link, once the client sends them so (the
-  row says when it cannot run yet). Target: at least 5x ``raw arrays, link`` over 25 MB/s and 2 ms.
+* ``jpeg q90, link``: ``--image-codec jpeg`` (quality 90) through the link. Target: at least 5x ``raw arrays,
+  link`` over 25 MB/s and 2 ms;
+* ``qoi, link``: ``--image-codec qoi`` (lossless) through the link (information: the client offers qoi only
+  because it beats raw arrays over this link);
+* ``jpeg q90, link, lockstep``: jpeg through the link without pipelining (information: what the overlap adds).
 
-The last lines give the link's ceiling for each (link rate / bytes per env step) from the bytes the client sent.
+The last lines give the link's ceiling for raw arrays (link rate / bytes per env step), and the codec's cost per
+16-env batch step on loopback: the time ``jpeg q90, no link`` takes per batch step beyond ``raw arrays, no link``,
+next to the encode + decode time of one batch of these frames measured alone (information).
 """
 
 from __future__ import annotations
@@ -41,7 +50,7 @@ import numpy as np
 from link_proxy import LinkProxy
 from machine import ReferenceServer, load_avg, machine_line
 
-from plugrl_env_client.config import ClientConfig, RunnerConfig
+from plugrl_env_client.config import ClientConfig, ConnectionConfig, RunnerConfig
 from plugrl_env_client.envs.base_env import (
     Action,
     BaseEnv,
@@ -52,10 +61,12 @@ from plugrl_env_client.envs.base_env import (
     observation_space,
 )
 from plugrl_env_client.envs.registry import register_env
+from plugrl_env_client.errors import ConfigError
 from plugrl_env_client.launch.local import LocalLauncher
 from plugrl_env_client.launch.process import ProcessJob
 from plugrl_env_client.outputs.run_dir import RunDir
 from plugrl_env_client.outputs.run_writer import RunWriter
+from plugrl_env_client.protocol import images
 from plugrl_env_client.rollout.budget import EpisodeBudget
 
 FRAMES = Path(__file__).resolve().parent / "frames" / "halfcheetah.npz"
@@ -139,12 +150,14 @@ class Cell:
     """bytes the client sent per env step"""
 
 
-def client_cell(port: int, seconds: float) -> Cell:
-    """One client run (one process, in this one) of ``seconds`` of stepping against ``port``."""
+def client_cell(port: int, seconds: float, codec: str = "none", pipeline: int = 1) -> Cell:
+    """One client run (one process, in this one) of ``seconds`` of stepping against ``port``, with the images sent
+    as ``--image-codec codec`` (quality 90) and the envs in ``--runner.pipeline`` groups."""
     global CLOCK
     CLOCK = StepClock()
     config = ClientConfig(num_envs=NUM_ENVS, server_port=port, progress=False, env=LinkFramesConfig(),
-                          runner=RunnerConfig(max_episode_steps=EPISODE_STEPS))
+                          runner=RunnerConfig(max_episode_steps=EPISODE_STEPS, pipeline=pipeline),
+                          connection=ConnectionConfig(image_codec=codec, image_quality=90))  # type: ignore[arg-type]
     budget = EpisodeBudget(None, mp.get_context("spawn"), 1)
     timer = threading.Timer(seconds, budget.stop.set)
     with tempfile.TemporaryDirectory(prefix="plugrl-bench-") as tmp:
@@ -161,32 +174,18 @@ def client_cell(port: int, seconds: float) -> Cell:
     return Cell(CLOCK.rate(), timing["bytes_sent"] / max(1, timing["env_steps"]))
 
 
-def jpeg_projection(raw_per_step: float) -> tuple[float, float] | None:
-    """(bytes per env step, encode + decode ms per batch) the link would carry with the images JPEG-encoded: the raw
-    run's bytes per step with each image's share replaced by its encoded size (frames of one batch, quality 90).
-    None without the images extra."""
-    from plugrl_env_client.errors import ConfigError
+def codec_ms(codec: str) -> float:
+    """Encode + decode ms of one batch of the bench env's frames (each image on its own, as the client sends them),
+    measured alone."""
     from plugrl_env_client.protocol import images
 
     env = LinkFramesEnv(LinkFramesConfig(), num_envs=NUM_ENVS)
     obs = env._observe()
-    try:
-        images.decode(images.encode(obs.images["cam112"][:1], "jpeg", 90), "jpeg", (1, 112, 112, 3))  # imports
-        started = time.perf_counter()
-        encoded = {key: images.encode(batch, "jpeg", 90) for key, batch in obs.images.items()}
-        for key, rows in encoded.items():
-            images.decode(rows, "jpeg", obs.images[key].shape)
-        codec_ms = (time.perf_counter() - started) * 1e3
-    except ConfigError as exc:
-        print(f"jpeg q90 projection: {exc}")
-        return None
-    raw_images = sum(batch.nbytes for batch in obs.images.values()) / NUM_ENVS
-    jpeg_images = sum(len(row) for rows in encoded.values() for row in rows) / NUM_ENVS
-    # With reuse-feedback-obs an env's observation crosses once per chunk (every HORIZON steps) and once more at each
-    # episode end (the terminal one, in the feedback; the chunk there is cut short): that is the images' share of
-    # the bytes per env step, which the projection swaps for the encoded size.
-    sent_per_step = 1 / HORIZON + 1 / EPISODE_STEPS
-    return max(raw_per_step - (raw_images - jpeg_images) * sent_per_step, jpeg_images * sent_per_step), codec_ms
+    images.decode(images.encode(obs.images["cam112"][:1], codec), codec, (1, 112, 112, 3))  # the imports
+    started = time.perf_counter()
+    for batch in obs.images.values():
+        images.decode(images.encode(batch, codec, 90), codec, batch.shape)
+    return (time.perf_counter() - started) * 1e3
 
 
 def verdict(value: float, target: float | None) -> str:
@@ -205,33 +204,47 @@ def main() -> None:
         parser.error(f"--rate-mbytes must be > 0 and --rtt-ms >= 0 (got {args.rate_mbytes:g}, {args.rtt_ms:g})")
     seconds, rounds = (3.0, 1) if args.quick else (8.0, 3)
     print(f"{machine_line('gymnasium', 'websockets', 'msgpack')}; {ENV_ID} n={NUM_ENVS} (224x224x3 + 112x112x3 "
-          f"camera frames) H={HORIZON} reuse on; link {args.rate_mbytes:g} MB/s, {args.rtt_ms:g} ms RTT; cells of "
-          f"{seconds:g} s, {rounds} round(s), median")
+          f"camera frames) H={HORIZON} reuse on, pipeline 2 through the link; link {args.rate_mbytes:g} MB/s, "
+          f"{args.rtt_ms:g} ms RTT; cells of {seconds:g} s, {rounds} round(s), median")
     started = time.perf_counter()
-    cells: dict[str, list[Cell]] = {"raw arrays, no link": [], "raw arrays, link": []}
+    try:
+        images.check_choice("jpeg", 90)
+        images.check_choice("qoi", 90)
+        codecs = True
+    except ConfigError as exc:
+        print(f"codec rows not run: {exc}")
+        codecs = False
+    plan = [("raw arrays, no link", False, "none", 1), ("raw arrays, link", True, "none", 2)]
+    if codecs:
+        plan[1:1] = [("jpeg q90, no link", False, "jpeg", 1)]
+        plan += [("jpeg q90, link", True, "jpeg", 2), ("qoi, link", True, "qoi", 2),
+                 ("jpeg q90, link, lockstep", True, "jpeg", 1)]
+    cells: dict[str, list[Cell]] = {name: [] for name, *_ in plan}
     with Server() as server, LinkProxy(server.port, args.rate_mbytes, args.rtt_ms) as proxy:
         for _ in range(rounds):
-            cells["raw arrays, no link"].append(client_cell(server.port, seconds))
-            cells["raw arrays, link"].append(client_cell(proxy.port, seconds))
+            for name, linked, codec, pipeline in plan:
+                cells[name].append(client_cell(proxy.port if linked else server.port, seconds, codec, pipeline))
     rates = {name: statistics.median(c.rate for c in runs) for name, runs in cells.items()}
     sent = {name: statistics.median(c.bytes_per_step for c in runs) for name, runs in cells.items()}
+    raw = rates["raw arrays, link"]
+    targets = {"jpeg q90, link": JPEG_TARGET}
     for name, rate in rates.items():
-        print(f"  {name:<24} {rate:10,.0f} env-steps/s  {sent[name] / 1e3:8.1f} kB sent/env step  "
-              f"{verdict(rate, None)}")
-    print(f"  {'jpeg q90, link':<24} {'-':>10}              not run: the client does not send encoded images "
-          f"yet  target >= {JPEG_TARGET:g} x raw arrays, link: NOT MET")
+        ratio = f"{rate / raw:5.1f} x raw, link" if ", link" in name and name != "raw arrays, link" else ""
+        target = targets.get(name)
+        judged = verdict(rate / raw, target) if target is not None else verdict(rate, None)
+        print(f"  {name:<24} {rate:10,.0f} env-steps/s  {sent[name] / 1e3:8.1f} kB sent/env step  {ratio:<17} "
+              f"{judged}")
     link_bytes = args.rate_mbytes * 1e6
     raw_ceiling = link_bytes / sent["raw arrays, link"]
-    print(f"link ceiling for raw arrays: {raw_ceiling:,.0f} env-steps/s (measured "
-          f"{rates['raw arrays, link'] / raw_ceiling:.0%} of it)")
-    projected = jpeg_projection(sent["raw arrays, link"])
-    if projected is not None:
-        per_step, codec_ms = projected
-        ceiling = link_bytes / per_step
-        print(f"jpeg q90 projected (images encoded by protocol/images.py, the rest of each message as sent): "
-              f"{per_step / 1e3:.1f} kB/env step, link ceiling {ceiling:,.0f} env-steps/s = "
-              f"{ceiling / rates['raw arrays, link']:.1f} x raw arrays, link; encode + decode {codec_ms:.1f} ms per "
-              f"16-env batch (a projection, not a measured run)")
+    print(f"link ceiling for raw arrays: {raw_ceiling:,.0f} env-steps/s (measured {raw / raw_ceiling:.0%} of it)")
+    if codecs:
+        qoi_beats = rates["qoi, link"] > raw
+        print(f"qoi over this link: {rates['qoi, link'] / raw:.2f} x raw arrays, link: "
+              f"{'beats' if qoi_beats else 'does not beat'} raw arrays (information)")
+        extra_ms = (1 / rates["jpeg q90, no link"] - 1 / rates["raw arrays, no link"]) * NUM_ENVS * 1e3
+        print(f"jpeg q90 cost per {NUM_ENVS}-env batch step on loopback without limits: {extra_ms:+.2f} ms (run vs "
+              f"run); encode + decode of one batch alone: jpeg {codec_ms('jpeg'):.1f} ms, qoi {codec_ms('qoi'):.1f} "
+              f"ms (information)")
     print(f"\ntotal bench time {time.perf_counter() - started:.0f} s, load avg {load_avg()}")
 
 

@@ -4,9 +4,11 @@
 what a slow or distant server costs is measured on one machine. It works in user space (no ``tc`` or namespaces, no
 root) and is deterministic: a byte's delivery time depends only on when it was read and on the bytes before it.
 
-Each direction of each proxied connection is a link of its own, modelled as a queue drained at ``rate_mbytes``
-(a token bucket holding at most one read of tokens: a chunk leaves once the link has carried the chunks before it,
-taking ``len / rate`` seconds) followed by a one-way delay of ``rtt_ms / 2``. Two threads per direction: a reader
+Each direction is one link that every proxied connection shares, as connections share a real network path:
+a queue drained at ``rate_mbytes`` (a token bucket holding at most one read of tokens: a chunk leaves once the
+link has carried the chunks before it, of any connection, taking ``len / rate`` seconds) followed by a one-way
+delay of ``rtt_ms / 2``. So two connections at once (a client's pipelined env groups) get the rate between them,
+not each. Two threads per direction: a reader
 that stamps each chunk with its delivery time and a writer that hands it on at that time. At most
 :data:`QUEUE_CHUNKS` chunks wait per direction, so a fast sender is held back by TCP as it would be by a real link,
 and memory stays bounded.
@@ -52,13 +54,27 @@ class Link:
         return 0.0 if self.rate_bytes_s is None else nbytes / self.rate_bytes_s
 
 
-class _Direction:
-    """One direction of one proxied connection: ``src`` -> link -> ``dst``."""
+class _Wire:
+    """One direction of the link, shared by every connection: when it has carried every chunk read so far."""
 
-    def __init__(self, src: socket.socket, dst: socket.socket, link: Link, closing: threading.Event) -> None:
-        self.src, self.dst, self.link, self.closing = src, dst, link, closing
+    def __init__(self, link: Link) -> None:
+        self.link = link
+        self.free_at = 0.0
+        self._lock = threading.Lock()
+
+    def take(self, nbytes: int) -> float:
+        """When a chunk of ``nbytes`` read now has crossed the link (after the chunks before it), delay excluded."""
+        with self._lock:
+            self.free_at = max(time.monotonic(), self.free_at) + self.link.transit_s(nbytes)
+            return self.free_at
+
+
+class _Direction:
+    """One direction of one proxied connection: ``src`` -> the shared ``wire`` -> ``dst``."""
+
+    def __init__(self, src: socket.socket, dst: socket.socket, wire: _Wire, closing: threading.Event) -> None:
+        self.src, self.dst, self.wire, self.link, self.closing = src, dst, wire, wire.link, closing
         self.chunks: queue.Queue[tuple[float, bytes]] = queue.Queue(maxsize=QUEUE_CHUNKS)
-        self.free_at = 0.0  # when the link has carried every chunk read so far
         self.threads = [threading.Thread(target=self._read, daemon=True, name="link-read"),
                         threading.Thread(target=self._write, daemon=True, name="link-write")]
 
@@ -81,12 +97,10 @@ class _Direction:
                 data = self.src.recv(CHUNK)
             except OSError:
                 data = b""
-            now = time.monotonic()
             if not data:  # the sender closed: pass the close on after the bytes before it
-                self._put((max(now, self.free_at) + self.link.one_way_s, b""))
+                self._put((self.wire.take(0) + self.link.one_way_s, b""))
                 return
-            self.free_at = max(now, self.free_at) + self.link.transit_s(len(data))
-            if not self._put((self.free_at + self.link.one_way_s, data)):
+            if not self._put((self.wire.take(len(data)) + self.link.one_way_s, data)):
                 return
 
     def _write(self) -> None:
@@ -123,6 +137,7 @@ class LinkProxy:
             raise ValueError(f"rtt_ms must be >= 0, got {rtt_ms}")
         self.upstream = (upstream_host, upstream_port)
         self.link = Link(None if rate_mbytes is None else rate_mbytes * 1e6, rtt_ms / 2000.0)
+        self._up, self._down = _Wire(self.link), _Wire(self.link)  # client -> server, server -> client
         self.connect_timeout_s = connect_timeout_s
         self.closing = threading.Event()
         self._sockets: list[socket.socket] = []
@@ -163,7 +178,7 @@ class LinkProxy:
             server.settimeout(None)
             for sock in (client, server):
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            pair = [_Direction(client, server, self.link, self.closing), _Direction(server, client, self.link, self.closing)]
+            pair = [_Direction(client, server, self._up, self.closing), _Direction(server, client, self._down, self.closing)]
             with self._lock:
                 self._sockets += [client, server]
                 self._directions += pair

@@ -26,6 +26,7 @@ CLIENT_FLAGS = {
     "--infer-timeout": "FLOAT",
     "--reuse-feedback-obs": "", "--no-reuse-feedback-obs": "", "--progress": "", "--no-progress": "",
     "--env-path": "STR", "--launcher": "{local,ray}", "--transport": "{websockets,picows}",
+    "--image-codec": "{none,jpeg,qoi}", "--image-quality": "INT",
     "--runner.seed": "INT", "--runner.max-episode-steps": "INT",
     "--env.max-episode-steps": "INT",  # PlugRL's spelling of the one above (accepted before it was listed)
     "--runner.replan-steps": "INT",
@@ -53,6 +54,7 @@ CLIENT_FLAGS = {
 SERVER_FLAGS = {
     "-h": "", "--help": "", "--host": "STR", "--port": "INT", "--max-episodes": "INT", "--api-key": "STR",
     "--reuse-feedback-obs": "", "--no-reuse-feedback-obs": "", "--transport": "{websockets,picows}",
+    "--image-codecs": "", "--no-image-codecs": "",
     "--policy.name": "{random,zero,text,ars}", "--policy.action-dim": "INT", "--policy.action-horizon": "INT",
     "--policy.dtype": "STR", "--policy.low": "FLOAT", "--policy.high": "FLOAT", "--policy.seed": "INT",
     "--policy.choices": "[STR [STR ...]]", "--policy.latency-ms": "FLOAT",

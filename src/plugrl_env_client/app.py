@@ -52,6 +52,7 @@ from plugrl_env_client.outputs.run_dir import (
 )
 from plugrl_env_client.outputs.run_writer import RunWriter
 from plugrl_env_client.outputs.tracking import make_tracker, require
+from plugrl_env_client.protocol import images
 from plugrl_env_client.records import ProcessResult, ProcessStatus
 from plugrl_env_client.redaction import REDACTED, redact_url
 from plugrl_env_client.rollout.budget import EpisodeBudget
@@ -385,6 +386,7 @@ def _validate(config: ClientConfig, env_id: str) -> None:
                         ("--local-policy-horizon", config.local_policy_horizon)):
         if value is not None and value < 1:
             raise ConfigError(f"{flag} must be >= 1, got {value}")
+    images.check_choice(config.connection.image_codec, config.connection.image_quality)  # and its extra
     group_sizes(config, env_id)  # pipeline and seed groups must split the envs evenly
     require(config.tracking)  # its library, before the run folder exists
 

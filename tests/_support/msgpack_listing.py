@@ -46,6 +46,9 @@ def walk(b, i, depth, out):
         n = b[i + 1]
         raw = b[i + 2:i + 2 + n]
         text = f"bin({n}) b{raw.decode()!r}" if raw.isascii() and raw.decode().isprintable() and n < 16 else f"bin({n}) raw array bytes"
+        if raw[:4] == b"qoif":  # an encoded camera row: what its QOI header says
+            width, height, channels = int.from_bytes(raw[4:8], "big"), int.from_bytes(raw[8:12], "big"), raw[12]
+            text = f"bin({n}) a QOI image: 'qoif', {width}x{height}, {channels} channels, its pixels, end marker"
         return emit(2 + n, text)
     if t == 0xd9:
         n = b[i + 1]
@@ -59,7 +62,8 @@ def listing(msg) -> list[str]:
     out = []
     assert walk(b, 0, 0, out) == len(b)
     width = max(len(h) for h, _ in out) + 2
-    return [h.ljust(width) + t.lstrip() for h, t in out]
+    # bytes outside an ndarray map (an encoded image's row) are not array data
+    return [h.ljust(width) + t.lstrip().replace("raw array bytes", "raw bytes") for h, t in out]
 
 
 def examples() -> dict:
@@ -73,8 +77,24 @@ def examples() -> dict:
     }
 
 
+def encoded_example() -> dict:
+    """SPEC's example of the images feature: env 3's one-pixel camera (10, 20, 30), QOI-encoded (an exact codec,
+    and the shortest image file there is)."""
+    cam = Observation({"cam": np.array([[[[10, 20, 30]]]], np.uint8)}, {}, np.array(["go"]))
+    return messages.infer_message(messages.wire_observation(cam, "qoi"), np.array([3]), np.array([0]))
+
+
+class Observation:
+    def __init__(self, images: dict, states: dict, text: np.ndarray) -> None:
+        self.images, self.states, self.text = images, states, text
+
+
 if __name__ == "__main__":
     for name, msg in examples().items():
         print(f"#### `{name}` ({len(codec.packb(msg))} bytes)\n\n```")
         print("\n".join(listing(msg)))
         print("```\n")
+    msg = encoded_example()
+    print(f"#### `infer` with an encoded camera ({len(codec.packb(msg))} bytes)\n\n```")
+    print("\n".join(listing(msg)))
+    print("```")

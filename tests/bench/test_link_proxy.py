@@ -81,6 +81,46 @@ def test_bytes_arrive_in_order_at_about_the_rate(link_proxy):
     assert elapsed >= 1.8, f"16 MB crossed an 8 MB/s link in {elapsed:.2f} s"
 
 
+def test_connections_at_once_share_the_rate(link_proxy):
+    """Two connections sending 8 MB each at once through an 8 MB/s link: the link carries 16 MB, so together they
+    take the 2 s one connection of 16 MB would (>= 1.8 s), not the 1 s of a link each."""
+    payload = np.random.default_rng(1).integers(0, 256, 8_000_000, dtype=np.uint8).tobytes()
+    listener = socket.create_server(("127.0.0.1", 0))
+    listener.settimeout(TIMEOUT_S)
+    received = [bytearray(), bytearray()]
+
+    def serve() -> None:
+        conns = [listener.accept()[0] for _ in received]
+        readers = [threading.Thread(target=receive_all, args=(conn, into)) for conn, into in zip(conns, received)]
+        for conn, reader in zip(conns, readers):
+            conn.settimeout(TIMEOUT_S)
+            reader.start()
+        for conn, reader in zip(conns, readers):
+            reader.join(TIMEOUT_S)
+            conn.close()
+
+    server = threading.Thread(target=serve, daemon=True)
+    server.start()
+    with link_proxy.LinkProxy(listener.getsockname()[1], rate_mbytes=8, rtt_ms=0) as proxy:
+        clients = [socket.create_connection(("127.0.0.1", proxy.port), timeout=TIMEOUT_S) for _ in received]
+        start = time.monotonic()
+        senders = [threading.Thread(target=c.sendall, args=(payload,)) for c in clients]
+        for sender in senders:
+            sender.start()
+        for client, sender in zip(clients, senders):
+            sender.join(TIMEOUT_S)
+            client.shutdown(socket.SHUT_WR)
+        for client in clients:
+            client.recv(1)  # the server's close, passed on once it has read everything
+            client.close()
+        elapsed = time.monotonic() - start
+    server.join(TIMEOUT_S)
+    listener.close()
+    assert not server.is_alive()
+    assert [bytes(r) == payload for r in received] == [True, True]
+    assert elapsed >= 1.8, f"2 x 8 MB crossed an 8 MB/s link in {elapsed:.2f} s"
+
+
 def test_a_round_trip_takes_at_least_the_rtt(link_proxy):
     """Each way adds half the round trip: an echoed message comes back no sooner than ``rtt_ms`` after it left,
     every time (the delay is per message, not once per connection)."""

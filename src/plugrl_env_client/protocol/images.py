@@ -55,6 +55,30 @@ def _library(name: str, codec: str) -> ModuleType:
                           f"'plugrl-env-client[images]' (or pass --image-codec none)") from None
 
 
+def check_choice(codec: str, quality: int) -> None:
+    """A client's ``--image-codec`` / ``--image-quality``, checked before anything runs: a ConfigError saying what
+    is wrong (an unknown codec, a quality outside 1..100, the extra not installed)."""
+    if codec not in CODECS:
+        raise ConfigError(f"--image-codec must be one of {', '.join(CODECS)}, got {codec!r}")
+    if not 1 <= quality <= 100:
+        raise ConfigError(f"--image-quality must be 1..100 (JPEG quality), got {quality}")
+    if codec != "none":
+        _library(_LIBRARIES[codec], codec)
+
+
+def available() -> bool:
+    """Whether every codec's library can be imported here: a server offers :data:`FEATURE` only then."""
+    try:
+        for codec, name in _LIBRARIES.items():
+            _library(name, codec)
+    except ConfigError:
+        return False
+    return True
+
+
+_LIBRARIES = {"jpeg": "simplejpeg", "qoi": "qoi"}
+
+
 def encodable(shape: Sequence[int], codec: str) -> bool:
     """Whether ``codec`` carries images of ``shape`` (``[n, h, w, c]`` or ``[h, w, c]``); otherwise they travel raw."""
     return codec in CHANNELS and len(shape) in (3, 4) and shape[-1] in CHANNELS[codec]

@@ -14,6 +14,7 @@ from typing import Any, Generic, Protocol, TypeVar
 import numpy as np
 
 from plugrl_env_client.errors import ProtocolError
+from plugrl_env_client.protocol import images as image_codecs
 
 PROTOCOL_VERSION = 1
 METADATA, INFER, ACTION, FEEDBACK = "metadata", "infer", "action", "feedback"
@@ -129,16 +130,33 @@ class ObservationLike(Protocol):
 # ----------------------------------------------------------------------------------------------- builders
 
 
-def wire_observation(obs: ObservationLike) -> dict[str, Any]:
+def wire_observation(obs: ObservationLike, image_codec: str = "none",
+                     quality: int = image_codecs.DEFAULT_QUALITY) -> dict[str, Any]:
     """The three-key map an observation batch travels as.
 
     Servers read the batch size from an array, so a batch with neither images nor states (a text-only env)
     carries an empty ``states["_batch"]`` of shape ``(n, 0)``: the batch size, and no payload.
+
+    With an ``image_codec`` other than ``none`` (only on a connection whose server offers
+    :data:`~plugrl_env_client.protocol.images.FEATURE`), each camera the codec carries travels as its
+    :func:`encoded_image` map; the others stay arrays.
     """
     states: Mapping[str, np.ndarray] = obs.states
     if not obs.images and not states:
         states = {"_batch": np.zeros((obs.text.shape[0], 0), np.float32)}
-    return {"images": obs.images, "states": states, "text": obs.text}
+    cameras: Mapping[str, Any] = obs.images
+    if image_codec != "none" and cameras:
+        cameras = {name: encoded_image(arr, image_codec, quality, name) for name, arr in cameras.items()}
+    return {"images": cameras, "states": states, "text": obs.text}
+
+
+def encoded_image(arr: np.ndarray, codec: str, quality: int, name: str = "images") -> np.ndarray | dict[str, Any]:
+    """One camera's batch as it travels with the images feature: ``{"codec", "shape", "rows"}`` (one encoded image
+    per env row) when ``codec`` carries it, else the array itself (raw)."""
+    if arr.dtype != np.uint8 or arr.ndim != 4 or not image_codecs.encodable(arr.shape, codec):
+        return arr
+    rows = image_codecs.encode(arr, codec, quality, field=f"images[{name!r}]")
+    return {"codec": codec, "shape": list(arr.shape), "rows": rows}
 
 
 def metadata_message(data: dict[str, Any]) -> dict[str, Any]:
@@ -268,9 +286,10 @@ def _text_chunk(rows: list[Any]) -> np.ndarray:
     return np.array(rows, dtype=str) if rows and rows[0] else np.zeros((len(rows), 0), dtype="<U1")
 
 
-def _observation(obs: Any, where: str) -> tuple[int, str]:
+def _observation(obs: Any, where: str, decode_images: bool = False) -> tuple[int, str]:
     """Check an observation map's structure; returns its batch size (-1 when it has no arrays) and which arrays it
-    read that from (for messages)."""
+    read that from (for messages). With ``decode_images`` (a server that offered the images feature), an encoded
+    camera map is decoded in place into its array."""
     if not isinstance(obs, dict) or set(obs) != set(OBS_KEYS):
         keys = sorted(map(str, obs)) if isinstance(obs, dict) else type(obs).__name__
         raise ProtocolError(f"{where} must be a map with exactly the keys images, states, text; got {keys}")
@@ -282,6 +301,11 @@ def _observation(obs: Any, where: str) -> tuple[int, str]:
             if type(name) is not str:
                 raise ProtocolError(f"{where}[{group!r}] has a non-str key {short_repr(name, 80)}; name arrays with "
                                     "str keys")
+            if group == "images" and isinstance(arr, dict):
+                if not decode_images:
+                    raise ProtocolError(f"{where}['images'][{name!r}] is an encoded image map, but this server did "
+                                        f"not offer {image_codecs.FEATURE}: send the array")
+                arr = obs["images"][name] = decoded_image(arr, f"{where}['images'][{name!r}]")
             if not isinstance(arr, np.ndarray) or arr.ndim == 0:
                 raise ProtocolError(f"{where}[{group!r}][{name!r}] must be an array with the env batch leading")
             if group == "images" and arr.dtype != np.uint8:
@@ -305,6 +329,28 @@ def _observation(obs: Any, where: str) -> tuple[int, str]:
     return (sizes.pop() if sizes else -1), ", ".join(rows)
 
 
+ENCODED_IMAGE_KEYS = ("codec", "shape", "rows")
+
+
+def decoded_image(encoded: dict[Any, Any], field: str) -> np.ndarray:
+    """The array of one camera's :func:`encoded_image` map, each row's size checked against the declared shape
+    before anything is decoded or allocated; a ProtocolError naming ``field`` when the map or a row is not right."""
+    if set(encoded) != set(ENCODED_IMAGE_KEYS):
+        raise ProtocolError(f"{field} must be an array or a map with exactly the keys codec, shape, rows; got keys "
+                            f"{sorted(map(str, encoded))}")
+    codec, shape, rows = encoded["codec"], encoded["shape"], encoded["rows"]
+    if codec not in image_codecs.CHANNELS:
+        raise ProtocolError(f"{field}['codec'] must be one of {', '.join(image_codecs.CHANNELS)}, got "
+                            f"{short_repr(codec, 80)}")
+    if (not isinstance(shape, (list, tuple)) or len(shape) != 4
+            or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in shape)):
+        raise ProtocolError(f"{field}['shape'] must be 4 ints >= 0 ([n, h, w, c]), got {short_repr(shape, 80)}")
+    if not isinstance(rows, (list, tuple)):
+        raise ProtocolError(f"{field}['rows'] must be a list of bytes (one encoded image per env row), got "
+                            f"{type(rows).__name__}")
+    return image_codecs.decode(rows, codec, shape, field=field)
+
+
 SMALL_BATCH = 256
 """Up to this many env indices are checked for repeats as a Python set (a few microseconds less than numpy's sort
 for the handful of envs of most messages)."""
@@ -319,7 +365,8 @@ def _unique(env_indices: np.ndarray, kind: str) -> None:
         raise ProtocolError(f"{kind} env_indices must be unique, got {env_indices.tolist()}")
 
 
-def parse_infer(msg: Any) -> InferRequest[dict[str, Any]]:
+def parse_infer(msg: Any, decode_images: bool = False) -> InferRequest[dict[str, Any]]:
+    """An infer, checked; with ``decode_images`` (the images feature offered) its encoded cameras decoded."""
     _expect_type(msg, INFER)
     env_indices = index_array(msg.get("env_indices"), "env_indices")
     step_ids = index_array(msg.get("step_ids"), "step_ids")
@@ -329,7 +376,7 @@ def parse_infer(msg: Any) -> InferRequest[dict[str, Any]]:
     reuse = msg.get("reuse")
     if reuse is not None and (not isinstance(reuse, np.ndarray) or reuse.dtype != bool or reuse.shape != env_indices.shape):
         raise ProtocolError("infer 'reuse' must be a bool array with one entry per env index")
-    n, names = _observation(msg.get("data"), "infer data")
+    n, names = _observation(msg.get("data"), "infer data", decode_images)
     expected = len(env_indices) if reuse is None else int((~reuse).sum())
     if n != expected and not (n == -1 and expected == 0):
         held = "no arrays" if n == -1 else f"{n} rows"
@@ -339,7 +386,8 @@ def parse_infer(msg: Any) -> InferRequest[dict[str, Any]]:
     return InferRequest(obs=msg["data"], env_indices=env_indices, step_ids=step_ids, reuse=reuse)
 
 
-def parse_feedback(msg: Any) -> Feedback[dict[str, Any]]:
+def parse_feedback(msg: Any, decode_images: bool = False) -> Feedback[dict[str, Any]]:
+    """A feedback, checked; with ``decode_images`` (the images feature offered) its encoded cameras decoded."""
     _expect_type(msg, FEEDBACK)
     env_indices = index_array(msg.get("env_indices"), "env_indices")
     step_ids = index_array(msg.get("step_ids"), "step_ids")
@@ -349,7 +397,7 @@ def parse_feedback(msg: Any) -> Feedback[dict[str, Any]]:
         raise ProtocolError(f"feedback data must have exactly the keys {', '.join(FEEDBACK_KEYS)}; got {keys}")
     _unique(env_indices, "feedback")
     m = len(env_indices)
-    n, names = _observation(data["obs"], "feedback obs")
+    n, names = _observation(data["obs"], "feedback obs", decode_images)
     if (n != m and not (n == -1 and m == 0)) or len(step_ids) != m:
         held = "no arrays" if n == -1 else f"{n} rows"
         raise ProtocolError(f"feedback obs has {held} and {len(step_ids)} step ids for {m} env indices (the rows "

@@ -25,6 +25,11 @@ Every wait for a reply is bounded or announced:
   next chunk, and every later chunk would be one reply stale: the session closes the connection with the
   protocol's resync close (``1001 plugrl-server-resync``) and raises it, so the caller starts over.
 
+With ``--image-codec`` other than none, a connection whose server offers
+:data:`~plugrl_env_client.protocol.images.FEATURE` carries the observations' cameras encoded per env row
+(:func:`~plugrl_env_client.protocol.messages.wire_observation`); one that does not gets raw arrays, and the session
+says so once.
+
 Counters and times go into the caller's :class:`~plugrl_env_client.timing.Timing`.
 """
 
@@ -42,7 +47,7 @@ import numpy as np
 import tyro
 
 from plugrl_env_client.errors import ConfigError, ProtocolError
-from plugrl_env_client.protocol import codec, messages, transport, ws_client
+from plugrl_env_client.protocol import codec, images, messages, transport, ws_client
 from plugrl_env_client.protocol.connection import (
     AlreadyAwaitingReply,
     CloseAction,
@@ -113,6 +118,14 @@ class ConnectionConfig:
     time counts as one of --max-reconnects). A warning comes after 30 s without a reply, then every minute."""
     reuse_feedback_obs: bool = True
     """When the server offers reuse-feedback-obs, do not upload an observation the server already holds."""
+    image_codec: Literal["none", "jpeg", "qoi"] = "none"
+    """Send camera images ([n, h, w, c] uint8) encoded per env row when the server offers it
+    (x-plugrl-env-client-images; the reference server does), cutting the bytes of each step on a slow link: jpeg
+    (lossy: 1- and 3-channel images; others travel raw) or qoi (lossless: 3- and 4-channel images). none: raw
+    arrays, as every PlugRL server takes them. A server that does not offer it gets raw arrays, with one warning
+    (extra images)."""
+    image_quality: int = images.DEFAULT_QUALITY
+    """JPEG quality (1..100) of --image-codec jpeg."""
     transport: Literal["websockets", "picows"] = "websockets"
     """The WebSocket library of the embedded server (--local-policy): websockets, or picows (extra fast). The
     client always runs websockets' Sans-I/O protocol on its own thread."""
@@ -148,6 +161,7 @@ class Session:
                  timing: Timing | None = None, keepalive: Keepalive | None = None) -> None:
         if config.infer_timeout is not None and not config.infer_timeout > 0:
             raise ConfigError(f"--infer-timeout must be a positive number of seconds, got {config.infer_timeout}")
+        images.check_choice(config.image_codec, config.image_quality)
         self.config = config
         self.timing = timing if timing is not None else Timing()
         self.metadata: ServerMetadata | None = None
@@ -163,6 +177,8 @@ class Session:
         self._feedback_building = Stopwatch(self.timing, "feedback_obs_pack_s")  # the observation's wire map
         self._feedback_packing = Stopwatch(self.timing, "pack_s")
         self._client: ws_client.WebSocketClient | None = None
+        self._image_codec = "none"  # the codec of the current connection: --image-codec when its server offers it
+        self._warned_codec = False
         self._lost: Closed | None = None  # a feedback found the connection gone: the next infer raises it
         self._asked: np.ndarray | None = None  # env_indices of the infer in flight (None: none is)
         self._sent_at = 0.0  # perf_counter() when it went out (for timing.infer_wait_s)
@@ -200,7 +216,7 @@ class Session:
             if early is not None:
                 self._answers_no_infer(early)
             with self._infer_packing:
-                wire = messages.wire_observation(request.obs)
+                wire = messages.wire_observation(request.obs, self._image_codec, self.config.image_quality)
                 frame = self._packer.pack(request.message(wire), _payload_bytes(wire))
             self._sent_at = time.perf_counter()
             client.send_frame(frame)
@@ -264,7 +280,7 @@ class Session:
         timing = self.timing
         with self._feedback_sending:
             with self._feedback_building:
-                wire = messages.wire_observation(feedback.obs)
+                wire = messages.wire_observation(feedback.obs, self._image_codec, self.config.image_quality)
                 skeleton = feedback.message(SLOT, SLOT)
             with self._feedback_packing:
                 frame, (obs_s, info_s) = self._packer.pack_parts(skeleton, (wire, feedback.info), _payload_bytes(wire))
@@ -373,7 +389,21 @@ class Session:
         if self._keepalive is not None:
             self._keepalive.add(client)
         self.metadata = meta
+        self._image_codec = self._codec_for(meta)
         return meta
+
+    def _codec_for(self, meta: ServerMetadata) -> str:
+        """The image codec of a connection to a server that said ``meta``: --image-codec when the server offers the
+        images feature, else none (raw arrays), with one warning per session naming what the server offers."""
+        asked = self.config.image_codec
+        if asked == "none" or meta.supports(images.FEATURE):
+            return asked
+        if not self._warned_codec:
+            self._warned_codec = True
+            offered = ", ".join(meta.features) or "none"
+            logger.warning("--image-codec %s: the server does not offer %s (its features: %s); sending raw image "
+                           "arrays", asked, images.FEATURE, offered)
+        return "none"
 
     def _drop(self) -> None:
         """Forget the current connection (its socket is closed, or about to be) and the infer in flight on it."""
@@ -407,7 +437,7 @@ def _payload_bytes(wire: dict[str, Any]) -> int:
     """Bytes of an observation's arrays (images, states, text): the bulk of its frame."""
     total = int(wire["text"].nbytes)
     for arr in wire["images"].values():
-        total += arr.nbytes
+        total += arr.nbytes if isinstance(arr, np.ndarray) else sum(map(len, arr["rows"]))
     for arr in wire["states"].values():
         total += arr.nbytes
     return total

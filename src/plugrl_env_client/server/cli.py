@@ -46,6 +46,9 @@ class ServerArgs:
     """End the run (close every client with plugrl-server-stop) after this many reported episodes."""
     reuse_feedback_obs: bool = True
     """Offer the reuse-feedback-obs feature (clients then skip re-sending observations held from feedback)."""
+    image_codecs: bool = True
+    """Offer the x-plugrl-env-client-images feature (clients with --image-codec then send camera images encoded
+    per env row; the server decodes them before the policy sees them). Offered only with the images extra."""
     transport: Literal["websockets", "picows"] = "websockets"
     """The WebSocket implementation: websockets, or picows (extra fast; the same bytes, faster for large frames)."""
     api_key: Annotated[str | None, tyro.conf.arg(help_behavior_hint="(default: $PLUGRL_SERVER_API_KEY if set)")] = None
@@ -107,7 +110,8 @@ def _serve_logged(cfg: ServerArgs) -> int:
             policy = make_policy(cfg.policy)
             server = PolicyServer(policy, host=cfg.host, port=cfg.port, max_episodes=cfg.max_episodes,
                                   reuse_feedback_obs=cfg.reuse_feedback_obs, seed=cfg.policy.seed,
-                                  transport=cfg.transport, latency_ms=cfg.policy.latency_ms, api_key=api_key)
+                                  transport=cfg.transport, latency_ms=cfg.policy.latency_ms, api_key=api_key,
+                                  image_codecs=cfg.image_codecs)
         except (TypeError, ValueError, OSError) as exc:  # a bad --policy.* value, the port is taken
             raise ConfigError(str(exc)) from exc
         shape = _shape_of(policy)

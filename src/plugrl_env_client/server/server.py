@@ -9,7 +9,9 @@ many episodes were reported.
 Whatever a client sends, the server does not fail the connection for it: every field of every message is checked
 (``messages.parse_infer``/``parse_feedback``, :mod:`~plugrl_env_client.server.info` for ``info``), and a value the
 server cannot use is a resync whose log line names the field. ``1011 internal error`` is left for the server's own
-bugs (and a policy's). A malformed ``X-PlugRL-Stream`` header is ignored, with one warning: the header is optional
+bugs (and a policy's). Camera images a client sends encoded (the ``x-plugrl-env-client-images`` feature, offered
+when the ``images`` extra is installed, SPEC 5a) are decoded while the message is parsed, each row's size checked
+against the declared shape first, so the policy and the rows held for reuse only ever see arrays. A malformed ``X-PlugRL-Stream`` header is ignored, with one warning: the header is optional
 (SPEC 1), so refusing the handshake would lock out a client that means something else by it.
 
 The policy sees each connection through ``policy.for_connection()``: every infer of it (with the env indices),
@@ -45,7 +47,7 @@ from typing import Any
 import numpy as np
 
 from plugrl_env_client.errors import ConfigError, ProtocolError
-from plugrl_env_client.protocol import codec, messages
+from plugrl_env_client.protocol import codec, images, messages
 from plugrl_env_client.protocol.transport import TransportClosed
 from plugrl_env_client.server.delay import Delays
 from plugrl_env_client.server.episodes import EpisodeFile, EpisodeLog, Source, SuccessJudging
@@ -76,13 +78,15 @@ class PolicyServer:
     inference time); ``episode_log`` is a file to append every reported episode to (one JSON line each, see
     :class:`~plugrl_env_client.server.episodes.EpisodeFile`); ``limits`` bound the connections (handshake time,
     keepalive, how many, see :class:`~plugrl_env_client.server.transport.ServeLimits`); ``api_key``, when given, is
-    the key every client's handshake must carry (``Authorization: Api-Key <key>``; others get HTTP 401).
+    the key every client's handshake must carry (``Authorization: Api-Key <key>``; others get HTTP 401);
+    ``image_codecs`` offers the images feature (camera images encoded per env row, decoded here before any policy
+    sees them) when the ``images`` extra is installed.
     """
 
     def __init__(self, policy: Policy, host: str = "127.0.0.1", port: int = 8000, max_episodes: int | None = None,
                  reuse_feedback_obs: bool = True, seed: int | None = None, transport: str = "websockets",
                  latency_ms: float = 0.0, episode_log: Path | None = None, limits: ServeLimits | None = None,
-                 api_key: str | None = None) -> None:
+                 api_key: str | None = None, image_codecs: bool = True) -> None:
         if not 0.0 <= latency_ms < float("inf"):
             raise ValueError(f"--policy.latency-ms must be a finite number >= 0, got {latency_ms}")
         self.policy = policy
@@ -93,6 +97,8 @@ class PolicyServer:
         self._streams: dict[tuple[int, int], int] = {}  # connections seen per client stream
         self._warned_stream = False
         self.reuse_feedback_obs = reuse_feedback_obs
+        self.image_codecs = image_codecs and images.available()
+        """Whether the server offers (and decodes) encoded camera images (:data:`images.FEATURE`)."""
         self.max_episodes = max_episodes
         self.log = EpisodeLog(EpisodeFile(episode_log) if episode_log is not None else None)
         self.stopping = threading.Event()
@@ -142,7 +148,12 @@ class PolicyServer:
     def metadata(self) -> dict[str, Any]:
         return {"protocol_version": messages.PROTOCOL_VERSION, "server": "plugrl-env-client-reference",
                 "server_version": __version__, **self.policy.metadata(),
-                "features": [messages.FEATURE_REUSE_FEEDBACK_OBS] if self.reuse_feedback_obs else []}
+                "features": self.features()}
+
+    def features(self) -> list[str]:
+        """The optional protocol features this server offers (metadata ``features``)."""
+        return ([messages.FEATURE_REUSE_FEEDBACK_OBS] if self.reuse_feedback_obs else []) + (
+            [images.FEATURE] if self.image_codecs else [])
 
     def serve_forever(self) -> None:
         self._server.serve_forever()
@@ -272,7 +283,7 @@ class PolicyServer:
             if kind != expect:
                 raise _Violation(f"expected a {expect!r} message, got {kind!r}")
             if kind == messages.INFER:
-                request = _parse(messages.parse_infer, msg)
+                request = _parse(messages.parse_infer, msg, self.image_codecs)
                 envs = request.env_indices.tolist()
                 stale = outstanding.intersection(envs)
                 if stale:
@@ -287,7 +298,7 @@ class PolicyServer:
                 seen.update(envs)
                 expect = messages.FEEDBACK
             else:
-                feedback = _parse(messages.parse_feedback, msg)
+                feedback = _parse(messages.parse_feedback, msg, self.image_codecs)
                 envs = feedback.env_indices.tolist()
                 info = _parse(read_info, feedback.info, len(envs))
                 stateless = [e for e in envs if e not in seen]
