@@ -26,7 +26,7 @@ open file descriptors and resident memory are read from /proc.
    exactly the episodes it was asked for (``summary.json`` and the lines of every ``episodes.jsonl``), and the
    server counted at least as many.
 
-CI runs both at a small scale: ``tests/server/test_transport.py`` the storm (one wave of 200),
+CI runs both at a small scale: ``tests/server/test_ws_server.py`` the storm (one wave of 200),
 ``tests/server/test_episodes.py`` the memory (a few thousand episodes, the server's heap traced) and
 ``tests/server/test_server.py`` the exact counts of 32 client processes of 16 envs.
 """

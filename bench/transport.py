@@ -14,7 +14,7 @@ as a rollout with H=8 and reuse-feedback-obs sends one observation per env and c
 * ``websockets, defaults``: websockets' threading client and server as the library ships them (64 KiB reads, no
   allocator setting), the bare baseline.
 * ``sansio -> websockets``, ``sansio -> picows``: the client's one-thread Sans-I/O WebSocket
-  (:func:`plugrl_env_client.protocol.ws_client.connect`) against :func:`plugrl_env_client.server.transport.serve`
+  (:func:`plugrl_env_client.protocol.ws_client.connect`) against :func:`plugrl_env_client.server.ws_server.serve`
   on either library (the server's handler a coroutine on its one event loop, as the reference server's are).
 * ``stack``: a real :class:`~plugrl_env_client.protocol.session.Session` (encoder, connection, transport) against
   ``plugrl-run-policy-server``: each round is a feedback for all n envs, then an infer that reuses every row,
@@ -135,10 +135,10 @@ def serve(role: str) -> None:
         server = ws_serve(bare, "127.0.0.1", 0, compression=None, max_size=None)
         print(f"ready {server.socket.getsockname()[1]}", flush=True)
         server.serve_forever()
-    from plugrl_env_client.protocol.transport import TransportClosed
-    from plugrl_env_client.server import transport
+    from plugrl_env_client.protocol.ws_common import TransportClosed
+    from plugrl_env_client.server import ws_server
 
-    async def handler(conn: transport.Connection) -> None:
+    async def handler(conn: ws_server.Connection) -> None:
         try:
             while True:
                 await conn.recv()
@@ -146,7 +146,7 @@ def serve(role: str) -> None:
         except TransportClosed:
             pass
 
-    tserver = transport.serve(handler, "127.0.0.1", 0, kind=role)
+    tserver = ws_server.serve(handler, "127.0.0.1", 0, kind=role)
     print(f"ready {tserver.address[1]}", flush=True)
     tserver.serve_forever()
 

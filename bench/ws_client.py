@@ -7,7 +7,7 @@ Run from the repo root (Linux: it reads /proc)::
 
 Every cell is a fresh client process talking to one server process (both started here; with two or more usable
 CPUs the server is pinned to one and every client to another, ``os.sched_setaffinity``, so the client's figures are
-its own). The server is ``server.transport.serve`` (picows when installed, else websockets) and answers every message
+its own). The server is ``server.ws_server.serve`` (picows when installed, else websockets) and answers every message
 with one ~200 B action frame. Clients, each sending real PlugRL frames it encodes every round:
 
 * ``websockets``: websockets' threading client (``websockets.sync.client.connect``: a reader thread), frames from
@@ -43,9 +43,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from machine import load_avg, machine_line, usable_cpus
 
-from plugrl_env_client.protocol import codec, messages, transport, ws_client
+from plugrl_env_client.protocol import codec, messages, ws_client, ws_common
 from plugrl_env_client.protocol.frame_packer import FramePacker
-from plugrl_env_client.server import transport as server_transport
+from plugrl_env_client.server import ws_server
 
 KINDS = ("websockets", "picows 1-thread", "sansio")
 SIZES = {"small": 0, "3 MB": 16, "24 MB": 128}  # envs per observation frame (0: the small infer)
@@ -100,15 +100,15 @@ def serve(kind: str) -> None:
     pin(1)
     reply = reply_frame()
 
-    async def handler(conn: server_transport.Connection) -> None:
+    async def handler(conn: ws_server.Connection) -> None:
         try:
             while True:
                 await conn.recv()
                 await conn.send(reply)
-        except transport.TransportClosed:
+        except ws_common.TransportClosed:
             pass
 
-    server = server_transport.serve(handler, "127.0.0.1", 0, kind=kind)  # its loop runs in a thread of its own
+    server = ws_server.serve(handler, "127.0.0.1", 0, kind=kind)  # its loop runs in a thread of its own
     print(f"ready {server.address[1]}", flush=True)
     sys.stdin.read()
     server.shutdown()
@@ -229,7 +229,7 @@ def runqueue_wait_s() -> float:
 def client_cell(kind: str, size: str, port: int, seconds: float, max_rounds: int) -> dict[str, Any]:
     """One cell in this (fresh) process: connect, then round trips for ``seconds``; the figures as a dict."""
     pin(0)
-    transport.retain_freed_memory()  # what every transport's connect does: the same allocator for every kind
+    ws_common.retain_freed_memory()  # what every transport's connect does: the same allocator for every kind
     n = SIZES[size]
     msg, hint = small_infer() if n == 0 else observation_feedback(n)
     url = f"ws://127.0.0.1:{port}"
@@ -333,7 +333,7 @@ def main() -> None:
     print("# " + machine_line("websockets", "picows", "msgpack"), flush=True)
     pinned = ("server pinned to one CPU, each client to another" if usable_cpus() >= 2 and not args.no_pin
               else "nothing pinned")
-    print(f"# server: server.transport.serve(kind={server_kind!r}); {pinned}; {reps} round(s) of every cell in turn, "
+    print(f"# server: server.ws_server.serve(kind={server_kind!r}); {pinned}; {reps} round(s) of every cell in turn, "
           "medians", flush=True)
     started = time.perf_counter()
     server = subprocess.Popen([sys.executable, __file__, "--serve", server_kind], stdin=subprocess.PIPE,

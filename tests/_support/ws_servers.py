@@ -6,7 +6,7 @@ Two servers, because tests need two things of them:
 * :func:`bare`: websockets' threading server, ``handler(ws)`` in a thread per connection with all of websockets'
   API, so that a handler can misbehave on purpose (fragments, pings, dropped sockets, any close code) and a test can
   set ``ping_interval``/``ping_timeout``;
-* :func:`served`: the reference server's own transport (:func:`plugrl_env_client.server.transport.serve`) on either
+* :func:`served`: the reference server's own transport (:func:`plugrl_env_client.server.ws_server.serve`) on either
   library, ``await handler(conn)`` on its loop: what the client meets in a real run.
 
 Both fixtures are registered in tests/conftest.py.
@@ -78,12 +78,12 @@ class Servers:
 
     def reference(self, handler: Callable[[Any], Awaitable[None]], kind: str, **kwargs: Any) -> Running:
         """The reference server's transport of library ``kind`` (``kwargs`` go to its ``serve``: ``parse``,
-        ``limits``). A :class:`~plugrl_env_client.protocol.transport.TransportClosed` ends up in ``seen``, other
+        ``limits``). A :class:`~plugrl_env_client.protocol.ws_common.TransportClosed` ends up in ``seen``, other
         errors in ``errors`` (the connection then closes normally: the test says what it expected)."""
-        from plugrl_env_client.protocol.transport import TransportClosed
-        from plugrl_env_client.server import transport
+        from plugrl_env_client.protocol.ws_common import TransportClosed
+        from plugrl_env_client.server import ws_server
 
-        async def guarded(conn: transport.Connection) -> None:
+        async def guarded(conn: ws_server.Connection) -> None:
             try:
                 await handler(conn)
             except TransportClosed as exc:
@@ -91,7 +91,7 @@ class Servers:
             except BaseException as exc:  # surfaced by the test
                 running.errors.append(exc)
 
-        listener = transport.serve(guarded, "127.0.0.1", 0, kind=kind, **kwargs)
+        listener = ws_server.serve(guarded, "127.0.0.1", 0, kind=kind, **kwargs)
         running = Running(f"ws://127.0.0.1:{listener.address[1]}", listener.shutdown)
         self.running.append(running)
         return running

@@ -12,7 +12,7 @@ from ws_servers import binary_frame, echo
 
 from plugrl_env_client.protocol import ws_client
 from plugrl_env_client.protocol.keepalive import Keepalive
-from plugrl_env_client.protocol.transport import TransportClosed
+from plugrl_env_client.protocol.ws_common import TransportClosed
 
 PINGS = {"ping_interval": 0.5, "ping_timeout": 0.5}
 """A server that closes (1011) a connection whose pong is more than 0.5 s late; a long call below lasts 2.5 s."""

@@ -22,7 +22,7 @@ from plugrl_env_client.protocol import codec, messages, ws_client
 from plugrl_env_client.protocol.connection import ConnectionLost
 from plugrl_env_client.protocol.frame_packer import FramePacker
 from plugrl_env_client.protocol.session import Session, SessionConfig
-from plugrl_env_client.protocol.transport import (
+from plugrl_env_client.protocol.ws_common import (
     CertificateNotVerified,
     ConnectFailed,
     HandshakeRefused,

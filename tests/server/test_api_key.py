@@ -18,7 +18,7 @@ from plugrl_env_client.protocol import codec, messages
 from plugrl_env_client.server.cli import main
 from plugrl_env_client.server.policies import PolicyConfig, make_policy
 from plugrl_env_client.server.server import PolicyServer
-from plugrl_env_client.server.transport import authorized
+from plugrl_env_client.server.ws_server import authorized
 
 KEY = "s3cret-KEY-0123456789"
 SERVER = [sys.executable, "-c", "from plugrl_env_client.server.cli import main; main()"]

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from plugrl_env_client.errors import ConfigError, ProtocolError
-from plugrl_env_client.protocol import codec, messages, transport, ws_client
+from plugrl_env_client.protocol import codec, messages, ws_client, ws_common
 from plugrl_env_client.protocol.connection import CloseAction, Closed, ConnectionLost, classify_close
 from plugrl_env_client.protocol.messages import ServerMetadata
 from plugrl_env_client.redaction import redact_text, redact_url
@@ -163,7 +163,7 @@ class Dialer:
         """The connection's first message, the metadata, read within the deadline."""
         try:
             frame = self._read_first(client, deadline)
-        except transport.TransportClosed as exc:
+        except ws_common.TransportClosed as exc:
             closed = classify_close(exc.code, exc.reason, self.config.reconnect_on_server_stop)
             logger.info("connection closed by the server (%s)", closed.describe())
             raise ConnectionLost(closed) from None
@@ -212,15 +212,15 @@ class Dialer:
             headers[messages.STREAM_HEADER] = "{}.{}".format(*self.config.stream)
         try:
             return ws_client.connect(self.config.url, headers, open_timeout=open_timeout, close_timeout=2.0)
-        except transport.CertificateNotVerified as exc:
+        except ws_common.CertificateNotVerified as exc:
             raise ConfigError(
                 f"the TLS certificate of {self.shown_url} did not verify ({exc.verify_message}); point SSL_CERT_FILE "
                 "at the CA that signed it, or use ws:// on a trusted network"
             ) from None
-        except transport.InvalidServerURL as exc:
+        except ws_common.InvalidServerURL as exc:
             raise ConfigError(f"invalid server URL {self.shown_url!r}: {redact_text(str(exc))}; use ws://host:port or "
                               "wss://host:port") from None
-        except transport.HandshakeRefused as exc:
+        except ws_common.HandshakeRefused as exc:
             if 400 <= exc.status < 500 and exc.status not in RETRYABLE_STATUS:
                 raise ConfigError(
                     f"the server at {self.shown_url} refused the WebSocket handshake with HTTP {exc.status}; check the "
@@ -228,7 +228,7 @@ class Dialer:
                 ) from None
             self._say_waiting(attempt, exc)
             return None
-        except transport.ConnectFailed as exc:
+        except ws_common.ConnectFailed as exc:
             self._say_waiting(attempt, exc)
             return None
 

@@ -47,7 +47,7 @@ import numpy as np
 import tyro
 
 from plugrl_env_client.errors import ConfigError, ProtocolError
-from plugrl_env_client.protocol import codec, images, messages, transport, ws_client
+from plugrl_env_client.protocol import codec, images, messages, ws_client, ws_common
 from plugrl_env_client.protocol.connection import (
     AlreadyAwaitingReply,
     CloseAction,
@@ -220,7 +220,7 @@ class Session:
                 frame = self._packer.pack(request.message(wire), _payload_bytes(wire))
             self._sent_at = time.perf_counter()
             client.send_frame(frame)
-        except transport.TransportClosed as exc:
+        except ws_common.TransportClosed as exc:
             raise ConnectionLost(self._closed(exc)) from None
         timing = self.timing
         timing.infer_calls += 1
@@ -247,7 +247,7 @@ class Session:
                     self._overdue()
             else:
                 frame = self._wait_for_reply(client, timeout)
-        except transport.TransportClosed as exc:
+        except ws_common.TransportClosed as exc:
             raise ConnectionLost(self._closed(exc)) from None
         if frame is None:
             return None
@@ -288,7 +288,7 @@ class Session:
             timing.feedback_info_pack_s += info_s
             try:
                 client.send_frame(frame)
-            except transport.TransportClosed as exc:
+            except ws_common.TransportClosed as exc:
                 self._lost = self._closed(exc)
                 return
         self.state = Exchange.IDLE
@@ -306,7 +306,7 @@ class Session:
         self.timing.bytes_received += len(frame)
         return codec.unpackb(frame)
 
-    def _closed(self, exc: transport.TransportClosed) -> Closed:
+    def _closed(self, exc: ws_common.TransportClosed) -> Closed:
         closed = classify_close(exc.code, exc.reason, self.config.reconnect_on_server_stop)
         logger.info("connection closed by the server (%s)", closed.describe())
         self._drop()

@@ -25,7 +25,7 @@ the arrays straight into the frame. The data frames PlugRL sends are never fragm
 Sans-I/O protocol object leaves its state exact (it tracks only fragmentation and the closing handshake for
 outgoing frames); pongs and closes come from the protocol (``data_to_send``) and go through the same write loop.
 
-Failures are the exceptions of :mod:`~plugrl_env_client.protocol.transport` (the callers handle them once,
+Failures are the exceptions of :mod:`~plugrl_env_client.protocol.ws_common` (the callers handle them once,
 whatever the library): :class:`TransportClosed` with the peer's close code and reason, or ``code=None`` when the
 socket dropped without one; :class:`HandshakeRefused`, :class:`CertificateNotVerified`, :class:`InvalidServerURL`,
 :class:`ConnectFailed` when opening.
@@ -52,7 +52,7 @@ from websockets.http11 import USER_AGENT
 from websockets.protocol import State
 from websockets.uri import parse_uri
 
-from plugrl_env_client.protocol.transport import (
+from plugrl_env_client.protocol.ws_common import (
     CertificateNotVerified,
     ConnectFailed,
     Data,

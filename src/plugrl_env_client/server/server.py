@@ -22,7 +22,7 @@ arrays) ends the run: the error is logged, every client is closed with ``plugrl-
 cannot use one value a client sent raises :class:`~plugrl_env_client.errors.ProtocolError`: a resync, as for any
 other bad value.
 
-Every connection is a coroutine on one event loop (:mod:`~plugrl_env_client.server.transport`, websockets' asyncio
+Every connection is a coroutine on one event loop (:mod:`~plugrl_env_client.server.ws_server`, websockets' asyncio
 server or picows), so a storm of connections costs no threads, and each connection's state is touched by its own
 coroutine only. The policy runs off the loop, in one worker thread (:mod:`~plugrl_env_client.server.worker`): a
 slow forward pass delays the infers waiting for it, never the pings and frames of the connections, and a policy
@@ -48,13 +48,13 @@ import numpy as np
 
 from plugrl_env_client.errors import ConfigError, ProtocolError
 from plugrl_env_client.protocol import codec, images, messages
-from plugrl_env_client.protocol.transport import TransportClosed
+from plugrl_env_client.protocol.ws_common import TransportClosed
 from plugrl_env_client.server.delay import Delays
 from plugrl_env_client.server.episodes import EpisodeFile, EpisodeLog, Source, SuccessJudging
 from plugrl_env_client.server.info import FinishedEpisodes, read_info
 from plugrl_env_client.server.policies import Policy
-from plugrl_env_client.server.transport import Connection, Listener, ServeLimits, serve
 from plugrl_env_client.server.worker import PolicyWorker
+from plugrl_env_client.server.ws_server import Connection, Listener, ServeLimits, serve
 from plugrl_env_client.version import __version__
 
 logger = logging.getLogger(__name__)
@@ -77,7 +77,7 @@ class PolicyServer:
     ``transport`` is the WebSocket library (websockets or picows); ``latency_ms`` delays each action (simulated
     inference time); ``episode_log`` is a file to append every reported episode to (one JSON line each, see
     :class:`~plugrl_env_client.server.episodes.EpisodeFile`); ``limits`` bound the connections (handshake time,
-    keepalive, how many, see :class:`~plugrl_env_client.server.transport.ServeLimits`); ``api_key``, when given, is
+    keepalive, how many, see :class:`~plugrl_env_client.server.ws_server.ServeLimits`); ``api_key``, when given, is
     the key every client's handshake must carry (``Authorization: Api-Key <key>``; others get HTTP 401);
     ``image_codecs`` offers the images feature (camera images encoded per env row, decoded here before any policy
     sees them) when the ``images`` extra is installed.

@@ -5,7 +5,7 @@ the allocator setting keeps multi-MB buffers in the process.
 
 The client's own behaviour against peers that misbehave on purpose (handshake refusals, TLS, fragments, pings) is
 tests/protocol/test_ws_client.py's; the server transport's limits (storms, handshake timeouts, keepalive) are
-tests/server/test_transport.py's.
+tests/server/test_ws_server.py's.
 """
 
 from __future__ import annotations
@@ -24,9 +24,9 @@ from waiting import wait_until
 from ws_servers import binary_frame, echo_async
 
 from plugrl_env_client.errors import ConfigError, ProtocolError
-from plugrl_env_client.protocol import codec, transport, ws_client
-from plugrl_env_client.protocol.transport import TransportClosed
-from plugrl_env_client.server import transport as server_transport
+from plugrl_env_client.protocol import codec, ws_client, ws_common
+from plugrl_env_client.protocol.ws_common import TransportClosed
+from plugrl_env_client.server import ws_server
 
 _NO_PICOWS = pytest.mark.skipif(importlib.util.find_spec("picows") is None, reason="needs the fast extra (picows)")
 KINDS = ["websockets", pytest.param("picows", marks=_NO_PICOWS)]
@@ -185,17 +185,17 @@ def test_server_side_knows_its_client(served, kind):
 def test_unknown_kind_is_a_config_error():
     with pytest.raises(ConfigError,
                        match="unknown server transport 'carrier-pigeon'; choose one of websockets, picows"):
-        server_transport.serve(echo_async, "127.0.0.1", 0, kind="carrier-pigeon")
+        ws_server.serve(echo_async, "127.0.0.1", 0, kind="carrier-pigeon")
 
 
 def test_missing_picows_is_a_config_error_that_says_how_to_install(monkeypatch):
     monkeypatch.setitem(sys.modules, "picows", None)  # import picows now raises ImportError
-    server_transport._picows.cache_clear()
+    ws_server._picows.cache_clear()
     try:
         with pytest.raises(ConfigError, match=r"needs the picows package: pip install 'plugrl-env-client\[fast\]'"):
-            server_transport.serve(echo_async, "127.0.0.1", 0, kind="picows")
+            ws_server.serve(echo_async, "127.0.0.1", 0, kind="picows")
     finally:
-        server_transport._picows.cache_clear()
+        ws_server._picows.cache_clear()
 
 
 # ------------------------------------------------------------------------------------------------ timing
@@ -221,7 +221,7 @@ def test_freed_multi_mb_buffers_stay_in_the_process():
     """Once applied, allocating three 8 MiB buffers and freeing them, again and again, faults their pages in only
     the first time (glibc's own adaptive threshold keeps one such buffer, not three: without the setting every
     round costs ~6000 page faults)."""
-    assert transport.retain_freed_memory() is True
+    assert ws_common.retain_freed_memory() is True
     rounds, pages = 20, (8 << 20) // 4096
     before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     for _ in range(rounds):

@@ -24,7 +24,7 @@ from websockets.sync.client import connect
 from plugrl_env_client.protocol import codec, messages
 from plugrl_env_client.server.policies import PolicyConfig, make_policy
 from plugrl_env_client.server.server import PolicyServer
-from plugrl_env_client.server.transport import ServeLimits
+from plugrl_env_client.server.ws_server import ServeLimits
 
 linux_only = pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads /proc (Linux)")
 

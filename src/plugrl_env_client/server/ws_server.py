@@ -48,7 +48,7 @@ from websockets.exceptions import ConnectionClosed
 from websockets.http11 import Request, Response
 
 from plugrl_env_client.errors import ConfigError
-from plugrl_env_client.protocol.transport import TransportClosed, retain_freed_memory
+from plugrl_env_client.protocol.ws_common import TransportClosed, retain_freed_memory
 
 logger = logging.getLogger(__name__)
 
