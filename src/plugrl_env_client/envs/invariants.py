@@ -41,6 +41,7 @@ set lookup; a text is only copied when it holds one.
 from __future__ import annotations
 
 import logging
+import operator
 import re
 from collections.abc import Sequence
 from typing import Any, Literal
@@ -235,6 +236,8 @@ _SURROGATE_CODES = (0xD800, 0xE000)
 _REPLACEMENT = 0xFFFD
 _LONE = re.compile("[\ud800-\udfff]")
 _PLAIN = frozenset({float, int, bool, type(None), np.float32, np.float64, np.int32, np.int64, np.bool_})
+_ARRAYS = {np.ndarray}
+_DTYPE_KIND = operator.attrgetter("dtype.kind")
 _CLEAN_KEYS_KEPT = 4096  # past this many distinct keys, new keys are checked on every call
 
 
@@ -299,8 +302,12 @@ class TextCheck:
     def info(self, info: dict[str, Any], where: str = "info") -> dict[str, Any]:
         """``info`` with its text fixed: the same dict when it holds no lone surrogate, else a copy of the maps on
         the way to each one (the env's own are not written to)."""
-        out: dict[str, Any] | None = None
         clean = self._clean_keys
+        if clean.issuperset(info):  # every key seen clean before: look at the values' types in C loops
+            kinds = set(map(type, info.values()))
+            if kinds <= _PLAIN or (kinds == _ARRAYS and "U" not in set(map(_DTYPE_KIND, info.values()))):
+                return info
+        out: dict[str, Any] | None = None
         for key, value in info.items():
             kind = type(value)
             if key in clean and (kind in _PLAIN or (kind is np.ndarray and value.dtype.kind != "U")):
