@@ -1,7 +1,9 @@
-"""FramePacker: the codec's exact bytes, framed and masked as websockets frames them, from one kept buffer."""
+"""FramePacker: msgpack-python's exact bytes (with the convention's hook), framed and masked as websockets frames
+them, from one kept buffer."""
 
 from __future__ import annotations
 
+import msgpack
 import numpy as np
 import pytest
 import websockets.frames
@@ -10,7 +12,8 @@ from websockets.streams import StreamReader
 
 from plugrl_env_client.errors import ProtocolError
 from plugrl_env_client.protocol import codec
-from plugrl_env_client.protocol.frame_packer import BIG_ARRAY, SLOT, WALK_MIN, FramePacker, frame_header
+from plugrl_env_client.protocol.codec import SLOT
+from plugrl_env_client.protocol.frame_packer import BIG_ARRAY, WALK_MIN, FramePacker, frame_header
 
 KEY = bytes([0x37, 0xFA, 0x21, 0x3D])
 
@@ -21,9 +24,14 @@ def _websockets_masks_with_key(monkeypatch) -> None:
     monkeypatch.setattr(websockets.frames.secrets, "token_bytes", lambda n: KEY)
 
 
+def reference(msg: object) -> bytes:
+    """What msgpack-python writes with the convention's hook: the bytes every PlugRL peer writes."""
+    return msgpack.packb(msg, default=codec.encode_numpy, use_bin_type=True)
+
+
 def expected(msg: object) -> bytes:
-    """``msg``'s frame as websockets frames the codec's bytes."""
-    return Frame(Opcode.BINARY, codec.packb(msg)).serialize(mask=True)
+    """``msg``'s frame as websockets frames msgpack-python's bytes."""
+    return Frame(Opcode.BINARY, reference(msg)).serialize(mask=True)
 
 
 def _parse(frame: bytes) -> Frame:
@@ -42,7 +50,7 @@ def test_frames_of_every_length_encoding_are_websockets_bytes(size: int) -> None
     msg = {"b": np.random.default_rng(size).integers(0, 256, size, dtype=np.uint8)}
     hint = size if size >= WALK_MIN else 0
     assert bytes(FramePacker().pack(msg, size_hint=hint, key=KEY)) == expected(msg)
-    assert _parse(bytes(FramePacker().pack(msg, size_hint=hint))).data == codec.packb(msg)
+    assert _parse(bytes(FramePacker().pack(msg, size_hint=hint))).data == reference(msg)
 
 
 def test_header_uses_the_shortest_length_encoding() -> None:

@@ -48,6 +48,7 @@ import tyro
 
 from plugrl_env_client.errors import ConfigError, ProtocolError
 from plugrl_env_client.protocol import codec, images, messages, ws_client, ws_common
+from plugrl_env_client.protocol.codec import SLOT
 from plugrl_env_client.protocol.connection import (
     AlreadyAwaitingReply,
     CloseAction,
@@ -61,7 +62,7 @@ from plugrl_env_client.protocol.connection import (
     classify_close,
 )
 from plugrl_env_client.protocol.dialing import Dialer, seconds
-from plugrl_env_client.protocol.frame_packer import SLOT, FramePacker
+from plugrl_env_client.protocol.frame_packer import FramePacker
 from plugrl_env_client.protocol.messages import ActionReply, Feedback, InferRequest, ObservationLike, ServerMetadata
 from plugrl_env_client.timing import Timing
 

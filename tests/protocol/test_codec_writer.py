@@ -1,9 +1,11 @@
-"""MessageWriter: packb's exact bytes, with layouts kept from message to message (and bounded)."""
+"""MessageWriter, the one encoder: msgpack-python's exact bytes with the convention's hook (an oracle written apart
+from the writer), with layouts kept from message to message (and bounded)."""
 
 from __future__ import annotations
 
 from typing import Any
 
+import msgpack
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -11,8 +13,14 @@ from hypothesis import strategies as st
 
 from plugrl_env_client.errors import ProtocolError
 from plugrl_env_client.protocol import codec
-from plugrl_env_client.protocol import frame_packer as writer
-from plugrl_env_client.protocol.frame_packer import SLOT, FramePacker, MessageWriter
+from plugrl_env_client.protocol.codec import SLOT, MessageWriter
+from plugrl_env_client.protocol.frame_packer import FramePacker
+
+
+def reference(msg: Any) -> bytes:
+    """What msgpack-python writes with the convention's hook: the bytes every PlugRL peer writes."""
+    return msgpack.packb(msg, default=codec.encode_numpy, use_bin_type=True)
+
 
 DTYPES = ["<f4", "<f8", ">f4", "<i8", "<u2", "|i1", "|u1", "|b1", "<U3", "|S2", "<f2", "<M8[s]", "<m8[ms]"]
 
@@ -54,7 +62,7 @@ def test_every_message_gets_the_bytes_of_packb_also_after_the_ones_before(msgs):
     """One writer for a sequence of messages: what it kept from the earlier ones never changes a later one's bytes."""
     w = MessageWriter()
     for msg in msgs:
-        assert w.write(msg) == codec.packb(msg)
+        assert w.write(msg) == reference(msg)
 
 
 def test_the_same_layout_with_new_data_and_a_new_row_count():
@@ -62,7 +70,7 @@ def test_the_same_layout_with_new_data_and_a_new_row_count():
     for n in (3, 3, 5, 0, 3):
         msg = {"message_type": "feedback", "data": {"obs": {"states": {"q": np.random.rand(n, 7).astype("<f4")}},
                                                     "info": {"x": np.arange(n), "_x": np.ones(n, bool)}}}
-        assert w.write(msg) == codec.packb(msg)
+        assert w.write(msg) == reference(msg)
 
 
 def test_keys_that_compare_equal_across_types_stay_apart():
@@ -70,14 +78,14 @@ def test_keys_that_compare_equal_across_types_stay_apart():
     bytes."""
     w = MessageWriter()
     for msg in ({"a": 1}, {b"a": 1}, {1: "x"}, {True: "x"}, {1.0: "x"}, {"a": 1}):
-        assert w.write(msg) == codec.packb(msg)
+        assert w.write(msg) == reference(msg)
 
 
 def test_nesting_deeper_than_the_writer_goes_to_msgpack_with_its_own_limit():
     deep: object = np.arange(3)
-    for _ in range(writer.MAX_DEPTH + 5):
+    for _ in range(codec.MAX_DEPTH + 5):
         deep = {"d": deep}
-    assert MessageWriter().write(deep) == codec.packb(deep)
+    assert MessageWriter().write(deep) == reference(deep)
     too_deep: object = 1
     for _ in range(2000):  # beyond msgpack's own limit
         too_deep = {"d": too_deep}
@@ -96,7 +104,7 @@ def _deepest_list_packb_takes() -> int:
         value: object = 1
         for _ in range(mid):
             value = [value]
-        low, high = (mid, high) if _outcome(codec.packb, value) != "refused" else (low, mid - 1)
+        low, high = (mid, high) if _outcome(reference, value) != "refused" else (low, mid - 1)
     return low
 
 
@@ -107,7 +115,7 @@ def _outcome(pack: Any, msg: object) -> object:
         return "refused"
 
 
-@pytest.mark.parametrize("maps", [1, 10, writer.MAX_DEPTH - 1, writer.MAX_DEPTH + 1])
+@pytest.mark.parametrize("maps", [1, 10, codec.MAX_DEPTH - 1, codec.MAX_DEPTH + 1])
 def test_lists_under_maps_count_towards_msgpack_s_nesting_limit_as_in_packb(maps):
     """msgpack counts every level, maps and lists alike: a message just under its limit and one just over it are
     treated as packb treats them, however the levels are split between maps and lists."""
@@ -119,7 +127,7 @@ def test_lists_under_maps_count_towards_msgpack_s_nesting_limit_as_in_packb(maps
             value = [value]
         for _ in range(maps):
             value = {"k": value}
-        want = _outcome(codec.packb, value)
+        want = _outcome(reference, value)
         assert _outcome(MessageWriter().write, value) == want, (maps, lists)
         wanted.append(want)
     assert wanted[0] != "refused" and wanted[1] == "refused"
@@ -152,11 +160,11 @@ def test_what_the_codec_refuses_is_refused_the_same_way(bad, match):
 
 def test_what_it_keeps_is_bounded():
     w = MessageWriter()
-    for i in range(writer.MAX_KEPT + 50):
+    for i in range(codec.MAX_KEPT + 50):
         msg = {f"key{i}": np.zeros((1, i % 7 + 1, i), np.float32)}
-        assert w.write(msg) == codec.packb(msg)
-    assert len(w._strs) <= writer.MAX_KEPT and len(w._layouts) <= writer.MAX_KEPT
-    long_text = "t" * (writer.MAX_KEPT_STR + 1)
+        assert w.write(msg) == reference(msg)
+    assert len(w._strs) <= codec.MAX_KEPT and len(w._layouts) <= codec.MAX_KEPT
+    long_text = "t" * (codec.MAX_KEPT_STR + 1)
     w.write({"text": long_text})
     assert long_text not in w._strs
 
