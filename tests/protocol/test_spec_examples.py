@@ -13,11 +13,10 @@ from plugrl_env_client.protocol import codec
 SPEC = (Path(__file__).resolve().parents[2] / "SPEC.md").read_text()
 
 
-@pytest.mark.parametrize("name", ["metadata", "infer", "action", "feedback"])
-def test_spec_listing_matches_the_codec(name):
-    msg = examples()[name]
-    block = re.search(rf"#### `{name}` \((\d+) bytes\)\n\n```\n(.*?)```", SPEC, re.S)
-    assert block, f"SPEC.md has no byte listing for {name}"
+def _check_listing(msg: object, heading: str) -> None:
+    """SPEC's byte listing under ``heading`` is ``msg``'s bytes, line by line, and its byte count."""
+    block = re.search(rf"#### {re.escape(heading)} \((\d+) bytes\)\n\n```\n(.*?)```", SPEC, re.S)
+    assert block, f"SPEC.md has no byte listing under '#### {heading}'"
     assert int(block.group(1)) == len(codec.packb(msg))
     assert block.group(2).rstrip("\n").splitlines() == listing(msg)
     hex_bytes = []
@@ -25,18 +24,14 @@ def test_spec_listing_matches_the_codec(name):
         words = line.split()
         hex_bytes += words[: next(i for i, w in enumerate(words) if not re.fullmatch(r"[0-9a-f]{2}", w))]
     assert bytes.fromhex("".join(hex_bytes)) == codec.packb(msg), "the listing's bytes are the whole message"
+
+
+@pytest.mark.parametrize("name", ["metadata", "infer", "action", "feedback"])
+def test_spec_listing_matches_the_codec(name):
+    _check_listing(examples()[name], f"`{name}`")
 
 
 def test_spec_listing_of_an_encoded_camera_matches_the_codec():
     """§5a's infer with a QOI-encoded camera, byte by byte."""
     pytest.importorskip("qoi", reason="the images extra (qoi) is not installed")
-    msg = encoded_example()
-    block = re.search(r"#### `infer` with an encoded camera \((\d+) bytes\)\n\n```\n(.*?)```", SPEC, re.S)
-    assert block, "SPEC.md has no byte listing of an encoded camera"
-    assert int(block.group(1)) == len(codec.packb(msg))
-    assert block.group(2).rstrip("\n").splitlines() == listing(msg)
-    hex_bytes = []
-    for line in block.group(2).splitlines():
-        words = line.split()
-        hex_bytes += words[: next(i for i, w in enumerate(words) if not re.fullmatch(r"[0-9a-f]{2}", w))]
-    assert bytes.fromhex("".join(hex_bytes)) == codec.packb(msg), "the listing's bytes are the whole message"
+    _check_listing(encoded_example(), "`infer` with an encoded camera")
