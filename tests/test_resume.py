@@ -3,8 +3,8 @@ continues where it stopped. Runs are the command line's, in real processes, stop
 random moments; the stopped run is resumed until it ends.
 
 What every resumed run must show: exactly ``--num-episodes`` lines, none twice, a torn last line cut; each env's
-episodes are its own sequence continued (episode k from the seed of episode k); with the static split and one env
-per process, the episodes (process, seed, return, length) are the set an uninterrupted run collects.
+episodes are its own sequence continued (episode k from the seed of episode k); with the static split (each env
+runs a fixed share), the episodes (process, env, seed, return, length) are the set an uninterrupted run collects.
 """
 
 from __future__ import annotations
@@ -199,30 +199,32 @@ def test_sigkill_of_a_rollout_process_then_resumed_gives_the_uninterrupted_run(t
 
 
 @pytest.mark.slow
-def test_pipelined_envs_each_continue_their_own_episodes(tmp_path, uninterrupted):
-    """Several envs per process: which env runs the last episodes of a share depends on timing (and so on a stop),
-    but every env's lines are its episodes 0, 1, ... from their own seeds, each the same episode as in any run."""
-    rng = random.Random(11)
-    target, procs, envs = 48, 2, 4
-    args = _args(tmp_path, "run", episodes=target, procs=procs, envs=envs, pipeline=2)
+@pytest.mark.parametrize("pipeline", [1, 2])
+def test_several_envs_per_process_resumed_give_the_uninterrupted_run(tmp_path, uninterrupted, pipeline):
+    """4 envs per process, lockstep or in 2 pipeline groups: each env runs its own static share (23 episodes per
+    process: 6, 6, 6 and 5), so the run SIGKILLed mid-way and resumed has the uninterrupted run's episodes (process,
+    env, seed, return, length), and each env's lines are its episodes 0, 1, ... from their own seeds."""
+    from plugrl_env_client.rollout.budget import env_shares
+
+    rng = random.Random(11 + pipeline)
+    target, procs, envs = 46, 2, 4
+    args = _args(tmp_path, "run", episodes=target, procs=procs, envs=envs, pipeline=pipeline)
     run = tmp_path / "run"
-    stopped = _stop_at(args, run, rng.randint(1, target // 3), signal.SIGKILL)
+    stopped = _stop_at(args, run, rng.randint(target // 4, target // 2), signal.SIGKILL)
     assert stopped.returncode == -signal.SIGKILL
+    assert _whole_lines(run) < target, "the run was stopped before its end"
     resumed = _run([*args, "--resume"])
     assert resumed.returncode == 0, resumed.stderr
     rows = _check_exact(run, target)
+    reference = uninterrupted(episodes=target, procs=procs, envs=envs, pipeline=pipeline)
+    assert sorted(map(_key, rows)) == sorted(map(_key, reference))
 
-    per_process = Counter(r["process_id"] for r in rows)
-    assert per_process == {0: target // procs, 1: target // procs}, "the static shares are kept"
+    per_env = Counter((r["process_id"], r["env_index"]) for r in rows)
     for p in range(procs):
+        assert [per_env[p, i] for i in range(envs)] == env_shares(target, procs, p, envs) == [6, 6, 6, 5]
         for i in range(envs):
             seeds = [r["seed"] for r in rows if (r["process_id"], r["env_index"]) == (p, i)]
-            expected = [p * envs + i] + [episode_seed(p * envs, p, i, k) for k in range(1, len(seeds))]
-            assert seeds == expected[:len(seeds)], (p, i, seeds)
-    known = {r["seed"]: (r["return"], r["length"]) for r in uninterrupted(episodes=target, procs=procs, envs=envs,
-                                                                            pipeline=2)}
-    both = [r for r in rows if r["seed"] in known]
-    assert both and all(known[r["seed"]] == (r["return"], r["length"]) for r in both)
+            assert seeds == [p * envs + i] + [episode_seed(p * envs, p, i, k) for k in range(1, len(seeds))], (p, i)
 
 
 # ------------------------------------------------------------------------------------------ refusals, in process

@@ -2,9 +2,11 @@
 
 Process p uses env indices 0..N-1 on its own connection and seeds its first reset with ``seed + p * num_envs``,
 so processes never share a seed when envs derive per-env seeds from it. A process of a resumed run gets, per env,
-the episodes it completed before (``ProcessJob.first_episodes``): each env continues its episode numbering there. Whatever happens, the process reports its
-final timing and a :class:`ProcessResult` (user errors become its message; bugs are logged with their traceback),
-and closes its env once.
+the episodes it completed before (``ProcessJob.first_episodes``): each env continues its episode numbering there.
+Under the static split each env runs a fixed share of the process's episodes (:func:`shares_of_envs`), so which
+episodes a run has depends only on its flags. Whatever happens, the process reports its final timing and a
+:class:`ProcessResult` (user errors become its message; bugs are logged with their traceback), and closes its env
+once.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from plugrl_env_client.protocol.dialing import ServerUnreachable
 from plugrl_env_client.protocol.keepalive import Keepalive
 from plugrl_env_client.protocol.session import ConnectionConfig, Session, SessionConfig
 from plugrl_env_client.records import ProcessResult, ProcessStatus
-from plugrl_env_client.rollout.budget import Budget
+from plugrl_env_client.rollout.budget import Budget, env_shares
 from plugrl_env_client.rollout.group import EnvGroup
 from plugrl_env_client.rollout.interfaces import ResultSink
 from plugrl_env_client.rollout.loop import Rollout
@@ -159,7 +161,21 @@ def loop_settings(job: ProcessJob) -> LoopSettings:
         start_seeds=listed_share(cfg.runner.start_seeds, job.process_id, cfg.num_procs),
         process_envs=cfg.num_envs,
         first_episodes=_per_env(job.first_episodes, cfg.num_envs),
+        env_shares=shares_of_envs(cfg, job.process_id),
     )
+
+
+def shares_of_envs(config: RunConfig, process_id: int) -> tuple[int, ...]:
+    """How many episodes each env of process ``process_id`` runs in the whole run: its share of the static split
+    (``--runner.episode-split static`` with ``--num-episodes``) or of the listed start seeds, the smaller when
+    both apply; empty when neither does (``shared``, or no episode count)."""
+    runner = config.runner
+    limits = [len(runner.start_seeds)] if runner.start_seeds else []
+    if config.num_episodes is not None and runner.episode_split == "static":
+        limits.append(config.num_episodes)
+    if not limits:
+        return ()
+    return tuple(env_shares(min(limits), config.num_procs, process_id, config.num_envs))
 
 
 @dataclasses.dataclass(frozen=True)
