@@ -200,3 +200,22 @@ def test_each_env_s_share_is_its_run_of_listed_seeds_and_the_smaller_limit_wins(
     assert [shares_of_envs(both, p) for p in range(2)] == [(1, 1, 1, 1), (1, 1, 1, 0)]
     shared = ClientConfig(num_procs=2, num_envs=4, num_episodes=7, runner=RunnerConfig(episode_split="shared"))
     assert shares_of_envs(shared, 0) == () and shares_of_envs(ClientConfig(num_envs=4), 0) == ()
+
+
+def test_a_process_resumed_with_an_env_past_its_share_is_ended_by_its_budget_alone(caplog) -> None:
+    """Process 1 of 23 episodes over 2 processes of 4 envs (shares 3, 3, 3, 2): resumed with (1, 2, 0, 1) episodes
+    per env, each env runs the rest of its own share; with (4, 2, 0, 1) (lines that do not follow the per-env split)
+    no env has a share of its own, and a warning says so."""
+    from plugrl_env_client.config import ClientConfig, RunnerConfig
+    from plugrl_env_client.envs import discover_envs
+    from plugrl_env_client.launch.process import ProcessJob, loop_settings
+
+    discover_envs()
+    cfg = ClientConfig(num_procs=2, num_envs=4, num_episodes=23, runner=RunnerConfig(episode_split="static"))
+    fits = loop_settings(ProcessJob("Point-v1", cfg, 1, "", (1, 2, 0, 1)))
+    assert fits.env_shares == (3, 3, 3, 2) and fits.first_episodes == (1, 2, 0, 1)
+    assert not caplog.records
+    off = loop_settings(ProcessJob("Point-v1", cfg, 1, "", (4, 2, 0, 1)))
+    assert off.env_shares == () and off.first_episodes == (4, 2, 0, 1)
+    assert "process 1: its episodes on disk ([4, 2, 0, 1] per env) do not follow" in caplog.text
+    assert loop_settings(ProcessJob("Point-v1", cfg, 1, ""), env_shares=False).env_shares == ()

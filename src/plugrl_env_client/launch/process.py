@@ -66,8 +66,9 @@ class RunnerConfig(LoopConfig):
     a split also sets --runner.align-chunks to half the server's horizon unless it is given. An env registered
     single_instance=True is never split."""
     episode_split: Literal["static", "shared"] = "static"
-    """With --num-episodes and several processes: static gives each process a fixed share (shares differ by at most
-    one), so the episodes depend only on the seed; shared lets whichever process finishes first take the next one."""
+    """With --num-episodes: static gives each process a fixed share (shares differ by at most one) and each of its
+    envs a fixed share of that, so the episodes depend only on the seed; shared lets whichever process or env
+    finishes first take the next one."""
 
 
 class RunConfig(Protocol):
@@ -146,9 +147,20 @@ def group_sizes(config: RunConfig, env_id: str | None = None) -> list[int]:
     return [n // k] * k
 
 
-def loop_settings(job: ProcessJob) -> LoopSettings:
-    """The rollout settings of ``job``'s process: the runner's choices, with its seed, time limit and env."""
+def loop_settings(job: ProcessJob, env_shares: bool = True) -> LoopSettings:
+    """The rollout settings of ``job``'s process: the runner's choices, with its seed, time limit and env.
+    ``env_shares``: each env runs its share of the run's episodes (:func:`shares_of_envs`); False for a probe,
+    whose episodes are not the run's."""
     cfg, spec = job.config, get_spec(job.env_id)
+    first = _per_env(job.first_episodes, cfg.num_envs)
+    per_env = shares_of_envs(cfg, job.process_id) if env_shares else ()
+    if per_env and any(done > share for done, share in zip(first, per_env)):
+        # a run folder whose envs were not given shares of their own: the budget alone ends the process, which
+        # still collects its share exactly
+        logger.warning("process %d: its episodes on disk (%s per env) do not follow the static split's per-env "
+                       "shares (%s); its envs collect the rest of its share first come, first served",
+                       job.process_id, list(first), list(per_env))
+        per_env = ()
     return LoopSettings.of(
         cfg.runner,
         seed=process_seed(cfg.runner.seed, job.process_id, cfg.num_envs),
@@ -160,8 +172,8 @@ def loop_settings(job: ProcessJob) -> LoopSettings:
         progress_period_s=PROGRESS_PERIOD_S,
         start_seeds=listed_share(cfg.runner.start_seeds, job.process_id, cfg.num_procs),
         process_envs=cfg.num_envs,
-        first_episodes=_per_env(job.first_episodes, cfg.num_envs),
-        env_shares=shares_of_envs(cfg, job.process_id),
+        first_episodes=first,
+        env_shares=per_env,
     )
 
 
@@ -210,7 +222,7 @@ def choose_pipeline(job: ProcessJob, stop: Any = None, env: BaseEnv | None = Non
     timing = Timing()
     budget = ProbeBudget(timing, stop=stop)
     try:
-        settings = loop_settings(job)
+        settings = loop_settings(job, env_shares=False)
         session = Session(session_config(job, probed, 0), should_stop=lambda: budget.finished(job.process_id),
                           timing=timing)
         sink = ProbeSink()

@@ -20,19 +20,24 @@ depend on the episodes before them, and their seeds are recorded as null. (Seed 
 
 A resumed run (``--resume``) continues each env's numbering: an env that completed ``k`` episodes before the stop
 starts from its episode ``k`` (the episode it was in, if any, was dropped and is run again from its start), so its
-episodes are the ones it would have had without the stop. With seed groups a group continues at the furthest of its
-members (an episode one member finished and another had in flight is not run again). An env without per-env seeds
+episodes are the ones it would have had without the stop. With seed groups a group continues with the group
+episode its members with episodes left are in: a member that finished it before the stop waits while the others run
+it again from its start, then the group starts its next one together. An env without per-env seeds
 cannot continue its generator: its resumed first reset is seeded with :func:`resumed_seed` (different from every
 earlier start, deterministic given the episodes already done), and its later episodes continue from there.
 
 :class:`GroupSeeds` derives the seeds (:func:`episode_seed` is the rule); :class:`SeedGroups` follows the groups
 through a run (who waits for the rest of its group, which envs a reset starts).
 
+Shares (``--runner.episode-split static`` with ``--num-episodes``): each env runs a fixed number of episodes, its
+share of its process's share (:func:`~plugrl_env_client.rollout.budget.env_shares`), so its episodes are its
+episodes ``0 .. share - 1``; an env whose next episode is past its share retires.
+
 Fixed start states (``--runner.start-seeds S0 S1 ...``, a suite's ``seeds``): the run's episode ``k`` starts from
 ``S[k]``, whatever the number of processes, and the run has exactly one episode per listed seed. Process ``p`` takes
 the share :func:`listed_share` gives it (the same split as ``--runner.episode-split static``), and its env ``e``
-(of ``E`` envs in the process) runs the share's episodes ``e, e + E, e + 2E, ...``; an env whose next episode is
-past the share retires. This needs an env that takes per-env seeds, and seed groups of one env.
+(of ``E`` envs in the process) runs the share's episodes ``e, e + E, e + 2E, ...``: as many as its static share of
+them, after which it retires. This needs an env that takes per-env seeds, and seed groups of one env.
 """
 
 from __future__ import annotations
