@@ -218,4 +218,4 @@ def test_a_process_resumed_with_an_env_past_its_share_is_ended_by_its_budget_alo
     off = loop_settings(ProcessJob("Point-v1", cfg, 1, "", (4, 2, 0, 1)))
     assert off.env_shares == () and off.first_episodes == (4, 2, 0, 1)
     assert "process 1: its episodes on disk ([4, 2, 0, 1] per env) do not follow" in caplog.text
-    assert loop_settings(ProcessJob("Point-v1", cfg, 1, ""), env_shares=False).env_shares == ()
+    assert loop_settings(ProcessJob("Point-v1", cfg, 1, ""), with_shares=False).env_shares == ()

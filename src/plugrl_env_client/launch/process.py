@@ -147,13 +147,13 @@ def group_sizes(config: RunConfig, env_id: str | None = None) -> list[int]:
     return [n // k] * k
 
 
-def loop_settings(job: ProcessJob, env_shares: bool = True) -> LoopSettings:
+def loop_settings(job: ProcessJob, with_shares: bool = True) -> LoopSettings:
     """The rollout settings of ``job``'s process: the runner's choices, with its seed, time limit and env.
-    ``env_shares``: each env runs its share of the run's episodes (:func:`shares_of_envs`); False for a probe,
+    ``with_shares``: each env runs its share of the run's episodes (:func:`shares_of_envs`); False for a probe,
     whose episodes are not the run's."""
     cfg, spec = job.config, get_spec(job.env_id)
     first = _per_env(job.first_episodes, cfg.num_envs)
-    per_env = shares_of_envs(cfg, job.process_id) if env_shares else ()
+    per_env = shares_of_envs(cfg, job.process_id) if with_shares else ()
     if per_env and any(done > share for done, share in zip(first, per_env)):
         # a run folder whose envs were not given shares of their own: the budget alone ends the process, which
         # still collects its share exactly
@@ -222,7 +222,7 @@ def choose_pipeline(job: ProcessJob, stop: Any = None, env: BaseEnv | None = Non
     timing = Timing()
     budget = ProbeBudget(timing, stop=stop)
     try:
-        settings = loop_settings(job, env_shares=False)
+        settings = loop_settings(job, with_shares=False)
         session = Session(session_config(job, probed, 0), should_stop=lambda: budget.finished(job.process_id),
                           timing=timing)
         sink = ProbeSink()

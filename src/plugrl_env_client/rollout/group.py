@@ -24,9 +24,10 @@ env i with seed + i, as Gymnasium's vector envs do); later resets pass each env'
 (:mod:`~plugrl_env_client.rollout.seeds`), which depends on its process env id, not on the group it is in.
 
 Some envs take no part in a step: an env retired because its reset had no episode for it (``info["no_episode"]``)
-or because it ran its share of the run's episodes (the static split, listed start seeds), and, with ``--runner.group-size``, an env waiting for the rest of its group to finish. The batched ``env.step`` still
-steps their rows (with a placeholder action); their results are not counted, fed back or recorded. While every env
-takes part (the common case) :attr:`EnvGroup.active` is None and the steps use no masks at all.
+or because it ran its share of the run's episodes (the static split, listed start seeds), and, with
+``--runner.group-size``, an env waiting for the rest of its group to finish. The batched ``env.step`` still steps
+their rows (with a placeholder action); their results are not counted, fed back or recorded. While every env takes
+part (the common case) :attr:`EnvGroup.active` is None and the steps use no masks at all.
 
 Every env call (reset, step) runs inside ``guard`` (the process's
 :class:`~plugrl_env_client.protocol.keepalive.Keepalive`): a call that lasts long has the server's pings answered

@@ -22,9 +22,9 @@ A resumed run (``--resume``) continues each env's numbering: an env that complet
 starts from its episode ``k`` (the episode it was in, if any, was dropped and is run again from its start), so its
 episodes are the ones it would have had without the stop. With seed groups a group continues with the group
 episode its members with episodes left are in: a member that finished it before the stop waits while the others run
-it again from its start, then the group starts its next one together. An env without per-env seeds
-cannot continue its generator: its resumed first reset is seeded with :func:`resumed_seed` (different from every
-earlier start, deterministic given the episodes already done), and its later episodes continue from there.
+it again from its start, then the group starts its next one together. An env without per-env seeds cannot continue
+its generator: its resumed first reset is seeded with :func:`resumed_seed` (different from every earlier start,
+deterministic given the episodes already done), and its later episodes continue from there.
 
 :class:`GroupSeeds` derives the seeds (:func:`episode_seed` is the rule); :class:`SeedGroups` follows the groups
 through a run (who waits for the rest of its group, which envs a reset starts).
