@@ -13,6 +13,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 import pytest
+from file_modules import bench_script
 
 from plugrl_env_client.app import run_client
 from plugrl_env_client.config import ClientConfig, ConnectionConfig, RecorderConfig, RunnerConfig
@@ -129,8 +130,9 @@ def serve():
 
 
 def run(tmp_path: Path, name: str, server: PolicyServer, codec: str, pipeline: int = 1,
-        recorder: RecorderConfig | None = None) -> dict[str, Any]:
-    config = ClientConfig(num_envs=4, num_episodes=8, server_port=server.port, output_dir=tmp_path, exp_name=name,
+        recorder: RecorderConfig | None = None, port: int | None = None) -> dict[str, Any]:
+    """One client run against ``server`` (or whatever listens on ``port``: a link in front of it)."""
+    config = ClientConfig(num_envs=4, num_episodes=8, server_port=port or server.port, output_dir=tmp_path, exp_name=name,
                           progress=False, connection=ConnectionConfig(image_codec=codec),  # type: ignore[arg-type]
                           runner=RunnerConfig(pipeline=pipeline), recorder=recorder or RecorderConfig())
     assert run_client(config, ENV_ID) == 0
@@ -161,6 +163,21 @@ def test_the_policy_gets_the_env_frames_and_the_link_carries_fewer_bytes(tmp_pat
     assert terminal, "some feedback carried a terminal observation"
     assert raw["timing"]["env_steps"] == coded["timing"]["env_steps"]
     assert sent_per_step(coded) < 0.6 * sent_per_step(raw), (sent_per_step(coded), sent_per_step(raw))
+
+
+@pytest.mark.parametrize("codec", ["none", "jpeg", "qoi"])
+def test_through_a_limited_link_each_codec_delivers_the_env_frames(tmp_path, cameras, serve, codec):
+    """The client through bench/link_proxy.py's link (25 MB/s and a 2 ms round trip, as bench/link.py) against the
+    reference server: with each codec the policy gets the env's frames (exactly, or within JPEG's error), reused rows
+    and terminal observations among them, and the run ends with every episode."""
+    server = serve()
+    with bench_script("link_proxy") as link_proxy, link_proxy.LinkProxy(server.port, rate_mbytes=25, rtt_ms=2) as link:
+        summary = run(tmp_path, codec, server, codec, port=link.port)
+    assert summary["status"] == "finished" and summary["completed_episodes"] == 8, summary["status"]
+    policy = server.policy
+    assert isinstance(policy, Checking)
+    assert check_frames(policy.infers, codec) >= 8 and check_frames(policy.feedbacks, codec) >= 8
+    assert any((obs["states"]["who"][:, 2] == LENGTH).any() for obs in policy.feedbacks), "a terminal observation"
 
 
 def test_pipelined_groups_send_encoded_images_and_the_recorder_keeps_the_env_frames(tmp_path, cameras, serve):
