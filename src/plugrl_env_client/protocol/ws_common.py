@@ -15,9 +15,8 @@ reason the peer sent, or ``None`` when the socket dropped without a close frame)
 
 Large frames and the allocator: a process that sends or receives multi-MB messages allocates and frees
 multi-MB buffers for each one. glibc hands such blocks back to the kernel as soon as they are freed, so the next
-message page-faults all its memory in again: on a 2-core machine that was 1434 faults and 2.3 ms to frame one
-3 MB message, against 0.1 ms once freed memory stays in the process, and it dominated every WebSocket path
-measured. :func:`retain_freed_memory` (called by the client's ``connect`` and by the server transport's ``serve``)
+message page-faults all its memory in again, which costs many times what framing the message does (bench/transport.py
+measures it). :func:`retain_freed_memory` (called by the client's ``connect`` and by the server transport's ``serve``)
 raises glibc's thresholds so that freed blocks are reused.
 """
 

@@ -1,9 +1,8 @@
 """A reply held back for a given time, to within a tenth of a millisecond, on the server's event loop.
 
 ``--policy.latency-ms`` stands in for a model's inference time, and benchmarks set it to one batch step of the env
-to see whether pipelining hides it. asyncio's own timers wake on the selector's millisecond ticks: here
-``asyncio.sleep`` of 10.3 ms takes about 11.2 ms and of 0.5 ms about 1.1 ms, which would overstate the latency by up
-to a millisecond. :class:`Delays` keeps every pending deadline in one thread, which waits on a condition with the
+to see whether pipelining hides it. asyncio's own timers wake on the selector's millisecond ticks, so
+``asyncio.sleep`` overshoots by up to a millisecond, which would overstate a latency of one batch step. :class:`Delays` keeps every pending deadline in one thread, which waits on a condition with the
 clock's own precision and settles each waiter through its loop (``call_soon_threadsafe``); the waiter is an
 ``await`` like any other, so one connection's delay never holds up another's.
 """
