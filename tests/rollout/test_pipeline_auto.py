@@ -20,7 +20,7 @@ from plugrl_env_client.rollout.pipeline_auto import (
     Probe,
     ProbeBudget,
     allowed_groups,
-    choose_groups,
+    choose_split,
     estimated_s,
 )
 from plugrl_env_client.timing import Timing
@@ -42,8 +42,8 @@ def probe(step_ms: float, wait_ms: float, client_ms: float = 0.0) -> Probe:
     (10.0, 4.0, 1.0, 2),     # the client's work per group makes 4 groups slower than 2
 ])
 def test_the_split_with_the_least_estimated_time(step_ms, wait_ms, client_ms, groups):
-    chosen, why = choose_groups(probe(step_ms, wait_ms, client_ms), [1, 2, 4])
-    assert chosen == groups, why
+    chosen, align, why = choose_split(probe(step_ms, wait_ms, client_ms), [1, 2, 4])
+    assert (chosen, align) == (groups, None), why
     assert why
 
 
@@ -56,13 +56,31 @@ def test_the_estimate_of_each_split():
 
 
 def test_a_probe_that_took_no_step_keeps_lockstep():
-    assert choose_groups(Probe(0.0, 0.0, 0.0, 0, 0), [1, 2, 4]) == (1, "the probe took no step")
+    assert choose_split(Probe(0.0, 0.0, 0.0, 0, 0), [1, 2, 4]) == (1, None, "the probe took no step")
 
 
 def test_only_allowed_splits_are_chosen():
-    chosen, why = choose_groups(probe(10.0, 6.0), [1, 2])
-    assert chosen == 2 and why == "about 11 ms per batch step instead of lockstep's 16 ms"
-    assert choose_groups(probe(10.0, 9.0), [1]) == (1, "no other split is allowed")
+    chosen, align, why = choose_split(probe(10.0, 6.0), [1, 2])
+    assert (chosen, align) == (2, None) and why == "about 11 ms per batch step instead of lockstep's 16 ms"
+    assert choose_split(probe(10.0, 9.0), [1]) == (1, None, "no other split is allowed")
+
+
+@pytest.mark.parametrize("plain,aligned,allowed,expected", [
+    # chunks that drift apart: aligned, the exchanges per batch step (their wait and the client's work) drop
+    ((10.0, 3.0, 2.0), (10.0, 1.0, 2.0), [1, 2, 4], (1, 4)),   # aligned lockstep: 13 against 15 ms (a split 14)
+    ((10.0, 8.0, 1.0), (10.0, 4.0, 0.5), [1, 2, 4], (2, 4)),   # aligned, two groups hide the rest
+    ((10.0, 8.0, 1.0), (10.0, 8.5, 1.0), [1, 2, 4], (2, None)),  # aligning saves nothing: the plain split
+    ((10.0, 0.2, 0.5), (10.0, 0.2, 0.45), [1, 2, 4], (1, None)),  # under 5 % either way: plain lockstep
+    ((10.0, 3.0, 2.0), (10.0, 1.0, 0.8), [1], (1, 4)),         # no split allowed: aligned lockstep still may be
+])
+def test_each_split_is_estimated_with_and_without_aligned_chunks(plain, aligned, allowed, expected):
+    groups, align, why = choose_split(probe(*plain), allowed, probe(*aligned), 4)
+    assert (groups, align) == expected, why
+
+
+def test_without_an_aligned_probe_no_alignment_is_chosen():
+    assert choose_split(probe(10.0, 3.0, 2.0), [1, 2], None, 4)[1] is None
+    assert choose_split(probe(10.0, 3.0, 2.0), [1, 2], Probe(0.0, 0.0, 0.0, 0, 0), 4)[1] is None  # it took no step
 
 
 @pytest.mark.parametrize("num_envs,group_size,allowed", [
@@ -109,14 +127,13 @@ def test_the_probe_budget_measures_from_the_first_step_to_its_end():
     assert stopped.finished()
 
 
-@pytest.mark.parametrize("groups,given,horizon,align", [
-    (2, 0, 8, 4), (4, 0, 5, 2),   # a split aligns chunks at half the server's horizon
-    (1, 0, 8, None),              # lockstep: the flag as given
-    (2, 3, 8, None),              # the user's own --runner.align-chunks stays
-    (2, 0, 1, None), (2, 0, None, None),  # nothing to align with one action per chunk, or an unknown horizon
+@pytest.mark.parametrize("given,horizon,align", [
+    (0, 8, 4), (0, 5, 2),        # auto tries chunks aligned at half the server's horizon
+    (3, 8, None),                # the user's own --runner.align-chunks stays
+    (0, 1, None), (0, None, None),  # nothing to align with one action per chunk, or an unknown horizon
 ])
-def test_a_split_aligns_chunks_unless_the_user_said_otherwise(groups, given, horizon, align):
-    assert auto_align(groups, given, horizon) == align
+def test_auto_tries_aligned_chunks_unless_the_user_said_otherwise(given, horizon, align):
+    assert auto_align(given, horizon) == align
 
 
 def test_the_choice_becomes_the_runs_config():

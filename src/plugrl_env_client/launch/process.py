@@ -34,7 +34,7 @@ from plugrl_env_client.rollout.budget import Budget, env_shares
 from plugrl_env_client.rollout.group import EnvGroup
 from plugrl_env_client.rollout.interfaces import ResultSink
 from plugrl_env_client.rollout.loop import Rollout
-from plugrl_env_client.rollout.pipeline_auto import Probe, ProbeBudget, ProbeSink, allowed_groups, choose_groups
+from plugrl_env_client.rollout.pipeline_auto import Probe, ProbeBudget, ProbeSink, allowed_groups, choose_split
 from plugrl_env_client.rollout.seeds import listed_share
 from plugrl_env_client.rollout.settings import LoopConfig, LoopSettings
 from plugrl_env_client.rollout.signals import shielded
@@ -63,8 +63,9 @@ class RunnerConfig(LoopConfig):
     group while the others wait for their actions (1: every env in lockstep). auto: a short lockstep probe against
     the server before collecting measures the env's batch step and the wait for actions, and picks 1, 2 or 4
     groups once (logged, and recorded as runner.pipeline_chosen in client_config.json and pipeline in the summary);
-    a split also sets --runner.align-chunks to half the server's horizon unless it is given. An env registered
-    single_instance=True is never split."""
+    unless --runner.align-chunks is given, a second probe with chunks aligned at half the server's horizon decides
+    whether aligning them too is faster (then it is set, lockstep included). An env registered single_instance=True
+    is never split."""
     episode_split: Literal["static", "shared"] = "static"
     """With --num-episodes: static gives each process a fixed share (shares differ by at most one) and each of its
     envs a fixed share of that, so the episodes depend only on the seed; shared lets whichever process or env
@@ -219,32 +220,38 @@ def choose_pipeline(job: ProcessJob, stop: Any = None, env: BaseEnv | None = Non
                else f"--num-envs {cfg.num_envs} allows no other split")
         return PipelineChoice(1, why)
     probed = env if env is not None else build_env(job, num_envs=cfg.num_envs)
-    timing = Timing()
-    budget = ProbeBudget(timing, stop=stop)
     try:
-        settings = loop_settings(job, with_shares=False)
-        session = Session(session_config(job, probed, 0), should_stop=lambda: budget.finished(job.process_id),
-                          timing=timing)
-        sink = ProbeSink()
-        Rollout([EnvGroup(probed, session, settings, budget, sink, timing)], settings, budget, sink).run()
+        plain, horizon = _probe(job, probed, stop)
+        align = auto_align(cfg.runner.align_chunks, horizon)
+        aligned = None if align is None or plain.batch_steps == 0 else _probe(job, probed, stop, align)[0]
     finally:
         if probed is not env:
             close_env(probed, spec.uid)
-    probe = budget.probe()
-    groups, why = choose_groups(probe, allowed)
-    horizon = session.metadata.action_horizon if session.metadata is not None else None
-    align = auto_align(groups, cfg.runner.align_chunks, horizon)
+    groups, chosen, why = choose_split(plain, allowed, aligned, align)
+    if chosen is not None:
+        why += f"; --runner.align-chunks {chosen} (half the server's horizon of {horizon})"
+    return PipelineChoice(groups, why, plain if chosen is None else aligned, chosen)
+
+
+def _probe(job: ProcessJob, env: BaseEnv, stop: Any, align: int | None = None) -> tuple[Probe, int | None]:
+    """A lockstep probe of ``env`` against ``job``'s server (chunks aligned at ``align`` when given): its figures,
+    and the server's action horizon (None if it never answered)."""
+    timing = Timing()
+    budget = ProbeBudget(timing, stop=stop)
+    settings = loop_settings(job, with_shares=False)
     if align is not None:
-        why += f"; --runner.align-chunks {align} (half the server's horizon of {horizon})"
-    return PipelineChoice(groups, why, probe, align)
+        settings = dataclasses.replace(settings, align_chunks=align)
+    session = Session(session_config(job, env, 0), should_stop=lambda: budget.finished(job.process_id), timing=timing)
+    sink = ProbeSink()
+    Rollout([EnvGroup(env, session, settings, budget, sink, timing)], settings, budget, sink).run()
+    return budget.probe(), None if session.metadata is None else session.metadata.action_horizon
 
 
-def auto_align(groups: int, align_chunks: int, horizon: int | None) -> int | None:
-    """``--runner.align-chunks`` for a run that auto split into ``groups``: half the server's action horizon, so
-    groups whose envs' chunks drifted apart ask for actions together again (the pipelined cells of
-    bench/pipeline.py with a slow server collect about twice as much with it); None (the flag as given) in
-    lockstep, when the user set it, or for a horizon of 1."""
-    if groups < 2 or align_chunks != 0 or horizon is None or horizon < 2:
+def auto_align(align_chunks: int, horizon: int | None) -> int | None:
+    """The ``--runner.align-chunks`` auto tries: half the server's action horizon, so envs whose chunks drifted
+    apart ask for actions together again (the pipelined cells of bench/pipeline.py collect markedly more with it);
+    None when the user set the flag, or for a horizon of 1 (or unknown)."""
+    if align_chunks != 0 or horizon is None or horizon < 2:
         return None
     return horizon // 2
 

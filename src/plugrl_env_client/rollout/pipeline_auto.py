@@ -10,9 +10,12 @@ groups:
     T(1) = E + O + W        T(K) = E + K * O + max(0, W - (K - 1) / K * (E + K * O))
 
 Each group pays the client's work once per its step (K * O), and while one group waits, the other K - 1 step, which
-hides up to (K - 1) / K of the stepping. Auto takes the K with the least T, but keeps lockstep unless that K saves
-at least :data:`WORTH_SPLITTING` of T(1): a server that answers at once, or an env so cheap that the client's own
-work dominates, stays in lockstep. K is one of 1, 2, 4 (at most :data:`MAX_GROUPS`) that divides ``--num-envs`` into
+hides up to (K - 1) / K of the stepping. Unless ``--runner.align-chunks`` is given, a second probe runs with chunks
+aligned at half the server's horizon: envs whose episodes end at different steps otherwise ask for actions at
+different steps, so aligned chunks mean fewer exchanges per batch step (less W and O), and each K is estimated
+both ways. Auto takes the (K, align) with the least T, but keeps plain lockstep unless it saves at least
+:data:`WORTH_SPLITTING` of T(1): a server that answers at once with chunks that stay together, or an env so cheap
+that the client's own work dominates, stays in lockstep. K is one of 1, 2, 4 (at most :data:`MAX_GROUPS`) that divides ``--num-envs`` into
 whole ``--runner.group-size`` seed groups. (E is taken as splitting evenly over the groups; a vectorised simulator's
 fixed cost per call counts in O.)
 
@@ -93,18 +96,25 @@ def estimated_s(probe: Probe, groups: int) -> float:
     return stepping + max(0.0, wait - (groups - 1) / groups * stepping)
 
 
-def choose_groups(probe: Probe, allowed: list[int]) -> tuple[int, str]:
-    """The number of groups for ``probe``'s figures among ``allowed`` (ascending, starting at 1), and why, in
-    words for the log."""
+def choose_split(probe: Probe, allowed: list[int], aligned: Probe | None = None, align: int | None = None
+                 ) -> tuple[int, int | None, str]:
+    """The number of groups among ``allowed`` (ascending, starting at 1), the ``--runner.align-chunks`` to set
+    with it (None: the flag as given), and why, in words for the log. ``aligned`` is a second probe run with chunks
+    aligned at ``align``: with it each split is also estimated aligned, lockstep included (aligned chunks end
+    together, so there are fewer exchanges per batch step to wait for and to do)."""
     if probe.batch_steps == 0:  # the run ended (or was stopped) before the probe stepped: nothing says to split
-        return 1, "the probe took no step"
+        return 1, None, "the probe took no step"
     lockstep = estimated_s(probe, 1)
-    best = min(allowed, key=lambda k: (estimated_s(probe, k), k))
-    if best == 1 or estimated_s(probe, best) > (1 - WORTH_SPLITTING) * lockstep:
-        return 1, (f"no split saves {WORTH_SPLITTING:.0%} of lockstep's "
-                   f"{lockstep * 1e3:.3g} ms per batch step" if len(allowed) > 1 else "no other split is allowed")
-    return best, (f"about {estimated_s(probe, best) * 1e3:.3g} ms per batch step instead of lockstep's "
-                  f"{lockstep * 1e3:.3g} ms")
+    options: list[tuple[float, int, int | None]] = [(estimated_s(probe, k), k, None) for k in allowed]
+    if aligned is not None and aligned.batch_steps and align is not None:
+        options += [(estimated_s(aligned, k), k, align) for k in allowed]
+    best, groups, chosen = min(options, key=lambda o: (o[0], o[1], o[2] is not None))
+    if (groups, chosen) == (1, None) or best > (1 - WORTH_SPLITTING) * lockstep:
+        if len(options) == 1:
+            return 1, None, "no other split is allowed"
+        what = "no split" if len(options) == len(allowed) else "neither a split nor aligned chunks"
+        return 1, None, f"{what} saves {WORTH_SPLITTING:.0%} of lockstep's {lockstep * 1e3:.3g} ms per batch step"
+    return groups, chosen, f"about {best * 1e3:.3g} ms per batch step instead of lockstep's {lockstep * 1e3:.3g} ms"
 
 
 class ProbeBudget:
