@@ -208,8 +208,10 @@ class PipelineChoice:
 
 
 def choose_pipeline(job: ProcessJob, stop: Any = None, env: BaseEnv | None = None) -> PipelineChoice:
-    """``--runner.pipeline auto``: the number of groups for ``job``'s run, from a short lockstep probe of its env
-    batch against its server (see :mod:`~plugrl_env_client.rollout.pipeline_auto`). The probe steps ``env`` (the
+    """``--runner.pipeline auto``: the number of groups for ``job``'s run (and whether to align chunks), from a short
+    lockstep probe of its env batch against its server, and a second one with chunks aligned at half the server's
+    horizon unless ``--runner.align-chunks`` is given (see :mod:`~plugrl_env_client.rollout.pipeline_auto`). The
+    probes step ``env`` (the
     run's lockstep env, left open for the run, which starts every env afresh) or an env batch of its own, closed
     before it returns; its connection is closed and its episodes are not the run's. ``stop`` (the run's stop flag)
     ends it early."""
