@@ -427,3 +427,20 @@ def test_lone_surrogates_become_u_fffd_with_one_warning_per_field(caplog) -> Non
     assert sorted(r.getMessage() for r in caplog.records) == sorted(
         f"env E-v1 returned a lone surrogate (half of a UTF-16 pair, which no UTF-8 file or message can hold) in "
         f"{field}; each one is replaced by U+FFFD" for field in fields)
+
+
+@pytest.mark.parametrize("rows, width, order", [(2, 3, "<"), (2, 3, ">"), (300, 20, "<"), (300, 20, ">")])
+def test_lone_surrogates_are_found_in_small_and_big_batches_of_either_byte_order(rows, width, order) -> None:
+    """Small batches are checked by decoding them, big ones by a reduction; a byte-swapped '>U' array is read as
+    code points, not as its raw bytes."""
+    from plugrl_env_client.envs.invariants import TextCheck
+
+    text = np.array(["x" * (width - 1)] * rows, dtype=f"{order}U{width}")
+    text[rows // 2] = "y\ud800"
+    obs = Observation(text=text)
+    TextCheck("E-v1").observation(obs)
+    assert obs.text[rows // 2] == "y\ufffd" and obs.text[0] == "x" * (width - 1)
+    clean = Observation(text=np.array(["x" * (width - 1)] * rows, dtype=f"{order}U{width}"))
+    kept = clean.text
+    TextCheck("E-v1").observation(clean)
+    assert clean.text is kept

@@ -43,6 +43,7 @@ from __future__ import annotations
 import logging
 import operator
 import re
+import sys
 from collections.abc import Sequence
 from typing import Any, Literal
 
@@ -236,6 +237,8 @@ _SURROGATE_CODES = (0xD800, 0xE000)
 _REPLACEMENT = 0xFFFD
 _LONE = re.compile("[\ud800-\udfff]")
 _PLAIN = frozenset({float, int, bool, type(None), np.float32, np.float64, np.int32, np.int64, np.bool_})
+_UTF32 = "utf-32-le" if sys.byteorder == "little" else "utf-32-be"  # a native '<U' array's code units
+_DECODE_MAX = 4096  # bytes of text up to which decoding it costs less than numpy's reduction over it
 _ARRAYS = {np.ndarray}
 _DTYPE_KIND = operator.attrgetter("dtype.kind")
 _CLEAN_KEYS_KEPT = 4096  # past this many distinct keys, new keys are checked on every call
@@ -246,12 +249,17 @@ def _codes(text: np.ndarray) -> np.ndarray:
     return text.reshape(-1).view(np.uint32)
 
 
+def _native(text: np.ndarray) -> np.ndarray:
+    """``text`` in the machine's byte order (a '>U' array read as code points otherwise gives byte-swapped ones)."""
+    return text if text.dtype.byteorder in "=|" else text.astype(text.dtype.newbyteorder("="))
+
+
 def _surrogate_mask(text: np.ndarray) -> np.ndarray | None:
     """Where a '<U' array holds a surrogate code point (a mask over its flat code points), or None when it holds
     none: one ``max`` for the common text entirely below U+D800, one range test otherwise."""
     if text.size == 0 or text.itemsize == 0:
         return None
-    codes = _codes(np.ascontiguousarray(text))
+    codes = _codes(np.ascontiguousarray(_native(text)))
     if int(codes.max()) < _SURROGATE_CODES[0]:
         return None
     mask = (codes >= _SURROGATE_CODES[0]) & (codes < _SURROGATE_CODES[1])
@@ -263,7 +271,7 @@ def _text_array_fixed(text: np.ndarray) -> np.ndarray | None:
     mask = _surrogate_mask(text)
     if mask is None:
         return None
-    fixed = np.array(text, copy=True, order="C")
+    fixed = np.array(_native(text), copy=True, order="C")
     _codes(fixed)[mask] = _REPLACEMENT
     return fixed
 
@@ -292,8 +300,15 @@ class TextCheck:
     def observation(self, obs: Observation) -> None:
         """The observation's text, fixed in place (a new array: the env's own is not written to)."""
         text = obs.text
-        if text.flags.c_contiguous and text.size and int(text.view(np.uint32).max()) < _SURROGATE_CODES[0]:
-            return  # the common case, in one reduction
+        if text.dtype.byteorder == "=" and text.flags.c_contiguous:  # the common case, in one pass
+            if text.nbytes <= _DECODE_MAX:
+                try:  # a small batch: the UTF-32 codec refuses surrogates (and only those, in a numpy '<U' array)
+                    text.tobytes().decode(_UTF32)
+                    return
+                except UnicodeDecodeError:
+                    pass
+            elif int(text.view(np.uint32).max()) < _SURROGATE_CODES[0]:  # a big one: a reduction is cheaper
+                return
         fixed = _text_array_fixed(text)
         if fixed is not None:
             obs.text = fixed
