@@ -1,12 +1,14 @@
-"""Child processes that react to Ctrl-C as they would in a terminal, whatever the shell that started the tests did.
+"""Child processes that react to Ctrl-C and a closed terminal as they would in a terminal, whatever the shell that
+started the tests did.
 
 A shell without job control starts a background command with SIGINT ignored (``nohup pytest &``, a script's
-``pytest &``), and an ignored signal stays ignored through fork and exec. A Python child then installs no
+``pytest &``; ``nohup`` ignores SIGHUP too), and an ignored signal stays ignored through fork and exec. A Python child then installs no
 KeyboardInterrupt handler, and a policy server or a client that a test stops with SIGINT would not stop. exec
 resets a signal that has a handler to its default action, but not an ignored one, and ``subprocess`` has no option
 for it (``restore_signals`` covers SIGPIPE, SIGXFZ and SIGXFSZ only; ``preexec_fn`` is unsafe in a process with
 threads, which the tests that run several shells at once are). So such a child starts as a bare interpreter that
-sets SIGINT to its default action and execs the real command: the same process id, with Ctrl-C working.
+sets SIGINT and SIGHUP to their default actions and execs the real command: the same process id, with Ctrl-C and
+a hang-up working.
 """
 
 from __future__ import annotations
@@ -15,11 +17,12 @@ import sys
 from collections.abc import Sequence
 
 PROLOGUE = ("import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); "
-            "os.execvp(sys.argv[1], sys.argv[1:])")
+            "signal.signal(signal.SIGHUP, signal.SIG_DFL); os.execvp(sys.argv[1], sys.argv[1:])")
 """Run by ``python -E -S`` (no site packages, no PYTHON* variables: a start of a few milliseconds); the command it
 execs gets the environment as given (``execvp`` finds it on that ``PATH``)."""
 
 
 def sigint_default(argv: Sequence[str]) -> list[str]:
-    """``argv`` as a command that starts with SIGINT at its default action (pass it to ``subprocess.Popen``)."""
+    """``argv`` as a command that starts with SIGINT and SIGHUP at their default actions (pass it to
+    ``subprocess.Popen``)."""
     return [sys.executable, "-E", "-S", "-c", PROLOGUE, *argv]
