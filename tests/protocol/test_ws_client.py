@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import select
+import signal
 import socket
 import subprocess
 import sys
@@ -15,6 +16,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from websockets.frames import Frame, Opcode
 from ws_servers import binary_frame, echo
 
 from plugrl_env_client.envs.base_env import Observation
@@ -380,6 +382,77 @@ def test_the_clients_close_reaches_the_server_with_its_code(bare):
     assert seen == [(4001, "done here")]
     with pytest.raises(TransportClosed):
         client.send_frame(binary_frame(b"after close"))
+
+
+def test_an_interrupt_inside_the_parser_abandons_the_connection_and_close_does_not_feed_the_dead_parser(bare):
+    """A signal's exception raised while websockets parses a frame ends its parser generator; closing afterwards
+    must not hand it more bytes (that raised ``StopIteration`` out of ``close``)."""
+    release = threading.Event()
+
+    def handler(ws):
+        ws.recv()
+        frame = Frame(Opcode.BINARY, b"y" * 1000).serialize(mask=False)
+        ws.socket.sendall(frame[:5])  # half a header: the parser waits inside its generator for the rest
+        release.wait(10)
+        ws.socket.sendall(frame[5:])
+
+    client = ws_client.connect(bare(handler))
+    client.send_frame(binary_frame(b"x"))
+    assert client.recv(timeout=0.5) is None  # the half frame went into the parser
+    protocol = client._protocol
+    real = protocol.receive_data
+
+    def interrupted(data: bytes) -> None:
+        real(data)
+        protocol.parser.throw(KeyboardInterrupt())  # as a signal handler raising inside the generator would
+
+    protocol.receive_data = interrupted  # type: ignore[method-assign]
+    release.set()
+    with pytest.raises(KeyboardInterrupt):
+        client.recv(timeout=10)
+    started = time.monotonic()
+    client.close()  # no StopIteration, and no wait for a close answer that cannot be read
+    assert time.monotonic() - started < 1.0
+    with pytest.raises(TransportClosed):
+        client.recv(timeout=0)
+    with pytest.raises(TransportClosed):
+        client.send_frame(binary_frame(b"after"))
+
+
+def test_an_interrupt_in_the_middle_of_a_frame_abandons_the_connection_instead_of_closing_after_half_a_frame(bare):
+    """Interrupted (a real SIGALRM) while a large frame waits for the server to read: part of the frame is out, so
+    no close frame may follow it (the server would read it as the rest of the cut frame)."""
+    reading, done = threading.Event(), threading.Event()
+    seen: list[Any] = []
+
+    def handler(ws):
+        reading.wait(10)
+        try:
+            seen.append(ws.recv(timeout=10))
+        except Exception as exc:
+            seen.append(type(exc).__name__)
+        done.set()
+
+    def on_alarm(signum, frame):
+        raise KeyboardInterrupt
+
+    client = ws_client.connect(bare(handler))
+    previous = signal.signal(signal.SIGALRM, on_alarm)
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 0.3)
+        with pytest.raises(KeyboardInterrupt):
+            client.send_frame(binary_frame(b"z" * (64 << 20)))  # far beyond what the socket buffers hold
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+    reading.set()
+    started = time.monotonic()
+    client.close()  # at once: no close handshake after half a frame
+    assert time.monotonic() - started < 1.0
+    with pytest.raises(TransportClosed):
+        client.send_frame(binary_frame(b"after"))
+    assert done.wait(20)
+    assert seen == ["ConnectionClosedError"], seen  # the server sees the stream end, never a whole or fake message
 
 
 # ------------------------------------------------------------------------------------------------ reference server

@@ -32,8 +32,9 @@ def start(tmp_path: Path, num_procs: int, prologue: str = TERMINAL) -> subproces
     stopped), in a new session."""
     cmd = [sys.executable, "-m", "plugrl_env_client", "probe-v1", "--num-envs", "2", "--num-procs", str(num_procs),
            "--local-policy", "random", "--output-dir", str(tmp_path), "--exp-name", "run", "--no-progress"]
+    env = {**os.environ, "PYTHONFAULTHANDLER": "1"}  # a SIGABRT prints every thread's stack (see hang_up)
     return subprocess.Popen([sys.executable, "-E", "-S", "-c", prologue, *cmd], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+                            stderr=subprocess.PIPE, text=True, start_new_session=True, env=env)
 
 
 def episode_lines(run: Path) -> dict[str, int]:
@@ -41,10 +42,16 @@ def episode_lines(run: Path) -> dict[str, int]:
 
 
 def hang_up(proc: subprocess.Popen) -> tuple[str, str]:
-    """SIGHUP to the client's process group; its output once it has ended (killed if it has not within 60 s)."""
+    """SIGHUP to the client's process group; its output once it has ended. One still running 60 s later fails
+    the test with every thread's stack (SIGABRT, which the fault handler answers with them)."""
     try:
         os.killpg(proc.pid, signal.SIGHUP)
-        return proc.communicate(timeout=60)
+        try:
+            return proc.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGABRT)
+            _, err = proc.communicate(timeout=30)
+            pytest.fail(f"still running 60 s after the SIGHUP; its stacks:\n{err}")
     finally:
         _kill_group(proc)
 

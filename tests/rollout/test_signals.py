@@ -1,15 +1,16 @@
-"""The run's signal handling in a forked child: a child forked while its parent held signals has its own."""
+"""The run's signal handling: held blocks in the main thread, other threads, and a forked child."""
 
 from __future__ import annotations
 
 import os
 import signal
 import sys
+import threading
 import time
 
 import pytest
 
-from plugrl_env_client.rollout.signals import Interrupted, deferred_interrupts, interrupt_handlers
+from plugrl_env_client.rollout.signals import Interrupted, blocked, deferred_interrupts, interrupt_handlers
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
@@ -30,3 +31,55 @@ def test_a_child_forked_inside_a_held_block_is_interrupted_by_its_own_sigterm():
                 os._exit(code)
         _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
+
+
+def test_a_signal_handled_while_blocked_is_raised_when_the_block_ends_not_inside_it():
+    """A signal sent to the process while the main thread blocks it goes to another thread; Python still runs its
+    handler in the main thread, which must hold it until the block ends (not interrupt what the block protects)."""
+    idle, stop = threading.Event(), threading.Event()
+    other = threading.Thread(target=lambda: (idle.set(), stop.wait(30)))  # started before the block: not blocking
+    with interrupt_handlers():
+        other.start()
+        idle.wait(10)
+        inside = None
+        try:
+            with pytest.raises(Interrupted) as info:
+                with blocked():
+                    os.kill(os.getpid(), signal.SIGTERM)
+                    try:
+                        for _ in range(100):  # ample time for the other thread's delivery and the handler's call
+                            time.sleep(0.005)
+                    except Interrupted as exc:
+                        inside = exc
+        finally:
+            stop.set()
+            other.join(10)
+    assert inside is None, "interrupted inside the block"
+    assert info.value.signum == signal.SIGTERM
+
+
+def test_another_threads_held_block_neither_holds_nor_takes_the_main_threads_signal():
+    entered, release = threading.Event(), threading.Event()
+    raised_in_thread: list[BaseException] = []
+
+    def hold() -> None:
+        try:
+            with deferred_interrupts():
+                entered.set()
+                release.wait(30)
+        except BaseException as exc:
+            raised_in_thread.append(exc)
+
+    thread = threading.Thread(target=hold)
+    with interrupt_handlers():
+        thread.start()
+        try:
+            assert entered.wait(10)
+            with pytest.raises(Interrupted):
+                os.kill(os.getpid(), signal.SIGTERM)
+                for _ in range(400):  # interrupted at once, well before the loop ends
+                    time.sleep(0.005)
+        finally:
+            release.set()
+            thread.join(10)
+    assert raised_in_thread == []

@@ -37,7 +37,6 @@ from plugrl_env_client.rollout.signals import (
     STOP_SIGNALS,
     Interrupted,
     blocked,
-    deferred_interrupts,
     interrupt_handlers,
     shielded,
 )
@@ -221,9 +220,9 @@ def _start_with_signals_held(procs: Iterable[Any]) -> None:
         for proc in procs:
             proc.start()
         return
-    # Deferred too: a signal that arrived just before the block is still run by Python's handler a little later,
-    # and must not interrupt a start() halfway (the child would read a truncated pipe).
-    with deferred_interrupts(), blocked():
+    # blocked() holds Python's handler too: a start() is never interrupted halfway (the child would read a
+    # truncated pipe).
+    with blocked():
         for proc in procs:
             proc.start()
 

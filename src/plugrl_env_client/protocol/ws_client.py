@@ -217,10 +217,14 @@ class WebSocketClient:
             return False
         except OSError:  # reset by the peer, or the like: the end of the stream
             data = b""
-        if data:
-            self._protocol.receive_data(data)
-        else:
-            self._protocol.receive_eof()
+        try:
+            if data:
+                self._protocol.receive_data(data)
+            else:
+                self._protocol.receive_eof()
+        except BaseException:
+            self._abandon()  # an exception inside the protocol's parser (an interrupt's too) ends the parser
+            raise
         return True
 
     def _dispatch(self, events: Sequence[Any]) -> None:
@@ -287,29 +291,42 @@ class WebSocketClient:
             view = view.cast("B")
         sock = self._sock
         stall_until = 0.0
-        while view.nbytes:
-            wait_for_read = False
-            try:
-                sent = sock.send(view)
-            except ssl.SSLWantReadError:
-                sent, wait_for_read = 0, True
-            except _WAKE_BLOCKED:
-                sent = 0
-            except OSError as exc:
-                self._broken(f"the connection broke while sending ({exc})")
-            if sent:
-                view = view[sent:]
-                stall_until = 0.0
-                continue
-            now = time.monotonic()
-            if not stall_until:
-                stall_until = now + SEND_STALL_S
-            elif now >= stall_until:
-                self._broken(f"a send made no progress for {SEND_STALL_S:g} s (the server stopped reading)")
-            if _HAS_POLL:
-                self._wait(self._readable if wait_for_read else self._writable, stall_until - now)
-            else:
-                self._wait_select(wait_for_read, stall_until - now)
+        total = view.nbytes
+        try:
+            while view.nbytes:
+                wait_for_read = False
+                try:
+                    sent = sock.send(view)
+                except ssl.SSLWantReadError:
+                    sent, wait_for_read = 0, True
+                except _WAKE_BLOCKED:
+                    sent = 0
+                except OSError as exc:
+                    self._broken(f"the connection broke while sending ({exc})")
+                if sent:
+                    view = view[sent:]
+                    stall_until = 0.0
+                    continue
+                now = time.monotonic()
+                if not stall_until:
+                    stall_until = now + SEND_STALL_S
+                elif now >= stall_until:
+                    self._broken(f"a send made no progress for {SEND_STALL_S:g} s (the server stopped reading)")
+                if _HAS_POLL:
+                    self._wait(self._readable if wait_for_read else self._writable, stall_until - now)
+                else:
+                    self._wait_select(wait_for_read, stall_until - now)
+        except BaseException:
+            if 0 < view.nbytes < total and not self._released:  # interrupted between two parts of a frame
+                self._abandon()
+            raise
+
+    def _abandon(self) -> None:
+        """End the connection without a close handshake: an interrupt or error left the stream unusable (the
+        parser stopped, or a frame went out in part), so nothing more is read or written on it."""
+        if self._closed is None:
+            self._closed = TransportClosed(None)
+        self._release()
 
     def _broken(self, why: str) -> NoReturn:
         logger.info("%s", why)

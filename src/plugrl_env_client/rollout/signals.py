@@ -72,21 +72,31 @@ def interrupt_handlers() -> Iterator[None]:
 
 @contextlib.contextmanager
 def blocked() -> Iterator[None]:
-    """Block the stop signals while the block runs (main thread only); one that arrives meanwhile is delivered when
+    """Block the stop signals while the block runs (main thread only); one that arrives meanwhile is raised when
     it ends. A process started inside the block inherits the mask: it starts with them blocked too, so a signal
-    cannot kill it before it installs its own handlers (and it unblocks them once it has)."""
+    cannot kill it before it installs its own handlers (and it unblocks them once it has).
+
+    The block is also held at Python's level (:func:`deferred_interrupts`): the kernel may hand a signal sent to
+    the whole process to another thread, whose handler call then runs in this thread while the mask is still on,
+    and it must not interrupt the block halfway (a child process half started, multiprocessing's resource tracker
+    half launched)."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    previous = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
-    try:
-        yield
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+    with deferred_interrupts():  # outside the mask: a signal the mask held, delivered as it lifts, is held too
+        previous = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+        try:
+            yield
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
 @contextlib.contextmanager
 def _holding_signals(raise_when_done: bool) -> Iterator[None]:
+    if threading.current_thread() is not threading.main_thread():
+        # Signals are raised in the main thread only: another thread's block must neither hold nor take them.
+        yield
+        return
     _state.defer_depth += 1
     try:
         yield
