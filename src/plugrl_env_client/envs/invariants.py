@@ -40,6 +40,7 @@ set lookup; a text is only copied when it holds one.
 
 from __future__ import annotations
 
+import codecs
 import logging
 import operator
 import re
@@ -237,7 +238,8 @@ _SURROGATE_CODES = (0xD800, 0xE000)
 _REPLACEMENT = 0xFFFD
 _LONE = re.compile("[\ud800-\udfff]")
 _PLAIN = frozenset({float, int, bool, type(None), np.float32, np.float64, np.int32, np.int64, np.bool_})
-_UTF32 = "utf-32-le" if sys.byteorder == "little" else "utf-32-be"  # a native '<U' array's code units
+# A native '<U' array's code units, decoded straight from the array's buffer (no copy, no codec lookup).
+_UTF32_DECODE = codecs.utf_32_le_decode if sys.byteorder == "little" else codecs.utf_32_be_decode
 _DECODE_MAX = 4096  # bytes of text up to which decoding it costs less than numpy's reduction over it
 _ARRAYS = {np.ndarray}
 _DTYPE_KIND = operator.attrgetter("dtype.kind")
@@ -303,7 +305,7 @@ class TextCheck:
         if text.dtype.byteorder == "=" and text.flags.c_contiguous:  # the common case, in one pass
             if text.nbytes <= _DECODE_MAX:
                 try:  # a small batch: the UTF-32 codec refuses surrogates (and only those, in a numpy '<U' array)
-                    text.tobytes().decode(_UTF32)
+                    _UTF32_DECODE(text, "strict", True)
                     return
                 except UnicodeDecodeError:
                     pass
