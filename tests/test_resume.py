@@ -3,8 +3,8 @@ continues where it stopped. Runs are the command line's, in real processes, stop
 random moments; the stopped run is resumed until it ends.
 
 What every resumed run must show: exactly ``--num-episodes`` lines, none twice, a torn last line cut; each env's
-episodes are its own sequence continued (episode k from the seed of episode k); with the static split and one env
-per process, the episodes (process, seed, return, length) are the set an uninterrupted run collects.
+episodes are its own sequence continued (episode k from the seed of episode k); with the static split (each env
+runs a fixed share), the episodes (process, env, seed, return, length) are the set an uninterrupted run collects.
 """
 
 from __future__ import annotations
@@ -30,9 +30,10 @@ RUN_TIMEOUT_S = 300.0
 
 
 def _args(out: Path, name: str, *, episodes: int, procs: int = 1, envs: int = 1, pipeline: int = 1,
-          pid_dir: Path | None = None, hold_after: int = 0) -> list[str]:
+          group_size: int = 1, pid_dir: Path | None = None, hold_after: int = 0) -> list[str]:
     return ["SeededLength-v1", "--env-path", ENV_FILE, "--local-policy", "zero", "--num-episodes", str(episodes),
             "--num-procs", str(procs), "--num-envs", str(envs), "--runner.pipeline", str(pipeline),
+            "--runner.group-size", str(group_size),
             "--runner.episode-split", "static", "--env.pid-dir", str(pid_dir or ""), "--env.hold-after-episodes",
             str(hold_after), "--output-dir", str(out), "--exp-name", name, "--no-progress"]
 
@@ -199,30 +200,80 @@ def test_sigkill_of_a_rollout_process_then_resumed_gives_the_uninterrupted_run(t
 
 
 @pytest.mark.slow
-def test_pipelined_envs_each_continue_their_own_episodes(tmp_path, uninterrupted):
-    """Several envs per process: which env runs the last episodes of a share depends on timing (and so on a stop),
-    but every env's lines are its episodes 0, 1, ... from their own seeds, each the same episode as in any run."""
-    rng = random.Random(11)
-    target, procs, envs = 48, 2, 4
-    args = _args(tmp_path, "run", episodes=target, procs=procs, envs=envs, pipeline=2)
+@pytest.mark.parametrize("pipeline, group_size", [(1, 1), (2, 1), (1, 2)])
+def test_several_envs_per_process_resumed_give_the_uninterrupted_run(tmp_path, uninterrupted, pipeline, group_size):
+    """4 envs per process, lockstep, in 2 pipeline groups, or in seed groups of 2: each env runs its own static
+    share (23 episodes per process: 6, 6, 6 and 5), so the run SIGKILLed mid-way and resumed has the uninterrupted
+    run's episodes (process, env, seed, return, length), and each env's lines are its episodes 0, 1, ... from their
+    own seeds (a seed group's: the group's)."""
+    from plugrl_env_client.rollout.budget import env_shares
+
+    rng = random.Random(11 + pipeline + 10 * group_size)
+    target, procs, envs = 46, 2, 4
+    flags = dict(episodes=target, procs=procs, envs=envs, pipeline=pipeline, group_size=group_size)
+    args = _args(tmp_path, "run", **flags)
     run = tmp_path / "run"
-    stopped = _stop_at(args, run, rng.randint(1, target // 3), signal.SIGKILL)
+    stopped = _stop_at(args, run, rng.randint(target // 4, target // 2), signal.SIGKILL)
     assert stopped.returncode == -signal.SIGKILL
+    assert _whole_lines(run) < target, "the run was stopped before its end"
     resumed = _run([*args, "--resume"])
     assert resumed.returncode == 0, resumed.stderr
     rows = _check_exact(run, target)
+    reference = uninterrupted(**flags)
+    assert sorted(map(_key, rows)) == sorted(map(_key, reference))
 
-    per_process = Counter(r["process_id"] for r in rows)
-    assert per_process == {0: target // procs, 1: target // procs}, "the static shares are kept"
+    per_env = Counter((r["process_id"], r["env_index"]) for r in rows)
     for p in range(procs):
+        assert [per_env[p, i] for i in range(envs)] == env_shares(target, procs, p, envs) == [6, 6, 6, 5]
         for i in range(envs):
             seeds = [r["seed"] for r in rows if (r["process_id"], r["env_index"]) == (p, i)]
-            expected = [p * envs + i] + [episode_seed(p * envs, p, i, k) for k in range(1, len(seeds))]
-            assert seeds == expected[:len(seeds)], (p, i, seeds)
-    known = {r["seed"]: (r["return"], r["length"]) for r in uninterrupted(episodes=target, procs=procs, envs=envs,
-                                                                            pipeline=2)}
-    both = [r for r in rows if r["seed"] in known]
-    assert both and all(known[r["seed"]] == (r["return"], r["length"]) for r in both)
+            if group_size == 1:
+                expected = [p * envs + i] + [episode_seed(p * envs, p, i, k) for k in range(1, len(seeds))]
+            else:
+                expected = [episode_seed(p * envs, p, i // group_size, k) for k in range(len(seeds))]
+            assert seeds == expected, (p, i)
+
+
+@pytest.mark.slow
+def test_a_resumed_seed_group_runs_again_the_group_episode_a_member_had_in_flight(tmp_path):
+    """GuessNumber-v1 in seed groups of 2 under a random text policy (members of a group take different numbers of
+    guesses), SIGKILLed while some member had finished a group episode its partner had not: after --resume every
+    env has run exactly its share, its episodes the group's episodes 0, 1, 2, ... with none left out or run twice."""
+    from plugrl_env_client.rollout.budget import env_shares
+
+    target, procs, envs, size = 602, 2, 4, 2
+    args = ["guessnumber-v1", "--env.high", "4", "--num-envs", str(envs), "--num-procs", str(procs), "--num-episodes",
+            str(target), "--runner.group-size", str(size), "--runner.episode-split", "static", "--local-policy", "text",
+            "--local-policy-horizon", "1", "--local-policy-choices", *(f"<answer>{k}</answer>" for k in range(1, 5)),
+            "--output-dir", str(tmp_path), "--exp-name", "run", "--no-progress"]
+    run = tmp_path / "run"
+
+    def apart() -> list[tuple[int, int]]:
+        """(process, group) whose members have different numbers of episodes on disk."""
+        counts = Counter((r["process_id"], r["env_index"]) for r in _episodes(run))
+        return [(p, g) for p in range(procs) for g in range(envs // size)
+                if len({counts[p, g * size + m] for m in range(size)}) > 1]
+
+    proc = subprocess.Popen(_command(args), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_until(lambda: _whole_lines(run) >= target // 4 and bool(apart()), RUN_TIMEOUT_S,
+                   "a group whose members are apart", proc=proc)
+        proc.kill()
+        proc.communicate(timeout=RUN_TIMEOUT_S)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert apart() and _whole_lines(run) < target, "stopped mid-way, with a member ahead of its partner"
+    resumed = _run([*args, "--resume"])
+    assert resumed.returncode == 0, resumed.stderr
+    rows = _episodes(run)
+    assert len(rows) == target == json.loads((run / "summary.json").read_text())["completed_episodes"]
+    for p in range(procs):
+        assert [sum((r["process_id"], r["env_index"]) == (p, i) for r in rows) for i in range(envs)] == env_shares(
+            target, procs, p, envs)
+        for i in range(envs):
+            seeds = sorted(r["seed"] for r in rows if (r["process_id"], r["env_index"]) == (p, i))
+            assert seeds == sorted(episode_seed(p * envs, p, i // size, k) for k in range(len(seeds))), (p, i)
 
 
 # ------------------------------------------------------------------------------------------ refusals, in process

@@ -40,8 +40,11 @@ def probe_script(horizon: int, stop_after_feedbacks: int | None, counter: list[i
     return script
 
 
-def check_probe_transcript(received: list[dict[str, Any]], horizon: int, replan: int | None, num_envs: int) -> int:
-    """Check one connection's messages against the probe's rules; returns the number of finished episodes."""
+def check_probe_transcript(received: list[dict[str, Any]], horizon: int, replan: int | None, num_envs: int,
+                           retiring: bool = False) -> int:
+    """Check one connection's messages against the probe's rules; returns the number of finished episodes.
+    ``retiring``: envs retire with their share of the run's episodes, and a feedback of envs that start nothing ends
+    the other envs' chunks too (a prefix of each), so that an infer follows it."""
     kinds = [m["message_type"] for m in received]
     assert kinds[0] == "infer"
     assert all(a != b for a, b in zip(kinds, kinds[1:])), f"infer/feedback must alternate: {kinds}"
@@ -75,7 +78,10 @@ def check_probe_transcript(received: list[dict[str, Any]], horizon: int, replan:
             assert t1 == t0 + k, "terminal/post-chunk observation must follow the chunk's steps"
             terminated = bool(data["terminated"][row])
             assert terminated == (t1 == lengths[env])
-            assert k == (lengths[env] - t0 if terminated else steps)
+            if retiring and not terminated:
+                assert k <= steps, "a chunk ended early is a prefix of it"
+            else:
+                assert k == (lengths[env] - t0 if terminated else steps)
             assert 1 <= k <= steps
             np.testing.assert_array_equal(data["obs"]["states"]["a"][row], encode(call, k - 1, env, np.arange(D)))
             chunks_in_episode[env] = 0 if terminated else chunks_in_episode.get(env, step_id) + 1

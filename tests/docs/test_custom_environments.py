@@ -294,7 +294,7 @@ class MyEnv(GoodEnv):
         super().__init__(config, num_envs=num_envs, **kwargs)
         self.single_action_space = gym.spaces.Discrete(2)
 ''', ("plugrl-run-policy-server --port 8000 --policy.action-dim 0 --policy.dtype int64 --policy.low 5 --policy.high 5",
-        "plugrl-run-env-client my-v1 --env-path my_env.py --num-envs 2 --num-episodes 1 --server-port 8000")),
+        "plugrl-run-env-client my-v1 --env-path my_env.py --num-envs 2 --num-episodes 2 --server-port 8000")),
     Trigger("success as a list", _step('info = {"success": [False] * self.num_envs}\n'
                                        "        return obs, reward, terminated, truncated, info"), exit_code=0),
     Trigger("close that raises", BASE_ENV + '''

@@ -25,6 +25,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -543,8 +544,9 @@ def test_sigkill_of_the_driver_leaves_no_actor_process_of_the_run(cluster, tmp_p
 @pytest.mark.slow
 def test_a_ray_run_whose_driver_was_killed_is_resumed_to_the_uninterrupted_runs_episodes(cluster, tmp_path):
     """SIGKILL of the driver once both actors have a seeded random number of episodes, then --resume on Ray: exactly
-    --num-episodes lines, none twice, the same episodes (process, seed, return, length) as an uninterrupted run's
-    (static split, one env per process, per-env seeds, the zero policy), and ray_nodes.json kept per segment."""
+    --num-episodes lines, none twice, the same episodes (process, env, seed, return, length) as an uninterrupted
+    local run's (static split, two envs per process with shares of 8 and 7, per-env seeds, the zero policy), and
+    ray_nodes.json kept per segment."""
     at = random.Random(5).randint(1, 6)
     gate = tmp_path / "gate"
     gate.mkdir()
@@ -552,7 +554,7 @@ def test_a_ray_run_whose_driver_was_killed_is_resumed_to_the_uninterrupted_runs_
 
     def command(name: str, *extra: str) -> list[str]:
         return [sys.executable, "-m", "plugrl_env_client", "SeededLength-v1", "--env-path", SEEDED_ENV,
-                "--env.pid-dir", str(gate), "--env.hold-after-episodes", str(at), "--num-procs", "2",
+                "--env.pid-dir", str(gate), "--env.hold-after-episodes", str(at), "--num-procs", "2", "--num-envs", "2",
                 "--num-episodes", "30", "--local-policy", "zero", "--output-dir", str(tmp_path), "--exp-name", name,
                 "--no-progress", *extra]
 
@@ -585,6 +587,8 @@ def test_a_ray_run_whose_driver_was_killed_is_resumed_to_the_uninterrupted_runs_
 
     assert len(keys(run)) == len(set(keys(run))) == 30 == read(run, "summary.json")["completed_episodes"]
     assert keys(run) == keys(tmp_path / "whole")
+    assert sorted(Counter((k[0], k[1]) for k in keys(run)).items()) == [((0, 0), 8), ((0, 1), 7), ((1, 0), 8),
+                                                                       ((1, 1), 7)]
     assert [s["status"] for s in read(run, "summary.json")["segments"]] == ["killed", "finished"]
     assert (run / "ray_nodes.segment-1.json").exists() and (run / "ray_nodes.json").exists()
 

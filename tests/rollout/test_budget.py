@@ -163,3 +163,59 @@ def test_a_resumed_budget_continues_the_total_and_each_static_share() -> None:
     assert budget.claimed == 10 and budget.exhausted(0) and budget.exhausted(1)
     shared = EpisodeBudget(10, num_procs=2, split="shared", done=[4, 2])
     assert sum(shared.claim(0) for _ in range(6)) == 4 and shared.finished(1)
+
+
+def test_the_static_split_gives_each_env_of_a_process_a_fixed_share() -> None:
+    """23 episodes over 2 processes (shares 12 and 11) of 4 envs: process 0's envs run 3 each, process 1's 3, 3, 3
+    and 2; whatever N, P and E, the envs' shares add up to N and differ by at most one within a process."""
+    from plugrl_env_client.rollout.budget import env_shares
+
+    assert env_shares(23, 2, 0, 4) == [3, 3, 3, 3]
+    assert env_shares(23, 2, 1, 4) == [3, 3, 3, 2]
+    assert env_shares(10, 3, 2, 4) == [1, 1, 1, 0], "process 2's share of 3 leaves its last env without any"
+    for target in (0, 1, 7, 10, 101):
+        for procs in (1, 2, 3):
+            for envs in (1, 3, 4, 8):
+                per_env = [env_shares(target, procs, p, envs) for p in range(procs)]
+                assert sum(map(sum, per_env)) == target
+                assert all(max(s) - min(s) <= 1 and len(s) == envs for s in per_env)
+
+
+def test_each_env_s_share_is_its_run_of_listed_seeds_and_the_smaller_limit_wins() -> None:
+    """Listed start seeds give env e of a process of E envs the share's episodes e, e + E, ...: exactly as many as
+    its static share of them, so both rules agree. With --num-episodes below the list, the smaller limit is the
+    one each env keeps."""
+    from plugrl_env_client.config import ClientConfig, RunnerConfig
+    from plugrl_env_client.launch.process import shares_of_envs
+    from plugrl_env_client.rollout.seeds import listed_share
+
+    seeds = tuple(range(100, 111))  # 11 seeds
+    for procs, envs in ((1, 4), (2, 4), (3, 2), (2, 3)):
+        for p in range(procs):
+            share = len(listed_share(seeds, p, procs))
+            per_env = shares_of_envs(ClientConfig(num_procs=procs, num_envs=envs,
+                                                  runner=RunnerConfig(start_seeds=seeds)), p)
+            assert [len(range(e, share, envs)) for e in range(envs)] == list(per_env)
+    both = ClientConfig(num_procs=2, num_envs=4, num_episodes=7, runner=RunnerConfig(start_seeds=seeds))
+    assert [shares_of_envs(both, p) for p in range(2)] == [(1, 1, 1, 1), (1, 1, 1, 0)]
+    shared = ClientConfig(num_procs=2, num_envs=4, num_episodes=7, runner=RunnerConfig(episode_split="shared"))
+    assert shares_of_envs(shared, 0) == () and shares_of_envs(ClientConfig(num_envs=4), 0) == ()
+
+
+def test_a_process_resumed_with_an_env_past_its_share_is_ended_by_its_budget_alone(caplog) -> None:
+    """Process 1 of 23 episodes over 2 processes of 4 envs (shares 3, 3, 3, 2): resumed with (1, 2, 0, 1) episodes
+    per env, each env runs the rest of its own share; with (4, 2, 0, 1) (lines that do not follow the per-env split)
+    no env has a share of its own, and a warning says so."""
+    from plugrl_env_client.config import ClientConfig, RunnerConfig
+    from plugrl_env_client.envs import discover_envs
+    from plugrl_env_client.launch.process import ProcessJob, loop_settings
+
+    discover_envs()
+    cfg = ClientConfig(num_procs=2, num_envs=4, num_episodes=23, runner=RunnerConfig(episode_split="static"))
+    fits = loop_settings(ProcessJob("Point-v1", cfg, 1, "", (1, 2, 0, 1)))
+    assert fits.env_shares == (3, 3, 3, 2) and fits.first_episodes == (1, 2, 0, 1)
+    assert not caplog.records
+    off = loop_settings(ProcessJob("Point-v1", cfg, 1, "", (4, 2, 0, 1)))
+    assert off.env_shares == () and off.first_episodes == (4, 2, 0, 1)
+    assert "process 1: its episodes on disk ([4, 2, 0, 1] per env) do not follow" in caplog.text
+    assert loop_settings(ProcessJob("Point-v1", cfg, 1, ""), with_shares=False).env_shares == ()

@@ -135,8 +135,11 @@ def test_align_chunks_ends_nearly_used_chunks_with_the_others(harness, tmp_path:
 
     def run_probe(name: str, align: int):
         h = harness(probe_script(4, stop_after_feedbacks=None))
+        # shared: no env retires with its static share at the end, which ends the others' chunks too (a feedback
+        # of envs that start nothing must be followed by an infer of the rest)
         cfg = ClientConfig(num_envs=6, num_episodes=30, server_port=h.port, output_dir=tmp_path, exp_name=name,
-                           progress=False, env=ProbeEnvConfig(action_dim=D), runner=RunnerConfig(align_chunks=align))
+                           progress=False, env=ProbeEnvConfig(action_dim=D),
+                           runner=RunnerConfig(align_chunks=align, episode_split="shared"))
         assert run_client(cfg, "Probe-v1") == 0 and not h.errors
         return h.connections[0].received
 

@@ -65,14 +65,22 @@ def test_feedback_sets_differ_from_infer_sets(harness, tmp_path):
     assert any(set(i["env_indices"].tolist()) != set(f["env_indices"].tolist()) for i, f in pairs)
 
 
-def test_num_episodes_stops_exactly_and_never_resets_after_last(harness, tmp_path):
+@pytest.mark.parametrize("split", ["shared", "static"])
+def test_num_episodes_stops_exactly_and_never_resets_after_last(harness, tmp_path, split):
+    """5 episodes of 3 envs. Shared: whichever env finishes first takes the next episode. Static: each env runs its
+    share (2, 2 and 1 episodes) and then retires, its last feedback ending the others' chunks (an infer must follow
+    it)."""
     h = harness(probe_script(4, stop_after_feedbacks=None))
-    code = run_client(client_config(tmp_path, h.port, 3, num_episodes=5), "Probe-v1")
+    code = run_client(client_config(tmp_path, h.port, 3, num_episodes=5, runner=RunnerConfig(episode_split=split)),
+                      "Probe-v1")
     assert code == 0
-    assert len(read_episodes(tmp_path)) == 5
+    episodes = read_episodes(tmp_path)
+    assert len(episodes) == 5
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["status"] == "finished" and summary["completed_episodes"] == 5
-    check_probe_transcript(h.connections[0].received, 4, None, 3)
+    assert check_probe_transcript(h.connections[0].received, 4, None, 3, retiring=split == "static") == 5
+    if split == "static":
+        assert sorted(ep["env_index"] for ep in episodes) == [0, 0, 1, 1, 2]
 
 
 def test_resync_reconnects_without_stale_feedback(harness, tmp_path):

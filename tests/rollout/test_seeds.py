@@ -93,11 +93,30 @@ def test_a_resumed_env_starts_at_its_next_episode_with_the_seed_it_would_have_ha
     assert uninterrupted.upcoming(np.array([0]))[0] == seeds.initial()[0]
 
 
-def test_a_resumed_seed_group_continues_at_its_furthest_member() -> None:
+def test_a_resumed_seed_group_runs_its_unfinished_group_episode_while_the_members_done_with_it_wait() -> None:
+    """Group 0's member 0 finished group episode 2 before the stop and member 1 did not: member 1 runs episode 2
+    again from its seed while member 0 waits (reset to episode 3's seed); once member 1 is done, both start episode
+    3 together, as without the stop."""
     from plugrl_env_client.rollout.seeds import episode_seed
 
     seeds = GroupSeeds(3, process_id=0, offset=0, n=4, group_size=2, start=(3, 2, 0, 1))
-    assert seeds.initial() == [episode_seed(3, 0, 0, 3)] * 2 + [episode_seed(3, 0, 1, 1)] * 2
+    assert seeds.initial() == [episode_seed(3, 0, 0, 3), episode_seed(3, 0, 0, 2),
+                               episode_seed(3, 0, 1, 0), episode_seed(3, 0, 1, 1)]
+    groups = SeedGroups(seeds)
+    assert groups.waiting.tolist() == [True, False, False, True]
+    rows, seed, starting = groups.restart(np.array([1]), np.zeros(4, bool))
+    assert rows.tolist() == [0, 1] and starting.tolist() == [0, 1]
+    assert seed is not None and seed[0] == seed[1] == episode_seed(3, 0, 0, 3)
+    assert groups.waiting.tolist() == [False, False, False, True]
+
+
+def test_a_resumed_seed_group_member_past_its_share_does_not_hold_the_group_back() -> None:
+    """Shares (2, 1): member 1 ran its one episode, member 0 its first of two; member 0 goes on alone with group
+    episode 1, and member 1 is past its share."""
+    seeds = GroupSeeds(3, process_id=0, offset=0, n=2, group_size=2, start=(1, 1), shares=(2, 1))
+    assert seeds.exhausted().tolist() == [False, True]
+    assert seeds.on_last().tolist() == [True, True]
+    assert not SeedGroups(seeds).waiting.any()
 
 
 def test_a_resumed_env_without_per_env_seeds_starts_from_a_seed_apart_from_every_earlier_start() -> None:

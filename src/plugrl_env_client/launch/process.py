@@ -2,9 +2,11 @@
 
 Process p uses env indices 0..N-1 on its own connection and seeds its first reset with ``seed + p * num_envs``,
 so processes never share a seed when envs derive per-env seeds from it. A process of a resumed run gets, per env,
-the episodes it completed before (``ProcessJob.first_episodes``): each env continues its episode numbering there. Whatever happens, the process reports its
-final timing and a :class:`ProcessResult` (user errors become its message; bugs are logged with their traceback),
-and closes its env once.
+the episodes it completed before (``ProcessJob.first_episodes``): each env continues its episode numbering there.
+Under the static split each env runs a fixed share of the process's episodes (:func:`shares_of_envs`), so which
+episodes a run has depends only on its flags. Whatever happens, the process reports its final timing and a
+:class:`ProcessResult` (user errors become its message; bugs are logged with their traceback), and closes its env
+once.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from plugrl_env_client.protocol.dialing import ServerUnreachable
 from plugrl_env_client.protocol.keepalive import Keepalive
 from plugrl_env_client.protocol.session import ConnectionConfig, Session, SessionConfig
 from plugrl_env_client.records import ProcessResult, ProcessStatus
-from plugrl_env_client.rollout.budget import Budget
+from plugrl_env_client.rollout.budget import Budget, env_shares
 from plugrl_env_client.rollout.group import EnvGroup
 from plugrl_env_client.rollout.interfaces import ResultSink
 from plugrl_env_client.rollout.loop import Rollout
@@ -65,8 +67,9 @@ class RunnerConfig(LoopConfig):
     whether aligning them too is faster (then it is set, lockstep included). An env registered single_instance=True
     is never split."""
     episode_split: Literal["static", "shared"] = "static"
-    """With --num-episodes and several processes: static gives each process a fixed share (shares differ by at most
-    one), so the episodes depend only on the seed; shared lets whichever process finishes first take the next one."""
+    """With --num-episodes: static gives each process a fixed share (shares differ by at most one) and each of its
+    envs a fixed share of that, so the episodes depend only on the seed; shared lets whichever process or env
+    finishes first take the next one."""
 
 
 class RunConfig(Protocol):
@@ -145,9 +148,20 @@ def group_sizes(config: RunConfig, env_id: str | None = None) -> list[int]:
     return [n // k] * k
 
 
-def loop_settings(job: ProcessJob) -> LoopSettings:
-    """The rollout settings of ``job``'s process: the runner's choices, with its seed, time limit and env."""
+def loop_settings(job: ProcessJob, with_shares: bool = True) -> LoopSettings:
+    """The rollout settings of ``job``'s process: the runner's choices, with its seed, time limit and env.
+    ``with_shares``: each env runs its share of the run's episodes (:func:`shares_of_envs`); False for a probe,
+    whose episodes are not the run's."""
     cfg, spec = job.config, get_spec(job.env_id)
+    first = _per_env(job.first_episodes, cfg.num_envs)
+    per_env = shares_of_envs(cfg, job.process_id) if with_shares else ()
+    if per_env and any(done > share for done, share in zip(first, per_env)):
+        # a run folder whose envs were not given shares of their own: the budget alone ends the process, which
+        # still collects its share exactly
+        logger.warning("process %d: its episodes on disk (%s per env) do not follow the static split's per-env "
+                       "shares (%s); its envs collect the rest of its share first come, first served",
+                       job.process_id, list(first), list(per_env))
+        per_env = ()
     return LoopSettings.of(
         cfg.runner,
         seed=process_seed(cfg.runner.seed, job.process_id, cfg.num_envs),
@@ -159,8 +173,22 @@ def loop_settings(job: ProcessJob) -> LoopSettings:
         progress_period_s=PROGRESS_PERIOD_S,
         start_seeds=listed_share(cfg.runner.start_seeds, job.process_id, cfg.num_procs),
         process_envs=cfg.num_envs,
-        first_episodes=_per_env(job.first_episodes, cfg.num_envs),
+        first_episodes=first,
+        env_shares=per_env,
     )
+
+
+def shares_of_envs(config: RunConfig, process_id: int) -> tuple[int, ...]:
+    """How many episodes each env of process ``process_id`` runs in the whole run: its share of the static split
+    (``--runner.episode-split static`` with ``--num-episodes``) or of the listed start seeds, the smaller when
+    both apply; empty when neither does (``shared``, or no episode count)."""
+    runner = config.runner
+    limits = [len(runner.start_seeds)] if runner.start_seeds else []
+    if config.num_episodes is not None and runner.episode_split == "static":
+        limits.append(config.num_episodes)
+    if not limits:
+        return ()
+    return tuple(env_shares(min(limits), config.num_procs, process_id, config.num_envs))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -212,7 +240,7 @@ def _probe(job: ProcessJob, env: BaseEnv, stop: Any, align: int | None = None) -
     and the server's action horizon (None if it never answered)."""
     timing = Timing()
     budget = ProbeBudget(timing, stop=stop)
-    settings = loop_settings(job)
+    settings = loop_settings(job, with_shares=False)
     if align is not None:
         settings = dataclasses.replace(settings, align_chunks=align)
     session = Session(session_config(job, env, 0), should_stop=lambda: budget.finished(job.process_id), timing=timing)

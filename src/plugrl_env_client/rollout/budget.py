@@ -5,13 +5,16 @@ Claiming is atomic, so exactly N episodes are recorded even when several process
 
 Two ways to split N over processes (``--runner.episode-split``):
 
-* ``static``: process p may claim a fixed share, ``N // P`` plus one for the first ``N % P`` processes. Which
-  episodes are recorded then depends only on the seeds (with a deterministic policy), not on which process runs
-  faster: two runs with the same flags give the same episodes.
+* ``static``: process p may claim a fixed share, ``N // P`` plus one for the first ``N % P`` processes, and the
+  share is split the same way over the process's envs (:func:`env_shares`; an env that ran its share retires).
+  Which episodes are recorded (process, env, the env's episode number, hence its seed) then depends only on the
+  flags, not on which process or env runs faster: two runs with the same flags give the same episodes (with a
+  deterministic policy).
 * ``shared``: first come, first served; a faster process takes more. The run ends as soon as N episodes exist.
 
 A resumed run (``--resume``) starts its budget from the episodes each process already has on disk: the total and,
-under ``static``, each process's share continue where they were, so the run still ends at N exactly.
+under ``static``, each process's share continue where they were, and each env runs what is left of its own share,
+so the run still ends at N exactly.
 """
 
 from __future__ import annotations
@@ -52,6 +55,14 @@ class Budget(Protocol):
 def shares(target: int, num_procs: int) -> list[int]:
     """Per-process shares of ``target`` episodes; they differ by at most one."""
     return [target // num_procs + (1 if p < target % num_procs else 0) for p in range(num_procs)]
+
+
+def env_shares(target: int, num_procs: int, process_id: int, num_envs: int) -> list[int]:
+    """The static split's share of each env of process ``process_id`` (its process's share of ``target`` split over
+    its ``num_envs`` envs by :func:`shares`: the first ``share % num_envs`` envs run one more). Env ``e``'s episodes
+    are then its episodes ``0 .. env_shares[e] - 1``, the same in every run with these flags. Consecutive envs form
+    seed groups, so every seed group but at most one gets whole group episodes."""
+    return shares(shares(target, num_procs)[process_id], num_envs)
 
 
 class SharedFlag:

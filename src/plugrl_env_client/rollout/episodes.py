@@ -216,7 +216,8 @@ class Retirement:
     def note_reset(self, info: dict[str, Any], started: np.ndarray,
                    none_left: np.ndarray | None = None) -> np.ndarray:
         """The envs of ``started`` that did get an episode from the reset whose info is ``info`` (the others
-        retire); ``none_left``: a mask of envs the run itself has no episode left for (fixed start seeds used up)."""
+        retire); ``none_left``: a mask of envs the run itself has no episode left for (each ran its share of the run's
+        episodes)."""
         no_episode = _no_episode(info, len(self.retired))
         if none_left is not None and none_left.any():
             no_episode = none_left if no_episode is None else no_episode | none_left

@@ -23,10 +23,11 @@ seed plus the offset, so a group's env i starts as env ``offset + i`` of a locks
 env i with seed + i, as Gymnasium's vector envs do); later resets pass each env's derived seed
 (:mod:`~plugrl_env_client.rollout.seeds`), which depends on its process env id, not on the group it is in.
 
-Some envs take no part in a step: an env retired because its reset had no episode for it (``info["no_episode"]``),
-and, with ``--runner.group-size``, an env waiting for the rest of its group to finish. The batched ``env.step`` still
-steps their rows (with a placeholder action); their results are not counted, fed back or recorded. While every env
-takes part (the common case) :attr:`EnvGroup.active` is None and the steps use no masks at all.
+Some envs take no part in a step: an env retired because its reset had no episode for it (``info["no_episode"]``)
+or because it ran its share of the run's episodes (the static split, listed start seeds), and, with
+``--runner.group-size``, an env waiting for the rest of its group to finish. The batched ``env.step`` still steps
+their rows (with a placeholder action); their results are not counted, fed back or recorded. While every env takes
+part (the common case) :attr:`EnvGroup.active` is None and the steps use no masks at all.
 
 Every env call (reset, step) runs inside ``guard`` (the process's
 :class:`~plugrl_env_client.protocol.keepalive.Keepalive`): a call that lasts long has the server's pings answered
@@ -137,12 +138,12 @@ class EnvGroup:
         self.tracker = EpisodeTracker(n, settings.success_threshold)
         self.env_checks = EnvChecks(settings.env_id, n, settings.check_partial_reset)
         self.held = HeldRows(n, settings.reuse_feedback_obs)
-        self.retirement = Retirement(n, settings.env_id, offset, bool(env.metadata.get("finite_episodes", False))
-                                     or bool(settings.start_seeds))  # the listed seeds run out
+        self.retirement = Retirement(n, settings.env_id, offset, bool(env.metadata.get("finite_episodes", False)))
         self.seed_groups = SeedGroups(GroupSeeds(settings.seed, settings.process_id, offset, n, settings.group_size,
                                                  bool(env.metadata.get("per_env_seeds", False)),
                                                  start=settings.first_episodes[offset:offset + n],
-                                                 listed=settings.start_seeds, stride=settings.process_envs))
+                                                 listed=settings.start_seeds, stride=settings.process_envs,
+                                                 shares=settings.env_shares[offset:offset + n]))
         self.instructions = Instructions(n, settings.instruction)
         self.ends = ChunkEnds(self.plans, settings.align_chunks, self._infer_follows)
         self.active: np.ndarray | None = None
@@ -348,7 +349,8 @@ class EnvGroup:
     def _infer_follows(self, rows: np.ndarray, done: np.ndarray) -> bool:
         """Whether some env of a feedback for ``rows`` surely asks for actions next, so an infer follows it: one
         whose chunk ended without ending its episode, or a done one that starts its next episode at once (it may
-        not if it may retire, or waits for its seed group)."""
+        not if the env may retire it, if it ran the last episode of its share, or if it waits for its seed
+        group)."""
         if (~done[rows]).any():
             return True
         if self.retirement.may_retire:

@@ -20,19 +20,24 @@ depend on the episodes before them, and their seeds are recorded as null. (Seed 
 
 A resumed run (``--resume``) continues each env's numbering: an env that completed ``k`` episodes before the stop
 starts from its episode ``k`` (the episode it was in, if any, was dropped and is run again from its start), so its
-episodes are the ones it would have had without the stop. With seed groups a group continues at the furthest of its
-members (an episode one member finished and another had in flight is not run again). An env without per-env seeds
-cannot continue its generator: its resumed first reset is seeded with :func:`resumed_seed` (different from every
-earlier start, deterministic given the episodes already done), and its later episodes continue from there.
+episodes are the ones it would have had without the stop. With seed groups a group continues with the group
+episode its members with episodes left are in: a member that finished it before the stop waits while the others run
+it again from its start, then the group starts its next one together. An env without per-env seeds cannot continue
+its generator: its resumed first reset is seeded with :func:`resumed_seed` (different from every earlier start,
+deterministic given the episodes already done), and its later episodes continue from there.
 
 :class:`GroupSeeds` derives the seeds (:func:`episode_seed` is the rule); :class:`SeedGroups` follows the groups
 through a run (who waits for the rest of its group, which envs a reset starts).
 
+Shares (``--runner.episode-split static`` with ``--num-episodes``): each env runs a fixed number of episodes, its
+share of its process's share (:func:`~plugrl_env_client.rollout.budget.env_shares`), so its episodes are its
+episodes ``0 .. share - 1``; an env whose next episode is past its share retires.
+
 Fixed start states (``--runner.start-seeds S0 S1 ...``, a suite's ``seeds``): the run's episode ``k`` starts from
 ``S[k]``, whatever the number of processes, and the run has exactly one episode per listed seed. Process ``p`` takes
 the share :func:`listed_share` gives it (the same split as ``--runner.episode-split static``), and its env ``e``
-(of ``E`` envs in the process) runs the share's episodes ``e, e + E, e + 2E, ...``; an env whose next episode is
-past the share retires. This needs an env that takes per-env seeds, and seed groups of one env.
+(of ``E`` envs in the process) runs the share's episodes ``e, e + E, e + 2E, ...``: as many as its static share of
+them, after which it retires. This needs an env that takes per-env seeds, and seed groups of one env.
 """
 
 from __future__ import annotations
@@ -40,6 +45,7 @@ from __future__ import annotations
 import numpy as np
 
 from plugrl_env_client.errors import ConfigError
+from plugrl_env_client.rollout.budget import shares as split_shares
 
 
 def listed_share(seeds: tuple[int, ...], process_id: int, num_procs: int) -> tuple[int, ...]:
@@ -73,11 +79,15 @@ class GroupSeeds:
     numbering continues (empty: none).
 
     ``listed``: this process's share of fixed start seeds (module docstring), run by its ``stride`` envs (the
-    process's envs over all its groups; default ``offset + n``)."""
+    process's envs over all its groups; default ``offset + n``).
+
+    ``shares``: per env, how many episodes it runs in the whole run (the static split's per-env shares); an env
+    whose next episode is past its share has none (:meth:`exhausted`). Default: with ``listed``, the episodes of
+    the list each env runs; otherwise no limit."""
 
     def __init__(self, seed: int | None, process_id: int, offset: int, n: int, group_size: int,
                  per_env: bool = False, start: tuple[int, ...] = (), listed: tuple[int, ...] = (),
-                 stride: int | None = None) -> None:
+                 stride: int | None = None, shares: tuple[int, ...] = ()) -> None:
         if group_size < 1 or offset % group_size or n % group_size:
             raise ValueError(f"envs {offset}..{offset + n - 1} do not split into seed groups of {group_size}")
         if seed is not None and seed < 0:
@@ -95,18 +105,24 @@ class GroupSeeds:
                               f"seed groups (--runner.group-size {group_size}): use --runner.group-size 1")
         if self.listed and any(s < 0 for s in self.listed):
             raise ConfigError(f"start seeds must be >= 0, got {min(self.listed)}")
+        if not shares and self.listed:
+            shares = tuple(split_shares(len(self.listed), self.stride)[offset:offset + n])
+        if shares and len(shares) != n:
+            raise ValueError(f"shares holds {len(shares)} episode counts for {n} envs")
+        self.shares = np.asarray(shares, np.int64) if shares else None
+        self.ahead = np.zeros(n, bool)
+        """Resumed, seed groups: the env completed the group episode it is in, and waits for the group's next."""
         if start:
             if len(start) != n:
                 raise ValueError(f"start holds {len(start)} episode counts for {n} envs")
-            done = np.asarray(start, np.int64).reshape(-1, group_size).max(axis=1)
-            self.episode[:] = np.repeat(done, group_size)
+            self._resume(np.asarray(start, np.int64))
 
     def initial(self) -> int | list[int | None] | None:
         """The seed argument of the first reset of every env (of a resumed run: each at its next episode)."""
-        if self.episode.any():
+        if self.episode.any() or self.ahead.any():
             if not self.per_env:
                 return None if self.seed is None else resumed_seed(self._root, self.process_id, int(self.episode.sum()))
-            seeds = self._seeds(np.arange(self.n), self.episode)
+            seeds = self._seeds(np.arange(self.n), self.episode + self.ahead)  # one waiting: at the group's next
             if self.size == 1 and self.seed is not None and not self.listed:  # at its first episode: seed + i
                 for i in np.flatnonzero(self.episode == 0):
                     seeds[i] = self.seed + self.offset + int(i)
@@ -127,11 +143,17 @@ class GroupSeeds:
         self.episode[rows] += 1
 
     def exhausted(self) -> np.ndarray:
-        """Per env: its current episode is past this process's share of listed seeds (it has no episode; always
-        False without a list)."""
-        if not self.listed:
+        """Per env: its current episode is past its share (it has no episode; always False without shares)."""
+        if self.shares is None:
             return np.zeros(self.n, bool)
-        return self._listed_index(np.arange(self.n), self.episode) >= len(self.listed)
+        return self.episode >= self.shares
+
+    def on_last(self) -> np.ndarray:
+        """Per env: the episode it is in is the last of its share (done, it starts none; always False without
+        shares)."""
+        if self.shares is None:
+            return np.zeros(self.n, bool)
+        return self.episode + 1 >= self.shares
 
     def complete(self, finished: np.ndarray) -> np.ndarray:
         """Per env: whether every member of its group is ``finished`` (done and waiting, or retired)."""
@@ -145,6 +167,20 @@ class GroupSeeds:
         if isinstance(argument, list):
             return [argument[i] for i in rows]
         return [argument + int(i) for i in rows]
+
+    def _resume(self, done: np.ndarray) -> None:
+        """Each env continues after its ``done`` episodes. A seed group goes on with the group episode that the
+        members with episodes left are in, the earliest of theirs: a member that finished it before the stop waits
+        (:attr:`ahead`) while the others run it again from its start, and the group then starts its next one
+        together, as it would have without the stop. A member with no episode left stays past its share."""
+        if self.size == 1:
+            self.episode[:] = done
+            return
+        left = done < self.shares if self.shares is not None else np.ones(self.n, bool)
+        by_group = np.where(left, done, np.iinfo(np.int64).max).reshape(-1, self.size).min(axis=1)
+        current = np.repeat(by_group, self.size)
+        self.ahead = left & (done > current)
+        self.episode[:] = np.where(left, current, done)
 
     def _seeds(self, rows: np.ndarray, episodes: np.ndarray) -> list[int | None]:
         out: list[int | None] = [None] * self.n
@@ -174,8 +210,9 @@ class SeedGroups:
     def __init__(self, seeds: GroupSeeds) -> None:
         self.seeds = seeds
         self.grouped = seeds.size > 1
-        self.waiting = np.zeros(seeds.n, bool)
-        """Done, and waiting for the rest of the group."""
+        self.waiting = seeds.ahead.copy()
+        """Done, and waiting for the rest of the group (a resumed run's members that finished the group's episode
+        before the stop wait from the start)."""
 
     def restart(self, done: np.ndarray, retired: np.ndarray) -> tuple[np.ndarray, list[int | None] | None, np.ndarray]:
         """For the envs ``done`` (rows) on this step: (the rows to reset, the reset's seed argument, the rows whose
@@ -195,8 +232,8 @@ class SeedGroups:
 
     def restarts_at_once(self, rows: np.ndarray, done: np.ndarray, retired: np.ndarray) -> bool:
         """Whether some env of ``rows``, done on this step, starts its next episode at once (rather than waiting
-        for its group)."""
-        if not self.grouped:
-            return True
-        restarting = self.seeds.complete(self.waiting | retired | done) & done
+        for its group, or having run the last episode of its share)."""
+        restarting = done & ~self.seeds.on_last()
+        if self.grouped:
+            restarting &= self.seeds.complete(self.waiting | retired | done)
         return bool(restarting[rows].any())

@@ -73,6 +73,10 @@ class LoopSettings(LoopConfig):
     first_episodes: tuple[int, ...] = ()
     """Per env of the process: the episodes it completed in earlier segments of a resumed run, where its episode
     numbering (and so its seeds) continues; empty: none (a new run)."""
+    env_shares: tuple[int, ...] = ()
+    """Per env of the process: how many episodes it runs in the whole run (the static split's share of each env,
+    :func:`~plugrl_env_client.rollout.budget.env_shares`, or of the listed start seeds); an env that has run them
+    retires. Empty: no env has a share of its own (the budget alone ends the run)."""
 
     @classmethod
     def of(cls, config: LoopConfig, **added: Any) -> LoopSettings:
