@@ -506,6 +506,24 @@ def test_run_through_the_client(tmp_path: Any, registry: None) -> None:
     check_run_of_one_process(tmp_path / "gym-e2e", episodes=5, max_length=500)  # the env's own time limit
 
 
+def test_envs_that_ran_their_share_are_reset_quietly_when_their_idle_row_ends(tmp_path: Path, registry: None) -> None:
+    """Static split, 4 envs, 5 episodes: shares 2, 1, 1, 1. The three envs that ran theirs take no part any more,
+    but the batched env still steps their rows (placeholder actions), which soon end; Gym-v1 refuses to step a row
+    that ended and was not reset, so those rows are reset (without a seed, nothing recorded)."""
+    from plugrl_env_client.app import run_client
+    from plugrl_env_client.config import ClientConfig
+
+    config = ClientConfig(num_envs=4, num_episodes=5, local_policy="random", output_dir=tmp_path, progress=False,
+                          exp_name="shares", env=GymEnvConfig(id="CartPole-v1"))
+    assert run_client(config, "Gym-v1") == 0
+    episodes = [json.loads(line) for line in
+                (tmp_path / "shares/rollout/proc_000/episodes.jsonl").read_text().splitlines()]
+    per_env = [sum(1 for e in episodes if e["env_index"] == i) for i in range(4)]
+    assert per_env == [2, 1, 1, 1]
+    summary = json.loads((tmp_path / "shares/summary.json").read_text())
+    assert summary["status"] == "finished" and summary["completed_episodes"] == 5
+
+
 def test_a_run_renders_only_the_episodes_it_records(tmp_path: Path, registry: None) -> None:
     """--env.render-for-recorder-only with --recorder.episode-freq 3: the recorded episodes have their frames
     (samples and a video), the policy's observations none, and only recorded envs were rendered."""

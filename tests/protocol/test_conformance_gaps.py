@@ -222,9 +222,10 @@ def test_c15_replan_steps_above_the_advertised_horizon_warn_at_connect_and_short
 
 def test_c18_feedback_flags_are_those_of_the_chunks_last_step(harness, tmp_path):
     """Probe-v1 (episodes of 3, 5, 7 steps) with --runner.max-episode-steps 4 and H = 3: env 0 terminates at t=3,
-    envs 1 and 2 are truncated at t=4, one step into their second chunk."""
+    envs 1 and 2 are truncated at t=4, one step into their second chunk. (The shared split: under the static one
+    the other envs' chunks end early once an env has run its share, so that an infer follows its last feedback.)"""
     h = harness(probe_script(3, stop_after_feedbacks=None))
-    cfg = config(tmp_path, h.port, num_episodes=9, runner=RunnerConfig(max_episode_steps=4))
+    cfg = config(tmp_path, h.port, num_episodes=9, runner=RunnerConfig(max_episode_steps=4, episode_split="shared"))
     assert run_client(cfg, "Probe-v1") == 0
     lengths = np.array([3, 5, 7])
     t_at_infer: dict[int, float] = {}

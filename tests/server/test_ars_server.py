@@ -379,8 +379,8 @@ def test_local_policy_ars_needs_a_box_of_floats(tmp_path, env_id, registry):
 @pytest.mark.slow
 def test_the_readme_training_commands_run(tmp_path):
     """The README's Swimmer commands (train, report, train embedded, evaluate the saved policy),
-    as a reader runs them, each client cut to 4 episodes of 50 steps: one iteration, so there is a policy to
-    evaluate."""
+    as a reader runs them, each client cut to one episode of 50 steps per env: one iteration, so there is a policy
+    to evaluate (the static split gives every env one of those episodes, so every direction gets its rollout)."""
     pytest.importorskip("mujoco")
     from doc_commands import Command, DocShell, fenced_blocks
 
@@ -395,7 +395,10 @@ def test_the_readme_training_commands_run(tmp_path):
                 if not line.strip() or line.startswith("#"):
                     continue
                 if line.startswith("plugrl-run-env-client"):
-                    line = re.sub(r" --num-episodes \d+", "", line) + " --num-episodes 4 --runner.max-episode-steps 50"
+                    num_envs = re.search(r" --num-envs (\d+)", line)
+                    assert num_envs is not None, line
+                    line = (re.sub(r" --num-episodes \d+", "", line)
+                            + f" --num-episodes {num_envs.group(1)} --runner.max-episode-steps 50")
                 result = shell.run(Command(readme, fence.line + 1 + k, line))
                 assert result.ok, result.describe()
                 ran += 1

@@ -26,7 +26,8 @@ env i with seed + i, as Gymnasium's vector envs do); later resets pass each env'
 Some envs take no part in a step: an env retired because its reset had no episode for it (``info["no_episode"]``)
 or because it ran its share of the run's episodes (the static split, listed start seeds), and, with
 ``--runner.group-size``, an env waiting for the rest of its group to finish. The batched ``env.step`` still steps
-their rows (with a placeholder action); their results are not counted, fed back or recorded. While every env takes
+their rows (with a placeholder action); their results are not counted, fed back or recorded, and a retired env's row
+that the env says ended is reset (without a seed), as an env may refuse to step a row that ended. While every env takes
 part (the common case) :attr:`EnvGroup.active` is None and the steps use no masks at all.
 
 Every env call (reset, step) runs inside ``guard`` (the process's
@@ -73,6 +74,7 @@ from plugrl_env_client.timing import Timing
 logger = logging.getLogger(__name__)
 
 
+_NO_ROWS = np.zeros(0, np.intp)
 _TAKEN = Observation(states={"taken": np.zeros((0, 0), np.float32)})
 """What a :class:`StepResult` holds once its observation was taken: an empty batch (a use after the hand-over shows
 as a batch of 0 envs rather than as stale rows)."""
@@ -94,6 +96,7 @@ class StepResult:
     info: dict[str, Any]
     chunk_ended: np.ndarray  # envs whose chunk ended on this step (they get feedback)
     active: np.ndarray | None  # the envs that took part (None: every env)
+    idle_ended: np.ndarray  # retired envs whose row the env says ended (reset quietly; usually none)
 
     def take_obs(self) -> Observation:
         """The step's observation, which the result no longer holds afterwards: whoever takes it decides how long
@@ -264,7 +267,9 @@ class EnvGroup:
             logger.warning("env %s returned %s for envs %s; replaced by 0 (--runner.non-finite-rewards zero)",
                            self.settings.env_id, out.zeroed_why, (self.offset + out.zeroed_rewards).tolist())
         rewards, terminated, truncated = out.rewards, out.terminated, out.truncated
+        idle_ended = _NO_ROWS
         if active is not None:
+            idle_ended = np.flatnonzero((terminated | truncated) & self.retirement.retired)
             rewards = np.where(active, rewards, np.float32(0.0))
             terminated, truncated = terminated & active, truncated & active
         self.tracker.add_step(rewards, info, active)
@@ -275,7 +280,7 @@ class EnvGroup:
         done = terminated | truncated
         chunk_ended = self.plans.advance(rewards, done, active)
         self.hooks.on_step(out.obs, actions, rewards, self.ids)
-        return StepResult(out.obs, rewards, terminated, truncated, done, info, chunk_ended, active)
+        return StepResult(out.obs, rewards, terminated, truncated, done, info, chunk_ended, active, idle_ended)
 
     def send_feedback(self, step: StepResult) -> None:
         """Feedback for the envs whose chunk ended (and those :class:`ChunkEnds` adds): chunk-summed rewards,
@@ -307,7 +312,10 @@ class EnvGroup:
         obs = step.take_obs()
         done = step.done.nonzero()[0]
         if done.size == 0:
-            return obs
+            if step.idle_ended.size == 0 or self.budget.finished(self.settings.process_id):
+                return obs
+            del obs  # as below: not kept alive while the reset builds a new batch
+            return self._reset_idle(step.idle_ended)
         records = self.tracker.finish(done, step.terminated, step.truncated, self.settings.process_id,
                                       time.perf_counter() - self.started, self.process_env_steps(), self.offset)
         with self.guard, deferred_interrupts():  # an episode is claimed and reported as one, never half
@@ -322,10 +330,22 @@ class EnvGroup:
             return obs
         del obs  # the reset returns the whole batch: the step's observation need not stay alive while it runs
         rows, seed, starting = self.seed_groups.restart(done, self.retirement.retired)
+        if step.idle_ended.size:
+            rows = np.union1d(rows, step.idle_ended)
         mask = np.zeros(self.n, bool)
         mask[rows] = True
         obs, info = self._reset(seed, {"reset_mask": mask, "reset_indices": rows})
         return self._started_episodes(obs, info, starting, seed)
+
+    def _reset_idle(self, rows: np.ndarray) -> Observation:
+        """Reset, without a seed and without starting an episode, the rows of retired envs that the env says ended
+        on the placeholder step: an env may refuse to step a row that ended and was not reset (the contract), and
+        nothing is recorded of those rows. (An env with no episode left leaves its rows alone; an env that ran its
+        share is still a live env.)"""
+        mask = np.zeros(self.n, bool)
+        mask[rows] = True
+        obs, _ = self._reset(None, {"reset_mask": mask, "reset_indices": rows})
+        return obs
 
     # ------------------------------------------------------------------------------------------ helpers
 
