@@ -305,7 +305,7 @@ class TextCheck:
         if text.dtype.byteorder == "=" and text.flags.c_contiguous:  # the common case, in one pass
             if text.nbytes <= _DECODE_MAX:
                 try:  # a small batch: the UTF-32 codec refuses surrogates (and only those, in a numpy '<U' array)
-                    _UTF32_DECODE(text, "strict", True)
+                    _UTF32_DECODE(text, "strict", True)  # type: ignore[arg-type]  # an ndarray is a buffer
                     return
                 except UnicodeDecodeError:
                     pass
