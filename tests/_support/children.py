@@ -13,8 +13,13 @@ a hang-up working.
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
 import sys
 from collections.abc import Sequence
+
+import pytest
 
 PROLOGUE = ("import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); "
             "signal.signal(signal.SIGHUP, signal.SIG_DFL); os.execvp(sys.argv[1], sys.argv[1:])")
@@ -26,3 +31,23 @@ def sigint_default(argv: Sequence[str]) -> list[str]:
     """``argv`` as a command that starts with SIGINT and SIGHUP at their default actions (pass it to
     ``subprocess.Popen``)."""
     return [sys.executable, "-E", "-S", "-c", PROLOGUE, *argv]
+
+
+FAULT_HANDLER = {"PYTHONFAULTHANDLER": "1"}
+"""Environment for a child whose stacks :func:`ended_or_stacks` may need: Python's fault handler prints every
+thread's stack on SIGABRT."""
+
+
+def ended_or_stacks(proc: subprocess.Popen, timeout: float, group: bool = False) -> tuple[str, str]:
+    """``proc.communicate(timeout=timeout)``; a child still running by then (started with :data:`FAULT_HANDLER` in
+    its environment) gets SIGABRT, and the test fails with every thread's stack, so a hang says where it is.
+    ``group``: the child leads a session of its own, and its whole process group gets the SIGABRT."""
+    try:
+        return proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        (os.killpg if group else os.kill)(proc.pid, signal.SIGABRT)
+        try:
+            _, err = proc.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            err = "(no stacks: it did not answer SIGABRT within 30 s)"
+        pytest.fail(f"still running {timeout:g} s later; its stacks:\n{err}")

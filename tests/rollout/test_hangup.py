@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from children import FAULT_HANDLER, ended_or_stacks
 from waiting import wait_until
 
 pytestmark = pytest.mark.slow
@@ -32,7 +33,7 @@ def start(tmp_path: Path, num_procs: int, prologue: str = TERMINAL) -> subproces
     stopped), in a new session."""
     cmd = [sys.executable, "-m", "plugrl_env_client", "probe-v1", "--num-envs", "2", "--num-procs", str(num_procs),
            "--local-policy", "random", "--output-dir", str(tmp_path), "--exp-name", "run", "--no-progress"]
-    env = {**os.environ, "PYTHONFAULTHANDLER": "1"}  # a SIGABRT prints every thread's stack (see hang_up)
+    env = {**os.environ, **FAULT_HANDLER}  # a SIGABRT prints every thread's stack (see hang_up)
     return subprocess.Popen([sys.executable, "-E", "-S", "-c", prologue, *cmd], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True, env=env)
 
@@ -46,12 +47,7 @@ def hang_up(proc: subprocess.Popen) -> tuple[str, str]:
     the test with every thread's stack (SIGABRT, which the fault handler answers with them)."""
     try:
         os.killpg(proc.pid, signal.SIGHUP)
-        try:
-            return proc.communicate(timeout=60)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGABRT)
-            _, err = proc.communicate(timeout=30)
-            pytest.fail(f"still running 60 s after the SIGHUP; its stacks:\n{err}")
+        return ended_or_stacks(proc, 60, group=True)
     finally:
         _kill_group(proc)
 

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from children import sigint_default
+from children import FAULT_HANDLER, ended_or_stacks, sigint_default
 from waiting import wait_until
 
 
@@ -22,12 +23,13 @@ def wait_for(path: Path, proc: subprocess.Popen, timeout: float = 60.0) -> None:
 def test_signal_writes_outputs_and_exits_128_plus_signum(tmp_path, sig, num_procs):
     cmd = [sys.executable, "-m", "plugrl_env_client", "probe-v1", "--num-envs", "2", "--num-procs", str(num_procs),
            "--local-policy", "random", "--output-dir", str(tmp_path), "--exp-name", "run", "--no-progress"]
-    proc = subprocess.Popen(sigint_default(cmd), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(sigint_default(cmd), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, **FAULT_HANDLER})
     try:
         for p in range(num_procs):  # every process is collecting episodes
             wait_for(tmp_path / "run" / "rollout" / f"proc_{p:03d}" / "episodes.jsonl", proc)
         proc.send_signal(sig)
-        out, err = proc.communicate(timeout=60)
+        out, err = ended_or_stacks(proc, 60)
     finally:
         proc.kill()
     assert proc.returncode == 128 + sig, (out, err)
@@ -42,11 +44,12 @@ def test_signal_writes_outputs_and_exits_128_plus_signum(tmp_path, sig, num_proc
 def test_ctrl_c_while_processes_start_is_a_clean_interrupt(tmp_path):
     cmd = [sys.executable, "-m", "plugrl_env_client", "probe-v1", "--num-envs", "2", "--num-procs", "2",
            "--local-policy", "random", "--output-dir", str(tmp_path), "--exp-name", "run", "--no-progress"]
-    proc = subprocess.Popen(sigint_default(cmd), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(sigint_default(cmd), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, **FAULT_HANDLER})
     try:
         wait_until((tmp_path / "run" / "client_config.json").exists, 60, "client_config.json", proc=proc)
         proc.send_signal(signal.SIGINT)
-        out, err = proc.communicate(timeout=60)
+        out, err = ended_or_stacks(proc, 60)
     finally:
         proc.kill()
     assert proc.returncode == 130, (out, err)

@@ -10,7 +10,13 @@ import time
 
 import pytest
 
-from plugrl_env_client.rollout.signals import Interrupted, blocked, deferred_interrupts, interrupt_handlers
+from plugrl_env_client.rollout.signals import (
+    Interrupted,
+    blocked,
+    deferred_interrupts,
+    interrupt_handlers,
+    raise_swallowed,
+)
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
@@ -83,3 +89,22 @@ def test_another_threads_held_block_neither_holds_nor_takes_the_main_threads_sig
             release.set()
             thread.join(10)
     assert raised_in_thread == []
+
+
+def test_a_signal_whose_exception_a_library_swallowed_is_raised_at_the_next_check_in():
+    """Code that catches every exception (Cython's module initialisation, while it registers its types) can eat the
+    signal's exception; the run's next check-in raises it again. Outside a run nothing is left over."""
+    with interrupt_handlers():
+        raise_swallowed()  # nothing arrived yet
+        try:
+            os.kill(os.getpid(), signal.SIGTERM)
+            for _ in range(400):  # interrupted at once
+                time.sleep(0.005)
+        except BaseException:  # what such a library does
+            pass
+        with pytest.raises(Interrupted) as info:
+            raise_swallowed()
+        assert info.value.signum == signal.SIGTERM
+    raise_swallowed()  # the run is over: nothing to raise
+    with interrupt_handlers():
+        raise_swallowed()  # a new run starts clean

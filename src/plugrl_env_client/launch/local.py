@@ -38,6 +38,7 @@ from plugrl_env_client.rollout.signals import (
     Interrupted,
     blocked,
     interrupt_handlers,
+    raise_swallowed,
     shielded,
 )
 
@@ -170,6 +171,7 @@ class LocalLauncher:
                     if time.monotonic() >= deadline:
                         forced = _end(procs)
                         break
+                raise_swallowed()  # a Ctrl-C that some library's code swallowed while the run started
                 time.sleep(0.1)
         except KeyboardInterrupt as exc:
             interrupted = exc

@@ -35,6 +35,7 @@ from plugrl_env_client.rollout.budget import Budget
 from plugrl_env_client.rollout.group import EnvGroup, RunEnded, StepResult
 from plugrl_env_client.rollout.interfaces import ResultSink
 from plugrl_env_client.rollout.settings import LoopSettings
+from plugrl_env_client.rollout.signals import raise_swallowed
 from plugrl_env_client.timing import Timing
 
 logger = logging.getLogger(__name__)
@@ -185,6 +186,7 @@ class Rollout:
         if now < self._tell_at:
             return
         self._tell_at = now + ENV_STEPS_TELL_S
+        raise_swallowed()  # a Ctrl-C that some library's code swallowed still ends the run
         self._tell_env_steps()
         if now - self._last_progress >= self.settings.progress_period_s:
             self._last_progress = now

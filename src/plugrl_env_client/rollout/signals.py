@@ -24,9 +24,10 @@ class _State:
 
     defer_depth = 0
     pending: int | None = None
+    received: int | None = None  # the last stop signal that arrived, its exception raised or not
 
     def reset(self) -> None:
-        self.defer_depth, self.pending = 0, None
+        self.defer_depth, self.pending, self.received = 0, None, None
 
 
 _state = _State()
@@ -48,6 +49,7 @@ class Interrupted(KeyboardInterrupt):
 
 
 def _on_signal(signum: int, _frame: Any) -> None:
+    _state.received = signum
     if _state.defer_depth:
         _state.pending = signum
         return
@@ -63,11 +65,22 @@ def interrupt_handlers() -> Iterator[None]:
         return
     previous = {sig: signal.signal(sig, _on_signal) for sig in STOP_SIGNALS
                 if not (sig == signal.SIGHUP and signal.getsignal(sig) == signal.SIG_IGN)}
+    _state.received = None
     try:
         yield
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+        _state.received = None
+
+
+def raise_swallowed() -> None:
+    """Raise the stop signal that arrived while its exception did not end the run: code that catches every exception
+    may have swallowed it (Cython's module initialisation ignores errors while it registers its types, so a signal
+    during such an import was lost). Called where a run checks in now and then (main thread only)."""
+    if _state.received is not None and not _state.defer_depth \
+            and threading.current_thread() is threading.main_thread():
+        raise Interrupted(_state.received)
 
 
 @contextlib.contextmanager
