@@ -310,12 +310,25 @@ class EnvGroup:
         """Record finished episodes and start the next ones (unless the run needs no more episodes); returns the
         observation the next infer starts from."""
         obs = step.take_obs()
-        done = step.done.nonzero()[0]
-        if done.size == 0:
-            if step.idle_ended.size == 0 or self.budget.finished(self.settings.process_id):
-                return obs
-            del obs  # as below: not kept alive while the reset builds a new batch
-            return self._reset_idle(step.idle_ended)
+        done, idle = step.done.nonzero()[0], step.idle_ended
+        if done.size == 0 and idle.size == 0:
+            return obs
+        if done.size:
+            self._record(done, step)
+        if self.budget.finished(self.settings.process_id):
+            return obs
+        del obs  # the reset returns the whole batch: the step's observation need not stay alive while it runs
+        rows, seed, starting = (self.seed_groups.restart(done, self.retirement.retired) if done.size
+                                else (_NO_ROWS, None, _NO_ROWS))
+        if idle.size:  # retired envs' rows that ended: reset without a seed (an env may refuse to step them)
+            rows = np.union1d(rows, idle)
+        mask = np.zeros(self.n, bool)
+        mask[rows] = True
+        obs, info = self._reset(seed, {"reset_mask": mask, "reset_indices": rows})
+        return self._started_episodes(obs, info, starting, seed)
+
+    def _record(self, done: np.ndarray, step: StepResult) -> None:
+        """Claim and report the episodes that ended on ``step`` (rows ``done``)."""
         records = self.tracker.finish(done, step.terminated, step.truncated, self.settings.process_id,
                                       time.perf_counter() - self.started, self.process_env_steps(), self.offset)
         with self.guard, deferred_interrupts():  # an episode is claimed and reported as one, never half
@@ -326,26 +339,6 @@ class EnvGroup:
                     if watched:
                         row = np.array(record.env_index - self.offset)
                         self.hooks.on_episode_end(record, slice_info(step.info, row, self.n))
-        if self.budget.finished(self.settings.process_id):
-            return obs
-        del obs  # the reset returns the whole batch: the step's observation need not stay alive while it runs
-        rows, seed, starting = self.seed_groups.restart(done, self.retirement.retired)
-        if step.idle_ended.size:
-            rows = np.union1d(rows, step.idle_ended)
-        mask = np.zeros(self.n, bool)
-        mask[rows] = True
-        obs, info = self._reset(seed, {"reset_mask": mask, "reset_indices": rows})
-        return self._started_episodes(obs, info, starting, seed)
-
-    def _reset_idle(self, rows: np.ndarray) -> Observation:
-        """Reset, without a seed and without starting an episode, the rows of retired envs that the env says ended
-        on the placeholder step: an env may refuse to step a row that ended and was not reset (the contract), and
-        nothing is recorded of those rows. (An env with no episode left leaves its rows alone; an env that ran its
-        share is still a live env.)"""
-        mask = np.zeros(self.n, bool)
-        mask[rows] = True
-        obs, _ = self._reset(None, {"reset_mask": mask, "reset_indices": rows})
-        return obs
 
     # ------------------------------------------------------------------------------------------ helpers
 
