@@ -56,12 +56,12 @@ def test_with_per_env_seeds_each_env_episode_gets_its_own_derived_seed() -> None
     assert seeds.initial() == 14
     groups = SeedGroups(seeds)
     for k in (1, 2, 3):
-        rows, argument, starting = groups.restart(np.array([1]), np.zeros(4, bool))
+        rows, argument, starting = groups.restart(np.array([1]))
         assert rows.tolist() == starting.tolist() == [1]
         want = int(np.random.SeedSequence(10, spawn_key=(1, 5, k)).generate_state(1)[0])
         assert argument == [None, want, None, None], k
         assert seeds.recorded(argument, rows) == [want]
-    _, argument, _ = groups.restart(np.array([0, 2]), np.zeros(4, bool))
+    _, argument, _ = groups.restart(np.array([0, 2]))
     assert argument is not None and argument[1] is None and argument[3] is None
     assert argument[0] == int(np.random.SeedSequence(10, spawn_key=(1, 4, 1)).generate_state(1)[0])
     assert argument[2] == int(np.random.SeedSequence(10, spawn_key=(1, 6, 1)).generate_state(1)[0])
@@ -103,11 +103,11 @@ def test_a_resumed_seed_group_runs_its_unfinished_group_episode_while_the_member
     assert seeds.initial() == [episode_seed(3, 0, 0, 3), episode_seed(3, 0, 0, 2),
                                episode_seed(3, 0, 1, 0), episode_seed(3, 0, 1, 1)]
     groups = SeedGroups(seeds)
-    assert groups.waiting.tolist() == [True, False, False, True]
-    rows, seed, starting = groups.restart(np.array([1]), np.zeros(4, bool))
+    assert groups.idle.waiting.tolist() == [True, False, False, True]
+    rows, seed, starting = groups.restart(np.array([1]))
     assert rows.tolist() == [0, 1] and starting.tolist() == [0, 1]
     assert seed is not None and seed[0] == seed[1] == episode_seed(3, 0, 0, 3)
-    assert groups.waiting.tolist() == [False, False, False, True]
+    assert groups.idle.waiting.tolist() == [False, False, False, True]
 
 
 def test_a_resumed_seed_group_member_past_its_share_does_not_hold_the_group_back() -> None:
@@ -116,7 +116,7 @@ def test_a_resumed_seed_group_member_past_its_share_does_not_hold_the_group_back
     seeds = GroupSeeds(3, process_id=0, offset=0, n=2, group_size=2, start=(1, 1), shares=(2, 1))
     assert seeds.exhausted().tolist() == [False, True]
     assert seeds.on_last().tolist() == [True, True]
-    assert not SeedGroups(seeds).waiting.any()
+    assert not SeedGroups(seeds).idle.waiting.any()
 
 
 def test_a_resumed_env_without_per_env_seeds_starts_from_a_seed_apart_from_every_earlier_start() -> None:

@@ -35,7 +35,7 @@ def test_each_env_runs_every_stride_th_listed_seed_and_then_has_none_left() -> N
     assert seeds.initial() == [102, 103]
     assert not seeds.exhausted().any()
     groups = SeedGroups(seeds)
-    rows, argument, _ = groups.restart(np.array([0, 1]), np.zeros(2, bool))
+    rows, argument, _ = groups.restart(np.array([0, 1]))
     assert argument == [106, None]
     assert seeds.exhausted().tolist() == [False, True]
     assert seeds.recorded(argument, rows) == [106, None]

@@ -20,12 +20,16 @@ from collections.abc import Callable
 
 import numpy as np
 
+from plugrl_env_client.rollout.idle import IdleEnvs
+
 
 class ActionPlans:
     """Action queues of ``num_envs`` envs, plus the reward summed over each env's current chunk."""
 
-    def __init__(self, num_envs: int, action_shape: tuple[int, ...], dtype: np.dtype, replan_steps: int | None) -> None:
+    def __init__(self, num_envs: int, action_shape: tuple[int, ...], dtype: np.dtype, replan_steps: int | None,
+                 idle: IdleEnvs | None = None) -> None:
         self.num_envs = num_envs
+        self.idle = idle if idle is not None else IdleEnvs(num_envs)
         self.action_shape = tuple(action_shape)
         self.dtype = np.dtype(dtype)
         self.replan_steps = replan_steps
@@ -59,20 +63,16 @@ class ActionPlans:
         the step (retired, or waiting for its seed group) gets the last action it had, as a placeholder."""
         return self._queue[self._all, np.minimum(self.cursor, self._queue.shape[1] - 1)]
 
-    def advance(self, rewards: np.ndarray, done: np.ndarray, active: np.ndarray | None = None) -> np.ndarray:
-        """Account one env step of the ``active`` envs (all when None); returns the envs whose chunk ended on it
-        (used up or episode over). Inactive envs (retired, or waiting) keep their plans as they are; ``done``
-        holds only active envs."""
+    def advance(self, rewards: np.ndarray, done: np.ndarray) -> np.ndarray:
+        """Account one env step of the envs that take part in it; returns those whose chunk ended on it (used up or
+        episode over). Idle envs (retired, or waiting) keep their plans as they are; their ``rewards`` are 0 and
+        ``done`` is False for them."""
         cursor = self.cursor
-        if active is None:
-            cursor += 1
-            self.chunk_reward += rewards
-        else:
-            cursor += active
-            self.chunk_reward += np.where(active, rewards, 0.0)
+        cursor += self.idle.active
+        self.chunk_reward += rewards
         np.copyto(cursor, self.length, where=done)
         self.needing = needing = cursor >= self.length
-        return (needing if active is None else needing & active).nonzero()[0]
+        return self.idle.only(needing).nonzero()[0]
 
     def nearly_used(self, steps_left: int, candidates: np.ndarray) -> np.ndarray:
         """Among ``candidates`` (a bool mask), the envs with at most ``steps_left`` steps left in their chunk."""
@@ -113,17 +113,17 @@ class ChunkEnds:
                  infer_follows: Callable[[np.ndarray, np.ndarray], bool]) -> None:
         self.plans, self.align, self.infer_follows = plans, align, infer_follows
 
-    def rows(self, ended: np.ndarray, done: np.ndarray, active: np.ndarray | None) -> np.ndarray:
+    def rows(self, ended: np.ndarray, done: np.ndarray) -> np.ndarray:
         """The feedback's env rows (ascending, each once) for a step whose chunks ``ended`` (rows), with the
-        step's ``done`` mask and the ``active`` envs (None: all)."""
+        step's ``done`` mask."""
         if ended.size == 0:
             return ended
         early = None
+        only = self.plans.idle.only
         if self.align:
-            early = self.plans.nearly_used(self.align, ~done if active is None else active & ~done)
+            early = self.plans.nearly_used(self.align, only(~done))
         if not self.infer_follows(ended, done):
-            holding = ~done & ~self.plans.needing
-            early = np.flatnonzero(holding if active is None else holding & active)
+            early = np.flatnonzero(only(~done & ~self.plans.needing))
         if early is None or early.size == 0:
             return ended
         self.plans.cut(early)

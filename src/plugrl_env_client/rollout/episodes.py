@@ -2,10 +2,10 @@
 
 Kept per env (not per batch) so statistics stay right when envs finish on different steps.
 
-Two things a reset reports besides the observation have an object of their own here: :class:`Retirement` (envs
-whose reset had no episode for them, ``info["no_episode"]``, take no part any more) and :class:`Instructions`
+What a reset reports besides the observation has an object of its own: :class:`Instructions`
 (``info["env_instruction"]``, recorded with the episode and, unless ``--runner.instruction off``, put in front of
-its first observation text).
+its first observation text); envs whose reset had no episode for them (``info["no_episode"]``) retire
+(:class:`~plugrl_env_client.rollout.idle.IdleEnvs`).
 
 Metrics follow ROLL/GEM's convention: a step's ``info["metrics"]`` maps names to one value per env, and
 ``info["metrics_agg_mode"]`` says how a name is aggregated over an episode: ``sum``, ``mean``, ``min``, ``max``,
@@ -28,6 +28,7 @@ from plugrl_env_client.envs.base_env import Observation
 from plugrl_env_client.envs.contract import describe_value
 from plugrl_env_client.errors import EnvContractError
 from plugrl_env_client.records import EpisodeRecord
+from plugrl_env_client.rollout.idle import IdleEnvs
 
 logger = logging.getLogger(__name__)
 
@@ -76,8 +77,9 @@ class _Metric:
 class EpisodeTracker:
     """Running totals of the current episode of each env."""
 
-    def __init__(self, num_envs: int, success_threshold: float | None) -> None:
+    def __init__(self, num_envs: int, success_threshold: float | None, idle: IdleEnvs | None = None) -> None:
         self.n = num_envs
+        self.idle = idle if idle is not None else IdleEnvs(num_envs)
         self.success_threshold = success_threshold
         self.returns = np.zeros(num_envs, np.float64)
         self.lengths = np.zeros(num_envs, np.int64)
@@ -102,35 +104,30 @@ class EpisodeTracker:
             self.seeds[env] = None if seeds is None else seeds[k]
             self.instructions[env] = None if instructions is None else instructions[k]
 
-    def add_step(self, rewards: np.ndarray, info: dict[str, Any], active: np.ndarray | None = None) -> None:
-        """Account one env step of the ``active`` envs (all when None).
+    def add_step(self, rewards: np.ndarray, info: dict[str, Any]) -> None:
+        """Account one env step of the envs that take part in it (``rewards`` of idle envs are 0).
 
         An episode succeeds when any step's reward reaches the registered threshold, or when the env reports
         ``info["success"]`` (a bool array) true on any step.
         """
-        if active is None:  # every env stepped (the hot path: no masks)
-            self.returns += rewards
-            self.lengths += 1
-        else:
-            self.returns += np.where(active, rewards, 0.0)
-            self.lengths += active
+        idle = self.idle
+        self.returns += rewards
+        self.lengths += idle.active
         if self.success_threshold is not None:
-            reached = rewards >= self.success_threshold
-            self.success |= reached if active is None else active & reached
+            self.success |= idle.only(rewards >= self.success_threshold)
         reported = info.get("success")
         if reported is not None:
             if (isinstance(reported, np.ndarray) and reported.shape == self.success.shape
                     and reported.dtype.kind in "biuf"):
                 self.judges_success = True
-                self.success |= reported.astype(bool) if active is None else active & reported.astype(bool)
+                self.success |= idle.only(reported.astype(bool))
             elif "success" not in self._warned:
                 self._wrong_type("success", reported, f"counts success only from a bool array of shape ({self.n},) (one per "
                                  "env), so it counts none from it")
         metrics = info.get("metrics")
         if isinstance(metrics, dict):
             if metrics:
-                rows = np.arange(self.n) if active is None else np.flatnonzero(active)
-                self._add_metrics(metrics, info.get("metrics_agg_mode") or {}, rows)
+                self._add_metrics(metrics, info.get("metrics_agg_mode") or {}, idle.rows())
         elif metrics is not None and "metrics" not in self._warned:
             self._wrong_type("metrics", metrics, "reads metrics only from a dict of metric name -> one number per env "
                              f"(shape ({self.n},)), so it records none from it")
@@ -200,40 +197,6 @@ class EpisodeTracker:
         }
 
 
-class Retirement:
-    """Envs with no episode left: a reset that reports ``info["no_episode"]`` for an env retires it, and a retired
-    env takes no part in steps, infers or feedback any more (the batched step still steps its row).
-
-    ``may_retire`` says whether any env may still retire: the env declares it (``metadata["finite_episodes"]``), or
-    once reported ``no_episode``. Until then a done env surely starts a new episode at its reset."""
-
-    def __init__(self, num_envs: int, env_id: str, offset: int, declared: bool) -> None:
-        self.env_id, self.offset = env_id, offset
-        self.may_retire = declared
-        self.retired = np.zeros(num_envs, bool)
-        self.all_retired = False
-
-    def note_reset(self, info: dict[str, Any], started: np.ndarray,
-                   none_left: np.ndarray | None = None) -> np.ndarray:
-        """The envs of ``started`` that did get an episode from the reset whose info is ``info`` (the others
-        retire); ``none_left``: a mask of envs the run itself has no episode left for (each ran its share of the run's
-        episodes)."""
-        no_episode = _no_episode(info, len(self.retired))
-        if none_left is not None and none_left.any():
-            no_episode = none_left if no_episode is None else no_episode | none_left
-        if no_episode is None:
-            return started
-        self.may_retire = True
-        retiring = started[no_episode[started]]
-        if retiring.size == 0:
-            return started
-        self.retired[retiring] = True
-        self.all_retired = bool(self.retired.all())
-        logger.info("env %s: no episode left for envs %s; they are retired", self.env_id,
-                    (self.offset + retiring).tolist())
-        return started[~no_episode[started]]
-
-
 class Instructions:
     """``info["env_instruction"]`` of a reset: the instruction of each episode it starts, for its record, and (mode
     ``prepend``) in front of that episode's first observation text, where a language policy reads it."""
@@ -250,20 +213,6 @@ class Instructions:
         if self.prepend and started.size:
             obs = _prepend(obs, started, instructions)
         return obs, [instructions[i] for i in started]
-
-
-def _no_episode(info: dict[str, Any], n: int) -> np.ndarray | None:
-    """``info["no_episode"]`` as a bool mask of the batch (one bool for all envs, or one per env); None when the
-    env does not report it."""
-    if "no_episode" not in info:
-        return None
-    mask = np.asarray(info["no_episode"])
-    if mask.ndim == 0:
-        mask = np.full(n, bool(mask))
-    if mask.shape != (n,) or mask.dtype.kind not in "biu":
-        raise EnvContractError(f"reset() info['no_episode'] must be a bool or one bool per env ({n}); got "
-                               f"{mask.dtype} {mask.shape}")
-    return mask.astype(bool)
 
 
 def _instructions(value: Any, n: int) -> list[str] | None:

@@ -11,9 +11,9 @@ object and connection, so one group's stepping overlaps the others' inference (`
 in two: ``ask_for_actions`` sends the infer, ``take_actions`` picks its reply up).
 
 The steps hold no feature flags: each optional feature is a small object they call at one point, and does nothing
-when it is off. Seed groups (:class:`~plugrl_env_client.rollout.seeds.SeedGroups`), retirement and instructions
-(:class:`~plugrl_env_client.rollout.episodes.Retirement`, :class:`~plugrl_env_client.rollout.episodes.Instructions`)
-act when episodes end and start; align and "every feedback is followed by an infer"
+when it is off. Seed groups (:class:`~plugrl_env_client.rollout.seeds.SeedGroups`), retirement
+(:class:`~plugrl_env_client.rollout.idle.IdleEnvs`) and instructions
+(:class:`~plugrl_env_client.rollout.episodes.Instructions`) act when episodes end and start; align and "every feedback is followed by an infer"
 (:class:`~plugrl_env_client.rollout.chunks.ChunkEnds`) choose a feedback's rows; the rows the server holds
 (:class:`~plugrl_env_client.rollout.chunks.HeldRows`) shape an infer.
 
@@ -27,8 +27,9 @@ Some envs take no part in a step: an env retired because its reset had no episod
 or because it ran its share of the run's episodes (the static split, listed start seeds), and, with
 ``--runner.group-size``, an env waiting for the rest of its group to finish. The batched ``env.step`` still steps
 their rows (with a placeholder action); their results are not counted, fed back or recorded, and a retired env's row
-that the env says ended is reset (without a seed), as an env may refuse to step a row that ended. While every env takes
-part (the common case) :attr:`EnvGroup.active` is None and the steps use no masks at all.
+that the env says ended is reset (without a seed), as an env may refuse to step a row that ended. One object,
+:attr:`EnvGroup.idle` (:class:`~plugrl_env_client.rollout.idle.IdleEnvs`), keeps who is idle; the steps and their
+collaborators read the mask only through it.
 
 Every env call (reset, step) runs inside ``guard`` (the process's
 :class:`~plugrl_env_client.protocol.keepalive.Keepalive`): a call that lasts long has the server's pings answered
@@ -64,7 +65,8 @@ from plugrl_env_client.protocol.messages import (
 from plugrl_env_client.rollout.actions import check_actions
 from plugrl_env_client.rollout.budget import Budget
 from plugrl_env_client.rollout.chunks import ActionPlans, ChunkEnds, HeldRows
-from plugrl_env_client.rollout.episodes import EpisodeTracker, Instructions, Retirement
+from plugrl_env_client.rollout.episodes import EpisodeTracker, Instructions
+from plugrl_env_client.rollout.idle import IdleEnvs
 from plugrl_env_client.rollout.interfaces import NO_HOOKS, EpisodeHooks, ResultSink, ServerSession
 from plugrl_env_client.rollout.seeds import GroupSeeds, SeedGroups
 from plugrl_env_client.rollout.settings import LoopSettings
@@ -84,7 +86,7 @@ as a batch of 0 envs rather than as stale rows)."""
 class StepResult:
     """One batched env step, checked, with the time limit applied and the chunks that ended on it.
 
-    Flags and rewards of envs that took no part in the step (retired or waiting) are False and 0. Its observation
+    Flags and rewards of envs that took no part in the step (idle: retired or waiting) are False and 0. Its observation
     is handed on once, by :meth:`take_obs`, after the feedback has been sent.
     """
 
@@ -95,7 +97,6 @@ class StepResult:
     done: np.ndarray  # terminated | truncated, active envs only
     info: dict[str, Any]
     chunk_ended: np.ndarray  # envs whose chunk ended on this step (they get feedback)
-    active: np.ndarray | None  # the envs that took part (None: every env)
     idle_ended: np.ndarray  # retired envs whose row the env says ended (reset quietly; usually none)
 
     def take_obs(self) -> Observation:
@@ -137,20 +138,20 @@ class EnvGroup:
                 "metadata['per_env_seeds'] = True); leave the seeds out, or use an env that does (e.g. MuJoCo-v1 "
                 "with --env.backend gymnasium)"
             )
-        self.plans = ActionPlans(n, tuple(self.space.shape or ()), _plan_dtype(self.space), settings.replan_steps)
-        self.tracker = EpisodeTracker(n, settings.success_threshold)
+        self.idle = IdleEnvs(n, settings.env_id, offset, bool(env.metadata.get("finite_episodes", False)))
+        """Who takes no part in steps (retired, or waiting for their seed group)."""
+        self.plans = ActionPlans(n, tuple(self.space.shape or ()), _plan_dtype(self.space), settings.replan_steps,
+                                 self.idle)
+        self.tracker = EpisodeTracker(n, settings.success_threshold, self.idle)
         self.env_checks = EnvChecks(settings.env_id, n, settings.check_partial_reset)
         self.held = HeldRows(n, settings.reuse_feedback_obs)
-        self.retirement = Retirement(n, settings.env_id, offset, bool(env.metadata.get("finite_episodes", False)))
         self.seed_groups = SeedGroups(GroupSeeds(settings.seed, settings.process_id, offset, n, settings.group_size,
                                                  bool(env.metadata.get("per_env_seeds", False)),
                                                  start=settings.first_episodes[offset:offset + n],
                                                  listed=settings.start_seeds, stride=settings.process_envs,
-                                                 shares=settings.env_shares[offset:offset + n]))
+                                                 shares=settings.env_shares[offset:offset + n]), self.idle)
         self.instructions = Instructions(n, settings.instruction)
         self.ends = ChunkEnds(self.plans, settings.align_chunks, self._infer_follows)
-        self.active: np.ndarray | None = None
-        """The envs that take part in steps (not retired, not waiting for their group); None while all do."""
         self._all = np.arange(n)
         self.started = time.perf_counter()
         self.process_env_steps: Callable[[], int] = lambda: self.timing.env_steps
@@ -160,7 +161,7 @@ class EnvGroup:
 
     @property
     def all_retired(self) -> bool:
-        return self.retirement.all_retired
+        return self.idle.all_retired
 
     @property
     def awaiting_actions(self) -> bool:
@@ -211,13 +212,11 @@ class EnvGroup:
 
     def needs_actions(self) -> bool:
         """Whether some active env has no action for the next step (its chunk is used up or was dropped)."""
-        needing = self.plans.needing
-        return bool((needing if self.active is None else needing & self.active).any())
+        return bool(self.idle.only(self.plans.needing).any())
 
     def can_step(self) -> bool:
         """Every active env has an action, and some env is active."""
-        active = self.active
-        return not self.all_retired and (active is None or bool(active.any())) and not self.needs_actions()
+        return self.idle.count > 0 and not self.needs_actions()
 
     def request_actions(self, obs: Observation) -> None:
         """Infer for the active envs whose chunk ran out (ascending env index) and queue their chunks (lockstep:
@@ -244,7 +243,7 @@ class EnvGroup:
     def step_envs(self) -> StepResult:
         """One batched env step with the planned actions; applies the time limit and chunk accounting."""
         actions = self.plans.next_actions()
-        active = self.active
+        idle = self.idle
         start = time.perf_counter()
         env = self.env
         env.in_step = True  # the env's own reset() notices it is called inside step()
@@ -255,7 +254,7 @@ class EnvGroup:
         timing = self.timing
         timing.env_step_s += time.perf_counter() - start
         timing.batch_steps += 1
-        steps = self.n if active is None else int(active.sum())
+        steps = idle.count
         timing.env_steps += steps  # the rollout adds them to the run's budget now and then
         timing.idle_env_steps += self.n - steps
         if getattr(env, "reset_in_step", False):
@@ -266,27 +265,21 @@ class EnvGroup:
         if out.zeroed_rewards.size:
             logger.warning("env %s returned %s for envs %s; replaced by 0 (--runner.non-finite-rewards zero)",
                            self.settings.env_id, out.zeroed_why, (self.offset + out.zeroed_rewards).tolist())
-        rewards, terminated, truncated = out.rewards, out.terminated, out.truncated
-        idle_ended = _NO_ROWS
-        if active is not None:
-            idle_ended = np.flatnonzero((terminated | truncated) & self.retirement.retired)
-            rewards = np.where(active, rewards, np.float32(0.0))
-            terminated, truncated = terminated & active, truncated & active
-        self.tracker.add_step(rewards, info, active)
+        rewards, terminated, truncated, idle_ended = idle.leave_out(out.rewards, out.terminated, out.truncated)
+        self.tracker.add_step(rewards, info)
         limit = self.settings.max_episode_steps
         if limit is not None:
-            over = (self.tracker.lengths >= limit) & ~terminated
-            truncated = truncated | (over if active is None else over & active)
+            truncated = truncated | idle.only((self.tracker.lengths >= limit) & ~terminated)
         done = terminated | truncated
-        chunk_ended = self.plans.advance(rewards, done, active)
+        chunk_ended = self.plans.advance(rewards, done)
         self.hooks.on_step(out.obs, actions, rewards, self.ids)
-        return StepResult(out.obs, rewards, terminated, truncated, done, info, chunk_ended, active, idle_ended)
+        return StepResult(out.obs, rewards, terminated, truncated, done, info, chunk_ended, idle_ended)
 
     def send_feedback(self, step: StepResult) -> None:
         """Feedback for the envs whose chunk ended (and those :class:`ChunkEnds` adds): chunk-summed rewards,
         post-step (terminal) observations. A connection that is gone already is not an error here: it surfaces
         at the next infer."""
-        rows = self.ends.rows(step.chunk_ended, step.done, step.active)
+        rows = self.ends.rows(step.chunk_ended, step.done)
         if rows.size == 0:
             return
         done = step.done
@@ -318,7 +311,7 @@ class EnvGroup:
         if self.budget.finished(self.settings.process_id):
             return obs
         del obs  # the reset returns the whole batch: the step's observation need not stay alive while it runs
-        rows, seed, starting = (self.seed_groups.restart(done, self.retirement.retired) if done.size
+        rows, seed, starting = (self.seed_groups.restart(done) if done.size
                                 else (_NO_ROWS, None, _NO_ROWS))
         if idle.size:  # retired envs' rows that ended: reset without a seed (an env may refuse to step them)
             rows = np.union1d(rows, idle)
@@ -345,8 +338,7 @@ class EnvGroup:
     def _infer_request(self, obs: Observation) -> InferRequest[Observation] | None:
         """The infer for the active envs without actions (the rows sent, env indices, step ids, reuse); None when
         every active env has its actions."""
-        needing = self.plans.needing
-        need = np.flatnonzero(needing if self.active is None else needing & self.active)
+        need = np.flatnonzero(self.idle.only(self.plans.needing))
         if need.size == 0:
             return None
         reuse = self.held.reuse(need)
@@ -366,24 +358,21 @@ class EnvGroup:
         group)."""
         if (~done[rows]).any():
             return True
-        if self.retirement.may_retire:
+        if self.idle.may_retire:
             return False
-        return self.seed_groups.restarts_at_once(rows, done, self.retirement.retired)
+        return self.seed_groups.restarts_at_once(rows, done)
 
     def _started_episodes(self, obs: Observation, info: dict[str, Any], started: np.ndarray,
                           seed: int | list[int | None] | None) -> Observation:
         """Bookkeeping for episodes that start at ``started`` after a reset with ``seed``: retire the envs that got
         none, note the instructions, and tell the hooks."""
         seeds = self.seed_groups.seeds.recorded(seed, started)
-        kept = self.retirement.note_reset(info, started, self.seed_groups.seeds.exhausted())
+        kept = self.idle.retire_without_episode(info, started, self.seed_groups.seeds.exhausted())
         if kept.size != started.size:
             seeds = [s for s, keep in zip(seeds, np.isin(started, kept)) if keep]
             started = kept
         obs, instructions = self.instructions.note_reset(obs, info, started)
         self.tracker.start(started, seeds, instructions)
-        if self.retirement.may_retire or self.seed_groups.grouped:  # only then may an env be idle
-            idle = self.retirement.retired | self.seed_groups.waiting
-            self.active = ~idle if idle.any() else None
         if started.size:
             self.hooks.on_reset(obs, self.ids[started], started)
         return obs

@@ -46,6 +46,7 @@ import numpy as np
 
 from plugrl_env_client.errors import ConfigError
 from plugrl_env_client.rollout.budget import shares as split_shares
+from plugrl_env_client.rollout.idle import IdleEnvs
 
 
 def listed_share(seeds: tuple[int, ...], process_id: int, num_procs: int) -> tuple[int, ...]:
@@ -204,36 +205,38 @@ class SeedGroups:
     Without seed groups (size 1) every done env is reset at once, to its own next seed, and nobody waits. With
     them, a group starts its next episode once every member is done, all from the group's next seed; a member done
     early is reset to that start at once (so its simulator is in a valid state) and waits, its row idling, until
-    the group starts together.
+    the group starts together. Who waits is kept by ``idle`` (:class:`~plugrl_env_client.rollout.idle.IdleEnvs`),
+    beside who retired: a resumed run's members that finished the group's episode before the stop wait from the
+    start.
     """
 
-    def __init__(self, seeds: GroupSeeds) -> None:
+    def __init__(self, seeds: GroupSeeds, idle: IdleEnvs | None = None) -> None:
         self.seeds = seeds
         self.grouped = seeds.size > 1
-        self.waiting = seeds.ahead.copy()
-        """Done, and waiting for the rest of the group (a resumed run's members that finished the group's episode
-        before the stop wait from the start)."""
+        self.idle = idle if idle is not None else IdleEnvs(seeds.n)
+        if seeds.ahead.any():
+            self.idle.wait(np.flatnonzero(seeds.ahead))
 
-    def restart(self, done: np.ndarray, retired: np.ndarray) -> tuple[np.ndarray, list[int | None] | None, np.ndarray]:
+    def restart(self, done: np.ndarray) -> tuple[np.ndarray, list[int | None] | None, np.ndarray]:
         """For the envs ``done`` (rows) on this step: (the rows to reset, the reset's seed argument, the rows whose
-        episode starts now). ``retired``: the mask of envs that will never start one."""
+        episode starts now)."""
         if not self.grouped:
             seed = self.seeds.upcoming(done)
             self.seeds.advance(done)
             return done, seed, done
-        self.waiting[done] = True
-        complete = self.seeds.complete(self.waiting | retired)
-        starting = np.flatnonzero(complete & self.waiting)
+        idle = self.idle
+        idle.wait(done)
+        starting = np.flatnonzero(self.seeds.complete(idle.waiting | idle.retired) & idle.waiting)
         rows = np.union1d(starting, done)
         seed = self.seeds.upcoming(rows)
         self.seeds.advance(starting)
-        self.waiting[starting] = False
+        idle.start(starting)
         return rows, seed, starting
 
-    def restarts_at_once(self, rows: np.ndarray, done: np.ndarray, retired: np.ndarray) -> bool:
+    def restarts_at_once(self, rows: np.ndarray, done: np.ndarray) -> bool:
         """Whether some env of ``rows``, done on this step, starts its next episode at once (rather than waiting
         for its group, or having run the last episode of its share)."""
         restarting = done & ~self.seeds.on_last()
         if self.grouped:
-            restarting &= self.seeds.complete(self.waiting | retired | done)
+            restarting &= self.seeds.complete(self.idle.waiting | self.idle.retired | done)
         return bool(restarting[rows].any())
