@@ -41,7 +41,7 @@ TextLike = None | str | Sequence[str] | np.ndarray
 def _as_text_array(text: TextLike, n: int | None) -> np.ndarray:
     """Normalise ``text`` to a numpy unicode array of shape (n,); ``n=None`` means 'infer from text'."""
     if text is None:
-        return np.full(n if n is not None else 1, "", dtype="<U1")
+        return np.zeros(n if n is not None else 1, dtype="<U1")  # empty strings
     if isinstance(text, str):
         return np.full(n if n is not None else 1, text, dtype=f"<U{max(len(text), 1)}")
     arr = np.asarray(text)
