@@ -13,9 +13,9 @@ in two: ``ask_for_actions`` sends the infer, ``take_actions`` picks its reply up
 The steps hold no feature flags: each optional feature is a small object they call at one point, and does nothing
 when it is off. Seed groups (:class:`~plugrl_env_client.rollout.seeds.SeedGroups`), retirement
 (:class:`~plugrl_env_client.rollout.idle.IdleEnvs`) and instructions
-(:class:`~plugrl_env_client.rollout.episodes.Instructions`) act when episodes end and start; align and "every feedback is followed by an infer"
-(:class:`~plugrl_env_client.rollout.chunks.ChunkEnds`) choose a feedback's rows; the rows the server holds
-(:class:`~plugrl_env_client.rollout.chunks.HeldRows`) shape an infer.
+(:class:`~plugrl_env_client.rollout.episodes.Instructions`) act when episodes end and start; align and "every
+feedback is followed by an infer" (:class:`~plugrl_env_client.rollout.chunks.ChunkEnds`) choose a feedback's rows;
+the rows the server holds (:class:`~plugrl_env_client.rollout.chunks.HeldRows`) shape an infer.
 
 Env ids: a group's envs are the process's envs ``offset .. offset + num_envs - 1`` (the ids in episodes.jsonl and
 the recorder); on the wire each connection numbers its own envs from 0. The first reset is seeded with the process
