@@ -96,16 +96,17 @@ class IdleEnvs:
         if retiring.size == 0:
             return started
         self.retired[retiring] = True
-        self.all_retired = bool(self.retired.all())
         self._changed()
         logger.info("env %s: no episode left for envs %s; they are retired", self.env_id,
                     (self.offset + retiring).tolist())
         return started[~no_episode[started]]
 
     def _changed(self) -> None:
+        """Everything derived from the two masks, worked out once per change rather than on every read."""
         np.logical_not(self.retired | self.waiting, out=self.active)
         self.count = int(self.active.sum())
         self.everyone = self.count == self.n
+        self.all_retired = bool(self.retired.all())
 
 
 def _no_episode(info: dict[str, Any], n: int) -> np.ndarray | None:

@@ -226,7 +226,7 @@ class SeedGroups:
             return done, seed, done
         idle = self.idle
         idle.wait(done)
-        starting = np.flatnonzero(self.seeds.complete(idle.waiting | idle.retired) & idle.waiting)
+        starting = np.flatnonzero(self.seeds.complete(~idle.active) & idle.waiting)  # idle: waiting or retired
         rows = np.union1d(starting, done)
         seed = self.seeds.upcoming(rows)
         self.seeds.advance(starting)
@@ -238,5 +238,5 @@ class SeedGroups:
         for its group, or having run the last episode of its share)."""
         restarting = done & ~self.seeds.on_last()
         if self.grouped:
-            restarting &= self.seeds.complete(self.idle.waiting | self.idle.retired | done)
+            restarting &= self.seeds.complete(~self.idle.active | done)
         return bool(restarting[rows].any())
