@@ -382,8 +382,9 @@ def is_per_env(value: Any, num_envs: int) -> bool:
             and value.dtype.kind not in "OVc")
 
 
-def slice_info(info: dict[str, Any], rows: np.ndarray, num_envs: int) -> dict[str, Any]:
-    """The per-env part of a step's info, cut to ``rows``: the values :func:`is_per_env` accepts, in nested maps too.
+def slice_info(info: dict[str, Any], rows: np.ndarray | slice, num_envs: int) -> dict[str, Any]:
+    """The per-env part of a step's info, cut to ``rows`` (an index array, or a slice: views, no copies): the values
+    :func:`is_per_env` accepts, in nested maps too.
 
     Scalars and other values cannot be split per env, so they are left out (servers split info by rows).
     """

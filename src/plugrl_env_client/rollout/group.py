@@ -283,7 +283,7 @@ class EnvGroup:
         if rows.size == 0:
             return
         done = step.done
-        info = slice_info(step.info, rows, self.n)
+        info = slice_info(step.info, _run_or_rows(rows), self.n)  # views when the rows form a run (no copies)
         if done[rows].any():
             info["episode"] = self.tracker.episode_info(rows, done)
             if self.tracker.judges_success:  # as PlugRL's client does: a server cannot tell a False "s" from no rule
@@ -378,13 +378,10 @@ class EnvGroup:
         return obs
 
     def _rows(self, obs: Observation, rows: np.ndarray) -> Observation:
-        """The observation's ``rows`` (no copy when that is the whole batch, in order)."""
+        """The observation's ``rows`` (no copy when that is the whole batch, in order, or a run of it)."""
         if rows.size == self.n:
             return obs
-        if rows.size == 0:  # every row reused by the server
-            return obs.select(rows)
-        first, last = int(rows[0]), int(rows[-1])  # rows are ascending and unique: a run when they span their count
-        return obs.select(slice(first, last + 1) if last - first + 1 == rows.size else rows)
+        return obs.select(_run_or_rows(rows))
 
     def _check_metadata(self, meta: ServerMetadata) -> None:
         """What the server says about itself, checked before any env step on this connection."""
@@ -419,6 +416,14 @@ class EnvGroup:
         ``sys.exit`` or a ``KeyboardInterrupt`` of the env's own: :func:`call_env`)."""
         with self.guard:
             return call_env(self.settings.env_id, name, fn, *args)
+
+
+def _run_or_rows(rows: np.ndarray) -> np.ndarray | slice:
+    """Ascending, unique ``rows`` as a slice when they form one run (indexing by it makes views, not copies)."""
+    if rows.size == 0:  # (every row reused by the server)
+        return rows
+    first, last = int(rows[0]), int(rows[-1])
+    return slice(first, last + 1) if last - first + 1 == rows.size else rows
 
 
 def _check_action_dim(action_dim: int | None, space: Any) -> None:
