@@ -13,7 +13,7 @@ as a rollout with H=8 and reuse-feedback-obs sends one observation per env and c
 * ``tcp``: length-prefixed frames on a plain socket; the receiver reads each frame into a fresh bytearray.
 * ``websockets, defaults``: websockets' threading client and server as the library ships them (64 KiB reads, no
   allocator setting), the bare baseline.
-* ``sansio -> websockets``, ``sansio -> picows``: the client's one-thread Sans-I/O WebSocket
+* ``sansio -> websockets``, ``sansio -> picows``: the client's one-thread WebSocket
   (:func:`plugrl_env_client.protocol.ws_client.connect`) against :func:`plugrl_env_client.server.ws_server.serve`
   on either library (the server's handler a coroutine on its one event loop, as the reference server's are).
 * ``stack``: a real :class:`~plugrl_env_client.protocol.session.Session` (encoder, connection, transport) against
@@ -296,7 +296,7 @@ def _raw_client(kind: str, port: int) -> tuple[Callable[[bytes], None], Callable
 
     from plugrl_env_client.protocol import ws_client
 
-    conn = ws_client.connect(f"ws://127.0.0.1:{port}")  # the client of every PlugRL connection: one thread, Sans-I/O
+    conn = ws_client.connect(f"ws://127.0.0.1:{port}")  # the client of every PlugRL connection: one thread
 
     def send(data: bytes) -> None:  # already msgpack: framed by websockets (a session frames with its FramePacker)
         conn.send_frame(Frame(Opcode.BINARY, data).serialize(mask=True))

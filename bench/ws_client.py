@@ -118,7 +118,7 @@ class PicowsOneThread:
     """picows with its asyncio loop run only from this thread: a receive runs the loop until a message is there
     (``run_until_complete``); a send writes what the socket takes at once and leaves the rest in the loop's
     buffer, written on the next receive. Nothing answers pings between calls (the same need for a keepalive as
-    the Sans-I/O client has)."""
+    the package's one-thread client has)."""
 
     def __init__(self, url: str) -> None:
         import picows

@@ -298,6 +298,85 @@ def test_no_thread_reads_the_socket_but_the_callers():
         server.communicate("", timeout=10)
 
 
+@pytest.mark.parametrize("raw, code, words", [
+    (bytes([0x82, 0x82]) + b"\x01\x02\x03\x04" + b"ab", 1002, "a masked frame"),
+    (bytes([0xC2, 2]) + b"ab", 1002, "reserved bits"),
+    (bytes([0x83, 0]), 1002, "unknown opcode 0x3"),
+    (bytes([0x80, 1]) + b"a", 1002, "a continuation frame outside a fragmented message"),
+    (bytes([0x02, 1]) + b"a" + bytes([0x82, 1]) + b"b", 1002, "a data frame inside a fragmented message"),
+    (bytes([0x89, 126, 0, 126]) + b"x" * 126, 1002, "a fragmented or long control frame"),
+    (bytes([0x09, 0]), 1002, "a fragmented or long control frame"),
+    (bytes([0x82, 127]) + (1 << 63).to_bytes(8, "big"), 1002, "longer than 2**63 - 1 bytes"),
+    (bytes([0x88, 2]) + (999).to_bytes(2, "big"), 1002, "a bad close frame"),
+    (bytes([0x88, 1, 3]), 1002, "a bad close frame"),
+    (bytes([0x81, 2]) + b"\xff\xfe", 1007, "a text message that is not UTF-8"),
+    (bytes([0x88, 4]) + (1000).to_bytes(2, "big") + b"\xff\xfe", 1007, "a close reason that is not UTF-8"),
+], ids=["masked", "rsv", "opcode", "stray-continuation", "data-in-fragments", "long-ping", "fragmented-ping",
+        "length-msb", "close-code", "close-too-short", "text-not-utf8", "close-reason-not-utf8"])
+def test_a_frame_that_breaks_the_protocol_fails_the_connection_after_the_messages_before_it(bare, caplog, raw, code,
+                                                                                            words):
+    """RFC 6455's checks of a client on what a server sends: the server gets a close with 1002 (1007: bad UTF-8),
+    the caller a TransportClosed without a code once the messages before the bad frame are out, and the log says
+    what the server sent."""
+    seen: list[Any] = []
+
+    def handler(ws):
+        ws.recv()
+        ws.socket.sendall(bytes([0x82, 2]) + b"ok" + raw)
+        try:
+            ws.recv(timeout=10)
+        except Exception as exc:
+            seen.append(getattr(getattr(exc, "rcvd", None), "code", type(exc).__name__))
+
+    client = ws_client.connect(bare(handler))
+    client.send_frame(binary_frame(b"go"))
+    with caplog.at_level("INFO", logger=ws_client.__name__):
+        assert client.recv(timeout=10) == b"ok"
+        with pytest.raises(TransportClosed) as info:
+            client.recv(timeout=10)
+    assert info.value.code is None
+    assert words in caplog.text
+    client.close()
+    deadline = time.monotonic() + 10
+    while not seen and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert seen == [code]
+
+
+def test_frames_that_come_in_the_same_read_as_the_handshakes_answer_are_messages():
+    """A server may send its first message right behind its 101: those bytes are frames, not HTTP."""
+    import base64
+    import hashlib
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+
+    def serve_once() -> None:
+        conn, _ = listener.accept()
+        with conn:
+            request = b""
+            while b"\r\n\r\n" not in request:
+                request += conn.recv(4096)
+            key = next(line.split(b":", 1)[1].strip() for line in request.split(b"\r\n")
+                       if line.lower().startswith(b"sec-websocket-key:"))
+            accept = base64.b64encode(hashlib.sha1(key + b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11").digest())
+            conn.sendall(b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+                         b"Sec-WebSocket-Accept: " + accept + b"\r\n\r\n" + bytes([0x82, 5]) + b"first"
+                         + bytes([0x82, 6]) + b"second")
+            conn.recv(4096)  # the client's close
+
+    thread = threading.Thread(target=serve_once, daemon=True)
+    thread.start()
+    try:
+        client = ws_client.connect(f"ws://127.0.0.1:{port}", open_timeout=10, close_timeout=1)
+        assert client.recv(timeout=10) == b"first" and client.recv(timeout=10) == b"second"
+        client.close()
+        thread.join(timeout=10)
+        assert not thread.is_alive()
+    finally:
+        listener.close()
+
+
 # ------------------------------------------------------------------------------------------------ pings, closes
 
 
@@ -383,35 +462,37 @@ def test_the_clients_close_reaches_the_server_with_its_code(bare):
         client.send_frame(binary_frame(b"after close"))
 
 
-def test_an_interrupt_inside_the_parser_abandons_the_connection_and_close_does_not_feed_the_dead_parser(bare):
-    """A signal's exception raised while websockets parses a frame ends its parser generator; closing afterwards
-    must not hand it more bytes (that raised ``StopIteration`` out of ``close``)."""
+def test_an_interrupt_while_a_frame_is_handled_abandons_the_connection_and_close_does_not_wait(bare):
+    """A signal's exception raised while the client handles a frame leaves the buffer's place unknown (the frame
+    may or may not count as read): the connection is abandoned, and closing afterwards neither reads nor waits."""
     release = threading.Event()
 
     def handler(ws):
         ws.recv()
         frame = Frame(Opcode.BINARY, b"y" * 1000).serialize(mask=False)
-        ws.socket.sendall(frame[:5])  # half a header: the parser waits inside its generator for the rest
+        ws.socket.sendall(frame[:5])  # half a header: the client keeps it until the rest comes
         release.wait(10)
         ws.socket.sendall(frame[5:])
+        ws.recv()
 
     client = ws_client.connect(bare(handler))
     client.send_frame(binary_frame(b"x"))
-    assert client.recv(timeout=0.5) is None  # the half frame went into the parser
-    protocol = client._protocol
-    real = protocol.receive_data
+    assert client.recv(timeout=0.5) is None  # half a frame is no message
+    handled = client._frame
 
-    def interrupted(data: bytes) -> None:
-        real(data)
-        protocol.parser.throw(KeyboardInterrupt())  # as a signal handler raising inside the generator would
+    def interrupted(opcode: int, fin: bool, payload: bytes) -> None:
+        assert payload == b"y" * 1000  # the frame was put together from both reads
+        handled(opcode, fin, payload)
+        raise KeyboardInterrupt  # as a signal handler raising inside the handling would
 
-    protocol.receive_data = interrupted  # type: ignore[method-assign]
+    client._frame = interrupted  # type: ignore[method-assign]
     release.set()
     with pytest.raises(KeyboardInterrupt):
         client.recv(timeout=10)
     started = time.monotonic()
-    client.close()  # no StopIteration, and no wait for a close answer that cannot be read
+    client.close()  # no close handshake on a stream whose place is lost
     assert time.monotonic() - started < 1.0
+    assert client.recv(timeout=0) == b"y" * 1000  # it was whole before the interrupt: it is handed out
     with pytest.raises(TransportClosed):
         client.recv(timeout=0)
     with pytest.raises(TransportClosed):

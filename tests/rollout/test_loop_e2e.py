@@ -139,9 +139,9 @@ def test_no_thread_but_the_rollouts_reads_or_writes_the_sockets(harness, tmp_pat
     from plugrl_env_client.protocol import ws_client
 
     threads: dict[str, set[str]] = {"read": set(), "write": set()}
-    read, write = ws_client.WebSocketClient._read_into_protocol, ws_client.WebSocketClient._write
+    read, write = ws_client.WebSocketClient._read, ws_client.WebSocketClient._write
 
-    def reading(self: Any) -> bool:
+    def reading(self: Any) -> Any:
         threads["read"].add(threading.current_thread().name)
         return read(self)
 
@@ -149,7 +149,7 @@ def test_no_thread_but_the_rollouts_reads_or_writes_the_sockets(harness, tmp_pat
         threads["write"].add(threading.current_thread().name)
         write(self, data)
 
-    monkeypatch.setattr(ws_client.WebSocketClient, "_read_into_protocol", reading)
+    monkeypatch.setattr(ws_client.WebSocketClient, "_read", reading)
     monkeypatch.setattr(ws_client.WebSocketClient, "_write", writing)
     h = harness(probe_script(4, stop_after_feedbacks=None))
     cfg = client_config(tmp_path, h.port, 4, num_episodes=40, runner=RunnerConfig(pipeline=pipeline))

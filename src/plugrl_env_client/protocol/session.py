@@ -129,7 +129,7 @@ class ConnectionConfig:
     """JPEG quality (1..100) of --image-codec jpeg."""
     transport: Literal["websockets", "picows"] = "websockets"
     """The WebSocket library of the embedded server (--local-policy): websockets, or picows (extra fast). The
-    client always runs websockets' Sans-I/O protocol on its own thread."""
+    client always runs on the rollout's own thread (websockets' handshake, its own frames)."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

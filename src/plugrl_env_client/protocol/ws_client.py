@@ -1,12 +1,13 @@
 """A WebSocket client on which the caller's own thread does all the socket work.
 
-:class:`WebSocketClient` drives websockets' Sans-I/O protocol (:class:`websockets.client.ClientProtocol`, public
-API only) over a socket it owns. Nothing runs in the background: bytes are read when the caller asks for a message
-(:meth:`~WebSocketClient.recv`) or services the socket (:meth:`~WebSocketClient.service`), and the server's pings
-are answered then. That is the point of it: websockets' threading client parses every frame in a reader thread
-that takes the GIL while the caller steps envs, and picows runs an asyncio loop in a bridge thread. Here a rollout's
-thread pays for exactly the frames it reads, when it reads them. It is the client of every PlugRL connection this
-package opens (:class:`~plugrl_env_client.protocol.session.Session`).
+:class:`WebSocketClient` owns its socket. websockets' Sans-I/O protocol (:class:`websockets.client.ClientProtocol`,
+public API only) makes and checks the opening handshake; after it, this module reads and writes the frames itself.
+Nothing runs in the background: bytes are read when the caller asks for a message (:meth:`~WebSocketClient.recv`)
+or services the socket (:meth:`~WebSocketClient.service`), and the server's pings are answered then. That is the
+point of it: websockets' threading client parses every frame in a reader thread that takes the GIL while the caller
+steps envs, and picows runs an asyncio loop in a bridge thread. Here a rollout's thread pays for exactly the frames
+it reads, when it reads them. It is the client of every PlugRL connection this package opens
+(:class:`~plugrl_env_client.protocol.session.Session`).
 
 What a one-thread loop needs, and what it gets:
 
@@ -18,17 +19,21 @@ What a one-thread loop needs, and what it gets:
   :class:`~plugrl_env_client.protocol.keepalive.Keepalive` answers pings for the caller and hands the socket back
   when the call returns.
 
-One send path: every byte goes out through one write loop (non-blocking ``send`` of memoryviews, waiting with
-``poll`` when the socket is full; never a copy into fresh ``bytes``). A binary message arrives already framed from
-a :class:`~plugrl_env_client.protocol.frame_packer.FramePacker` (:meth:`~WebSocketClient.send_frame`), which encodes
-the arrays straight into the frame. The data frames PlugRL sends are never fragmented, so writing them past the
-Sans-I/O protocol object leaves its state exact (it tracks only fragmentation and the closing handshake for
-outgoing frames); pongs and closes come from the protocol (``data_to_send``) and go through the same write loop.
+Frames: a binary message goes out already framed by a
+:class:`~plugrl_env_client.protocol.frame_packer.FramePacker` (:meth:`~WebSocketClient.send_frame`), which encodes
+the arrays straight into the frame; pongs and closes are framed by websockets' :class:`~websockets.frames.Frame`.
+Every byte goes out through one write loop (non-blocking ``send`` of memoryviews, waiting with ``poll`` when the
+socket is full; never a copy into fresh ``bytes``). Incoming frames are read from one buffer with the checks RFC 6455
+asks of a client (no mask, no reserved bits without an extension, known opcodes, short unfragmented control frames,
+continuations only inside a fragmented message, UTF-8 text, valid close codes); a frame that breaks them fails the
+connection (close 1002, or 1007 for bad UTF-8), as websockets' own parser does. A server's close is echoed and the
+TCP connection ended at once. Reading a frame here costs a fraction of a trip through websockets' generator parser,
+which a reply per env step would pay, with cold caches, after every simulator step.
 
 Failures are the exceptions of :mod:`~plugrl_env_client.protocol.ws_common` (the callers handle them once,
 whatever the library): :class:`TransportClosed` with the peer's close code and reason, or ``code=None`` when the
-socket dropped without one; :class:`HandshakeRefused`, :class:`CertificateNotVerified`, :class:`InvalidServerURL`,
-:class:`ConnectFailed` when opening.
+socket dropped without one (or the server broke the protocol); :class:`HandshakeRefused`,
+:class:`CertificateNotVerified`, :class:`InvalidServerURL`, :class:`ConnectFailed` when opening.
 
 Not thread-safe: one thread owns a client. The only other thread that ever touches it is a ``Keepalive``'s, and
 only while the owner is inside a call the keepalive guards.
@@ -38,18 +43,19 @@ from __future__ import annotations
 
 import collections
 import logging
+import re
 import select
 import socket
 import ssl
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from typing import Any, NoReturn
 
 from websockets.client import ClientProtocol
 from websockets.exceptions import InvalidStatus, InvalidURI
-from websockets.frames import Opcode
+from websockets.exceptions import ProtocolError as FrameError
+from websockets.frames import Close, Frame, Opcode
 from websockets.http11 import USER_AGENT
-from websockets.protocol import State
 from websockets.uri import parse_uri
 
 from plugrl_env_client.protocol.ws_common import (
@@ -78,22 +84,31 @@ _HAS_POLL = hasattr(select, "poll")
 Received = bytes | bytearray | str
 """A message: bytes-like for a binary message (one buffer, not copied again), str for a text message."""
 
+_CONT, _TEXT, _BINARY, _CLOSE, _PING, _PONG = 0x0, 0x1, 0x2, 0x8, 0x9, 0xA
+_DATA_OPCODES = frozenset((_CONT, _TEXT, _BINARY))
+_CONTROL_OPCODES = frozenset((_CLOSE, _PING, _PONG))
+_PROTOCOL_ERROR, _INVALID_DATA = 1002, 1007
+_SWITCHING = re.compile(rb"HTTP/1\.[01] 101[ \r]")  # the status line of a 101 (Switching Protocols)
+MAX_HANDSHAKE_BYTES = 1 << 16
+"""The most bytes of HTTP the opening handshake's response may take before the client gives up on it."""
+
 
 class WebSocketClient:
-    """One client WebSocket over a socket this object owns (see the module docstring). Open one with
-    :func:`connect`."""
+    """One client WebSocket over a socket this object owns, past its opening handshake (see the module docstring).
+    Open one with :func:`connect`."""
 
-    def __init__(self, sock: socket.socket, protocol: ClientProtocol, close_timeout: float = 2.0) -> None:
+    def __init__(self, sock: socket.socket, close_timeout: float = 2.0) -> None:
         self._sock = sock
         self._fd = sock.fileno()
         self._tls = isinstance(sock, ssl.SSLSocket)
-        self._protocol = protocol
         self._close_timeout = close_timeout
+        self._buffer = bytearray()  # bytes read and not yet part of a whole frame
         self._messages: collections.deque[Received] = collections.deque()
-        self._parts: list[bytes | bytearray] = []  # a fragmented message being assembled
+        self._parts: list[bytes] | None = None  # a fragmented message being assembled
         self._text = False
         self._closed: TransportClosed | None = None  # set once nothing more can be read
-        self._released = False  # close() ran: the socket is gone
+        self._close_sent = False
+        self._released = False  # the socket is gone
         self.lent = False
         """True while a :class:`~plugrl_env_client.protocol.keepalive.Keepalive` services this client for its owner
         (who then must not use it: the owner is inside the call the keepalive guards)."""
@@ -125,8 +140,8 @@ class WebSocketClient:
         :class:`~plugrl_env_client.protocol.frame_packer.FramePacker` (header, key and masked payload)."""
         if self.lent:  # (the checks inline on the common path: a frame or two per env step)
             self._check_owner()
-        if self._protocol.state is not State.OPEN:
-            self._check_open()
+        if self._closed is not None or self._close_sent:
+            raise self._closed if self._closed is not None else TransportClosed(None)
         self._write(frame)
 
     def recv(self, timeout: float | None = None) -> Received | None:
@@ -171,11 +186,11 @@ class WebSocketClient:
             return
         self._check_owner()
         try:
-            if self._protocol.state is State.OPEN:
-                self._protocol.send_close(code, reason)
-                self._flush_protocol()
+            if self._closed is None and not self._close_sent:
+                self._close_sent = True
+                self._write(Frame(Opcode.CLOSE, Close(code, reason).serialize()).serialize(mask=True))
             deadline = time.monotonic() + self._close_timeout
-            while not self._released:  # until the server's close came (then _note_close releases)
+            while not self._released:  # until the server's close came (then _end releases)
                 left = deadline - time.monotonic()
                 if left <= 0 or not self._wait(self._readable if _HAS_POLL else None, left):
                     break
@@ -187,100 +202,148 @@ class WebSocketClient:
         if self._closed is None:
             self._closed = TransportClosed(None)
 
+    def tls_pending(self) -> bool:
+        """Whether TLS holds decrypted bytes not read yet (a select on the socket does not see them)."""
+        return self._tls and not self._released and self._sock.pending() > 0  # type: ignore[attr-defined]
+
     # ------------------------------------------------------------------------------------------ reading
 
     def _pump(self) -> bool:
-        """Read once without waiting (TLS: every decrypted record at hand), feed the protocol, answer it."""
+        """Read once without waiting (TLS: every decrypted record at hand), handle its frames."""
         if self._closed is None:
             self._take_in()
         return self.has_message
 
     def _take_in(self) -> None:
+        data = self._read()
+        if data is None:
+            return
         try:
-            if self._read_into_protocol():
-                self._dispatch(self._protocol.events_received())
-                self._flush_protocol()
-                self._note_close()
+            if data:
+                self._buffer += data
+                self._frames()
+            else:
+                self._end(TransportClosed(None))  # the stream ended (after a close frame, or without one)
         except TransportClosed:
-            pass  # the pong or close echo could not be written: _closed says so, the next recv or send raises
+            pass  # a pong or a close's echo could not be written: _closed says so, the next recv or send raises
+        except BaseException:
+            self._abandon()  # an interrupt between two frames' handling: the buffer's place is lost
+            raise
 
-    def _read_into_protocol(self) -> bool:
-        """One non-blocking read fed to the protocol; False when the socket had nothing."""
+    def _read(self) -> bytes | None:
+        """One non-blocking read: its bytes, b"" at the end of the stream, None when the socket had nothing."""
         if self._released:
-            return False
+            return None
         try:
             data = self._sock.recv(RECV_BUFSIZE)
             if self._tls:
                 while data and self.tls_pending():  # records already decrypted: take them in the same pass
                     data += self._sock.recv(RECV_BUFSIZE)
         except _WAKE_BLOCKED:
-            return False
+            return None
         except OSError:  # reset by the peer, or the like: the end of the stream
-            data = b""
+            return b""
+        return data
+
+    def _frames(self) -> None:
+        """Handle every whole frame in the buffer; keep the bytes of a frame not complete yet. A header is checked
+        as soon as it is in, so a broken frame fails the connection before its payload is waited for."""
+        buf = self._buffer
+        pos, end = 0, len(buf)
         try:
-            if data:
-                self._protocol.receive_data(data)
+            while self._closed is None and end - pos >= 2:
+                first, second = buf[pos], buf[pos + 1]
+                length, at = second & 0x7F, pos + 2
+                if length >= 126:
+                    size = 2 if length == 126 else 8
+                    if end - at < size:
+                        break
+                    length = int.from_bytes(buf[at:at + size], "big")
+                    at += size
+                opcode, fin = first & 0x0F, bool(first & 0x80)
+                broken = _broken_header(first, second, opcode, fin, length)
+                if broken:
+                    self._fail(_PROTOCOL_ERROR, broken)
+                    break
+                if end - at < length:
+                    break
+                with memoryview(buf) as view:
+                    payload = bytes(view[at:at + length])
+                pos = at + length
+                self._frame(opcode, fin, payload)
+        finally:
+            del buf[:pos]
+
+    def _frame(self, opcode: int, fin: bool, payload: bytes) -> None:
+        if opcode == _BINARY or opcode == _TEXT:
+            if self._parts is not None:
+                self._fail(_PROTOCOL_ERROR, "a data frame inside a fragmented message")
+            elif fin:
+                self._message(payload, opcode == _TEXT)
             else:
-                self._protocol.receive_eof()
-        except BaseException:
-            self._abandon()  # an exception inside the protocol's parser (an interrupt's too) ends the parser
-            raise
-        return True
+                self._parts, self._text = [payload], opcode == _TEXT
+        elif opcode == _CONT:
+            if self._parts is None:
+                self._fail(_PROTOCOL_ERROR, "a continuation frame outside a fragmented message")
+                return
+            self._parts.append(payload)
+            if fin:
+                whole, self._parts = b"".join(self._parts), None
+                self._message(whole, self._text)
+        elif opcode == _PING:
+            if not self._close_sent:
+                self._write(Frame(Opcode.PONG, payload).serialize(mask=True))
+        elif opcode == _CLOSE:
+            self._server_closed(payload)
+        # _PONG: nothing to do
 
-    def _dispatch(self, events: Sequence[Any]) -> None:
-        for frame in events:
-            opcode = frame.opcode
-            if opcode is Opcode.BINARY or opcode is Opcode.TEXT:
-                if frame.fin:
-                    self._messages.append(frame.data.decode("utf-8", "replace") if opcode is Opcode.TEXT
-                                          else frame.data)
-                else:
-                    self._text = opcode is Opcode.TEXT
-                    self._parts = [frame.data]
-            elif opcode is Opcode.CONT:  # the protocol checked that a fragmented message is in progress
-                self._parts.append(frame.data)
-                if frame.fin:
-                    whole, self._parts = b"".join(self._parts), []
-                    self._messages.append(whole.decode("utf-8", "replace") if self._text else whole)
-            # PING: the protocol queued the pong (flushed by the caller); PONG: nothing; CLOSE: see _note_close
+    def _message(self, payload: bytes, text: bool) -> None:
+        if not text:
+            self._messages.append(payload)
+            return
+        try:
+            self._messages.append(payload.decode("utf-8"))
+        except UnicodeDecodeError:
+            self._fail(_INVALID_DATA, "a text message that is not UTF-8")
 
-    def _note_close(self) -> None:
-        protocol = self._protocol
-        # Not OPEN: a close came in, the stream ended, or the protocol failed the connection (a broken frame):
-        # no data frame is delivered after any of those.
-        if self._closed is None and protocol.state is not State.OPEN:
-            rcvd = protocol.close_rcvd
-            self._closed = TransportClosed(None) if rcvd is None else TransportClosed(int(rcvd.code), rcvd.reason)
-            # Whatever could still come is discarded by the protocol, and the close (or its echo) is written: end
-            # the TCP connection now. Waiting for the server's end first, as a client may, needs someone to read
-            # the socket, and here nobody does until the owner's next call, while the server waits for us.
+    def _server_closed(self, payload: bytes) -> None:
+        """A close frame from the server: echo it (unless ours went first) and end the connection."""
+        try:
+            close = Close.parse(payload)
+        except UnicodeDecodeError:
+            self._fail(_INVALID_DATA, "a close reason that is not UTF-8")
+            return
+        except FrameError as exc:  # too short, or a code no endpoint may send
+            self._fail(_PROTOCOL_ERROR, f"a bad close frame ({exc})")
+            return
+        self._closed = TransportClosed(int(close.code), close.reason)
+        try:
+            if not self._close_sent:
+                self._close_sent = True
+                self._write(Frame(Opcode.CLOSE, payload).serialize(mask=True))
+        finally:
+            # Whatever could still come is not read, and the close (or its echo) is written: end the TCP connection
+            # now. Waiting for the server's end first, as a client may, needs someone to read the socket, and here
+            # nobody does until the owner's next call, while the server waits for us.
             self._release()
 
-    def tls_pending(self) -> bool:
-        """Whether TLS holds decrypted bytes not read yet (a select on the socket does not see them)."""
-        return self._tls and not self._released and self._sock.pending() > 0  # type: ignore[attr-defined]
+    def _fail(self, code: int, why: str) -> None:
+        """The server broke the protocol: say why in a close frame and end the connection (no close came from it:
+        the connection ends without a code, as for a dropped socket)."""
+        logger.info("the server sent %s; closing the connection (%d)", why, code)
+        try:
+            if not self._close_sent:
+                self._close_sent = True
+                self._write(Frame(Opcode.CLOSE, Close(code, why).serialize()).serialize(mask=True))
+        finally:
+            self._end(TransportClosed(None))
 
     # ------------------------------------------------------------------------------------------ writing
-
-    def _check_open(self) -> None:
-        if self._protocol.state is not State.OPEN:
-            self._note_close()
-            raise self._closed if self._closed is not None else TransportClosed(None)
 
     def _check_owner(self) -> None:
         if self.lent:
             raise RuntimeError("this connection is serviced by its keepalive while the owner is inside a guarded "
                                "call: use it after the call returns")
-
-    def _flush_protocol(self) -> None:
-        for data in self._protocol.data_to_send():
-            if data:
-                self._write(data)
-            else:  # SEND_EOF: our half of the TCP connection ends here
-                try:
-                    self._sock.shutdown(socket.SHUT_WR)
-                except OSError:
-                    pass
 
     def _write(self, data: Data) -> None:
         """The one write loop: everything sent goes through here, whole, in order."""
@@ -321,20 +384,20 @@ class WebSocketClient:
                 self._abandon()
             raise
 
-    def _abandon(self) -> None:
-        """End the connection without a close handshake: an interrupt or error left the stream unusable (the
-        parser stopped, or a frame went out in part), so nothing more is read or written on it."""
+    def _end(self, closed: TransportClosed) -> None:
+        """Nothing more is read or written: the first reason given stays the connection's."""
         if self._closed is None:
-            self._closed = TransportClosed(None)
+            self._closed = closed
         self._release()
+
+    def _abandon(self) -> None:
+        """End the connection without a close handshake: an interrupt or error left the stream unusable (a frame's
+        place in the buffer lost, or a frame sent in part), so nothing more is read or written on it."""
+        self._end(TransportClosed(None))
 
     def _broken(self, why: str) -> NoReturn:
         logger.info("%s", why)
-        self._protocol.receive_eof()  # the protocol learns the stream is over
-        self._protocol.events_received()
-        self._protocol.data_to_send()
-        self._note_close()
-        self._release()
+        self._end(TransportClosed(None))
         raise self._closed if self._closed is not None else TransportClosed(None)
 
     # ------------------------------------------------------------------------------------------ waiting
@@ -368,6 +431,21 @@ class WebSocketClient:
             self._sock.close()
         except OSError:
             pass
+
+
+def _broken_header(first: int, second: int, opcode: int, fin: bool, length: int) -> str:
+    """What is wrong with a frame header from the server, in words ("" when nothing)."""
+    if second & 0x80:
+        return "a masked frame"
+    if first & 0x70:
+        return "a frame with reserved bits set (no extension was agreed)"
+    if opcode in _DATA_OPCODES:
+        return "a frame longer than 2**63 - 1 bytes" if length >> 63 else ""
+    if opcode not in _CONTROL_OPCODES:
+        return f"a frame of unknown opcode {opcode:#x}"
+    if not fin or length > 125:
+        return "a fragmented or long control frame"
+    return ""
 
 
 def wait_any(clients: Iterable[WebSocketClient], timeout: float | None = None) -> list[WebSocketClient]:
@@ -425,8 +503,9 @@ def connect(url: str, headers: Mapping[str, str] | None = None, open_timeout: fl
             request.headers[name] = value
         request.headers.setdefault("User-Agent", USER_AGENT)
         protocol.send_request(request)
-        client = WebSocketClient(sock, protocol, close_timeout)
-        client._flush_protocol()
+        client = WebSocketClient(sock, close_timeout)
+        for data in protocol.data_to_send():
+            client._write(data)
         _read_handshake(client, protocol, deadline, open_timeout)
     except TransportClosed:
         sock.close()
@@ -459,22 +538,45 @@ def _open_socket(host: str, port: int, secure: bool, deadline: float, open_timeo
 
 
 def _read_handshake(client: WebSocketClient, protocol: ClientProtocol, deadline: float, open_timeout: float) -> None:
-    """Read until the server's HTTP answer; frames that came with it are queued as messages."""
+    """Read until the server's HTTP answer. websockets' protocol is given the answer's head and nothing after it:
+    the frames that came with a 101 stay in the client's buffer, for its own reading. Any other status is not a
+    WebSocket, and the protocol gets everything (a refusal's body included) until it says what went wrong."""
+    buffer = client._buffer
+    upgraded = False  # the head of a 101 went to the protocol
+    refused = False  # the head of another status went to it: it reads the rest
     while True:
         left = deadline - time.monotonic()
-        ready = client.tls_pending()
-        if not ready and (left <= 0 or not client._wait(client._readable if _HAS_POLL else None, left)):
+        if not client.tls_pending() and (left <= 0 or not client._wait(client._readable if _HAS_POLL else None,
+                                                                         left)):
             raise ConnectFailed(f"the server did not answer the WebSocket handshake within {open_timeout:g} s")
-        if not client._read_into_protocol():
+        data = client._read()
+        if data is None:
             continue
+        if not data:
+            protocol.receive_eof()
+        elif refused:
+            protocol.receive_data(data)
+        else:
+            buffer += data
+            end = buffer.find(b"\r\n\r\n")
+            if end < 0 and len(buffer) <= MAX_HANDSHAKE_BYTES:
+                continue
+            head = bytes(buffer[:end + 4]) if end >= 0 else bytes(buffer)
+            del buffer[:len(head)]
+            upgraded = _SWITCHING.match(head) is not None
+            refused = not upgraded
+            protocol.receive_data(head)
+            if refused and buffer:
+                protocol.receive_data(bytes(buffer))
+                buffer.clear()
         events = protocol.events_received()
         if protocol.handshake_exc is not None:
             exc = protocol.handshake_exc
             if isinstance(exc, InvalidStatus):
                 raise HandshakeRefused(exc.response.status_code, str(exc)) from None
             raise ConnectFailed(f"the WebSocket handshake failed: {exc}") from None
-        if events:  # the first event is the response (101): the connection is open
-            client._dispatch(events[1:])
-            client._flush_protocol()
-            client._note_close()
+        if events and upgraded:  # the response (101): the connection is open
+            client._frames()  # the frames that came with it
             return
+        if not data:
+            raise ConnectFailed("the connection broke during the WebSocket handshake")

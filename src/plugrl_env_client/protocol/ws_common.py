@@ -2,11 +2,11 @@
 setting that makes multi-MB messages cheap.
 
 "Transport" means one thing in this package: the WebSocket library a connection runs on (the client always runs
-websockets' Sans-I/O protocol; the reference server runs websockets or picows, ``--transport``), and its errors
-are the ``Transport*`` ones below.
+its own frames after websockets' handshake; the reference server runs websockets or picows, ``--transport``), and
+its errors are the ``Transport*`` ones below.
 
-The errors: the client (:class:`~plugrl_env_client.protocol.ws_client.WebSocketClient`, websockets' Sans-I/O
-protocol driven by the rollout's own thread) and the reference server's WebSocket layer
+The errors: the client (:class:`~plugrl_env_client.protocol.ws_client.WebSocketClient`, driven by the rollout's
+own thread) and the reference server's WebSocket layer
 (:mod:`plugrl_env_client.server.ws_server`, one event loop, websockets or picows) raise the same ones, so callers
 handle them once, whatever the library: a closed connection is :class:`TransportClosed` (with the close code and
 reason the peer sent, or ``None`` when the socket dropped without a close frame); opening one fails with
