@@ -25,8 +25,8 @@ the arrays straight into the frame; pongs and closes are framed by websockets' :
 Every byte goes out through one write loop (non-blocking ``send`` of memoryviews, waiting with ``poll`` when the
 socket is full; never a copy into fresh ``bytes``). Incoming frames are read from one buffer with the checks RFC 6455
 asks of a client (no mask, no reserved bits without an extension, known opcodes, short unfragmented control frames,
-continuations only inside a fragmented message, UTF-8 text, valid close codes); a frame that breaks them fails the
-connection (close 1002, or 1007 for bad UTF-8), as websockets' own parser does. A server's close is echoed and the
+continuations only inside a fragmented message, valid close frames); a frame that breaks them fails the connection
+(close 1002, or 1007 for a close reason that is not UTF-8), as websockets' own parser does. A server's close is echoed and the
 TCP connection ended at once. Reading a frame here costs a fraction of a trip through websockets' generator parser,
 which a reply per env step would pay, with cold caches, after every simulator step.
 
@@ -43,7 +43,6 @@ from __future__ import annotations
 
 import collections
 import logging
-import re
 import select
 import socket
 import ssl
@@ -56,6 +55,7 @@ from websockets.exceptions import InvalidStatus, InvalidURI
 from websockets.exceptions import ProtocolError as FrameError
 from websockets.frames import Close, Frame, Opcode
 from websockets.http11 import USER_AGENT
+from websockets.protocol import State
 from websockets.uri import parse_uri
 
 from plugrl_env_client.protocol.ws_common import (
@@ -73,8 +73,8 @@ logger = logging.getLogger(__name__)
 __all__ = ["WebSocketClient", "connect", "wait_any"]
 
 RECV_BUFSIZE = 1 << 20
-"""Bytes asked of the socket per read. Each read is one trip through websockets' Python parser, so a multi-MB frame
-should take a handful of reads, not one per 64 KiB; a small reply still costs one read."""
+"""Bytes asked of the socket per read: a multi-MB frame takes a handful of reads, not one per 64 KiB; a small reply
+still costs one read."""
 SEND_STALL_S = 60.0
 """A send that moves no byte for this long fails the connection (a peer that stopped reading): the frame is half
 written and the connection cannot be used any more. Progress restarts the clock, so slow links are fine."""
@@ -88,7 +88,6 @@ _CONT, _TEXT, _BINARY, _CLOSE, _PING, _PONG = 0x0, 0x1, 0x2, 0x8, 0x9, 0xA
 _DATA_OPCODES = frozenset((_CONT, _TEXT, _BINARY))
 _CONTROL_OPCODES = frozenset((_CLOSE, _PING, _PONG))
 _PROTOCOL_ERROR, _INVALID_DATA = 1002, 1007
-_SWITCHING = re.compile(rb"HTTP/1\.[01] 101[ \r]")  # the status line of a 101 (Switching Protocols)
 MAX_HANDSHAKE_BYTES = 1 << 16
 """The most bytes of HTTP the opening handshake's response may take before the client gives up on it."""
 
@@ -199,8 +198,8 @@ class WebSocketClient:
             pass  # the socket broke while closing: nothing left to say
         finally:
             self._release()
-        if self._closed is None:
-            self._closed = TransportClosed(None)
+            if self._closed is None:
+                self._closed = TransportClosed(None)
 
     def tls_pending(self) -> bool:
         """Whether TLS holds decrypted bytes not read yet (a select on the socket does not see them)."""
@@ -215,10 +214,10 @@ class WebSocketClient:
         return self.has_message
 
     def _take_in(self) -> None:
-        data = self._read()
-        if data is None:
-            return
         try:
+            data = self._read()
+            if data is None:
+                return
             if data:
                 self._buffer += data
                 self._frames()
@@ -227,7 +226,7 @@ class WebSocketClient:
         except TransportClosed:
             pass  # a pong or a close's echo could not be written: _closed says so, the next recv or send raises
         except BaseException:
-            self._abandon()  # an interrupt between two frames' handling: the buffer's place is lost
+            self._abandon()  # an interrupt while reading or handling frames: the stream's place is lost
             raise
 
     def _read(self) -> bytes | None:
@@ -298,13 +297,9 @@ class WebSocketClient:
         # _PONG: nothing to do
 
     def _message(self, payload: bytes, text: bool) -> None:
-        if not text:
-            self._messages.append(payload)
-            return
-        try:
-            self._messages.append(payload.decode("utf-8"))
-        except UnicodeDecodeError:
-            self._fail(_INVALID_DATA, "a text message that is not UTF-8")
+        # A text message is handed out as str (bad UTF-8 replaced): PlugRL sends none, and the session refuses one
+        # in its own words.
+        self._messages.append(payload.decode("utf-8", "replace") if text else payload)
 
     def _server_closed(self, payload: bytes) -> None:
         """A close frame from the server: echo it (unless ours went first) and end the connection."""
@@ -538,12 +533,12 @@ def _open_socket(host: str, port: int, secure: bool, deadline: float, open_timeo
 
 
 def _read_handshake(client: WebSocketClient, protocol: ClientProtocol, deadline: float, open_timeout: float) -> None:
-    """Read until the server's HTTP answer. websockets' protocol is given the answer's head and nothing after it:
-    the frames that came with a 101 stay in the client's buffer, for its own reading. Any other status is not a
-    WebSocket, and the protocol gets everything (a refusal's body included) until it says what went wrong."""
+    """Read until the server's HTTP answer. websockets' protocol is given the answer's head first and nothing after
+    it: when that opens the connection (a 101), the frames that came with it stay in the client's buffer, for its own
+    reading. Any other answer is not a WebSocket, and the protocol gets everything (a refusal's body included) until
+    it says what went wrong."""
     buffer = client._buffer
-    upgraded = False  # the head of a 101 went to the protocol
-    refused = False  # the head of another status went to it: it reads the rest
+    refused = False  # the head went to the protocol without opening the connection: it reads the rest
     while True:
         left = deadline - time.monotonic()
         if not client.tls_pending() and (left <= 0 or not client._wait(client._readable if _HAS_POLL else None,
@@ -559,13 +554,14 @@ def _read_handshake(client: WebSocketClient, protocol: ClientProtocol, deadline:
         else:
             buffer += data
             end = buffer.find(b"\r\n\r\n")
-            if end < 0 and len(buffer) <= MAX_HANDSHAKE_BYTES:
+            if end < 0:
+                if len(buffer) > MAX_HANDSHAKE_BYTES:
+                    raise ConnectFailed(f"the server's answer to the WebSocket handshake has no end of its head "
+                                        f"within {MAX_HANDSHAKE_BYTES} bytes")
                 continue
-            head = bytes(buffer[:end + 4]) if end >= 0 else bytes(buffer)
-            del buffer[:len(head)]
-            upgraded = _SWITCHING.match(head) is not None
-            refused = not upgraded
-            protocol.receive_data(head)
+            protocol.receive_data(bytes(buffer[:end + 4]))
+            del buffer[:end + 4]
+            refused = protocol.state is not State.OPEN
             if refused and buffer:
                 protocol.receive_data(bytes(buffer))
                 buffer.clear()
@@ -575,8 +571,11 @@ def _read_handshake(client: WebSocketClient, protocol: ClientProtocol, deadline:
             if isinstance(exc, InvalidStatus):
                 raise HandshakeRefused(exc.response.status_code, str(exc)) from None
             raise ConnectFailed(f"the WebSocket handshake failed: {exc}") from None
-        if events and upgraded:  # the response (101): the connection is open
-            client._frames()  # the frames that came with it
+        if events and protocol.state is State.OPEN:  # the response (101): the connection is open
+            try:
+                client._frames()  # the frames that came with it
+            except TransportClosed:
+                pass  # a close among them could not be answered: the first recv raises it
             return
         if not data:
             raise ConnectFailed("the connection broke during the WebSocket handshake")
