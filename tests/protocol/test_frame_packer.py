@@ -13,7 +13,7 @@ from websockets.streams import StreamReader
 from plugrl_env_client.errors import ProtocolError
 from plugrl_env_client.protocol import codec
 from plugrl_env_client.protocol.codec import SLOT
-from plugrl_env_client.protocol.frame_packer import BIG_ARRAY, WALK_MIN, FramePacker, frame_header
+from plugrl_env_client.protocol.frame_packer import BIG_ARRAY, WALK_MIN, FramePacker, control_frame, frame_header
 
 KEY = bytes([0x37, 0xFA, 0x21, 0x3D])
 
@@ -199,3 +199,14 @@ def test_parts_the_codec_refuses_are_a_protocol_error():
         FramePacker().pack_parts({"obs": SLOT}, [np.array([object()], dtype=object)])
     with pytest.raises(RuntimeError, match="1 slots for 2 parts"):
         FramePacker().pack_parts({"obs": SLOT}, [1, 2])
+
+
+@pytest.mark.parametrize("opcode, payload", [(0x9, b""), (0xA, b"ping data"), (0x8, b"\x03\xe8bye"),
+                                             (0x8, b"r" * 125)])
+def test_a_control_frame_is_final_masked_and_unmasks_to_its_payload(opcode, payload):
+    """Pongs and closes are framed here too (a real server reading them: tests/protocol/test_ws_client.py)."""
+    frame = control_frame(opcode, payload)
+    assert frame[0] == 0x80 | opcode and frame[1] == 0x80 | len(payload) and len(frame) == 6 + len(payload)
+    key = frame[2:6]
+    assert bytes(b ^ key[i % 4] for i, b in enumerate(frame[6:])) == payload
+    assert control_frame(opcode, payload)[2:6] != key  # a fresh key each time

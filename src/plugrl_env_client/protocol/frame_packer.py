@@ -27,7 +27,7 @@ from websockets.frames import apply_mask
 from plugrl_env_client.protocol import codec
 from plugrl_env_client.protocol.codec import SLOT, MessageWriter
 
-__all__ = ["BIG_ARRAY", "WALK_MIN", "FramePacker", "frame_header"]
+__all__ = ["BIG_ARRAY", "WALK_MIN", "FramePacker", "control_frame", "frame_header"]
 
 WALK_MIN = 1 << 17
 """Messages whose arrays hold fewer bytes than this are joined, then masked (two copies of little): laying a frame
@@ -37,18 +37,27 @@ BIG_ARRAY = 1 << 14
 bytes around them."""
 _HEAD_ROOM = 16  # the payload starts here in the buffer (8-aligned); the header (at most 14 bytes) ends here
 _MSGPACK_ERRORS = (OverflowError, UnicodeEncodeError, ValueError, TypeError)
-_BINARY_FIN = 0x82  # FIN | opcode 2: a final binary frame, no RSV bits (no extensions)
+_FIN = 0x80  # a final frame, no RSV bits (no extensions)
+_BINARY = 0x2
 _MASKED = 0x80
 
 
-def frame_header(length: int) -> bytes:
-    """The first bytes of a masked, final binary frame of ``length`` payload bytes (without the key), with the
-    shortest length encoding."""
+def frame_header(length: int, opcode: int = _BINARY) -> bytes:
+    """The first bytes of a masked, final frame (binary unless ``opcode`` says otherwise) of ``length`` payload
+    bytes (without the key), with the shortest length encoding."""
+    first = _FIN | opcode
     if length < 126:
-        return struct.pack("!BB", _BINARY_FIN, _MASKED | length)
+        return struct.pack("!BB", first, _MASKED | length)
     if length < 1 << 16:
-        return struct.pack("!BBH", _BINARY_FIN, _MASKED | 126, length)
-    return struct.pack("!BBQ", _BINARY_FIN, _MASKED | 127, length)
+        return struct.pack("!BBH", first, _MASKED | 126, length)
+    return struct.pack("!BBQ", first, _MASKED | 127, length)
+
+
+def control_frame(opcode: int, payload: bytes) -> bytes:
+    """A whole masked control frame (a pong, a close: at most 125 payload bytes) with a key of its own: they are
+    rare, so they take no key from a packer's pool."""
+    key = os.urandom(4)
+    return frame_header(len(payload), opcode) + key + apply_mask(payload, key)
 
 
 class FramePacker:

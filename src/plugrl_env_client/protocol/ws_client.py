@@ -21,14 +21,15 @@ What a one-thread loop needs, and what it gets:
 
 Frames: a binary message goes out already framed by a
 :class:`~plugrl_env_client.protocol.frame_packer.FramePacker` (:meth:`~WebSocketClient.send_frame`), which encodes
-the arrays straight into the frame; pongs and closes are framed by websockets' :class:`~websockets.frames.Frame`.
+the arrays straight into the frame; pongs and closes by the same module's
+:func:`~plugrl_env_client.protocol.frame_packer.control_frame`.
 Every byte goes out through one write loop (non-blocking ``send`` of memoryviews, waiting with ``poll`` when the
 socket is full; never a copy into fresh ``bytes``). Incoming frames are read from one buffer with the checks RFC 6455
 asks of a client (no mask, no reserved bits without an extension, known opcodes, short unfragmented control frames,
 continuations only inside a fragmented message, valid close frames); a frame that breaks them fails the connection
-(close 1002, or 1007 for a close reason that is not UTF-8), as websockets' own parser does. A server's close is echoed and the
-TCP connection ended at once. Reading a frame here costs a fraction of a trip through websockets' generator parser,
-which a reply per env step would pay, with cold caches, after every simulator step.
+(close 1002, or 1007 for a close reason that is not UTF-8), as websockets' own parser does. A server's close is
+echoed and the TCP connection ended at once. Reading a frame here costs a fraction of a trip through websockets'
+generator parser, which a reply per env step would pay, with cold caches, after every simulator step.
 
 Failures are the exceptions of :mod:`~plugrl_env_client.protocol.ws_common` (the callers handle them once,
 whatever the library): :class:`TransportClosed` with the peer's close code and reason, or ``code=None`` when the
@@ -53,11 +54,12 @@ from typing import Any, NoReturn
 from websockets.client import ClientProtocol
 from websockets.exceptions import InvalidStatus, InvalidURI
 from websockets.exceptions import ProtocolError as FrameError
-from websockets.frames import Close, Frame, Opcode
+from websockets.frames import Close
 from websockets.http11 import USER_AGENT
 from websockets.protocol import State
 from websockets.uri import parse_uri
 
+from plugrl_env_client.protocol.frame_packer import control_frame
 from plugrl_env_client.protocol.ws_common import (
     CertificateNotVerified,
     ConnectFailed,
@@ -187,7 +189,7 @@ class WebSocketClient:
         try:
             if self._closed is None and not self._close_sent:
                 self._close_sent = True
-                self._write(Frame(Opcode.CLOSE, Close(code, reason).serialize()).serialize(mask=True))
+                self._write(control_frame(_CLOSE, Close(code, reason).serialize()))
             deadline = time.monotonic() + self._close_timeout
             while not self._released:  # until the server's close came (then _end releases)
                 left = deadline - time.monotonic()
@@ -291,7 +293,7 @@ class WebSocketClient:
                 self._message(whole, self._text)
         elif opcode == _PING:
             if not self._close_sent:
-                self._write(Frame(Opcode.PONG, payload).serialize(mask=True))
+                self._write(control_frame(_PONG, payload))
         elif opcode == _CLOSE:
             self._server_closed(payload)
         # _PONG: nothing to do
@@ -315,7 +317,7 @@ class WebSocketClient:
         try:
             if not self._close_sent:
                 self._close_sent = True
-                self._write(Frame(Opcode.CLOSE, payload).serialize(mask=True))
+                self._write(control_frame(_CLOSE, payload))
         finally:
             # Whatever could still come is not read, and the close (or its echo) is written: end the TCP connection
             # now. Waiting for the server's end first, as a client may, needs someone to read the socket, and here
@@ -329,7 +331,7 @@ class WebSocketClient:
         try:
             if not self._close_sent:
                 self._close_sent = True
-                self._write(Frame(Opcode.CLOSE, Close(code, why).serialize()).serialize(mask=True))
+                self._write(control_frame(_CLOSE, Close(code, why).serialize()))
         finally:
             self._end(TransportClosed(None))
 
