@@ -27,6 +27,8 @@ class Timing:
     batch_steps: int = 0
     """Calls to ``env.step``."""
     infer_calls: int = 0
+    infer_rows: int = 0
+    """Env rows the infers asked actions for (per infer: how many envs' chunks ended together)."""
     actions_received: int = 0
     feedback_calls: int = 0
     reconnects: int = 0

@@ -3,6 +3,7 @@ one real run against a reference server that takes its time."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -26,33 +27,36 @@ from plugrl_env_client.rollout.pipeline_auto import (
 from plugrl_env_client.timing import Timing
 
 
-def probe(step_ms: float, wait_ms: float, client_ms: float = 0.0) -> Probe:
-    return Probe(step_ms / 1e3, wait_ms / 1e3, wait_ms / 1e3 * 8, 24, 3, client_ms / 1e3)
+def probe(step_ms: float, round_trip_ms: float, client_ms: float = 0.0, asking: float = 1.0) -> Probe:
+    """A probe of 24 batch steps whose lockstep asked for actions at ``asking`` of them (chunks that stay
+    together: no episode ended)."""
+    infers = round(24 * asking)
+    return Probe(step_ms / 1e3, round_trip_ms * infers / 24 / 1e3, round_trip_ms / 1e3, 24, infers, client_ms / 1e3)
 
 
-@pytest.mark.parametrize("step_ms,wait_ms,client_ms,groups", [
-    (10.0, 0.0, 0.0, 1),     # a server that answers at once: lockstep
-    (10.0, 0.4, 0.0, 1),     # waiting 4 % of a batch step: a split would save less than 5 %
-    (10.0, 1.25, 0.0, 2),    # a round trip of one batch step every 8 steps: two groups hide it
-    (10.0, 5.0, 0.0, 2),     # exactly what two groups hide
-    (10.0, 6.0, 0.0, 4),     # more than two can hide, less than four
-    (10.0, 40.0, 0.0, 4),    # more than any allowed split hides: the most groups allowed
-    (0.0, 1.0, 0.0, 1),      # an env that takes no time: nothing to hide the wait behind
-    (0.06, 0.13, 0.3, 1),    # a tiny env whose client work dominates: more groups cost more than they hide
-    (10.0, 4.0, 1.0, 2),     # the client's work per group makes 4 groups slower than 2
+@pytest.mark.parametrize("step_ms,round_trip_ms,client_ms,asking,groups", [
+    (10.0, 0.0, 0.0, 1.0, 1),     # a server that answers at once: lockstep
+    (10.0, 3.2, 0.0, 0.125, 1),   # waiting 4 % of a batch step: a split would save less than 5 %
+    (10.0, 10.0, 0.0, 1.0, 4),    # a round trip of one batch step at every step: four groups hide the most
+    (10.0, 5.0, 0.0, 1.0, 2),     # exactly what two groups hide: four cost as much, and the fewer is taken
+    (10.0, 6.0, 2.0, 1.0, 2),     # the client's work per group makes 4 groups slower than 2
+    (10.0, 40.0, 0.0, 1.0, 4),    # more than any allowed split hides: the most groups allowed
+    (0.0, 8.0, 0.0, 0.125, 1),    # an env that takes no time: nothing to hide the wait behind
+    (0.06, 1.04, 0.3, 0.125, 1),  # a tiny env whose client work dominates: more groups cost more than they hide
 ])
-def test_the_split_with_the_least_estimated_time(step_ms, wait_ms, client_ms, groups):
-    chosen, align, why = choose_split(probe(step_ms, wait_ms, client_ms), [1, 2, 4])
+def test_the_split_with_the_least_estimated_time(step_ms, round_trip_ms, client_ms, asking, groups):
+    chosen, align, why = choose_split(probe(step_ms, round_trip_ms, client_ms, asking), [1, 2, 4])
     assert (chosen, align) == (groups, None), why
     assert why
 
 
 def test_the_estimate_of_each_split():
-    measured = probe(10.0, 4.0, 1.0)
-    assert estimated_s(measured, 1) == pytest.approx(0.015)
-    assert estimated_s(measured, 2) == pytest.approx(0.012)   # 10 + 2 * 1, the 4 ms wait hidden behind 6
-    assert estimated_s(measured, 4) == pytest.approx(0.014)   # 10 + 4 * 1
-    assert estimated_s(probe(10.0, 40.0), 4) == pytest.approx(0.0425)  # 10 + (40 - 7.5) left unhidden
+    measured = probe(10.0, 6.0, 2.0)
+    assert estimated_s(measured, 1) == pytest.approx(0.018)  # 10 + 2 + 6
+    assert estimated_s(measured, 2) == pytest.approx(0.013)  # 10 + 1.5 * 2, the wait hidden behind 6.5
+    assert estimated_s(measured, 4) == pytest.approx(0.015)  # 10 + 2.5 * 2
+    assert estimated_s(probe(10.0, 80.0, asking=0.125), 4) == pytest.approx(0.01 + 0.0725 / 8)  # 7.5 of 80 hidden
+    assert estimated_s(measured, 2, work_s=0.0) == pytest.approx(0.011)  # 10 + (6 - 5) left unhidden
 
 
 def test_a_probe_that_took_no_step_keeps_lockstep():
@@ -60,27 +64,57 @@ def test_a_probe_that_took_no_step_keeps_lockstep():
 
 
 def test_only_allowed_splits_are_chosen():
-    chosen, align, why = choose_split(probe(10.0, 6.0), [1, 2])
-    assert (chosen, align) == (2, None) and why == "about 11 ms per batch step instead of lockstep's 16 ms"
+    chosen, align, why = choose_split(probe(10.0, 10.0), [1, 2])
+    assert (chosen, align) == (2, None) and why == "about 15 ms per batch step instead of lockstep's 20 ms"
     assert choose_split(probe(10.0, 9.0), [1]) == (1, None, "no other split is allowed")
 
 
+def drifting(probe: Probe, num_envs: int, rows_per_env_step: float) -> Probe:
+    return dataclasses.replace(probe, num_envs=num_envs, rows_per_env_step=rows_per_env_step, episodes_ended=True)
+
+
+def test_chunks_that_drift_apart_are_asked_for_as_a_running_rollout_asks():
+    """A probe starts every env afresh, so its chunks start together; once episodes end at different steps, each
+    env starts a chunk at a step with the chance of its rows per env step, independently of the others."""
+    fresh = probe(10.0, 8.0, asking=3 / 24)
+    assert fresh.asking(16) == fresh.asking(4) == pytest.approx(0.125), "no episode ended: chunks stay together"
+    drifted = drifting(fresh, 16, 0.125)
+    assert drifted.asking(16) == pytest.approx(1 - 0.875 ** 16)
+    assert drifted.asking(8) == pytest.approx(1 - 0.875 ** 8)
+    aligned = dataclasses.replace(drifting(probe(10.0, 8.0, asking=0.5), 16, 0.25), aligned=True)
+    assert aligned.asking(16) == pytest.approx(0.5)  # as the aligned lockstep asked
+    assert aligned.asking(8) == pytest.approx(1 - 0.5 ** 0.5)  # its asks spread over independent envs
+
+
+def test_a_probes_figures_from_hopper_pick_the_split_that_ran_fastest():
+    """Hopper-v5 x16, H=8, a server holding each reply about one batch step: the probes' own figures (a fresh
+    start: 9 and 10 infers in 23 batch steps), and the rates measured after them in a running rollout, in ms per
+    batch step: lockstep 11.4, 2 groups 7.8-8.1, 2 groups aligned at 4 6.0-6.5, 4 groups 6.5, 4 aligned 6.4."""
+    plain = Probe(4.46e-3, 2.09e-3, 5.34e-3, 23, 9, 0.90e-3, 16, 0.145, True)
+    aligned = Probe(4.38e-3, 2.35e-3, 5.41e-3, 23, 10, 1.85e-3, 16, 0.22, True, aligned=True)
+    assert estimated_s(plain, 1) == pytest.approx(0.0103, abs=3e-4)
+    assert estimated_s(plain, 2) == pytest.approx(0.0076, abs=3e-4)
+    groups, align, why = choose_split(plain, [1, 2, 4], aligned, 4)
+    assert (groups, align) == (2, 4), why
+    assert estimated_s(aligned, 2, plain.overhead_s) < estimated_s(plain, 4) < estimated_s(plain, 2)
+
+
 @pytest.mark.parametrize("plain,aligned,allowed,expected", [
-    # chunks that drift apart: aligned, the exchanges per batch step (their wait and the client's work) drop
-    ((10.0, 3.0, 2.0), (10.0, 1.0, 2.0), [1, 2, 4], (1, 4)),   # aligned lockstep: 13 against 15 ms (a split 14)
-    ((10.0, 8.0, 1.0), (10.0, 4.0, 0.5), [1, 2, 4], (2, 4)),   # aligned, two groups hide the rest
-    ((10.0, 8.0, 1.0), (10.0, 8.5, 1.0), [1, 2, 4], (2, None)),  # aligning saves nothing: the plain split
-    ((10.0, 0.2, 0.5), (10.0, 0.2, 0.45), [1, 2, 4], (1, None)),  # under 5 % either way: plain lockstep
-    ((10.0, 3.0, 2.0), (10.0, 1.0, 0.8), [1], (1, 4)),         # no split allowed: aligned lockstep still may be
+    # (step, round trip, client, asking): aligned chunks mean fewer exchanges per batch step
+    ((10.0, 24.0, 2.0, 0.125), (10.0, 8.0, 2.0, 0.125), [1, 2, 4], (1, 4)),  # aligned lockstep: 13 against 15 ms
+    ((10.0, 10.0, 1.0, 1.0), (10.0, 10.0, 0.5, 0.5), [1, 2, 4], (4, 4)),   # aligned, four groups hide the rest
+    ((10.0, 10.0, 1.0, 0.5), (10.0, 10.0, 1.0, 0.6), [1, 2, 4], (4, None)),  # aligning saves nothing: the plain split
+    ((10.0, 1.6, 0.5, 0.125), (10.0, 1.6, 0.45, 0.125), [1, 2, 4], (1, None)),  # under 5 % either way: lockstep
+    ((10.0, 24.0, 2.0, 0.125), (10.0, 8.0, 0.8, 0.125), [1], (1, 4)),       # no split allowed: aligned lockstep may be
 ])
 def test_each_split_is_estimated_with_and_without_aligned_chunks(plain, aligned, allowed, expected):
-    groups, align, why = choose_split(probe(*plain), allowed, probe(*aligned), 4)
+    groups, align, why = choose_split(probe(*plain), allowed, dataclasses.replace(probe(*aligned), aligned=True), 4)
     assert (groups, align) == expected, why
 
 
 def test_without_an_aligned_probe_no_alignment_is_chosen():
-    assert choose_split(probe(10.0, 3.0, 2.0), [1, 2], None, 4)[1] is None
-    assert choose_split(probe(10.0, 3.0, 2.0), [1, 2], Probe(0.0, 0.0, 0.0, 0, 0), 4)[1] is None  # it took no step
+    assert choose_split(probe(10.0, 24.0, 2.0, 0.125), [1, 2], None, 4)[1] is None
+    assert choose_split(probe(10.0, 24.0, 2.0, 0.125), [1, 2], Probe(0.0, 0.0, 0.0, 0, 0), 4)[1] is None
 
 
 @pytest.mark.parametrize("num_envs,group_size,allowed", [
@@ -98,22 +132,25 @@ def test_a_single_instance_env_is_never_split():
 
 
 def test_the_probe_figures_come_from_two_lockstep_timings():
-    before = Timing(batch_steps=1, infer_calls=1, env_step_s=0.01, infer_wait_s=0.02)
-    after = Timing(batch_steps=25, infer_calls=4, env_step_s=0.25, infer_wait_s=0.08)
-    measured = Probe.between(before, after, wall_s=0.36)
-    assert (measured.batch_steps, measured.infers) == (24, 3)
+    before = Timing(batch_steps=1, infer_calls=1, infer_rows=16, env_steps=16, env_step_s=0.01, infer_wait_s=0.02)
+    after = Timing(batch_steps=25, infer_calls=4, infer_rows=64, env_steps=376, idle_env_steps=24, env_step_s=0.25,
+                   infer_wait_s=0.08)
+    measured = Probe.between(before, after, wall_s=0.36, episodes_ended=True)
+    assert (measured.batch_steps, measured.infers, measured.num_envs) == (24, 3, 16)
+    assert measured.rows_per_env_step == pytest.approx(48 / 360) and measured.episodes_ended
     assert measured.batch_step_s == pytest.approx(0.01)
     assert measured.wait_per_batch_step_s == pytest.approx(0.0025)
     assert measured.round_trip_s == pytest.approx(0.02)
     assert measured.overhead_s == pytest.approx(0.0025)  # (0.36 - 0.24 - 0.06) / 24
     assert measured.to_json() == {"batch_step_ms": 10.0, "wait_per_batch_step_ms": 2.5, "client_per_batch_step_ms": 2.5,
-                                  "round_trip_ms": 20.0, "batch_steps": 24, "infers": 3}
+                                  "round_trip_ms": 20.0, "batch_steps": 24, "infers": 3, "num_envs": 16,
+                                  "rows_per_env_step": 0.1333, "episodes_ended": True, "aligned": False}
 
 
 def test_the_probe_budget_measures_from_the_first_step_to_its_end():
     timing = Timing()
     budget = ProbeBudget(timing, batch_steps=3)
-    assert not budget.finished() and not budget.claim()
+    assert not budget.finished()
     assert budget.probe().batch_steps == 0, "nothing measured before the first step"
     timing.batch_steps, timing.env_step_s = 1, 0.5  # connecting, the first reset and step: left out
     assert not budget.finished()
@@ -122,6 +159,10 @@ def test_the_probe_budget_measures_from_the_first_step_to_its_end():
     measured = budget.probe()
     assert measured.batch_steps == 2 and measured.batch_step_s == pytest.approx(0.01)
     assert measured.wait_per_batch_step_s == pytest.approx(0.002)
+    assert not measured.episodes_ended and not measured.aligned
+    ending = ProbeBudget(Timing(batch_steps=1), batch_steps=1, aligned=True)
+    assert not ending.claim(), "a probe's episodes are never recorded"
+    assert ending.finished() and ending.probe().episodes_ended and ending.probe().aligned
     stopped = ProbeBudget(Timing())
     stopped.stop.set()
     assert stopped.finished()

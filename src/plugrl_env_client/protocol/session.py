@@ -225,6 +225,7 @@ class Session:
             raise ConnectionLost(self._closed(exc)) from None
         timing = self.timing
         timing.infer_calls += 1
+        timing.infer_rows += len(request.env_indices)
         timing.bytes_sent += frame.nbytes
         self._asked = np.asarray(request.env_indices, dtype=np.int64)
         self.state = Exchange.AWAITING_REPLY

@@ -2,22 +2,28 @@
 
 Each group is an env object and a connection, so the number is chosen once, before the run collects, and never
 changed: a probe steps the whole env batch in lockstep for :data:`PROBE_BATCH_STEPS` batch steps against the run's
-server and measures, per batch step, the env's step (E), the time the loop sat waiting for actions (W: a round trip
-every chunk, so it already counts the horizon) and the client's own work around them (O: building, sending and
-reading messages, resets). The rule (:func:`choose_groups`) estimates the time per batch step of every env with K
-groups:
+server and measures, per batch step, the env's step (E) and the client's own work around it (O: building, sending
+and reading messages, resets), the round trip of an infer (R), and how often envs ask for actions. The rule
+(:func:`estimated_s`) estimates the time per batch step of every env with K groups of m envs each:
 
-    T(1) = E + O + W        T(K) = E + K * O + max(0, W - (K - 1) / K * (E + K * O))
+    S = E + O * (1 + K) / 2        T(K) = S + q(m) * max(0, R - (K - 1) / K * S)
 
-Each group pays the client's work once per its step (K * O), and while one group waits, the other K - 1 step, which
-hides up to (K - 1) / K of the stepping. Unless ``--runner.align-chunks`` is given, a second probe runs with chunks
-aligned at half the server's horizon: envs whose episodes end at different steps otherwise ask for actions at
-different steps, so aligned chunks mean fewer exchanges per batch step (less W and O), and each K is estimated
-both ways. Auto takes the (K, align) with the least T, but keeps plain lockstep unless it saves at least
-:data:`WORTH_SPLITTING` of T(1): a server that answers at once with chunks that stay together, or an env so cheap
-that the client's own work dominates, stays in lockstep. K is one of 1, 2, 4 (at most :data:`MAX_GROUPS`) that divides ``--num-envs`` into
-whole ``--runner.group-size`` seed groups. (E is taken as splitting evenly over the groups; a vectorised simulator's
-fixed cost per call counts in O.)
+S is the stepping of all groups, each paying the client's work per step (about half of lockstep's work is per step,
+half per env row, so K groups cost (1 + K) / 2 of it). While one group waits for its reply, the other K - 1 step,
+which hides (K - 1) / K of S; q(m) is the chance that a group asks for actions at its step in a run's steady state.
+A probe starts every env afresh, so its chunks start together and it sees fewer exchanges than a running rollout
+will: once episodes have ended at different steps, chunks drift apart and each env starts one at a step with
+chance p (the probe's env rows asked per env step), so a group of m envs asks with chance 1 - (1 - p)^m. That is
+q(m) when the probe saw episodes end; otherwise chunks stay together and every group asks when the lockstep did.
+
+Unless ``--runner.align-chunks`` is given, a second probe runs with chunks aligned at half the server's horizon:
+envs whose chunks end within that many steps of each other ask together, so there are fewer exchanges. Its q(m)
+spreads the aligned lockstep's exchanges over its envs as independent ones (when episodes ended) and each K is
+estimated both ways. Auto takes the (K, align) with the least T, but keeps plain lockstep unless it saves at least
+:data:`WORTH_SPLITTING` of T(1): a server that answers at once, or an env so cheap that the client's own work
+dominates, stays in lockstep. K is one of 1, 2, 4 (at most :data:`MAX_GROUPS`) that divides ``--num-envs`` into
+whole ``--runner.group-size`` seed groups. (E is taken as splitting evenly over the groups; a vectorised
+simulator's fixed cost per call counts in O.)
 
 An env registered ``single_instance=True`` can exist only once per process and is never split.
 """
@@ -44,8 +50,9 @@ WORTH_SPLITTING = 0.05
 
 @dataclasses.dataclass(frozen=True)
 class Probe:
-    """What the lockstep probe measured, per batch step: the env's step, the wait for actions, the client's own
-    work around them; the wait per infer; how many batch steps and infers it measured."""
+    """What a lockstep probe measured, per batch step: the env's step, the wait for actions, the client's own
+    work around them; the wait per infer; how many batch steps and infers it measured; its envs, the env rows its
+    infers asked per env step, whether episodes ended during it, and whether its chunks were aligned."""
 
     batch_step_s: float
     wait_per_batch_step_s: float
@@ -53,24 +60,43 @@ class Probe:
     batch_steps: int
     infers: int
     overhead_s: float = 0.0
+    num_envs: int = 0
+    rows_per_env_step: float = 0.0
+    episodes_ended: bool = False
+    aligned: bool = False
 
     @classmethod
-    def between(cls, before: Timing, after: Timing, wall_s: float) -> Probe:
+    def between(cls, before: Timing, after: Timing, wall_s: float, episodes_ended: bool = False) -> Probe:
         """The figures of a lockstep rollout's timing from ``before`` to ``after``, ``wall_s`` apart (its
         ``infer_wait_s`` is the whole wait for each reply)."""
         steps = after.batch_steps - before.batch_steps
         infers = after.infer_calls - before.infer_calls
         env = after.env_step_s - before.env_step_s
         wait = after.infer_wait_s - before.infer_wait_s
+        env_steps = after.env_steps - before.env_steps
         per = max(steps, 1)
-        return cls(env / per, wait / per, wait / max(infers, 1), steps, infers, max(0.0, wall_s - env - wait) / per)
+        envs = round((env_steps + after.idle_env_steps - before.idle_env_steps) / per)
+        return cls(env / per, wait / per, wait / max(infers, 1), steps, infers, max(0.0, wall_s - env - wait) / per,
+                   envs, (after.infer_rows - before.infer_rows) / max(env_steps, 1), episodes_ended)
 
-    def to_json(self) -> dict[str, float | int]:
+    def asking(self, envs: float) -> float:
+        """The chance that a group of ``envs`` of this probe's envs asks for actions at its step, in a run's steady
+        state (the module docstring's q(m))."""
+        measured = min(1.0, self.infers / max(self.batch_steps, 1))
+        if not self.episodes_ended or self.num_envs <= 0:
+            return measured  # chunks stay together: every group asks when the lockstep did
+        if self.aligned:  # the aligned lockstep's exchanges, spread over its envs as independent ones
+            return 1.0 - (1.0 - measured) ** (envs / self.num_envs)
+        return 1.0 - (1.0 - min(1.0, self.rows_per_env_step)) ** envs
+
+    def to_json(self) -> dict[str, Any]:
         return {"batch_step_ms": round(self.batch_step_s * 1e3, 3),
                 "wait_per_batch_step_ms": round(self.wait_per_batch_step_s * 1e3, 3),
                 "client_per_batch_step_ms": round(self.overhead_s * 1e3, 3),
                 "round_trip_ms": round(self.round_trip_s * 1e3, 3),
-                "batch_steps": self.batch_steps, "infers": self.infers}
+                "batch_steps": self.batch_steps, "infers": self.infers, "num_envs": self.num_envs,
+                "rows_per_env_step": round(self.rows_per_env_step, 4), "episodes_ended": self.episodes_ended,
+                "aligned": self.aligned}
 
 
 def allowed_groups(num_envs: int, group_size: int = 1, single_instance: bool = False,
@@ -87,27 +113,31 @@ def allowed_groups(num_envs: int, group_size: int = 1, single_instance: bool = F
     return out or [1]
 
 
-def estimated_s(probe: Probe, groups: int) -> float:
-    """Estimated seconds per batch step of every env with ``groups`` groups (the module's T(K))."""
-    env, work, wait = probe.batch_step_s, probe.overhead_s, probe.wait_per_batch_step_s
-    if groups == 1:
-        return env + work + wait
-    stepping = env + groups * work
-    return stepping + max(0.0, wait - (groups - 1) / groups * stepping)
+def estimated_s(probe: Probe, groups: int, work_s: float | None = None) -> float:
+    """Estimated seconds per batch step of every env with ``groups`` groups (the module's T(K)); ``work_s`` is the
+    client's work per lockstep batch step when known better than this probe measured it."""
+    work = probe.overhead_s if work_s is None else work_s
+    stepping = probe.batch_step_s + work * (1 + groups) / 2
+    hidden = (groups - 1) / groups * stepping
+    envs = probe.num_envs / groups if probe.num_envs else 0.0
+    return stepping + probe.asking(envs) * max(0.0, probe.round_trip_s - hidden)
 
 
 def choose_split(probe: Probe, allowed: list[int], aligned: Probe | None = None, align: int | None = None
                  ) -> tuple[int, int | None, str]:
     """The number of groups among ``allowed`` (ascending, starting at 1), the ``--runner.align-chunks`` to set
     with it (None: the flag as given), and why, in words for the log. ``aligned`` is a second probe run with chunks
-    aligned at ``align``: with it each split is also estimated aligned, lockstep included (aligned chunks end
-    together, so there are fewer exchanges per batch step to wait for and to do)."""
+    aligned at ``align``: with it each split is also estimated aligned, lockstep included. The client's work per
+    batch step is the lesser of the two probes' (it is about the same either way, and a probe's figure only grows
+    with what else runs on the machine)."""
     if probe.batch_steps == 0:  # the run ended (or was stopped) before the probe stepped: nothing says to split
         return 1, None, "the probe took no step"
-    lockstep = estimated_s(probe, 1)
-    options: list[tuple[float, int, int | None]] = [(estimated_s(probe, k), k, None) for k in allowed]
-    if aligned is not None and aligned.batch_steps and align is not None:
-        options += [(estimated_s(aligned, k), k, align) for k in allowed]
+    with_aligned = aligned is not None and aligned.batch_steps > 0 and align is not None
+    work = min(probe.overhead_s, aligned.overhead_s) if with_aligned and aligned is not None else probe.overhead_s
+    lockstep = estimated_s(probe, 1, work)
+    options: list[tuple[float, int, int | None]] = [(estimated_s(probe, k, work), k, None) for k in allowed]
+    if with_aligned and aligned is not None:
+        options += [(estimated_s(aligned, k, work), k, align) for k in allowed]
     best, groups, chosen = min(options, key=lambda o: (o[0], o[1], o[2] is not None))
     if (groups, chosen) == (1, None) or best > (1 - WORTH_SPLITTING) * lockstep:
         if len(options) == 1:
@@ -122,13 +152,14 @@ class ProbeBudget:
     group), after ``max_s`` seconds from the first step, or when the run's ``stop`` is set. Its episodes count for
     nothing (the run starts every env afresh after it). Asked on every loop iteration, it notes the timing after
     the first batch step and at the end: :meth:`probe` measures between them (connecting and the first reset left
-    out)."""
+    out), and counts the episodes that end (:meth:`claim`), which say whether chunks will drift apart."""
 
     target: int | None = None
 
     def __init__(self, timing: Timing, batch_steps: int = PROBE_BATCH_STEPS, max_s: float = PROBE_MAX_S,
-                 stop: Any = None) -> None:
-        self.timing, self.batch_steps, self.max_s = timing, batch_steps, max_s
+                 stop: Any = None, aligned: bool = False) -> None:
+        self.timing, self.batch_steps, self.max_s, self.aligned = timing, batch_steps, max_s, aligned
+        self.episodes = 0
         self._stop = stop if stop is not None else threading.Event()
         self._first: tuple[float, Timing] | None = None
         self._last: tuple[float, Timing] | None = None
@@ -138,6 +169,7 @@ class ProbeBudget:
         return self._stop
 
     def claim(self, process_id: int = 0) -> bool:
+        self.episodes += 1
         return False  # no probe episode is recorded
 
     def exhausted(self, process_id: int = 0) -> bool:
@@ -159,8 +191,9 @@ class ProbeBudget:
     def probe(self) -> Probe:
         """The figures from the first batch step to the end (none measured: a probe of no step)."""
         if self._first is None or self._last is None:
-            return Probe(0.0, 0.0, 0.0, 0, 0)
-        return Probe.between(self._first[1], self._last[1], self._last[0] - self._first[0])
+            return Probe(0.0, 0.0, 0.0, 0, 0, aligned=self.aligned)
+        measured = Probe.between(self._first[1], self._last[1], self._last[0] - self._first[0], self.episodes > 0)
+        return dataclasses.replace(measured, aligned=self.aligned)
 
 
 class ProbeSink:
