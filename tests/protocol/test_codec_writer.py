@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from plugrl_env_client.errors import ProtocolError
 from plugrl_env_client.protocol import codec
-from plugrl_env_client.protocol.codec import SLOT, MessageWriter
+from plugrl_env_client.protocol.codec import MessageWriter, Timed
 from plugrl_env_client.protocol.frame_packer import FramePacker
 
 
@@ -143,11 +143,6 @@ def test_arrays_of_4_gib_are_refused_as_packb_refuses_them():
         FramePacker().pack({"a": big}, size_hint=big.nbytes)
 
 
-def test_a_message_with_slots_is_not_written_whole():
-    with pytest.raises(RuntimeError, match="holding slots"):
-        MessageWriter().write({"a": SLOT})
-
-
 @pytest.mark.parametrize("bad, match", [
     (np.array([object()], dtype=object), "dtype object"),
     (np.zeros(2, complex), "dtype complex128"),
@@ -169,8 +164,30 @@ def test_what_it_keeps_is_bounded():
     assert long_text not in w._strs
 
 
-def test_slots_are_pieces_of_their_own_and_arrays_are_not_copied():
-    arr = np.arange(6, dtype=np.float32)
-    pieces = MessageWriter().pieces({"a": SLOT, "b": arr, "c": {"d": SLOT}})
-    assert [p for p in pieces if p is SLOT] == [SLOT, SLOT]
-    assert any(p is arr for p in pieces)
+def test_arrays_are_not_copied_inside_timed_parts_either():
+    arr, inner = np.arange(6, dtype=np.float32), np.arange(3)
+    pieces = MessageWriter().pieces({"a": Timed({"x": inner}), "b": arr, "c": {"d": Timed(1.5)}})
+    assert any(p is arr for p in pieces) and any(p is inner for p in pieces)
+
+
+@pytest.mark.parametrize("msg", [
+    {"a": {"x": np.arange(3)}, "b": 1, "c": {"d": "text", "e": None}},
+    {"a": [1, 2], "b": {"x": np.arange(3)}},  # a list: msgpack packs the message whole
+    {"a": np.arange(4), "b": {"c": {"d": {"e": np.ones((2, 2))}}}},
+])
+def test_a_timed_part_writes_the_bytes_of_its_value(msg):
+    timed = {key: Timed(value) for key, value in msg.items()}
+    timed["b"] = {"inner": Timed(msg["b"])}
+    plain = {**msg, "b": {"inner": msg["b"]}}
+    assert MessageWriter().write(timed) == reference(plain)
+    assert MessageWriter().write(Timed(plain)) == reference(plain)
+
+
+def test_a_parts_time_is_the_time_of_that_part():
+    """A part holding 32 MB takes longer to write than one holding a few bytes, whichever comes first."""
+    big, small = {"blob": np.ones(32 << 20, np.uint8)[::2]}, {"x": 1}  # strided: msgpack copies it
+    for first, second in ((big, small), (small, big)):
+        parts = [Timed(first), Timed(second)]
+        MessageWriter().write({"a": parts[0], "b": np.arange(3), "c": parts[1]})
+        heavy, light = (parts[0], parts[1]) if first is big else (parts[1], parts[0])
+        assert heavy.seconds > 20 * light.seconds > 0

@@ -12,7 +12,7 @@ from websockets.streams import StreamReader
 
 from plugrl_env_client.errors import ProtocolError
 from plugrl_env_client.protocol import codec
-from plugrl_env_client.protocol.codec import SLOT
+from plugrl_env_client.protocol.codec import Timed
 from plugrl_env_client.protocol.frame_packer import BIG_ARRAY, WALK_MIN, FramePacker, control_frame, frame_header
 
 KEY = bytes([0x37, 0xFA, 0x21, 0x3D])
@@ -150,55 +150,29 @@ def test_what_the_codec_refuses_is_a_protocol_error_either_way(hint, bad, match)
         FramePacker().pack({"images": camera(4, 96, 96), "bad": bad}, size_hint=hint)
 
 
-# ------------------------------------------------------------------------------------------------ parts
+# ------------------------------------------------------------------------------------------------ timed parts
 
 
-def _feedback_skeleton(msg: dict) -> tuple[dict, list]:
-    """The feedback-like message with its obs and info replaced by slots, and those two parts."""
+def _timed_feedback(msg: dict) -> tuple[dict, list[Timed]]:
+    """The feedback-like message with its obs and info as timed parts, and those two parts."""
     data = dict(msg["data"])
-    parts = [data["obs"], data["info"]]
-    data["obs"], data["info"] = SLOT, SLOT
+    parts = [Timed(data["obs"]), Timed(data["info"])]
+    data["obs"], data["info"] = parts
     return {**msg, "data": data}, parts
 
 
 @pytest.mark.parametrize("hint", [0, WALK_MIN])
 @pytest.mark.parametrize("lead", [0, 3])
-def test_parts_packed_one_by_one_give_the_bytes_of_the_whole_message(hint, lead):
+def test_timed_parts_give_the_bytes_of_the_plain_message_and_their_times(hint, lead):
     msg = observation_message(lead)
-    skeleton, parts = _feedback_skeleton(msg)
-    frame, seconds = FramePacker().pack_parts(skeleton, parts, size_hint=hint, key=KEY)
-    assert bytes(frame) == expected(msg)
-    assert len(seconds) == 2 and all(s > 0 for s in seconds)
+    timed, parts = _timed_feedback(msg)
+    assert bytes(FramePacker().pack(timed, size_hint=hint, key=KEY)) == expected(msg)
+    assert all(part.seconds > 0 for part in parts)
 
 
-def test_a_parts_cost_is_timed_on_that_part():
-    """A part holding 32 MB takes longer to pack than one holding a few bytes, whichever slot it is in."""
-    big, small = {"blob": np.ones(32 << 20, np.uint8)[::2]}, {"x": 1}  # strided: the codec copies it
-    for parts in ([big, small], [small, big]):
-        _, seconds = FramePacker().pack_parts({"a": SLOT, "b": np.arange(3), "c": SLOT}, parts, size_hint=0)
-        heavy = parts.index(big)
-        assert seconds[heavy] > 20 * seconds[1 - heavy]
-
-
-def test_a_skeleton_may_hold_any_bytes_and_slots_in_nested_maps():
-    """Slots are pieces of their own (no marker in the bytes that a value could collide with)."""
-    skeleton = {"sly": FramePacker()._writer._marker, "obs": SLOT, "deep": {"x": np.arange(3), "info": SLOT}}
-    frame, _ = FramePacker().pack_parts(skeleton, [np.arange(4), {"a": 1}], key=KEY)
-    assert bytes(frame) == expected({"sly": skeleton["sly"], "obs": np.arange(4), "deep": {"x": np.arange(3),
-                                                                                          "info": {"a": 1}}})
-
-
-def test_a_message_holding_slots_is_refused_by_pack():
-    for hint in (0, WALK_MIN):
-        with pytest.raises((RuntimeError, ProtocolError), match="slots|cannot encode"):
-            FramePacker().pack({"a": SLOT, "b": camera(4, 96, 96)}, size_hint=hint)
-
-
-def test_parts_the_codec_refuses_are_a_protocol_error():
+def test_what_the_codec_refuses_in_a_timed_part_is_a_protocol_error():
     with pytest.raises(ProtocolError, match="dtype object"):
-        FramePacker().pack_parts({"obs": SLOT}, [np.array([object()], dtype=object)])
-    with pytest.raises(RuntimeError, match="1 slots for 2 parts"):
-        FramePacker().pack_parts({"obs": SLOT}, [1, 2])
+        FramePacker().pack({"obs": Timed(np.array([object()], dtype=object))})
 
 
 @pytest.mark.parametrize("opcode, payload", [(0x9, b""), (0xA, b"ping data"), (0x8, b"\x03\xe8bye"),

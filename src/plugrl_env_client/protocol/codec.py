@@ -30,6 +30,7 @@ import math
 import os
 import struct
 import threading
+import time
 from typing import Any
 
 import msgpack
@@ -37,7 +38,7 @@ import numpy as np
 
 from plugrl_env_client.errors import ProtocolError
 
-__all__ = ["MAX_DEPTH", "SLOT", "MessageWriter", "ProtocolError", "bin_header", "encode_numpy", "packb", "unencodable",
+__all__ = ["MAX_DEPTH", "MessageWriter", "ProtocolError", "Timed", "bin_header", "encode_numpy", "packb", "unencodable",
            "unpackb"]
 
 _REFUSED_KINDS = frozenset("OVc")
@@ -67,6 +68,8 @@ def encode_numpy(obj: Any) -> Any:
         if obj.dtype.kind in _REFUSED_KINDS:
             raise ProtocolError(f"cannot send a scalar of dtype {obj.dtype} (object, void and complex are refused)")
         return {_NG: True, _DATA: obj.item(), _DTYPE: obj.dtype.str}
+    if type(obj) is Timed:  # in a message msgpack packs whole
+        return obj.value
     if isinstance(obj, int):  # msgpack hands ints beyond 64 bits to this hook
         raise ProtocolError(f"cannot encode the integer {obj}: msgpack integers are limited to 64 bits")
     raise ProtocolError(f"cannot encode a value of type {type(obj).__name__}; send numpy arrays, str, numbers, lists or dicts")
@@ -84,15 +87,15 @@ MAX_KEPT_STR = 64
 _NESTING = (dict, list, tuple)  # what msgpack nests: a message holding one the writer does not lay out goes whole
 
 
-class _Slot:
-    """Where a part goes in a skeleton message."""
+class Timed:
+    """A part of a message whose writing is timed: :class:`MessageWriter` lays ``value`` out where the part
+    stands and leaves in :attr:`seconds` how long that took, so a message is written in one pass and a part's cost is
+    still known (a feedback's observation and info). A part msgpack would nest is packed by msgpack alone."""
 
-    def __repr__(self) -> str:
-        return "SLOT"
+    __slots__ = ("value", "seconds")
 
-
-SLOT = _Slot()
-"""The placeholder of a part in a skeleton message (see :meth:`MessageWriter.pieces`)."""
+    def __init__(self, value: Any) -> None:
+        self.value, self.seconds = value, 0.0
 
 
 class _ToMsgpack(Exception):
@@ -128,31 +131,25 @@ class MessageWriter:
         self._marked = self._packer.pack(self._marker)
 
     def write(self, msg: Any) -> bytes:
-        """The msgpack bytes of ``msg`` (a message without slots). Raises what msgpack and the convention's hook
-        raise for what they cannot carry."""
-        pieces = self.pieces(msg)
-        try:
-            return b"".join(pieces)
-        except TypeError:
-            if any(piece is SLOT for piece in pieces):
-                raise RuntimeError("a message holding slots: fill them (FramePacker.pack_parts)") from None
-            raise
+        """The msgpack bytes of ``msg``. Raises what msgpack and the convention's hook raise for what they cannot
+        carry."""
+        return b"".join(self.pieces(msg))
 
     def pieces(self, msg: Any) -> list[Any]:
-        """``msg`` as a list of pieces whose concatenation is its msgpack bytes: bytes, arrays (their own memory,
-        not copied) and, for each :data:`SLOT`, the SLOT itself, in the order of the message."""
+        """``msg`` as a list of pieces whose concatenation is its msgpack bytes: bytes and arrays (their own
+        memory, not copied), in the order of the message."""
         out: list[Any] = []
         try:
             self._emit(msg, out, 0)
         except _ToMsgpack:
-            return [self._packer.pack(msg)]  # (a slot in such a message is refused by the codec's hook)
+            return [self._packer.pack(msg)]
         return out
 
     def _emit(self, obj: Any, out: list[Any], depth: int) -> None:
         """``obj``'s pieces onto ``out``. A map's values are laid out here, in its loop (one call per map, not per
         value: a feedback holds a few maps and a few dozen values)."""
         if type(obj) is not dict:
-            self._value(obj, out)
+            self._value(obj, out, depth)
             return
         if depth >= MAX_DEPTH:
             raise _ToMsgpack
@@ -181,12 +178,19 @@ class MessageWriter:
                 packed = strs.get(value)
                 out.append(packed if packed is not None else self._str(value))
             else:
-                self._value(value, out)
+                self._value(value, out, depth + 1)
 
-    def _value(self, obj: Any, out: list[Any]) -> None:
-        """A value the writer does not lay out: a slot, or msgpack's (the whole message's, when msgpack nests it)."""
-        if obj is SLOT:
-            out.append(SLOT)
+    def _value(self, obj: Any, out: list[Any], depth: int) -> None:
+        """A value the writer does not lay out: a timed part, or msgpack's (the whole message's, when msgpack nests
+        it)."""
+        if type(obj) is Timed:
+            start, mark = time.perf_counter(), len(out)
+            try:
+                self._emit(obj.value, out, depth)
+            except _ToMsgpack:  # the part alone goes to msgpack, as a message of its own would
+                del out[mark:]
+                out.append(self._packer.pack(obj.value))
+            obj.seconds = time.perf_counter() - start
         elif isinstance(obj, _NESTING):
             raise _ToMsgpack
         else:

@@ -7,25 +7,19 @@ joins a small message's pieces once and masks them with websockets' C helper, an
 buffer it keeps for the connection's life, masking each big array's bytes from the array itself (no fresh memory
 once the buffer has the size of the largest message, and no second copy of the frame as websockets' own framing
 makes). One masker, one key pool.
-
-A :data:`~plugrl_env_client.protocol.codec.SLOT` as a map's value stays a piece of its own:
-:meth:`FramePacker.pack_parts` fills it with a part laid out (and timed) apart, which is how a feedback's
-observation and info costs are measured in the one encoding the message gets.
 """
 
 from __future__ import annotations
 
 import os
 import struct
-import time
-from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 from websockets.frames import apply_mask
 
 from plugrl_env_client.protocol import codec
-from plugrl_env_client.protocol.codec import SLOT, MessageWriter
+from plugrl_env_client.protocol.codec import MessageWriter
 
 __all__ = ["BIG_ARRAY", "WALK_MIN", "FramePacker", "control_frame", "frame_header"]
 
@@ -84,43 +78,12 @@ class FramePacker:
         try:
             if size_hint < WALK_MIN:
                 return _masked(self._writer.write(msg), key)
-            return self._framed(self._writer.pieces(msg), size_hint, key)
+            runs = _runs(self._writer.pieces(msg))  # big arrays: laid out in the kept buffer
+            return self._frame(runs, key) if len(runs) > 1 else _masked(runs[0], key)
         except codec.ProtocolError:
             raise
         except _MSGPACK_ERRORS as exc:
             raise codec.unencodable(exc) from None
-
-    def pack_parts(self, skeleton: Any, parts: Sequence[Any], size_hint: int = 0, key: bytes | None = None
-                   ) -> tuple[memoryview, list[float]]:
-        """The frame of ``skeleton`` with its :data:`SLOT` s replaced by ``parts`` (in the order the slots come in
-        the message: dicts keep their order), and the seconds spent laying out each part. The bytes are those of
-        :meth:`pack` on the whole message. Slots are values of plain maps (``dict``), as a feedback's obs and info
-        are."""
-        seconds: list[float] = []
-        try:
-            laid = []
-            for part in parts:
-                start = time.perf_counter()
-                laid.append(self._writer.pieces(part))
-                seconds.append(time.perf_counter() - start)
-            pieces = self._writer.pieces(skeleton)
-            slots = [i for i, piece in enumerate(pieces) if piece is SLOT]
-            if len(slots) != len(laid):
-                raise RuntimeError(f"the skeleton holds {len(slots)} slots for {len(laid)} parts")
-            for i, part_pieces in zip(reversed(slots), reversed(laid)):
-                pieces[i:i + 1] = part_pieces
-            return self._framed(pieces, size_hint, self._key() if key is None else key), seconds
-        except codec.ProtocolError:
-            raise
-        except _MSGPACK_ERRORS as exc:
-            raise codec.unencodable(exc) from None
-
-    def _framed(self, pieces: list[Any], size_hint: int, key: bytes) -> memoryview:
-        """The frame of a message's pieces: laid out in the kept buffer when it holds big arrays."""
-        if size_hint < WALK_MIN:
-            return _masked(b"".join(pieces), key)
-        runs = _runs(pieces)
-        return self._frame(runs, key) if len(runs) > 1 else _masked(runs[0], key)
 
     def _frame(self, pieces: list[Any], key: bytes) -> memoryview:
         sizes = [p.nbytes if isinstance(p, np.ndarray) else len(p) for p in pieces]

@@ -97,9 +97,8 @@ class Feedback(Generic[Obs]):
     info: dict[str, Any]
 
     def message(self, obs: Any = None, info: Any = None) -> dict[str, Any]:
-        """The message as it travels, with ``obs`` and ``info`` in place of those fields when given: the wire map
-        of :attr:`obs`, or a packer's slots, filled when the message is packed
-        (:meth:`~plugrl_env_client.protocol.frame_packer.FramePacker.pack_parts`)."""
+        """The message as it travels, with ``obs`` and ``info`` in place of those fields when given (the wire map
+        of :attr:`obs`; :class:`~plugrl_env_client.protocol.codec.Timed` parts)."""
         return {
             "message_type": FEEDBACK,
             "env_indices": np.asarray(self.env_indices, dtype=_I8),

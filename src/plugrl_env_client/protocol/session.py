@@ -48,7 +48,7 @@ import tyro
 
 from plugrl_env_client.errors import ConfigError, ProtocolError
 from plugrl_env_client.protocol import codec, images, messages, ws_client, ws_common
-from plugrl_env_client.protocol.codec import SLOT
+from plugrl_env_client.protocol.codec import Timed
 from plugrl_env_client.protocol.connection import (
     AlreadyAwaitingReply,
     CloseAction,
@@ -283,11 +283,11 @@ class Session:
         with self._feedback_sending:
             with self._feedback_building:
                 wire = messages.wire_observation(feedback.obs, self._image_codec, self.config.image_quality)
-                skeleton = feedback.message(SLOT, SLOT)
+            obs, info = Timed(wire), Timed(feedback.info)
             with self._feedback_packing:
-                frame, (obs_s, info_s) = self._packer.pack_parts(skeleton, (wire, feedback.info), _payload_bytes(wire))
-            timing.feedback_obs_pack_s += obs_s
-            timing.feedback_info_pack_s += info_s
+                frame = self._packer.pack(feedback.message(obs, info), _payload_bytes(wire))
+            timing.feedback_obs_pack_s += obs.seconds
+            timing.feedback_info_pack_s += info.seconds
             try:
                 client.send_frame(frame)
             except ws_common.TransportClosed as exc:
