@@ -3,6 +3,7 @@ from the writer), with layouts kept from message to message (and bounded)."""
 
 from __future__ import annotations
 
+import types
 from typing import Any
 
 import msgpack
@@ -172,7 +173,7 @@ def test_arrays_are_not_copied_inside_timed_parts_either():
 
 @pytest.mark.parametrize("msg", [
     {"a": {"x": np.arange(3)}, "b": 1, "c": {"d": "text", "e": None}},
-    {"a": [1, 2], "b": {"x": np.arange(3)}},  # a list: msgpack packs the message whole
+    {"a": [1, 2], "b": {"x": np.arange(3)}},  # a list: msgpack packs it (the part, or the whole message)
     {"a": np.arange(4), "b": {"c": {"d": {"e": np.ones((2, 2))}}}},
 ])
 def test_a_timed_part_writes_the_bytes_of_its_value(msg):
@@ -183,11 +184,29 @@ def test_a_timed_part_writes_the_bytes_of_its_value(msg):
     assert MessageWriter().write(Timed(plain)) == reference(plain)
 
 
-def test_a_parts_time_is_the_time_of_that_part():
-    """A part holding 32 MB takes longer to write than one holding a few bytes, whichever comes first."""
-    big, small = {"blob": np.ones(32 << 20, np.uint8)[::2]}, {"x": 1}  # strided: msgpack copies it
-    for first, second in ((big, small), (small, big)):
-        parts = [Timed(first), Timed(second)]
-        MessageWriter().write({"a": parts[0], "b": np.arange(3), "c": parts[1]})
-        heavy, light = (parts[0], parts[1]) if first is big else (parts[1], parts[0])
-        assert heavy.seconds > 20 * light.seconds > 0
+@pytest.mark.parametrize("msg, plain", [
+    ({"a": [1], "b": Timed(np.arange(3))}, {"a": [1], "b": np.arange(3)}),
+    ({"a": [Timed(np.float32(1.5)), Timed(2)]}, {"a": [np.float32(1.5), 2]}),
+    ({"a": (Timed(Timed({"x": np.ones(2)})),)}, {"a": ({"x": np.ones(2)},)}),
+])
+def test_timed_parts_in_a_message_msgpack_packs_whole_write_their_values(msg, plain):
+    """The hook unwraps a part msgpack meets (whatever it holds), so the bytes are those of the plain message."""
+    assert MessageWriter().write(msg) == codec.packb(msg) == reference(plain)
+
+
+def test_a_timed_part_beyond_64_bit_integers_is_refused_as_a_plain_one_is():
+    with pytest.raises(ProtocolError, match="limited to 64 bits"):
+        codec.packb({"a": [Timed(2**70)]})
+
+
+def test_a_parts_seconds_are_read_around_writing_that_part(monkeypatch):
+    """Each part's seconds are the clock's reading after its value is written minus the one before, apart from
+    the other parts' (a clock that ticks once per reading: each part spans its own two readings)."""
+    ticks = iter(range(100))
+    monkeypatch.setattr(codec, "time", types.SimpleNamespace(perf_counter=lambda: float(next(ticks))))
+    parts = [Timed({"x": np.arange(3)}), Timed({"y": {"z": Timed(1.0)}})]
+    MessageWriter().write({"a": parts[0], "b": np.arange(3), "c": parts[1]})
+    inner = parts[1].value["y"]["z"]
+    assert parts[0].seconds == 1.0  # readings 0 and 1
+    assert inner.seconds == 1.0  # readings 3 and 4, inside the second part's 2 and 5
+    assert parts[1].seconds == 3.0

@@ -15,7 +15,8 @@ and emits the arrays themselves (their own memory, not copied). What it does not
 numpy scalars, non-str keys, arrays that are not plain, C-contiguous and of a kind the buffer protocol exports) goes
 to a msgpack packer with the hook. A message that holds a container msgpack would nest (a list, a tuple, a dict
 subclass), or maps nested deeper than :data:`MAX_DEPTH`, is packed by that packer whole, so that msgpack's own
-nesting limit counts every level (PlugRL's infer and feedback messages hold neither outside ``info``). The bytes
+nesting limit counts every level (PlugRL's infer and feedback messages hold neither outside ``info``); a
+:class:`Timed` part that holds one is packed whole on its own, its cost measured where it stands. The bytes
 are msgpack-python's with the hook, which the tests hold them to. :func:`packb` is the writer's bytes (the
 reference server's replies); the client's frames take its pieces (:mod:`~plugrl_env_client.protocol.frame_packer`).
 
@@ -51,7 +52,11 @@ _ND, _NG, _DATA, _DTYPE, _SHAPE = b"__ndarray__", b"__npgeneric__", b"data", b"d
 def encode_numpy(obj: Any) -> Any:
     """msgpack's ``default`` hook: an ndarray or numpy scalar as its map (the array's own buffer when it can lend
     it: no copy), and a :class:`ProtocolError` for anything the convention cannot carry. Every packer of the project
-    uses it, so there is one set of rules for what travels."""
+    uses it, so there is one set of rules for what travels. A :class:`Timed` part (in a message msgpack packs whole)
+    stands for its value."""
+    timed = type(obj) is Timed
+    while type(obj) is Timed:
+        obj = obj.value
     if isinstance(obj, np.ndarray):
         if obj.dtype.kind in _REFUSED_KINDS:
             raise ProtocolError(f"cannot send an array of dtype {obj.dtype} (object, void and complex are refused)")
@@ -68,10 +73,10 @@ def encode_numpy(obj: Any) -> Any:
         if obj.dtype.kind in _REFUSED_KINDS:
             raise ProtocolError(f"cannot send a scalar of dtype {obj.dtype} (object, void and complex are refused)")
         return {_NG: True, _DATA: obj.item(), _DTYPE: obj.dtype.str}
-    if type(obj) is Timed:  # in a message msgpack packs whole
-        return obj.value
-    if isinstance(obj, int):  # msgpack hands ints beyond 64 bits to this hook
+    if isinstance(obj, int) and not -(1 << 63) <= obj < 1 << 64:  # msgpack hands ints beyond 64 bits to this hook
         raise ProtocolError(f"cannot encode the integer {obj}: msgpack integers are limited to 64 bits")
+    if timed:  # a value msgpack packs itself
+        return obj
     raise ProtocolError(f"cannot encode a value of type {type(obj).__name__}; send numpy arrays, str, numbers, lists or dicts")
 
 
@@ -90,7 +95,9 @@ _NESTING = (dict, list, tuple)  # what msgpack nests: a message holding one the 
 class Timed:
     """A part of a message whose writing is timed: :class:`MessageWriter` lays ``value`` out where the part
     stands and leaves in :attr:`seconds` how long that took, so a message is written in one pass and a part's cost is
-    still known (a feedback's observation and info). A part msgpack would nest is packed by msgpack alone."""
+    still known (a feedback's observation and info). A part msgpack would nest is packed by msgpack alone (its
+    nesting limit then counts from the part). The seconds say nothing when the message as a whole goes to msgpack
+    (it holds a list or a tuple outside its timed parts): the parts are packed with it, untimed."""
 
     __slots__ = ("value", "seconds")
 

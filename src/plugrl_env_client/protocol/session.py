@@ -283,9 +283,10 @@ class Session:
         with self._feedback_sending:
             with self._feedback_building:
                 wire = messages.wire_observation(feedback.obs, self._image_codec, self.config.image_quality)
-            obs, info = Timed(wire), Timed(feedback.info)
+                obs, info = Timed(wire), Timed(feedback.info)
+                message = feedback.message(obs, info)
             with self._feedback_packing:
-                frame = self._packer.pack(feedback.message(obs, info), _payload_bytes(wire))
+                frame = self._packer.pack(message, _payload_bytes(wire))
             timing.feedback_obs_pack_s += obs.seconds
             timing.feedback_info_pack_s += info.seconds
             try:
