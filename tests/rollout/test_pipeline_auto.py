@@ -70,14 +70,14 @@ def test_only_allowed_splits_are_chosen():
 
 
 def drifting(probe: Probe, num_envs: int, rows_per_env_step: float) -> Probe:
-    return dataclasses.replace(probe, num_envs=num_envs, rows_per_env_step=rows_per_env_step, episodes_ended=True)
+    return dataclasses.replace(probe, num_envs=num_envs, rows_per_env_step=rows_per_env_step, chunks_drift=True)
 
 
 def test_chunks_that_drift_apart_are_asked_for_as_a_running_rollout_asks():
     """A probe starts every env afresh, so its chunks start together; once episodes end at different steps, each
     env starts a chunk at a step with the chance of its rows per env step, independently of the others."""
     fresh = probe(10.0, 8.0, asking=3 / 24)
-    assert fresh.asking(16) == fresh.asking(4) == pytest.approx(0.125), "no episode ended: chunks stay together"
+    assert fresh.asking(16) == fresh.asking(4) == pytest.approx(0.125), "chunks that stay together"
     drifted = drifting(fresh, 16, 0.125)
     assert drifted.asking(16) == pytest.approx(1 - 0.875 ** 16)
     assert drifted.asking(8) == pytest.approx(1 - 0.875 ** 8)
@@ -135,16 +135,70 @@ def test_the_probe_figures_come_from_two_lockstep_timings():
     before = Timing(batch_steps=1, infer_calls=1, infer_rows=16, env_steps=16, env_step_s=0.01, infer_wait_s=0.02)
     after = Timing(batch_steps=25, infer_calls=4, infer_rows=64, env_steps=376, idle_env_steps=24, env_step_s=0.25,
                    infer_wait_s=0.08)
-    measured = Probe.between(before, after, wall_s=0.36, episodes_ended=True)
+    measured = Probe.between(before, after, wall_s=0.36, chunks_drift=True)
     assert (measured.batch_steps, measured.infers, measured.num_envs) == (24, 3, 16)
-    assert measured.rows_per_env_step == pytest.approx(48 / 360) and measured.episodes_ended
+    assert measured.rows_per_env_step == pytest.approx(48 / 384) and measured.chunks_drift  # idle envs count
+    assert measured.asks == pytest.approx(3 / 24)
     assert measured.batch_step_s == pytest.approx(0.01)
     assert measured.wait_per_batch_step_s == pytest.approx(0.0025)
     assert measured.round_trip_s == pytest.approx(0.02)
     assert measured.overhead_s == pytest.approx(0.0025)  # (0.36 - 0.24 - 0.06) / 24
     assert measured.to_json() == {"batch_step_ms": 10.0, "wait_per_batch_step_ms": 2.5, "client_per_batch_step_ms": 2.5,
                                   "round_trip_ms": 20.0, "batch_steps": 24, "infers": 3, "num_envs": 16,
-                                  "rows_per_env_step": 0.1333, "episodes_ended": True, "aligned": False}
+                                  "asks_per_batch_step": 0.125, "rows_per_env_step": 0.125, "chunks_drift": True,
+                                  "aligned": False}
+    from_start = Probe.between(before, after, wall_s=0.36, start=Timing())
+    assert from_start.asks == pytest.approx(4 / 25) and from_start.rows_per_env_step == pytest.approx(64 / 400)
+    assert from_start.round_trip_s == measured.round_trip_s, "times stay the window's"
+
+
+def test_asks_are_counted_from_the_probes_start():
+    """Chunks of 8 that stay together: infers at batch steps 0, 8 and 16 of 24. A window from the first step on
+    would see 2 infers in 23 steps; from the start, one every 8 steps."""
+    timing = Timing()
+    budget = ProbeBudget(timing, batch_steps=24)
+    for step in range(24):
+        if step % 8 == 0:
+            timing.infer_calls += 1
+            timing.infer_rows += 16
+        timing.batch_steps += 1
+        timing.env_steps += 16
+        budget.finished()
+    measured = budget.probe()
+    assert measured.asks == pytest.approx(1 / 8) and measured.rows_per_env_step == pytest.approx(1 / 8)
+    assert measured.infers == 2, "the window's own count, for the round trip"
+    assert not measured.chunks_drift
+
+
+def ended_at(steps: list[int], num_envs: int = 4) -> ProbeBudget:
+    """A probe of ``num_envs`` envs whose episodes ended at ``steps`` (one claim per episode)."""
+    timing = Timing()
+    budget = ProbeBudget(timing, batch_steps=24)
+    for step in range(1, 25):
+        timing.batch_steps, timing.env_steps = step, step * num_envs
+        for _ in range(steps.count(step)):
+            assert not budget.claim()
+        budget.finished()
+    return budget
+
+
+def test_chunks_drift_when_some_envs_episodes_end_while_others_go_on():
+    assert ended_at([5, 7, 7, 12]).probe().chunks_drift
+    assert ended_at([10]).probe().chunks_drift
+    assert not ended_at([10, 10, 10, 10, 20, 20, 20, 20]).probe().chunks_drift, "fixed-length episodes end together"
+    assert not ended_at([]).probe().chunks_drift
+
+
+def test_the_aligned_probe_takes_the_plain_probes_drift():
+    """Drift is the env's doing: the aligned probe's own flag (another sample of episode ends) is not used."""
+    aligned = dataclasses.replace(probe(10.0, 10.0, 1.0, 0.5), num_envs=16, aligned=True)
+    assert estimated_s(aligned, 2) != estimated_s(dataclasses.replace(aligned, chunks_drift=True), 2)
+    for drift in (True, False):
+        plain = dataclasses.replace(drifting(probe(10.0, 10.0, 1.0, 0.5), 16, 0.25), chunks_drift=drift)
+        choices = {choose_split(plain, [1, 2, 4], dataclasses.replace(aligned, chunks_drift=own), 4)
+                   for own in (True, False)}
+        assert len(choices) == 1, choices
+        assert choices.pop()[1] == (4 if drift else None)  # without drift, the two probes tie: no align
 
 
 def test_the_probe_budget_measures_from_the_first_step_to_its_end():
@@ -159,10 +213,13 @@ def test_the_probe_budget_measures_from_the_first_step_to_its_end():
     measured = budget.probe()
     assert measured.batch_steps == 2 and measured.batch_step_s == pytest.approx(0.01)
     assert measured.wait_per_batch_step_s == pytest.approx(0.002)
-    assert not measured.episodes_ended and not measured.aligned
-    ending = ProbeBudget(Timing(batch_steps=1), batch_steps=1, aligned=True)
+    assert not measured.chunks_drift and not measured.aligned
+    timing = Timing(batch_steps=1, env_steps=2)
+    ending = ProbeBudget(timing, batch_steps=2, aligned=True)
+    assert not ending.finished()
     assert not ending.claim(), "a probe's episodes are never recorded"
-    assert ending.finished() and ending.probe().episodes_ended and ending.probe().aligned
+    timing.batch_steps, timing.env_steps = 2, 4
+    assert ending.finished() and ending.probe().chunks_drift and ending.probe().aligned  # one env of two ended
     stopped = ProbeBudget(Timing())
     stopped.stop.set()
     assert stopped.finished()

@@ -13,13 +13,16 @@ half per env row, so K groups cost (1 + K) / 2 of it). While one group waits for
 which hides (K - 1) / K of S; q(m) is the chance that a group asks for actions at its step in a run's steady state.
 A probe starts every env afresh, so its chunks start together and it sees fewer exchanges than a running rollout
 will: once episodes have ended at different steps, chunks drift apart and each env starts one at a step with
-chance p (the probe's env rows asked per env step), so a group of m envs asks with chance 1 - (1 - p)^m. That is
-q(m) when the probe saw episodes end; otherwise chunks stay together and every group asks when the lockstep did.
+chance p (the probe's env rows asked per env and batch step, counted from its first infer), so a group of m envs
+asks with chance 1 - (1 - p)^m. That is q(m) when the probe saw some envs' episodes end while others went on;
+otherwise (no episode ended, or all ended together, as fixed-length episodes do) chunks stay together and every
+group asks when the lockstep did. (Envs of one ``--runner.group-size`` seed group restart together, so their asks
+are not independent and q(m) comes out high for them.)
 
 Unless ``--runner.align-chunks`` is given, a second probe runs with chunks aligned at half the server's horizon:
 envs whose chunks end within that many steps of each other ask together, so there are fewer exchanges. Its q(m)
-spreads the aligned lockstep's exchanges over its envs as independent ones (when episodes ended) and each K is
-estimated both ways. Auto takes the (K, align) with the least T, but keeps plain lockstep unless it saves at least
+spreads the aligned lockstep's exchanges over its envs as independent ones (when chunks drift, as the plain probe
+says) and each K is estimated both ways. Auto takes the (K, align) with the least T, but keeps plain lockstep unless it saves at least
 :data:`WORTH_SPLITTING` of T(1): a server that answers at once, or an env so cheap that the client's own work
 dominates, stays in lockstep. K is one of 1, 2, 4 (at most :data:`MAX_GROUPS`) that divides ``--num-envs`` into
 whole ``--runner.group-size`` seed groups. (E is taken as splitting evenly over the groups; a vectorised
@@ -30,6 +33,7 @@ An env registered ``single_instance=True`` can exist only once per process and i
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import threading
 import time
@@ -51,8 +55,10 @@ WORTH_SPLITTING = 0.05
 @dataclasses.dataclass(frozen=True)
 class Probe:
     """What a lockstep probe measured, per batch step: the env's step, the wait for actions, the client's own
-    work around them; the wait per infer; how many batch steps and infers it measured; its envs, the env rows its
-    infers asked per env step, whether episodes ended during it, and whether its chunks were aligned."""
+    work around them; the wait per infer; how many batch steps and infers it measured. And how often its envs asked
+    for actions, counted from its start (its first infer included): infers per batch step and env rows asked per env
+    (per env and batch step, idle ones included); its envs; whether episodes ended at different steps for different
+    envs (chunks drift apart in a running rollout); whether its chunks were aligned."""
 
     batch_step_s: float
     wait_per_batch_step_s: float
@@ -62,31 +68,43 @@ class Probe:
     overhead_s: float = 0.0
     num_envs: int = 0
     rows_per_env_step: float = 0.0
-    episodes_ended: bool = False
+    chunks_drift: bool = False
     aligned: bool = False
+    asks_per_batch_step: float | None = None
+    """None: the measured window's infers per batch step."""
 
     @classmethod
-    def between(cls, before: Timing, after: Timing, wall_s: float, episodes_ended: bool = False) -> Probe:
+    def between(cls, before: Timing, after: Timing, wall_s: float, chunks_drift: bool = False,
+                start: Timing | None = None) -> Probe:
         """The figures of a lockstep rollout's timing from ``before`` to ``after``, ``wall_s`` apart (its
-        ``infer_wait_s`` is the whole wait for each reply)."""
+        ``infer_wait_s`` is the whole wait for each reply); the asks counted from ``start`` when given (a window
+        that starts after the first step leaves out the first infer, and so counts too few)."""
         steps = after.batch_steps - before.batch_steps
         infers = after.infer_calls - before.infer_calls
         env = after.env_step_s - before.env_step_s
         wait = after.infer_wait_s - before.infer_wait_s
-        env_steps = after.env_steps - before.env_steps
         per = max(steps, 1)
-        envs = round((env_steps + after.idle_env_steps - before.idle_env_steps) / per)
+        envs = round((after.env_steps + after.idle_env_steps - before.env_steps - before.idle_env_steps) / per)
+        counted = before if start is None else start
+        slots = after.env_steps + after.idle_env_steps - counted.env_steps - counted.idle_env_steps
+        asks = (after.infer_calls - counted.infer_calls) / max(after.batch_steps - counted.batch_steps, 1)
         return cls(env / per, wait / per, wait / max(infers, 1), steps, infers, max(0.0, wall_s - env - wait) / per,
-                   envs, (after.infer_rows - before.infer_rows) / max(env_steps, 1), episodes_ended)
+                   envs, (after.infer_rows - counted.infer_rows) / max(slots, 1), chunks_drift,
+                   asks_per_batch_step=asks)
+
+    @property
+    def asks(self) -> float:
+        """Infers per batch step of the lockstep probe (at most 1)."""
+        asks = self.infers / max(self.batch_steps, 1) if self.asks_per_batch_step is None else self.asks_per_batch_step
+        return min(1.0, asks)
 
     def asking(self, envs: float) -> float:
         """The chance that a group of ``envs`` of this probe's envs asks for actions at its step, in a run's steady
         state (the module docstring's q(m))."""
-        measured = min(1.0, self.infers / max(self.batch_steps, 1))
-        if not self.episodes_ended or self.num_envs <= 0:
-            return measured  # chunks stay together: every group asks when the lockstep did
+        if not self.chunks_drift or self.num_envs <= 0:
+            return self.asks  # chunks stay together: every group asks when the lockstep did
         if self.aligned:  # the aligned lockstep's exchanges, spread over its envs as independent ones
-            return 1.0 - (1.0 - measured) ** (envs / self.num_envs)
+            return 1.0 - (1.0 - self.asks) ** (envs / self.num_envs)
         return 1.0 - (1.0 - min(1.0, self.rows_per_env_step)) ** envs
 
     def to_json(self) -> dict[str, Any]:
@@ -95,8 +113,8 @@ class Probe:
                 "client_per_batch_step_ms": round(self.overhead_s * 1e3, 3),
                 "round_trip_ms": round(self.round_trip_s * 1e3, 3),
                 "batch_steps": self.batch_steps, "infers": self.infers, "num_envs": self.num_envs,
-                "rows_per_env_step": round(self.rows_per_env_step, 4), "episodes_ended": self.episodes_ended,
-                "aligned": self.aligned}
+                "asks_per_batch_step": round(self.asks, 4), "rows_per_env_step": round(self.rows_per_env_step, 4),
+                "chunks_drift": self.chunks_drift, "aligned": self.aligned}
 
 
 def allowed_groups(num_envs: int, group_size: int = 1, single_instance: bool = False,
@@ -129,7 +147,7 @@ def choose_split(probe: Probe, allowed: list[int], aligned: Probe | None = None,
     with it (None: the flag as given), and why, in words for the log. ``aligned`` is a second probe run with chunks
     aligned at ``align``: with it each split is also estimated aligned, lockstep included. The client's work per
     batch step is the lesser of the two probes' (it is about the same either way, and a probe's figure only grows
-    with what else runs on the machine)."""
+    with what else runs on the machine); whether chunks drift apart is the plain probe's (it is the env's doing)."""
     if probe.batch_steps == 0:  # the run ended (or was stopped) before the probe stepped: nothing says to split
         return 1, None, "the probe took no step"
     with_aligned = aligned is not None and aligned.batch_steps > 0 and align is not None
@@ -137,6 +155,7 @@ def choose_split(probe: Probe, allowed: list[int], aligned: Probe | None = None,
     lockstep = estimated_s(probe, 1, work)
     options: list[tuple[float, int, int | None]] = [(estimated_s(probe, k, work), k, None) for k in allowed]
     if with_aligned and aligned is not None:
+        aligned = dataclasses.replace(aligned, chunks_drift=probe.chunks_drift)
         options += [(estimated_s(aligned, k, work), k, align) for k in allowed]
     best, groups, chosen = min(options, key=lambda o: (o[0], o[1], o[2] is not None))
     if (groups, chosen) == (1, None) or best > (1 - WORTH_SPLITTING) * lockstep:
@@ -151,15 +170,17 @@ class ProbeBudget:
     """The probe's budget: finished after :data:`PROBE_BATCH_STEPS` batch steps of ``timing`` (the probe's one
     group), after ``max_s`` seconds from the first step, or when the run's ``stop`` is set. Its episodes count for
     nothing (the run starts every env afresh after it). Asked on every loop iteration, it notes the timing after
-    the first batch step and at the end: :meth:`probe` measures between them (connecting and the first reset left
-    out), and counts the episodes that end (:meth:`claim`), which say whether chunks will drift apart."""
+    the first batch step and at the end: :meth:`probe` measures times between them (connecting and the first reset
+    left out) and counts asks from the start. It notes at which batch step each episode ends (:meth:`claim`): some
+    envs' episodes ending while others go on is what makes chunks drift apart."""
 
     target: int | None = None
 
     def __init__(self, timing: Timing, batch_steps: int = PROBE_BATCH_STEPS, max_s: float = PROBE_MAX_S,
                  stop: Any = None, aligned: bool = False) -> None:
         self.timing, self.batch_steps, self.max_s, self.aligned = timing, batch_steps, max_s, aligned
-        self.episodes = 0
+        self.ended: collections.Counter[int] = collections.Counter()  # episodes ended, by batch step
+        self._start = dataclasses.replace(timing)
         self._stop = stop if stop is not None else threading.Event()
         self._first: tuple[float, Timing] | None = None
         self._last: tuple[float, Timing] | None = None
@@ -169,7 +190,7 @@ class ProbeBudget:
         return self._stop
 
     def claim(self, process_id: int = 0) -> bool:
-        self.episodes += 1
+        self.ended[self.timing.batch_steps] += 1
         return False  # no probe episode is recorded
 
     def exhausted(self, process_id: int = 0) -> bool:
@@ -192,8 +213,9 @@ class ProbeBudget:
         """The figures from the first batch step to the end (none measured: a probe of no step)."""
         if self._first is None or self._last is None:
             return Probe(0.0, 0.0, 0.0, 0, 0, aligned=self.aligned)
-        measured = Probe.between(self._first[1], self._last[1], self._last[0] - self._first[0], self.episodes > 0)
-        return dataclasses.replace(measured, aligned=self.aligned)
+        measured = Probe.between(self._first[1], self._last[1], self._last[0] - self._first[0], start=self._start)
+        drift = any(count < measured.num_envs for count in self.ended.values())
+        return dataclasses.replace(measured, chunks_drift=drift, aligned=self.aligned)
 
 
 class ProbeSink:
