@@ -86,6 +86,22 @@ def test_chunks_that_drift_apart_are_asked_for_as_a_running_rollout_asks():
     assert aligned.asking(8) == pytest.approx(1 - 0.5 ** 0.5)  # its asks spread over independent envs
 
 
+def test_envs_of_a_seed_group_ask_as_one():
+    """Envs of one ``--runner.group-size`` group restart together, so their chunks end together: 8 envs in seed
+    groups of 4 ask at a step as 2 independent units do."""
+    drifted = drifting(probe(10.0, 8.0, asking=0.5), 16, 0.125)
+    grouped = dataclasses.replace(drifted, seed_group=4)
+    assert grouped.asking(8) == pytest.approx(1 - 0.875 ** 2)
+    assert drifted.asking(8) == pytest.approx(1 - 0.875 ** 8)
+    assert grouped.to_json()["seed_group"] == 4
+    timing = Timing()
+    budget = ProbeBudget(timing, batch_steps=2, seed_group=4)
+    timing.batch_steps, timing.env_steps = 1, 8
+    budget.finished()
+    timing.batch_steps, timing.env_steps = 2, 16
+    assert budget.finished() and budget.probe().seed_group == 4
+
+
 def test_a_probes_figures_from_hopper_pick_the_split_that_ran_fastest():
     """Hopper-v5 x16, H=8, a server holding each reply about one batch step: the probes' own figures (a fresh
     start: 9 and 10 infers in 23 batch steps), and the rates measured after them in a running rollout, in ms per
@@ -146,7 +162,7 @@ def test_the_probe_figures_come_from_two_lockstep_timings():
     assert measured.to_json() == {"batch_step_ms": 10.0, "wait_per_batch_step_ms": 2.5, "client_per_batch_step_ms": 2.5,
                                   "round_trip_ms": 20.0, "batch_steps": 24, "infers": 3, "num_envs": 16,
                                   "asks_per_batch_step": 0.125, "rows_per_env_step": 0.125, "chunks_drift": True,
-                                  "aligned": False}
+                                  "aligned": False, "seed_group": 1}
     from_start = Probe.between(before, after, wall_s=0.36, start=Timing())
     assert from_start.asks == pytest.approx(4 / 25) and from_start.rows_per_env_step == pytest.approx(64 / 400)
     assert from_start.round_trip_s == measured.round_trip_s, "times stay the window's"

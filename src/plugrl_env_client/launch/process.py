@@ -239,7 +239,7 @@ def _probe(job: ProcessJob, env: BaseEnv, stop: Any, align: int | None = None) -
     """A lockstep probe of ``env`` against ``job``'s server (chunks aligned at ``align`` when given): its figures,
     and the server's action horizon (None if it never answered)."""
     timing = Timing()
-    budget = ProbeBudget(timing, stop=stop, aligned=align is not None)
+    budget = ProbeBudget(timing, stop=stop, aligned=align is not None, seed_group=job.config.runner.group_size)
     settings = loop_settings(job, with_shares=False)
     if align is not None:
         settings = dataclasses.replace(settings, align_chunks=align)

@@ -14,10 +14,10 @@ which hides (K - 1) / K of S; q(m) is the chance that a group asks for actions a
 A probe starts every env afresh, so its chunks start together and it sees fewer exchanges than a running rollout
 will: once episodes have ended at different steps, chunks drift apart and each env starts one at a step with
 chance p (the probe's env rows asked per env and batch step, counted from its first infer), so a group of m envs
-asks with chance 1 - (1 - p)^m. That is q(m) when the probe saw some envs' episodes end while others went on;
+asks with chance 1 - (1 - p)^(m / g), g being ``--runner.group-size``: the envs of one seed group restart
+together and ask together, one unit of g. That is q(m) when the probe saw some envs' episodes end while others went on;
 otherwise (no episode ended, or all ended together, as fixed-length episodes do) chunks stay together and every
-group asks when the lockstep did. (Envs of one ``--runner.group-size`` seed group restart together, so their asks
-are not independent and q(m) comes out high for them.)
+group asks when the lockstep did.
 
 Unless ``--runner.align-chunks`` is given, a second probe runs with chunks aligned at half the server's horizon:
 envs whose chunks end within that many steps of each other ask together, so there are fewer exchanges. Its q(m)
@@ -72,6 +72,8 @@ class Probe:
     aligned: bool = False
     asks_per_batch_step: float | None = None
     """None: the measured window's infers per batch step."""
+    seed_group: int = 1
+    """Envs that restart together (``--runner.group-size``) and so ask for actions together: one unit of asking."""
 
     @classmethod
     def between(cls, before: Timing, after: Timing, wall_s: float, chunks_drift: bool = False,
@@ -105,7 +107,7 @@ class Probe:
             return self.asks  # chunks stay together: every group asks when the lockstep did
         if self.aligned:  # the aligned lockstep's exchanges, spread over its envs as independent ones
             return 1.0 - (1.0 - self.asks) ** (envs / self.num_envs)
-        return 1.0 - (1.0 - min(1.0, self.rows_per_env_step)) ** envs
+        return 1.0 - (1.0 - min(1.0, self.rows_per_env_step)) ** (envs / max(self.seed_group, 1))
 
     def to_json(self) -> dict[str, Any]:
         return {"batch_step_ms": round(self.batch_step_s * 1e3, 3),
@@ -114,7 +116,7 @@ class Probe:
                 "round_trip_ms": round(self.round_trip_s * 1e3, 3),
                 "batch_steps": self.batch_steps, "infers": self.infers, "num_envs": self.num_envs,
                 "asks_per_batch_step": round(self.asks, 4), "rows_per_env_step": round(self.rows_per_env_step, 4),
-                "chunks_drift": self.chunks_drift, "aligned": self.aligned}
+                "chunks_drift": self.chunks_drift, "aligned": self.aligned, "seed_group": self.seed_group}
 
 
 def allowed_groups(num_envs: int, group_size: int = 1, single_instance: bool = False,
@@ -177,8 +179,9 @@ class ProbeBudget:
     target: int | None = None
 
     def __init__(self, timing: Timing, batch_steps: int = PROBE_BATCH_STEPS, max_s: float = PROBE_MAX_S,
-                 stop: Any = None, aligned: bool = False) -> None:
+                 stop: Any = None, aligned: bool = False, seed_group: int = 1) -> None:
         self.timing, self.batch_steps, self.max_s, self.aligned = timing, batch_steps, max_s, aligned
+        self.seed_group = seed_group
         self.ended: collections.Counter[int] = collections.Counter()  # episodes ended, by batch step
         self._start = dataclasses.replace(timing)
         self._stop = stop if stop is not None else threading.Event()
@@ -212,10 +215,10 @@ class ProbeBudget:
     def probe(self) -> Probe:
         """The figures from the first batch step to the end (none measured: a probe of no step)."""
         if self._first is None or self._last is None:
-            return Probe(0.0, 0.0, 0.0, 0, 0, aligned=self.aligned)
+            return Probe(0.0, 0.0, 0.0, 0, 0, aligned=self.aligned, seed_group=self.seed_group)
         measured = Probe.between(self._first[1], self._last[1], self._last[0] - self._first[0], start=self._start)
         drift = any(count < measured.num_envs for count in self.ended.values())
-        return dataclasses.replace(measured, chunks_drift=drift, aligned=self.aligned)
+        return dataclasses.replace(measured, chunks_drift=drift, aligned=self.aligned, seed_group=self.seed_group)
 
 
 class ProbeSink:
