@@ -176,3 +176,44 @@ def test_restart_clears_only_the_given_envs() -> None:
     tracker.add_step(_f(0, 0, 0), {})
     (record,) = tracker.finish(np.array([0]), _b(True, False, False), _b(False, False, False), 0, 1.0, 10)
     assert (record.episode_return, record.length, record.success) == (0.0, 1, False)
+
+
+@pytest.mark.parametrize("mode", ["sum", "mean", "min", "max", "first", "last"])
+def test_each_metric_mode_aggregates_the_steps_of_each_episode(mode: str) -> None:
+    """Random metric values (NaN and inf among them) over envs that restart at different steps and one that waits
+    some steps out: each finished episode's metric is its mode over the steps its env took part in."""
+    from plugrl_env_client.rollout.idle import IdleEnvs
+
+    rng = np.random.default_rng(7)
+    n = 4
+    idle = IdleEnvs(n)
+    tracker = EpisodeTracker(n, success_threshold=None, idle=idle)
+    taken: list[list[float]] = [[] for _ in range(n)]
+    reduce = {"sum": sum, "mean": lambda v: sum(v) / len(v), "min": lambda v: float(np.min(v)),
+              "max": lambda v: float(np.max(v)), "first": lambda v: v[0], "last": lambda v: v[-1]}[mode]
+    checked = 0
+    for step in range(60):
+        if step == 10:
+            idle.wait(np.array([3]))
+        if step == 25:
+            idle.start(np.array([3]))
+        values = rng.normal(size=n)
+        values[rng.random(n) < 0.05] = np.nan
+        values[rng.random(n) < 0.05] = np.inf
+        tracker.add_step(np.zeros(n, np.float32), {"metrics": {"m": values}, "metrics_agg_mode": {"m": mode}})
+        for i in idle.rows().tolist():
+            taken[i].append(float(values[i]))
+        ended = np.flatnonzero(rng.random(n) < 0.15)
+        ended = ended[np.isin(ended, idle.rows())]
+        if ended.size:
+            done = np.zeros(n, bool)
+            done[ended] = True
+            for record, i in zip(tracker.finish(ended, done, np.zeros(n, bool), 0, 1.0, step), ended.tolist()):
+                expected = reduce(taken[i])
+                got = record.metrics["m"]
+                assert got == expected or (np.isnan(got) and np.isnan(expected)) or got == pytest.approx(expected), \
+                    (mode, i, taken[i], got)
+                taken[i] = []
+                checked += 1
+            tracker.start(ended)
+    assert checked > 10

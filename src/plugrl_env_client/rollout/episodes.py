@@ -36,42 +36,43 @@ AGG_MODES = ("sum", "mean", "min", "max", "first", "last")
 DEFAULT_AGG_MODE = "mean"
 
 
+_EMPTY = {"sum": 0.0, "mean": 0.0, "min": np.inf, "max": -np.inf, "first": np.nan, "last": np.nan}
+
+
 class _Metric:
-    """One metric's running aggregates for every env."""
+    """One metric's running aggregate for every env: what its mode needs (a sum, with the count for a mean; the
+    least or greatest value; the first or last), and how many steps reported it."""
 
     def __init__(self, n: int, mode: str) -> None:
         self.mode = mode
-        self.total = np.zeros(n)
+        self.acc = np.full(n, _EMPTY[mode])
         self.count = np.zeros(n, np.int64)
-        self.low = np.full(n, np.inf)
-        self.high = np.full(n, -np.inf)
-        self.first = np.full(n, np.nan)
-        self.last = np.full(n, np.nan)
 
     def add(self, values: np.ndarray, rows: np.ndarray) -> None:
-        v = values[rows]
-        self.total[rows] += v
-        fresh = rows[self.count[rows] == 0]
-        self.first[fresh] = values[fresh]
+        mode, acc = self.mode, self.acc
+        if mode == "sum" or mode == "mean":
+            acc[rows] += values[rows]
+        elif mode == "min":
+            acc[rows] = np.minimum(acc[rows], values[rows])
+        elif mode == "max":
+            acc[rows] = np.maximum(acc[rows], values[rows])
+        elif mode == "first":
+            fresh = rows[self.count[rows] == 0]
+            acc[fresh] = values[fresh]
+        else:
+            acc[rows] = values[rows]
         self.count[rows] += 1
-        self.low[rows] = np.minimum(self.low[rows], v)
-        self.high[rows] = np.maximum(self.high[rows], v)
-        self.last[rows] = v
 
     def value(self, i: int) -> float | None:
         if self.count[i] == 0:
             return None
-        if self.mode == "sum":
-            return float(self.total[i])
         if self.mode == "mean":
-            return float(self.total[i] / self.count[i])
-        return float({"min": self.low, "max": self.high, "first": self.first, "last": self.last}[self.mode][i])
+            return float(self.acc[i] / self.count[i])
+        return float(self.acc[i])
 
     def clear(self, rows: np.ndarray) -> None:
-        self.total[rows] = 0.0
+        self.acc[rows] = _EMPTY[self.mode]
         self.count[rows] = 0
-        self.low[rows], self.high[rows] = np.inf, -np.inf
-        self.first[rows] = self.last[rows] = np.nan
 
 
 class EpisodeTracker:
