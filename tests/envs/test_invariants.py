@@ -446,3 +446,19 @@ def test_lone_surrogates_are_found_in_small_and_big_batches_of_either_byte_order
     kept = clean.text
     TextCheck("E-v1").observation(clean)
     assert clean.text is kept
+
+
+def test_a_text_seen_clean_is_passed_over_and_a_new_one_is_still_fixed(caplog) -> None:
+    """Short str values that come back step after step (a metric's mode) are looked at once; a new value, or the
+    same key with another value, is checked again, also deep in the info, and named by its path."""
+    from plugrl_env_client.envs.invariants import TextCheck
+
+    check = TextCheck("E-v1")
+    info = {"metrics_agg_mode": {"score": "mean"}, "tag": "t"}
+    for _ in range(3):
+        assert check.info(info) is info
+    fixed = check.info({"metrics_agg_mode": {"score": "me\ud800"}, "tag": "t"})
+    assert fixed["metrics_agg_mode"] == {"score": "me\ufffd"} and fixed["tag"] == "t"
+    assert [r.getMessage().split(" in ")[1] for r in caplog.records] == [
+        "info['metrics_agg_mode']['score']; each one is replaced by U+FFFD"]
+    assert check.info(info) is info

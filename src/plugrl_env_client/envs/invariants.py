@@ -34,8 +34,8 @@ env's text. Python holds it, but no UTF-8 encoder writes it: the wire, the recor
 line would fail on it. :class:`TextCheck` replaces each one by U+FFFD (the replacement character) in the text
 observation and in the info's text (keys, str values and '<U' arrays, ``info["env_instruction"]`` and metric names
 among them), and warns once per env and field. Text without one costs one reduction over its code points (or one
-``str.encode``); an info entry whose key was clean before and whose value is a number or a non-text array costs a
-set lookup; a text is only copied when it holds one.
+``str.encode``); an info entry whose key was clean before and whose value is a number, a non-text array or a short
+str seen clean before costs a set lookup or two; a text is only copied when it holds one.
 """
 
 from __future__ import annotations
@@ -243,7 +243,13 @@ _UTF32_DECODE = codecs.utf_32_le_decode if sys.byteorder == "little" else codecs
 _DECODE_MAX = 4096  # bytes of text up to which decoding it costs less than numpy's reduction over it
 _ARRAYS = {np.ndarray}
 _DTYPE_KIND = operator.attrgetter("dtype.kind")
-_CLEAN_KEYS_KEPT = 4096  # past this many distinct keys, new keys are checked on every call
+_CLEAN_KEYS_KEPT = 4096  # past this many distinct keys (or str values), new ones are checked on every call
+_CLEAN_STR_LENGTH = 64  # longer str values are not kept: text that changes from step to step
+
+
+def _field(where: tuple[Any, ...]) -> str:
+    """The words for a place in an info: ``info['metrics']['score']``."""
+    return "info" + "".join(f"[{key!r}]" for key in where)
 
 
 def _codes(text: np.ndarray) -> np.ndarray:
@@ -292,12 +298,13 @@ class TextCheck:
     """Lone surrogates in an env's text replaced by U+FFFD, with a warning once per field (see the module
     docstring)."""
 
-    __slots__ = ("env_id", "_warned", "_clean_keys")
+    __slots__ = ("env_id", "_warned", "_clean_keys", "_clean_strs")
 
     def __init__(self, env_id: str) -> None:
         self.env_id = env_id
         self._warned: set[str] = set()
         self._clean_keys: set[Any] = set()  # keys that hold no lone surrogate (an info's keys repeat every step)
+        self._clean_strs: set[str] = set()  # short str values that hold none (an info's modes and tags repeat too)
 
     def observation(self, obs: Observation) -> None:
         """The observation's text, fixed in place (a new array: the env's own is not written to)."""
@@ -316,9 +323,10 @@ class TextCheck:
             obs.text = fixed
             self._warn("the observation's text")
 
-    def info(self, info: dict[str, Any], where: str = "info") -> dict[str, Any]:
+    def info(self, info: dict[str, Any], where: tuple[Any, ...] = ()) -> dict[str, Any]:
         """``info`` with its text fixed: the same dict when it holds no lone surrogate, else a copy of the maps on
-        the way to each one (the env's own are not written to)."""
+        the way to each one (the env's own are not written to). ``where``: the keys of the map inside the info
+        (the words of a warning are built only for a warning)."""
         clean = self._clean_keys
         if clean.issuperset(info):  # every key seen clean before: look at the values' types in C loops
             kinds = set(map(type, info.values()))
@@ -327,13 +335,14 @@ class TextCheck:
         out: dict[str, Any] | None = None
         for key, value in info.items():
             kind = type(value)
-            if key in clean and (kind in _PLAIN or (kind is np.ndarray and value.dtype.kind != "U")):
-                continue  # a key seen before, a value that holds no text: the common case
+            if key in clean and (kind in _PLAIN or (kind is np.ndarray and value.dtype.kind != "U")
+                                 or (kind is str and value in self._clean_strs)):
+                continue  # a key seen before, a value that holds no text or a text seen clean: the common case
             name = key
             if type(key) is str and (fixed_key := _str_fixed(key)) is not None:
                 name = fixed_key
-                self._warn(f"a key of {where}")
-            fixed = self._value(value, f"{where}[{name!r}]")
+                self._warn("a key of " + _field(where))
+            fixed = self._value(value, (*where, name))
             if name is not key or fixed is not None:
                 if out is None:
                     out = dict(info)
@@ -344,7 +353,7 @@ class TextCheck:
                 clean.add(key)
         return info if out is None else out
 
-    def _value(self, value: Any, where: str) -> Any:
+    def _value(self, value: Any, where: tuple[Any, ...]) -> Any:
         """``value`` with its text fixed, or None when it needs no fix."""
         fixed: Any = None
         if isinstance(value, np.ndarray):
@@ -355,12 +364,14 @@ class TextCheck:
             return None if fixed is value else fixed
         elif isinstance(value, str):
             fixed = _str_fixed(value)
+            if fixed is None and len(value) <= _CLEAN_STR_LENGTH and len(self._clean_strs) < _CLEAN_KEYS_KEPT:
+                self._clean_strs.add(value)  # a text that comes back step after step ("mean", a mode, a tag)
         elif isinstance(value, (list, tuple)) and any(type(v) is str for v in value):
             texts = [_str_fixed(v) if type(v) is str else None for v in value]
             if any(t is not None for t in texts):
                 fixed = type(value)(v if t is None else t for v, t in zip(value, texts))
         if fixed is not None:
-            self._warn(where)
+            self._warn(_field(where))
         return fixed
 
     def _warn(self, field: str) -> None:
