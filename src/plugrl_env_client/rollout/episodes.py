@@ -159,7 +159,7 @@ class EpisodeTracker:
             if arr.shape != (self.n,) or arr.dtype.kind not in "biuf":
                 raise EnvContractError(f"info['metrics'][{name!r}] must be a numeric or bool array of shape ({self.n},) "
                                        f"(one value per env); got {arr.dtype} {arr.shape}")
-            metric.add(arr.astype(np.float64), rows)
+            metric.add(arr.astype(np.float64, copy=False), rows)  # read only: no copy of float64 values
 
     def finish(self, env_ids: np.ndarray, terminated: np.ndarray, truncated: np.ndarray, process_id: int,
                wall_time_s: float, env_steps: int, offset: int = 0) -> list[EpisodeRecord]:
