@@ -37,6 +37,8 @@ DEFAULT_AGG_MODE = "mean"
 
 
 _EMPTY = {"sum": 0.0, "mean": 0.0, "min": np.inf, "max": -np.inf, "first": np.nan, "last": np.nan}
+_COMBINE = {"sum": np.add, "mean": np.add, "min": np.minimum, "max": np.maximum}
+"""How a step's value joins the aggregate; "first" and "last" keep one of them."""
 
 
 class _Metric:
@@ -47,16 +49,13 @@ class _Metric:
         self.mode = mode
         self.acc = np.full(n, _EMPTY[mode])
         self.count = np.zeros(n, np.int64)
+        self._combine = _COMBINE.get(mode)
 
     def add(self, values: np.ndarray, rows: np.ndarray) -> None:
-        mode, acc = self.mode, self.acc
-        if mode == "sum" or mode == "mean":
-            acc[rows] += values[rows]
-        elif mode == "min":
-            acc[rows] = np.minimum(acc[rows], values[rows])
-        elif mode == "max":
-            acc[rows] = np.maximum(acc[rows], values[rows])
-        elif mode == "first":
+        acc = self.acc
+        if self._combine is not None:
+            acc[rows] = self._combine(acc[rows], values[rows])
+        elif self.mode == "first":
             fresh = rows[self.count[rows] == 0]
             acc[fresh] = values[fresh]
         else:

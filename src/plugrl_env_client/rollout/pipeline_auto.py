@@ -56,9 +56,9 @@ WORTH_SPLITTING = 0.05
 class Probe:
     """What a lockstep probe measured, per batch step: the env's step, the wait for actions, the client's own
     work around them; the wait per infer; how many batch steps and infers it measured. And how often its envs asked
-    for actions, counted from its start (its first infer included): infers per batch step and env rows asked per env
-    (per env and batch step, idle ones included); its envs; whether episodes ended at different steps for different
-    envs (chunks drift apart in a running rollout); whether its chunks were aligned."""
+    for actions, counted from its start (its first infer included): infers per batch step, and env rows asked per env
+    and batch step (idle envs included); its envs; whether episodes ended at different steps for different envs
+    (chunks drift apart in a running rollout); whether its chunks were aligned; its seed groups' size."""
 
     batch_step_s: float
     wait_per_batch_step_s: float
