@@ -18,6 +18,7 @@ from plugrl_env_client.errors import ConfigError
 from plugrl_env_client.launch.process import ProcessJob, auto_align, choose_pipeline, group_sizes, with_pipeline
 from plugrl_env_client.rollout.pipeline_auto import (
     MAX_GROUPS,
+    WORTH_SPLITTING,
     Probe,
     ProbeBudget,
     allowed_groups,
@@ -113,6 +114,21 @@ def test_a_probes_figures_from_hopper_pick_the_split_that_ran_fastest():
     groups, align, why = choose_split(plain, [1, 2, 4], aligned, 4)
     assert (groups, align) == (2, 4), why
     assert estimated_s(aligned, 2, plain.overhead_s) < estimated_s(plain, 4) < estimated_s(plain, 2)
+
+
+def test_a_further_group_must_save_what_a_split_must():
+    """Hopper-v5 x16, H=8, a server holding each reply one batch step: a probe's figures (3.16 ms per batch step,
+    0.5 of client work, a 4.17 ms round trip) estimate 4 groups aligned at 4 and 2 groups aligned at 4 within 1 % of
+    each other, as probes of one setup do run after run; the running rollouts then measured 0.67 and 0.72 x raw
+    stepping (4 alternated rounds), so the tie goes to fewer groups, and the log says what was passed over."""
+    plain = Probe(3.16e-3, 0.417 * 4.17e-3, 4.17e-3, 24, 10, 0.5e-3, 16, 0.146, True, asks_per_batch_step=0.417)
+    aligned = dataclasses.replace(plain, aligned=True, asks_per_batch_step=0.5)
+    assert estimated_s(aligned, 4) < estimated_s(aligned, 2) < estimated_s(aligned, 4) / (1 - WORTH_SPLITTING)
+    groups, align, why = choose_split(plain, [1, 2, 4], aligned, 4)
+    assert (groups, align) == (2, 4), why
+    assert why.endswith("(4 group(s) aligned at 4: 4.55 ms, less than 5% less)"), why
+    slow = dataclasses.replace(plain, round_trip_s=8e-3)  # a slower server: four groups hide clearly more
+    assert choose_split(slow, [1, 2, 4], dataclasses.replace(slow, aligned=True), 4)[:2] == (4, 4)
 
 
 @pytest.mark.parametrize("plain,aligned,allowed,expected", [
