@@ -45,7 +45,7 @@ def probe(step_ms: float, round_trip_ms: float, client_ms: float = 0.0, asking: 
     (0.0, 8.0, 0.0, 0.125, 1),    # an env that takes no time: nothing to hide the wait behind
     (0.06, 1.04, 0.3, 0.125, 1),  # a tiny env whose client work dominates: more groups cost more than they hide
 ])
-def test_the_split_with_the_least_estimated_time(step_ms, round_trip_ms, client_ms, asking, groups):
+def test_the_split_the_rule_takes(step_ms, round_trip_ms, client_ms, asking, groups):
     chosen, align, why = choose_split(probe(step_ms, round_trip_ms, client_ms, asking), [1, 2, 4])
     assert (chosen, align) == (groups, None), why
     assert why
@@ -126,9 +126,21 @@ def test_a_further_group_must_save_what_a_split_must():
     assert estimated_s(aligned, 4) < estimated_s(aligned, 2) < estimated_s(aligned, 4) / (1 - WORTH_SPLITTING)
     groups, align, why = choose_split(plain, [1, 2, 4], aligned, 4)
     assert (groups, align) == (2, 4), why
-    assert why.endswith("(4 group(s) aligned at 4: 4.55 ms, less than 5% less)"), why
+    assert "; 4 group(s) aligned at 4 at " in why and why.endswith(" ms is within 5%"), why
     slow = dataclasses.replace(plain, round_trip_s=8e-3)  # a slower server: four groups hide clearly more
     assert choose_split(slow, [1, 2, 4], dataclasses.replace(slow, aligned=True), 4)[:2] == (4, 4)
+
+
+@pytest.mark.parametrize("plain,aligned,expected", [
+    ((1.0, 3.0, 0.0, 0.125), None, (4, None)),  # 2 groups save 4.5 % of lockstep: not enough; 4 save 6.8 %
+    ((0.0, 0.0), None, (1, None)),  # nothing takes time, so nothing is saved
+    ((10.0, 6.2, 2.0, 0.5), (10.0, 6.2, 2.0, 4 / 24), (1, 4)),  # aligned lockstep 13.03 ms before 2 groups at 13.0
+])
+def test_an_option_must_save_five_percent_of_lockstep_and_the_simplest_near_the_least_is_taken(plain, aligned,
+                                                                                                expected):
+    other = None if aligned is None else dataclasses.replace(probe(*aligned), aligned=True)
+    groups, align, why = choose_split(probe(*plain), [1, 2, 4], other, 4)
+    assert (groups, align) == expected, why
 
 
 @pytest.mark.parametrize("plain,aligned,allowed,expected", [

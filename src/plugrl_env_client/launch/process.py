@@ -64,8 +64,9 @@ class RunnerConfig(LoopConfig):
     the server before collecting measures the env's batch step and the wait for actions, and picks 1, 2 or 4
     groups once (logged, and recorded as runner.pipeline_chosen in client_config.json and pipeline in the summary);
     unless --runner.align-chunks is given, a second probe with chunks aligned at half the server's horizon decides
-    whether aligning them too is faster (then it is set, lockstep included). An env registered single_instance=True
-    is never split."""
+    whether aligning them too is faster (then it is set, lockstep included). A split or aligned chunks must save 5 %
+    of lockstep's time, and of two options within 5 % of each other the one with fewer groups (then plain chunks)
+    is taken. An env registered single_instance=True is never split."""
     episode_split: Literal["static", "shared"] = "static"
     """With --num-episodes: static gives each process a fixed share (shares differ by at most one) and each of its
     envs a fixed share of that, so the episodes depend only on the seed; shared lets whichever process or env

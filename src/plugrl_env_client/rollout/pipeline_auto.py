@@ -22,13 +22,14 @@ group asks when the lockstep did.
 Unless ``--runner.align-chunks`` is given, a second probe runs with chunks aligned at half the server's horizon:
 envs whose chunks end within that many steps of each other ask together, so there are fewer exchanges. Its q(m)
 spreads the aligned lockstep's exchanges over its envs as independent ones (when chunks drift, as the plain probe
-says) and each K is estimated both ways. Auto takes the simplest option (fewest groups, then plain chunks) whose T
-is within :data:`WORTH_SPLITTING` of the least: a split, aligned chunks or a further group is taken only when it
-saves that share. A server that answers at once, or an env so cheap that the client's own work dominates, stays in
-lockstep; two options a probe cannot tell apart (its estimate moves by a few percent between runs) go to the one
-with fewer groups, each of which is an env object and a connection. K is one of 1, 2, 4 (at most :data:`MAX_GROUPS`) that divides ``--num-envs`` into
-whole ``--runner.group-size`` seed groups. (E is taken as splitting evenly over the groups; a vectorised
-simulator's fixed cost per call counts in O.)
+says) and each K is estimated both ways. Auto keeps plain lockstep unless some option saves
+:data:`WORTH_SPLITTING` of T(1), so a server that answers at once, or an env so cheap that the client's own work
+dominates, stays in lockstep. Among the options that do save it, auto takes the simplest (fewest groups, then plain
+chunks before aligned ones) whose T is within that share of the least: options a probe cannot tell apart (its
+estimates move by a few percent between runs) go to fewer groups, each of which is an env object and a connection.
+K is one of 1, 2, 4 (at most :data:`MAX_GROUPS`) that divides ``--num-envs`` into whole ``--runner.group-size``
+seed groups. (E is taken as splitting evenly over the groups; a vectorised simulator's fixed cost per call counts
+in O.)
 
 An env registered ``single_instance=True`` can exist only once per process and is never split.
 """
@@ -51,8 +52,8 @@ PROBE_MAX_S = 20.0
 MAX_GROUPS = 4
 """The most groups auto picks: past it each group's batch is small and the per-group costs grow."""
 WORTH_SPLITTING = 0.05
-"""The share of the least estimated time per batch step by which a simpler option may be slower and still be
-taken: what a split, aligned chunks or a further group must save."""
+"""The share of lockstep's estimated time per batch step an option must save to be taken; also the margin by which
+a simpler option is taken over a faster one (when its time times ``1 - WORTH_SPLITTING`` is at most the least)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -163,17 +164,19 @@ def choose_split(probe: Probe, allowed: list[int], aligned: Probe | None = None,
         aligned = dataclasses.replace(aligned, chunks_drift=probe.chunks_drift)
         options += [(estimated_s(aligned, k, work), k, align) for k in allowed]
     options.sort(key=lambda o: (o[1], o[2] is not None))  # the simplest first: fewer groups, then plain chunks
-    least, fastest_groups, fastest_align = min(options, key=lambda o: o[0])
-    best, groups, chosen = next(o for o in options if o[0] * (1 - WORTH_SPLITTING) <= least)
-    if (groups, chosen) == (1, None):
+    limit = (1 - WORTH_SPLITTING) * lockstep
+    saving = [o for o in options if o[0] <= limit and o[1:] != (1, None)] if lockstep > 0 else []
+    if not saving:
         if len(options) == 1:
             return 1, None, "no other split is allowed"
         what = "no split" if len(options) == len(allowed) else "neither a split nor aligned chunks"
         return 1, None, f"{what} saves {WORTH_SPLITTING:.0%} of lockstep's {lockstep * 1e3:.3g} ms per batch step"
+    least, fastest_groups, fastest_align = fastest = min(saving, key=lambda o: o[0])
+    best, groups, chosen = next((o for o in saving if o[0] * (1 - WORTH_SPLITTING) <= least), fastest)
     why = f"about {best * 1e3:.3g} ms per batch step instead of lockstep's {lockstep * 1e3:.3g} ms"
     if least < best:
         other = f"{fastest_groups} group(s)" + (f" aligned at {fastest_align}" if fastest_align is not None else "")
-        why += f" ({other}: {least * 1e3:.3g} ms, less than {WORTH_SPLITTING:.0%} less)"
+        why += f"; {other} at {least * 1e3:.3g} ms is within {WORTH_SPLITTING:.0%}"
     return groups, chosen, why
 
 
