@@ -22,7 +22,8 @@ group asks when the lockstep did.
 Unless ``--runner.align-chunks`` is given, a second probe runs with chunks aligned at half the server's horizon:
 envs whose chunks end within that many steps of each other ask together, so there are fewer exchanges. Its q(m)
 spreads the aligned lockstep's exchanges over its envs as independent ones (when chunks drift, as the plain probe
-says) and each K is estimated both ways. Auto keeps plain lockstep unless some option saves
+says), E and R are taken over both probes (the same env and server: only the asks differ), and each K is estimated
+both ways. Auto keeps plain lockstep unless some option saves
 :data:`WORTH_SPLITTING` of T(1), so a server that answers at once, or an env so cheap that the client's own work
 dominates, stays in lockstep. Among the options that do save it, auto takes the simplest (fewest groups, then plain
 chunks before aligned ones) whose T is within that share of the least: options a probe cannot tell apart (its
@@ -147,21 +148,39 @@ def estimated_s(probe: Probe, groups: int, work_s: float | None = None) -> float
     return stepping + probe.asking(envs) * max(0.0, probe.round_trip_s - hidden)
 
 
+def pooled(plain: Probe, aligned: Probe) -> tuple[Probe, Probe]:
+    """Both probes with the env's step and the round trip taken over both, and the aligned one with the plain one's
+    drift. They step the same env against the same server, so only how often envs ask differs with aligned chunks;
+    measured apart, over a fraction of a second each, the step alone moves by a tenth between them, enough to make
+    the better of the two look the worse."""
+    steps = plain.batch_steps + aligned.batch_steps
+    step_s = (plain.batch_step_s * plain.batch_steps + aligned.batch_step_s * aligned.batch_steps) / max(steps, 1)
+    infers = plain.infers + aligned.infers
+    trip = ((plain.round_trip_s * plain.infers + aligned.round_trip_s * aligned.infers) / infers if infers
+            else plain.round_trip_s)
+    return (dataclasses.replace(plain, batch_step_s=step_s, round_trip_s=trip),
+            dataclasses.replace(aligned, batch_step_s=step_s, round_trip_s=trip, chunks_drift=plain.chunks_drift))
+
+
 def choose_split(probe: Probe, allowed: list[int], aligned: Probe | None = None, align: int | None = None
                  ) -> tuple[int, int | None, str]:
     """The number of groups among ``allowed`` (ascending, starting at 1), the ``--runner.align-chunks`` to set
     with it (None: the flag as given), and why, in words for the log. ``aligned`` is a second probe run with chunks
     aligned at ``align``: with it each split is also estimated aligned, lockstep included. The client's work per
     batch step is the lesser of the two probes' (it is about the same either way, and a probe's figure only grows
-    with what else runs on the machine); whether chunks drift apart is the plain probe's (it is the env's doing)."""
+    with what else runs on the machine); the env's step and the round trip are taken over both probes (see
+    :func:`pooled`); whether chunks drift apart is the plain probe's (it is the env's doing)."""
     if probe.batch_steps == 0:  # the run ended (or was stopped) before the probe stepped: nothing says to split
         return 1, None, "the probe took no step"
-    with_aligned = aligned is not None and aligned.batch_steps > 0 and align is not None
-    work = min(probe.overhead_s, aligned.overhead_s) if with_aligned and aligned is not None else probe.overhead_s
+    work = probe.overhead_s
+    if aligned is not None and aligned.batch_steps > 0 and align is not None:
+        probe, aligned = pooled(probe, aligned)
+        work = min(probe.overhead_s, aligned.overhead_s)
+    else:
+        aligned = None
     lockstep = estimated_s(probe, 1, work)
     options: list[tuple[float, int, int | None]] = [(estimated_s(probe, k, work), k, None) for k in allowed]
-    if with_aligned and aligned is not None:
-        aligned = dataclasses.replace(aligned, chunks_drift=probe.chunks_drift)
+    if aligned is not None:
         options += [(estimated_s(aligned, k, work), k, align) for k in allowed]
     options.sort(key=lambda o: (o[1], o[2] is not None))  # the simplest first: fewer groups, then plain chunks
     limit = (1 - WORTH_SPLITTING) * lockstep
