@@ -23,12 +23,11 @@ Unless ``--runner.align-chunks`` is given, a second probe runs with chunks align
 envs whose chunks end within that many steps of each other ask together, so there are fewer exchanges. Its q(m)
 spreads the aligned lockstep's exchanges over its envs as independent ones (when chunks drift, as the plain probe
 says), E and R are taken over both probes (the same env and server: only the asks differ), and each K is estimated
-both ways. Auto keeps plain lockstep unless some option saves
-:data:`WORTH_SPLITTING` of T(1), so a server that answers at once, or an env so cheap that the client's own work
-dominates, stays in lockstep. Among the options that do save it, auto takes the simplest (fewest groups, then plain
-chunks before aligned ones) whose T is within that share of the least: options a probe cannot tell apart (its
-estimates move by a few percent between runs) go to fewer groups, each of which is an env object and a connection.
-K is one of 1, 2, 4 (at most :data:`MAX_GROUPS`) that divides ``--num-envs`` into whole ``--runner.group-size``
+both ways. Auto keeps plain lockstep unless some option saves :data:`WORTH_SPLITTING` of T(1), so a server that
+answers at once, or an env so cheap that the client's own work dominates, stays in lockstep. Among the options
+that do save it, auto takes the simplest (fewest groups, then plain chunks before aligned ones) whose T is within
+that share of the least: options a probe cannot tell apart (its estimates move by a few percent between runs) go
+to fewer groups, each of which is an env object and a connection. K is one of 1, 2, 4 (at most :data:`MAX_GROUPS`) that divides ``--num-envs`` into whole ``--runner.group-size``
 seed groups. (E is taken as splitting evenly over the groups; a vectorised simulator's fixed cost per call counts
 in O.)
 
@@ -151,7 +150,7 @@ def estimated_s(probe: Probe, groups: int, work_s: float | None = None) -> float
 def pooled(plain: Probe, aligned: Probe) -> tuple[Probe, Probe]:
     """Both probes with the env's step and the round trip taken over both, and the aligned one with the plain one's
     drift. They step the same env against the same server, so only how often envs ask differs with aligned chunks;
-    measured apart, over a fraction of a second each, the step alone moves by a tenth between them, enough to make
+    measured apart, over a fraction of a second each, the env's step alone can differ enough between them to make
     the better of the two look the worse."""
     steps = plain.batch_steps + aligned.batch_steps
     step_s = (plain.batch_step_s * plain.batch_steps + aligned.batch_step_s * aligned.batch_steps) / max(steps, 1)
