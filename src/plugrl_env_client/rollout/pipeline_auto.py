@@ -27,9 +27,9 @@ both ways. Auto keeps plain lockstep unless some option saves :data:`WORTH_SPLIT
 answers at once, or an env so cheap that the client's own work dominates, stays in lockstep. Among the options
 that do save it, auto takes the simplest (fewest groups, then plain chunks before aligned ones) whose T is within
 that share of the least: options a probe cannot tell apart (its estimates move by a few percent between runs) go
-to fewer groups, each of which is an env object and a connection. K is one of 1, 2, 4 (at most :data:`MAX_GROUPS`) that divides ``--num-envs`` into whole ``--runner.group-size``
-seed groups. (E is taken as splitting evenly over the groups; a vectorised simulator's fixed cost per call counts
-in O.)
+to fewer groups, each of which is an env object and a connection. K is one of 1, 2, 4 (at most
+:data:`MAX_GROUPS`) that divides ``--num-envs`` into whole ``--runner.group-size`` seed groups. (E is taken as
+splitting evenly over the groups; a vectorised simulator's fixed cost per call counts in O.)
 
 An env registered ``single_instance=True`` can exist only once per process and is never split.
 """
