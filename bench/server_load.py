@@ -266,7 +266,7 @@ def round_trip(url: str, timeout: float = 30.0) -> tuple[float, str]:
     try:
         with connect(url, compression=None, max_size=None, proxy=None, open_timeout=timeout) as ws:
             messages.parse_metadata(codec.unpackb(ws.recv(timeout=timeout)))
-            ws.send(codec.packb(messages.infer_message(obs, np.arange(1), np.zeros(1, np.int64))))
+            ws.send(codec.packb(messages.InferRequest(obs, np.arange(1), np.zeros(1, np.int64)).message()))
             messages.parse_action(codec.unpackb(ws.recv(timeout=timeout)), np.arange(1))
         outcome = "ok"
     except Exception as exc:  # what a client would see: recorded, the probe goes on

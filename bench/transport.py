@@ -98,8 +98,8 @@ def feedback_frame(n: int) -> bytes:
     """A feedback frame carrying ``n`` envs' observations, as the client sends it at the end of a chunk."""
     obs = dummy_observation(n)
     ids = np.arange(n, dtype=np.int64)
-    return codec.packb(messages.feedback_message(ids, np.zeros(n, np.int64), messages.wire_observation(obs),
-                                                 np.zeros(n, np.float32), np.zeros(n, bool), np.zeros(n, bool), {}))
+    return codec.packb(messages.Feedback(ids, np.zeros(n, np.int64), messages.wire_observation(obs),
+                                         np.zeros(n, np.float32), np.zeros(n, bool), np.zeros(n, bool), {}).message())
 
 
 def action_frame(n: int = 16) -> bytes:

@@ -61,7 +61,7 @@ def small_infer() -> tuple[dict[str, Any], int]:
     """An infer of 4 envs with 24 float64 state values each (a proprioceptive policy): about 1 KB."""
     ids = np.arange(4, dtype=np.int64)
     obs = {"images": {}, "states": {"q": np.zeros((4, 24))}, "text": np.array(["", "", "", ""])}
-    return messages.infer_message(obs, ids, np.zeros(4, np.int64)), 0
+    return messages.InferRequest(obs, ids, np.zeros(4, np.int64)).message(), 0
 
 
 def observation_feedback(n: int) -> tuple[dict[str, Any], int]:
@@ -72,8 +72,8 @@ def observation_feedback(n: int) -> tuple[dict[str, Any], int]:
     states = {"robot_state": rng.standard_normal((n, 10)), "joint_angles": rng.standard_normal((n, 5))}
     obs = {"images": images, "states": states, "text": np.array(["pick up the red block"[:19]] * n)}
     ids = np.arange(n, dtype=np.int64)
-    msg = messages.feedback_message(ids, np.zeros(n, np.int64), obs, np.zeros(n, np.float32), np.zeros(n, bool),
-                                    np.zeros(n, bool), {})
+    msg = messages.Feedback(ids, np.zeros(n, np.int64), obs, np.zeros(n, np.float32), np.zeros(n, bool),
+                            np.zeros(n, bool), {}).message()
     return msg, sum(a.nbytes for a in images.values())
 
 

@@ -70,10 +70,10 @@ def examples() -> dict:
     obs1 = {"images": {}, "states": {"t": np.array([[2.0]], "<f4")}, "text": np.array(["go"])}
     return {
         "metadata": messages.metadata_message({"protocol_version": 1, "action_horizon": 2}),
-        "infer": messages.infer_message(obs1, np.array([3]), np.array([0])),
+        "infer": messages.InferRequest(obs1, np.array([3]), np.array([0])).message(),
         "action": messages.action_message(np.array([3]), np.array([[[0.5]], [[-0.5]]], "<f4")),
-        "feedback": messages.feedback_message(np.array([3]), np.array([0]), obs1, np.array([2.0], "<f4"),
-                                              np.array([False]), np.array([False]), {}),
+        "feedback": messages.Feedback(np.array([3]), np.array([0]), obs1, np.array([2.0], "<f4"),
+                                      np.array([False]), np.array([False]), {}).message(),
     }
 
 
@@ -81,7 +81,7 @@ def encoded_example() -> dict:
     """SPEC's example of the images feature: env 3's one-pixel camera (10, 20, 30), QOI-encoded (an exact codec,
     and the shortest image file there is)."""
     cam = Observation({"cam": np.array([[[[10, 20, 30]]]], np.uint8)}, {}, np.array(["go"]))
-    return messages.infer_message(messages.wire_observation(cam, "qoi"), np.array([3]), np.array([0]))
+    return messages.InferRequest(messages.wire_observation(cam, "qoi"), np.array([3]), np.array([0])).message()
 
 
 class Observation:

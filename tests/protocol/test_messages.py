@@ -15,8 +15,6 @@ from plugrl_env_client.protocol.messages import (
     InferRequest,
     ServerMetadata,
     action_message,
-    feedback_message,
-    infer_message,
     metadata_message,
     parse_action,
     parse_feedback,
@@ -40,13 +38,13 @@ def obs(n: int, *, text=True, states=True, images=False) -> dict:
 
 
 def infer(n: int = 2, **overrides) -> dict:
-    msg = infer_message(obs(n), np.arange(n), np.zeros(n, dtype=int))
+    msg = InferRequest(obs(n), np.arange(n), np.zeros(n, dtype=int)).message()
     msg.update(overrides)
     return wire(msg)
 
 
 def feedback(m: int = 2, **data_overrides) -> dict:
-    msg = feedback_message(
+    msg = Feedback(
         env_indices=np.arange(m),
         step_ids=np.ones(m, dtype=int),
         obs=obs(m),
@@ -54,7 +52,7 @@ def feedback(m: int = 2, **data_overrides) -> dict:
         terminated=np.zeros(m, dtype=bool),
         truncated=np.zeros(m, dtype=bool),
         info={},
-    )
+    ).message()
     msg["data"].update(data_overrides)
     return wire(msg)
 
@@ -69,7 +67,7 @@ def refused(parse, msg, words: str, *args) -> None:
 
 
 def test_infer_message_keys_and_dtypes() -> None:
-    msg = infer_message(obs(3), [4, 0, 2], [1, 0, 7])
+    msg = InferRequest(obs(3), [4, 0, 2], [1, 0, 7]).message()
     assert set(msg) == {"message_type", "data", "env_indices", "step_ids"}
     assert msg["message_type"] == "infer"
     assert set(msg["data"]) == {"images", "states", "text"}
@@ -78,7 +76,7 @@ def test_infer_message_keys_and_dtypes() -> None:
 
 
 def test_infer_message_with_reuse() -> None:
-    msg = infer_message(obs(1), [0, 1], [3, 3], reuse=[True, False])
+    msg = InferRequest(obs(1), [0, 1], [3, 3], reuse=[True, False]).message()
     assert set(msg) == {"message_type", "data", "env_indices", "step_ids", "reuse"}
     assert msg["reuse"].dtype.str == "|b1" and msg["reuse"].tolist() == [True, False]
 
@@ -93,7 +91,7 @@ def test_action_message_keys_and_dtypes() -> None:
 
 
 def test_feedback_message_keys_and_dtypes() -> None:
-    msg = feedback_message(
+    msg = Feedback(
         env_indices=[2],
         step_ids=[5],
         obs=obs(1),
@@ -101,7 +99,7 @@ def test_feedback_message_keys_and_dtypes() -> None:
         terminated=[1],
         truncated=[0],
         info={"episode": {}},
-    )
+    ).message()
     assert set(msg) == {"message_type", "env_indices", "step_ids", "data"} and msg["message_type"] == "feedback"
     assert tuple(msg["data"]) == messages.FEEDBACK_KEYS == ("obs", "rewards", "terminated", "truncated", "info")
     assert msg["env_indices"].dtype.str == "<i8" and msg["step_ids"].dtype.str == "<i8"
@@ -116,7 +114,7 @@ def test_metadata_message() -> None:
 
 def test_builders_round_trip_through_parsers() -> None:
     sent = np.array([3, 1], dtype=np.int64)
-    req = parse_infer(wire(infer_message(obs(2, images=True), sent, [0, 4])))
+    req = parse_infer(wire(InferRequest(obs(2, images=True), sent, [0, 4]).message()))
     assert isinstance(req, InferRequest) and req.env_indices.tolist() == [3, 1] and req.reuse is None
     assert req.obs["images"]["cam"].shape == (2, 4, 4, 3)
     reply = parse_action(wire(action_message(sent, np.ones((5, 2, 3), dtype=np.float32))), sent)
@@ -266,18 +264,18 @@ def test_action_wrong_type() -> None:
 def test_infer_accepts_text_as_list_and_no_images() -> None:
     o = obs(2, text=False)
     o["text"] = ["a", "b"]
-    req = parse_infer(wire(infer_message(o, [0, 1], [0, 0])))
+    req = parse_infer(wire(InferRequest(o, [0, 1], [0, 0]).message()))
     assert req.obs["text"] == ["a", "b"]
 
 
 def test_infer_with_reuse_carries_only_fresh_rows() -> None:
-    req = parse_infer(wire(infer_message(obs(1), [0, 1, 2], [2, 2, 2], reuse=[True, False, True])))
+    req = parse_infer(wire(InferRequest(obs(1), [0, 1, 2], [2, 2, 2], reuse=[True, False, True]).message()))
     assert req.reuse.tolist() == [True, False, True] and req.obs["states"]["t"].shape == (1, 1)
-    all_reused = parse_infer(wire(infer_message(obs(0), [0, 1], [1, 1], reuse=[True, True])))
+    all_reused = parse_infer(wire(InferRequest(obs(0), [0, 1], [1, 1], reuse=[True, True]).message()))
     assert all_reused.obs["states"]["a"].shape == (0, 3)
     empty_text = obs(0)
     empty_text["text"] = np.array([])  # float64 [0], what numpy makes of an empty list
-    assert parse_infer(wire(infer_message(empty_text, [0], [1], reuse=[True]))).obs["text"].shape == (0,)
+    assert parse_infer(wire(InferRequest(empty_text, [0], [1], reuse=[True]).message())).obs["text"].shape == (0,)
 
 
 @pytest.mark.parametrize(
@@ -328,25 +326,26 @@ def test_a_repeated_env_index_is_found_in_batches_of_any_size(n) -> None:
 
 
 def test_infer_row_count_must_match() -> None:
-    refused(parse_infer, wire(infer_message(obs(3), [0, 1], [0, 0])), "infer data holds 3 rows but 2 rows are expected")
+    refused(parse_infer, wire(InferRequest(obs(3), [0, 1], [0, 0]).message()),
+            "infer data holds 3 rows but 2 rows are expected")
     # reuse: data holds the non-reused rows only
     refused(
         parse_infer,
-        wire(infer_message(obs(2), [0, 1], [0, 0], reuse=[True, False])),
+        wire(InferRequest(obs(2), [0, 1], [0, 0], reuse=[True, False]).message()),
         "infer data holds 2 rows but 1 rows are expected",
     )
 
 
 def test_infer_without_any_array_is_refused() -> None:
     empty = obs(2, text=False, states=False)
-    refused(parse_infer, wire(infer_message(empty, [0, 1], [0, 0])), "infer data holds no arrays but 2 rows")
+    refused(parse_infer, wire(InferRequest(empty, [0, 1], [0, 0]).message()), "infer data holds no arrays but 2 rows")
     refused(
         parse_infer,
-        wire(infer_message(empty, [0, 1], [0, 0], reuse=[False, True])),
+        wire(InferRequest(empty, [0, 1], [0, 0], reuse=[False, True]).message()),
         "infer data holds no arrays but 1 rows are expected",
     )
     # ... but when every row is reused there is nothing to hold.
-    assert parse_infer(wire(infer_message(empty, [0, 1], [0, 0], reuse=[True, True]))).reuse.all()
+    assert parse_infer(wire(InferRequest(empty, [0, 1], [0, 0], reuse=[True, True]).message())).reuse.all()
 
 
 # ----------------------------------------------------------------------------------------------- feedback
@@ -393,7 +392,7 @@ def test_feedback_obs_without_arrays_is_refused() -> None:
 
 
 def test_feedback_int_info_key_is_refused_by_the_codec() -> None:
-    frame = codec.packb(feedback_message([0], [1], obs(1), [0.0], [False], [False], {0: np.zeros(1)}))
+    frame = codec.packb(Feedback([0], [1], obs(1), [0.0], [False], [False], {0: np.zeros(1)}).message())
     with pytest.raises(ProtocolError, match="map keys must be str or bytes, got 0"):
         codec.unpackb(frame)
 

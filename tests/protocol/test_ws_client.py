@@ -589,7 +589,8 @@ def test_the_reference_server_over_the_client_directly(reference):
         ids = np.arange(2, dtype=np.int64)
         obs = {"images": {"cam": np.zeros((2, 96, 96, 3), np.uint8)}, "states": {"x": np.zeros((2, 3))},
                "text": np.array(["", ""])}
-        client.send_frame(packer.pack(messages.infer_message(obs, ids, np.zeros(2, np.int64)), 2 * 96 * 96 * 3))
+        message = messages.InferRequest(obs, ids, np.zeros(2, np.int64)).message()
+        client.send_frame(packer.pack(message, 2 * 96 * 96 * 3))
         reply = messages.parse_action(codec.unpackb(client.recv(timeout=10)), ids)
         assert reply.actions.shape == (4, 2, 2)
     finally:

@@ -108,7 +108,7 @@ def states(n: int, value: float = 1.0, size: int = 2) -> dict:
 def infer(ws, ids, step_ids=None, obs=None) -> np.ndarray:
     ids = np.asarray(ids, np.int64)
     steps = np.zeros(len(ids), np.int64) if step_ids is None else np.asarray(step_ids, np.int64)
-    ws.send(codec.packb(messages.infer_message(obs or states(len(ids)), ids, steps)))
+    ws.send(codec.packb(messages.InferRequest(obs or states(len(ids)), ids, steps).message()))
     return messages.parse_action(codec.unpackb(ws.recv(timeout=10)), ids).actions
 
 
@@ -118,8 +118,8 @@ def feedback(ws, ids, rewards, done) -> None:
     flags = np.asarray(done, bool)
     info = {"episode": {"r": np.asarray(rewards, np.float32), "l": np.ones(m, np.int64), "s": np.zeros(m, bool),
                         "mask": flags}} if flags.any() else {}
-    ws.send(codec.packb(messages.feedback_message(ids, np.zeros(m, np.int64), states(m),
-                                                 np.asarray(rewards, np.float32), flags, np.zeros(m, bool), info)))
+    ws.send(codec.packb(messages.Feedback(ids, np.zeros(m, np.int64), states(m),
+                                          np.asarray(rewards, np.float32), flags, np.zeros(m, bool), info).message()))
 
 
 def open_client(server):
@@ -224,7 +224,7 @@ def test_an_env_without_state_arrays_ends_the_run_with_a_clear_error(server_fact
     other, _ = open_client(server)
     ws, _ = open_client(server)
     text_only = {"images": {}, "states": {"_batch": np.zeros((2, 0), np.float32)}, "text": np.array(["a", "b"])}
-    ws.send(codec.packb(messages.infer_message(text_only, np.arange(2), np.zeros(2, np.int64))))
+    ws.send(codec.packb(messages.InferRequest(text_only, np.arange(2), np.zeros(2, np.int64)).message()))
     assert close_of(ws) == (1001, messages.REASON_STOP)
     assert close_of(other) == (1001, messages.REASON_STOP)  # the run is over for every client
     assert "this env sends none (only images and/or text)" in server.failure
@@ -236,7 +236,7 @@ def test_a_state_size_that_changes_mid_run_ends_the_run(server_factory):
     ws, _ = open_client(server)
     infer(ws, [0])
     feedback(ws, [0], [1.0], [True])
-    ws.send(codec.packb(messages.infer_message(states(1, size=3), np.arange(1), np.zeros(1, np.int64))))
+    ws.send(codec.packb(messages.InferRequest(states(1, size=3), np.arange(1), np.zeros(1, np.int64)).message()))
     assert close_of(ws) == (1001, messages.REASON_STOP)
     assert "changed mid-run" in server.failure and "'x': 3" in server.failure
 
@@ -255,7 +255,7 @@ def test_the_server_process_exits_1_with_the_error():
         with connect(f"ws://127.0.0.1:{port}", compression=None, proxy=None) as ws:
             ws.recv(timeout=10)
             text_only = {"images": {}, "states": {}, "text": np.array(["a"])}
-            ws.send(codec.packb(messages.infer_message(text_only, np.arange(1), np.zeros(1, np.int64))))
+            ws.send(codec.packb(messages.InferRequest(text_only, np.arange(1), np.zeros(1, np.int64)).message()))
             assert close_of(ws) == (1001, messages.REASON_STOP)
         assert proc.wait(timeout=30) == 1
         assert "error: ARS learns a linear policy on the env's state arrays" in proc.stderr.read()

@@ -91,7 +91,7 @@ def test_local_server_serves_text_on_a_free_port():
             assert meta.action_horizon == 2 and meta.raw["action_dtype"] == "<U18"
             ids = np.array([0, 1], dtype=np.int64)
             obs = {"images": {}, "states": {}, "text": np.array(["a", "b"])}
-            ws.send(codec.packb(messages.infer_message(obs, ids, np.zeros(2, np.int64))))
+            ws.send(codec.packb(messages.InferRequest(obs, ids, np.zeros(2, np.int64)).message()))
             reply = messages.parse_action(codec.unpackb(ws.recv(timeout=5)), ids)
             assert reply.actions.shape == (2, 2) and set(reply.actions.ravel().tolist()) <= {"über", "<answer>7</answer>"}
     finally:

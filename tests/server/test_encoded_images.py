@@ -81,8 +81,8 @@ def recording(server) -> list[dict]:
 
 def infer_frame(batch: Batch, ids, codec_name: str, reuse=None) -> bytes:
     ids = np.asarray(ids, np.int64)
-    return codec.packb(messages.infer_message(messages.wire_observation(batch, codec_name), ids,
-                                              np.zeros(len(ids), np.int64), reuse))
+    return codec.packb(messages.InferRequest(messages.wire_observation(batch, codec_name), ids,
+                                             np.zeros(len(ids), np.int64), reuse).message())
 
 
 def test_the_server_offers_the_feature_and_can_be_started_without_it(server_factory):
@@ -124,9 +124,9 @@ def test_a_terminal_observation_in_a_feedback_is_decoded_and_reused_rows_follow_
     ws.send(infer_frame(Batch(ids), ids, "qoi"))
     ws.recv(timeout=5)
     final = Batch(ids, base=5)
-    ws.send(codec.packb(messages.feedback_message(ids, np.zeros(3, np.int64), messages.wire_observation(final, "qoi"),
-                                                  np.ones(3, np.float32), np.array([False, True, False]),
-                                                  np.zeros(3, bool), {})))
+    ws.send(codec.packb(messages.Feedback(ids, np.zeros(3, np.int64), messages.wire_observation(final, "qoi"),
+                                          np.ones(3, np.float32), np.array([False, True, False]),
+                                          np.zeros(3, bool), {}).message()))
     fresh = Batch([1], base=9)
     ws.send(infer_frame(fresh, ids, "qoi", reuse=np.array([True, False, True])))
     ws.recv(timeout=5)
@@ -142,7 +142,7 @@ def crafted(rows_from, declared, codec_name="jpeg") -> dict:
     sent = messages.wire_observation(Batch([0]), "none")
     sent["images"] = {"front": {"codec": codec_name, "shape": list(declared),
                                 "rows": images.encode(rows_from, codec_name)}}
-    return messages.infer_message(sent, np.array([0]), np.array([0]))
+    return messages.InferRequest(sent, np.array([0]), np.array([0])).message()
 
 
 @pytest.mark.parametrize("codec_name", ["jpeg", "qoi"])

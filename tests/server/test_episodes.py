@@ -36,14 +36,14 @@ class Client:
     def episodes(self, rounds: int, returns: np.ndarray | None = None) -> None:
         done = np.ones(N, bool)
         for _ in range(rounds):
-            self.ws.send(codec.packb(messages.infer_message(obs(), self.ids, np.full(N, self.step, np.int64))))
+            self.ws.send(codec.packb(messages.InferRequest(obs(), self.ids, np.full(N, self.step, np.int64)).message()))
             messages.parse_action(codec.unpackb(self.ws.recv(timeout=10)), self.ids)
             info = {"is_step_success": np.zeros(N, bool),
                     "episode": {"r": np.ones(N, np.float32) if returns is None else returns,
                                 "l": np.full(N, 10, np.int64), "s": np.zeros(N, bool), "mask": done}}
-            self.ws.send(codec.packb(messages.feedback_message(self.ids, np.full(N, self.step, np.int64), obs(),
-                                                               np.ones(N, np.float32), done, np.zeros(N, bool),
-                                                               info)))
+            self.ws.send(codec.packb(messages.Feedback(self.ids, np.full(N, self.step, np.int64), obs(),
+                                                       np.ones(N, np.float32), done, np.zeros(N, bool),
+                                                       info).message()))
             self.step += 1
 
     def close(self) -> None:

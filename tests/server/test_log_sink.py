@@ -131,12 +131,13 @@ def test_a_storm_of_connections_with_stderr_never_read_leaves_the_server_serving
             meta = messages.parse_metadata(codec.unpackb(ws.recv(timeout=10)))
             ids = np.arange(3, dtype=np.int64)
             obs = {"images": {}, "states": {"x": np.zeros((3, 1))}, "text": np.array(["a"] * 3)}
-            ws.send(codec.packb(messages.infer_message(obs, ids, np.zeros(3, np.int64))))
+            ws.send(codec.packb(messages.InferRequest(obs, ids, np.zeros(3, np.int64)).message()))
             reply = messages.parse_action(codec.unpackb(ws.recv(timeout=10)), ids)
             assert reply.actions.shape == (meta.action_horizon, 3, 2)
-            ws.send(codec.packb(messages.feedback_message(
-                ids, np.zeros(3, np.int64), obs, np.ones(3, np.float32), np.zeros(3, bool), np.ones(3, bool), {})))
-            ws.send(codec.packb(messages.infer_message(obs, ids, np.ones(3, np.int64))))
+            ws.send(codec.packb(messages.Feedback(
+                ids, np.zeros(3, np.int64), obs, np.ones(3, np.float32), np.zeros(3, bool), np.ones(3, bool), {}
+            ).message()))
+            ws.send(codec.packb(messages.InferRequest(obs, ids, np.ones(3, np.int64)).message()))
             assert messages.parse_action(codec.unpackb(ws.recv(timeout=10)), ids).actions.shape == reply.actions.shape
     finally:
         proc.send_signal(signal.SIGINT)

@@ -101,11 +101,11 @@ def test_server_answers_text_over_a_real_socket():
             for step in range(6):
                 ids = np.array([1, 0, 2], dtype=np.int64)
                 obs = {"images": {}, "states": {}, "text": np.array(["Too small.", "你好", LONG])}
-                ws.send(codec.packb(messages.infer_message(obs, ids, np.full(3, step, np.int64))))
+                ws.send(codec.packb(messages.InferRequest(obs, ids, np.full(3, step, np.int64)).message()))
                 reply = messages.parse_action(codec.unpackb(ws.recv(timeout=5)), ids)
                 assert reply.actions.shape == (2, 3) and reply.actions.dtype.kind == "U"
                 assert reply.actions.tolist() == twin.act({}, 3).tolist()
-                ws.send(codec.packb(messages.feedback_message(ids, np.full(3, step, np.int64), obs, np.zeros(3, np.float32),
-                                                              np.zeros(3, bool), np.zeros(3, bool), {})))
+                ws.send(codec.packb(messages.Feedback(ids, np.full(3, step, np.int64), obs, np.zeros(3, np.float32),
+                                                      np.zeros(3, bool), np.zeros(3, bool), {}).message()))
     finally:
         server.shutdown()

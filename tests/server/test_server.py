@@ -40,7 +40,7 @@ def obs(n: int) -> dict:
 
 def infer(ids, reuse=None):
     ids = np.asarray(ids, dtype=np.int64)
-    return codec.packb(messages.infer_message(obs(len(ids)), ids, np.zeros(len(ids), np.int64), reuse))
+    return codec.packb(messages.InferRequest(obs(len(ids)), ids, np.zeros(len(ids), np.int64), reuse).message())
 
 
 def feedback(ids, done=False, info=None):
@@ -49,8 +49,8 @@ def feedback(ids, done=False, info=None):
     flags = np.full(m, done)
     if info is None and done:
         info = {"episode": {"r": np.ones(m, np.float32), "l": np.full(m, 5), "s": np.ones(m, bool), "mask": flags}}
-    return codec.packb(messages.feedback_message(ids, np.zeros(m, np.int64), obs(m), np.ones(m, np.float32), flags,
-                                                 np.zeros(m, bool), info or {}))
+    return codec.packb(messages.Feedback(ids, np.zeros(m, np.int64), obs(m), np.ones(m, np.float32), flags,
+                                         np.zeros(m, bool), info or {}).message())
 
 
 def open_client(server):
@@ -280,8 +280,8 @@ def plugrl_client_feedback(ids, done):
     if done.any():
         info["episode"] = {"r": np.arange(1, m + 1, dtype=np.float32), "l": np.full(m, 7, np.int32),
                            "s": done.copy(), "mask": done.copy(), "mean_success_rate": 0.5}
-    return codec.packb(messages.feedback_message(ids, np.zeros(m, np.int64), obs(m), np.ones(m, np.float32), done,
-                                                 np.zeros(m, bool), info))
+    return codec.packb(messages.Feedback(ids, np.zeros(m, np.int64), obs(m), np.ones(m, np.float32), done,
+                                         np.zeros(m, bool), info).message())
 
 
 @pytest.mark.parametrize("m", [1, 3])
@@ -292,7 +292,8 @@ def test_plugrl_client_feedback_shape_is_accepted_and_counted(server_factory, m,
     ids = list(range(m))
     rounds = 4
     for r in range(rounds):
-        ws.send(codec.packb(messages.infer_message(obs(m), np.asarray(ids), np.zeros(m, np.int64))))  # no "reuse"
+        request = messages.InferRequest(obs(m), np.asarray(ids), np.zeros(m, np.int64))  # no "reuse"
+        ws.send(codec.packb(request.message()))
         ws.recv(timeout=5)
         done = [r % 2 == 1] * m  # a non-done feedback with info, then a done one
         ws.send(plugrl_client_feedback(ids, done))
@@ -417,15 +418,15 @@ def test_reused_rows_are_the_held_feedback_rows(server_factory, infer_ids, reuse
     server.policy.act = recording
     ws, _ = open_client(server)
     ids = np.array([0, 1, 2, 3])
-    ws.send(codec.packb(messages.infer_message(numbered_obs(ids, 10), ids, np.zeros(4, np.int64))))
+    ws.send(codec.packb(messages.InferRequest(numbered_obs(ids, 10), ids, np.zeros(4, np.int64)).message()))
     ws.recv(timeout=5)
     m = 4
-    ws.send(codec.packb(messages.feedback_message(ids, np.zeros(m, np.int64), numbered_obs(ids, 20),
-                                                 np.ones(m, np.float32), np.zeros(m, bool), np.zeros(m, bool), {})))
+    ws.send(codec.packb(messages.Feedback(ids, np.zeros(m, np.int64), numbered_obs(ids, 20),
+                                          np.ones(m, np.float32), np.zeros(m, bool), np.zeros(m, bool), {}).message()))
     sent_ids = [e for e, r in zip(infer_ids, reuse) if not r]
     fresh = numbered_obs(sent_ids, 30)
-    ws.send(codec.packb(messages.infer_message(fresh, np.array(infer_ids), np.zeros(len(infer_ids), np.int64),
-                                               np.array(reuse))))
+    ws.send(codec.packb(messages.InferRequest(fresh, np.array(infer_ids), np.zeros(len(infer_ids), np.int64),
+                                              np.array(reuse)).message()))
     ws.recv(timeout=5)
     ws.close()
     obs = seen[-1]

@@ -73,7 +73,7 @@ def test_serves_int_actions_from_the_command_line():
             assert meta.action_dim == 0 and meta.action_horizon == 4
             ids = np.arange(5, dtype=np.int64)
             obs = {"images": {}, "states": {"x": np.zeros((5, 1))}, "text": np.array(["a"] * 5)}
-            ws.send(codec.packb(messages.infer_message(obs, ids, np.zeros(5, np.int64))))
+            ws.send(codec.packb(messages.InferRequest(obs, ids, np.zeros(5, np.int64)).message()))
             reply = messages.parse_action(codec.unpackb(ws.recv(timeout=10)), ids)
         assert reply.actions.shape == (4, 5) and reply.actions.dtype == np.int64
         assert set(np.unique(reply.actions)) <= {0, 1, 2}
@@ -97,7 +97,7 @@ def test_serves_over_picows_with_latency_from_the_command_line():
             ids = np.arange(3, dtype=np.int64)
             obs = {"images": {}, "states": {"x": np.zeros((3, 1))}, "text": np.array(["a"] * 3)}
             start = time.monotonic()
-            ws.send(codec.packb(messages.infer_message(obs, ids, np.zeros(3, np.int64))))
+            ws.send(codec.packb(messages.InferRequest(obs, ids, np.zeros(3, np.int64)).message()))
             reply = messages.parse_action(codec.unpackb(ws.recv(timeout=10)), ids)
             assert time.monotonic() - start >= 0.3
         assert reply.actions.shape == (4, 3, 2)

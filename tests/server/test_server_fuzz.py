@@ -173,15 +173,15 @@ class Fuzzed:
     def served(self, ws: Any, env: int) -> bool:
         """An infer for a new env, then a feedback for it: True when the action came (the connection serves on)."""
         try:  # the server may have closed already: the close shows on this send or on the recv
-            ws.send(codec.packb(messages.infer_message(valid_obs(1), np.array([env]), np.zeros(1, np.int64))))
+            ws.send(codec.packb(messages.InferRequest(valid_obs(1), np.array([env]), np.zeros(1, np.int64)).message()))
             reply = codec.unpackb(ws.recv(timeout=10))
         except ConnectionClosed as closed:
             self.check_close(closed)
             return False
         messages.parse_action(reply, np.array([env]))
-        ws.send(codec.packb(messages.feedback_message(np.array([env]), np.ones(1, np.int64), valid_obs(1),
-                                                      np.ones(1, np.float32), np.zeros(1, bool), np.zeros(1, bool),
-                                                      {})))
+        ws.send(codec.packb(messages.Feedback(np.array([env]), np.ones(1, np.int64), valid_obs(1),
+                                              np.ones(1, np.float32), np.zeros(1, bool), np.zeros(1, bool),
+                                              {}).message()))
         return True
 
     def check_close(self, closed: ConnectionClosed) -> None:
@@ -240,9 +240,9 @@ class Fuzzed:
     def served_after_infer(self, ws: Any) -> bool:
         """After a served (mutated) infer: a feedback for an env that got no chunk (ignored by the server, SPEC
         7.6), then an infer for a new env."""
-        ws.send(codec.packb(messages.feedback_message(np.array([FRESH]), np.ones(1, np.int64), valid_obs(1),
-                                                      np.ones(1, np.float32), np.zeros(1, bool), np.zeros(1, bool),
-                                                      {})))
+        ws.send(codec.packb(messages.Feedback(np.array([FRESH]), np.ones(1, np.int64), valid_obs(1),
+                                              np.ones(1, np.float32), np.zeros(1, bool), np.zeros(1, bool),
+                                              {}).message()))
         return self.served(ws, 101)
 
 

@@ -78,7 +78,7 @@ class Sleepy(Policy):
 def infer_frame(ids: list[int], slow: bool = False) -> bytes:
     x = np.full((len(ids), 1), 1.0 if slow else 0.0)
     obs = {"images": {}, "states": {"x": x}, "text": None}
-    return codec.packb(messages.infer_message(obs, np.array(ids, np.int64), np.zeros(len(ids), np.int64)))
+    return codec.packb(messages.InferRequest(obs, np.array(ids, np.int64), np.zeros(len(ids), np.int64)).message())
 
 
 def client(server: PolicyServer) -> Any:
@@ -229,9 +229,9 @@ def test_a_protocol_error_of_a_batch_resyncs_each_connection_in_it(serve):
         with pytest.raises(ConnectionClosed) as info:
             ws.recv(timeout=WAIT_S)
         assert info.value.rcvd is not None and info.value.rcvd.reason == messages.REASON_RESYNC
-    holder.send(codec.packb(messages.feedback_message(
+    holder.send(codec.packb(messages.Feedback(
         np.array([0]), np.zeros(1, np.int64), {"images": {}, "states": {"x": np.zeros((1, 1))}, "text": None},
-        np.zeros(1, np.float32), np.zeros(1, bool), np.zeros(1, bool), {})))
+        np.zeros(1, np.float32), np.zeros(1, bool), np.zeros(1, bool), {}).message()))
     holder.send(infer_frame([0]))
     assert actions_of(holder, [0]).shape == (2, 1, 2)  # the others' resync ended nothing else
     holder.close()

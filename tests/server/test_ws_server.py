@@ -63,7 +63,7 @@ def served(url: str) -> bool:
     with connect(url, compression=None, max_size=None, proxy=None, open_timeout=10) as ws:
         messages.parse_metadata(codec.unpackb(ws.recv(timeout=10)))
         obs = {"images": {}, "states": {"x": np.zeros((1, 2))}, "text": np.array(["hi"])}
-        ws.send(codec.packb(messages.infer_message(obs, np.arange(1), np.zeros(1, np.int64))))
+        ws.send(codec.packb(messages.InferRequest(obs, np.arange(1), np.zeros(1, np.int64)).message()))
         return messages.parse_action(codec.unpackb(ws.recv(timeout=10)), np.arange(1)).actions.shape[1] == 1
 
 

@@ -86,7 +86,7 @@ class Feedback(Generic[Obs]):
     """A feedback: what the envs of ``env_indices`` saw at the end of their chunks (rewards summed over it).
 
     The rollout builds one and hands it to its session whole; the reference server gets one from
-    :func:`parse_feedback`. A field added here is added to :func:`feedback_message`, its parser and SPEC."""
+    :func:`parse_feedback`. A field added here is added to :meth:`message`, its parser and SPEC."""
 
     env_indices: np.ndarray
     step_ids: np.ndarray
@@ -162,19 +162,8 @@ def metadata_message(data: dict[str, Any]) -> dict[str, Any]:
     return {"message_type": METADATA, "data": data}
 
 
-def infer_message(obs: dict[str, Any], env_indices: np.ndarray, step_ids: np.ndarray, reuse: np.ndarray | None = None) -> dict[str, Any]:
-    """An infer's message from its fields (a wire observation map as ``obs``)."""
-    return InferRequest(obs, env_indices, step_ids, reuse).message()
-
-
 def action_message(env_ids: np.ndarray, actions: np.ndarray) -> dict[str, Any]:
     return {"message_type": ACTION, "data": {"env_ids": np.asarray(env_ids, dtype=_I8), "action": actions}}
-
-
-def feedback_message(env_indices: np.ndarray, step_ids: np.ndarray, obs: Any, rewards: np.ndarray,
-                     terminated: np.ndarray, truncated: np.ndarray, info: Any) -> dict[str, Any]:
-    """A feedback's message from its fields (a wire observation map as ``obs``)."""
-    return Feedback(env_indices, step_ids, obs, rewards, terminated, truncated, info).message()
 
 
 _I8 = np.dtype("<i8")
