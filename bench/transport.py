@@ -104,7 +104,7 @@ def feedback_frame(n: int) -> bytes:
 
 def action_frame(n: int = 16) -> bytes:
     ids = np.arange(n, dtype=np.int64)
-    return codec.packb(messages.action_message(ids, np.zeros((ACTION_HORIZON, n, ACTION_DIM), np.float32)))
+    return codec.packb(messages.ActionReply(ids, np.zeros((ACTION_HORIZON, n, ACTION_DIM), np.float32)).message())
 
 
 # ------------------------------------------------------------------------------------------------ peers (servers)

@@ -79,7 +79,7 @@ def observation_feedback(n: int) -> tuple[dict[str, Any], int]:
 
 def reply_frame() -> bytes:
     """The server's answer to everything: an action chunk for 2 envs (horizon 4, 7 floats): about 200 B."""
-    return codec.packb(messages.action_message(np.arange(2, dtype=np.int64), np.zeros((4, 2, 7), np.float32)))
+    return codec.packb(messages.ActionReply(np.arange(2, dtype=np.int64), np.zeros((4, 2, 7), np.float32)).message())
 
 
 # ------------------------------------------------------------------------------------------------ processes

@@ -51,7 +51,7 @@ class HarnessConnection:
     def send_zero_action(self, infer: dict[str, Any], horizon: int, action_dim: int) -> None:
         """Answer ``infer`` with an all-zero float64 chunk ``[horizon, n, action_dim]``."""
         ids = infer["env_indices"]
-        self.send(messages.action_message(ids, np.zeros((horizon, len(ids), action_dim))))
+        self.send(messages.ActionReply(ids, np.zeros((horizon, len(ids), action_dim))).message())
 
     def answer_infers_with_zeros(self, horizon: int, action_dim: int) -> None:
         """Serve until the client leaves: zero chunks for every infer, feedback just recorded."""

@@ -71,7 +71,7 @@ def examples() -> dict:
     return {
         "metadata": messages.metadata_message({"protocol_version": 1, "action_horizon": 2}),
         "infer": messages.InferRequest(obs1, np.array([3]), np.array([0])).message(),
-        "action": messages.action_message(np.array([3]), np.array([[[0.5]], [[-0.5]]], "<f4")),
+        "action": messages.ActionReply(np.array([3]), np.array([[[0.5]], [[-0.5]]], "<f4")).message(),
         "feedback": messages.Feedback(np.array([3]), np.array([0]), obs1, np.array([2.0], "<f4"),
                                       np.array([False]), np.array([False]), {}).message(),
     }

@@ -30,7 +30,7 @@ def probe_script(horizon: int, stop_after_feedbacks: int | None, counter: list[i
                 t, e, d = np.arange(horizon)[:, None, None], ids[None, :, None], np.arange(D)[None, None, :]
                 msg["_call"] = counter[0]
                 counter[0] += 1
-                conn.send(messages.action_message(ids, encode(msg["_call"], t, e, d)))
+                conn.send(messages.ActionReply(ids, encode(msg["_call"], t, e, d)).message())
             else:
                 feedbacks += 1
                 if stop_after_feedbacks is not None and feedbacks >= stop_after_feedbacks:

@@ -51,7 +51,7 @@ def zeros_script(horizon: int, dim: int, **metadata: Any):
             msg = conn.recv()
             if msg["message_type"] == "infer":
                 n = len(msg["env_indices"])
-                conn.send(messages.action_message(msg["env_indices"], np.zeros((horizon, n, dim), np.float32)))
+                conn.send(messages.ActionReply(msg["env_indices"], np.zeros((horizon, n, dim), np.float32)).message())
 
     return script
 
@@ -393,7 +393,7 @@ def test_c27_sends_close_1000_when_it_finishes(harness, tmp_path, ending):
             conn.send_metadata(action_horizon=4)
             msg = conn.recv()
             wrong = msg["env_indices"] + 1  # an action for other envs: fatal for the client
-            conn.send(messages.action_message(wrong, np.zeros((4, len(wrong), D))))
+            conn.send(messages.ActionReply(wrong, np.zeros((4, len(wrong), D))).message())
             conn.ws.recv()
         except ConnectionClosed as exc:
             closes.append(exc.rcvd)

@@ -306,8 +306,8 @@ def test_a_reply_that_answers_no_infer_resyncs_instead_of_being_the_next_chunk(h
                 if conn.index == 0 and extra == "second-reply":
                     conn.send_zero_action(msg, 4, ACTION_DIM)
             elif conn.index == 0 and extra == "reply-after-feedback":
-                conn.send(messages.action_message(msg["env_indices"], np.zeros((4, len(msg["env_indices"]),
-                                                                                 ACTION_DIM))))
+                conn.send(messages.ActionReply(msg["env_indices"], np.zeros((4, len(msg["env_indices"]),
+                                                                                 ACTION_DIM))).message())
             if conn.index == 0 and msg["message_type"] == "feedback":
                 try:
                     conn.recv()

@@ -14,7 +14,6 @@ from plugrl_env_client.protocol.messages import (
     Feedback,
     InferRequest,
     ServerMetadata,
-    action_message,
     metadata_message,
     parse_action,
     parse_feedback,
@@ -83,7 +82,7 @@ def test_infer_message_with_reuse() -> None:
 
 def test_action_message_keys_and_dtypes() -> None:
     actions = np.zeros((4, 2, 3), dtype=np.float32)
-    msg = action_message([5, 1], actions)
+    msg = ActionReply([5, 1], actions).message()
     assert set(msg) == {"message_type", "data"} and msg["message_type"] == "action"
     assert set(msg["data"]) == {"env_ids", "action"}
     assert msg["data"]["env_ids"].dtype.str == "<i8" and msg["data"]["env_ids"].tolist() == [5, 1]
@@ -117,7 +116,7 @@ def test_builders_round_trip_through_parsers() -> None:
     req = parse_infer(wire(InferRequest(obs(2, images=True), sent, [0, 4]).message()))
     assert isinstance(req, InferRequest) and req.env_indices.tolist() == [3, 1] and req.reuse is None
     assert req.obs["images"]["cam"].shape == (2, 4, 4, 3)
-    reply = parse_action(wire(action_message(sent, np.ones((5, 2, 3), dtype=np.float32))), sent)
+    reply = parse_action(wire(ActionReply(sent, np.ones((5, 2, 3), dtype=np.float32)).message()), sent)
     assert isinstance(reply, ActionReply) and reply.actions.shape == (5, 2, 3)
     fb = parse_feedback(feedback(2))
     assert isinstance(fb, Feedback) and fb.rewards.tolist() == [2.0, 2.0] and fb.step_ids.tolist() == [1, 1]

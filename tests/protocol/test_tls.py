@@ -27,7 +27,7 @@ def test_wss_server_url(tmp_path, monkeypatch, tls):
             msg = codec.unpackb(frame)
             if msg["message_type"] == "infer":
                 ids = msg["env_indices"]
-                ws.send(codec.packb(messages.action_message(ids, np.zeros((4, len(ids), 2), np.float32))))
+                ws.send(codec.packb(messages.ActionReply(ids, np.zeros((4, len(ids), 2), np.float32)).message()))
 
     server = serve(handler, "127.0.0.1", 0, ssl=context, compression=None, max_size=None)
     threading.Thread(target=server.serve_forever, daemon=True).start()

@@ -64,7 +64,7 @@ def point_server(chase: bool, starts: dict[int, list[np.ndarray]], episodes_of_e
             if len(starts[1]) > episodes_of_env_1:
                 conn.close(1001, messages.REASON_STOP)
                 return
-            conn.send(messages.action_message(np.asarray(ids), actions))
+            conn.send(messages.ActionReply(np.asarray(ids), actions).message())
 
     return script
 

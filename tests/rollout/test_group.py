@@ -82,7 +82,7 @@ def test_a_retired_env_is_no_longer_inferred(tmp_path: Path, harness) -> None:
             msg = conn.recv()
             if msg["message_type"] == "infer":
                 ids = msg["env_indices"]
-                conn.send(messages.action_message(ids, [["a"] * len(ids)]))
+                conn.send(messages.ActionReply(ids, [["a"] * len(ids)]).message())
 
     h = harness(script)
     cfg = ClientConfig(output_dir=tmp_path, exp_name="run", progress=False, num_envs=2, server_port=h.port,

@@ -34,13 +34,13 @@ def good(n: int, h: int = 4, dtype: str = "<f4") -> np.ndarray:
 
 CASES = {
     "wrong-message-type": (lambda ids: codec.packb(messages.metadata_message({})), "expected a 'action' message, got 'metadata'"),
-    "env-ids-mismatch": (lambda ids: codec.packb(messages.action_message(ids + 1, good(len(ids)))), "do not match the infer's env_indices"),
-    "ndim": (lambda ids: codec.packb(messages.action_message(ids, np.zeros(len(ids), np.float32))), "time-major"),
-    "horizon-0": (lambda ids: codec.packb(messages.action_message(ids, good(len(ids), h=0))), "horizon 0"),
-    "string-dtype": (lambda ids: codec.packb(messages.action_message(ids, np.full((4, len(ids), 2), "x"))), "needs numbers"),
-    "shape": (lambda ids: codec.packb(messages.action_message(ids, np.zeros((4, len(ids), 7), np.float32))),
+    "env-ids-mismatch": (lambda ids: codec.packb(messages.ActionReply(ids + 1, good(len(ids))).message()), "do not match the infer's env_indices"),
+    "ndim": (lambda ids: codec.packb(messages.ActionReply(ids, np.zeros(len(ids), np.float32)).message()), "time-major"),
+    "horizon-0": (lambda ids: codec.packb(messages.ActionReply(ids, good(len(ids), h=0)).message()), "horizon 0"),
+    "string-dtype": (lambda ids: codec.packb(messages.ActionReply(ids, np.full((4, len(ids), 2), "x")).message()), "needs numbers"),
+    "shape": (lambda ids: codec.packb(messages.ActionReply(ids, np.zeros((4, len(ids), 7), np.float32)).message()),
               "Expected action shape tail (2,), got (7,)"),
-    "nan": (lambda ids: codec.packb(messages.action_message(ids, np.full((4, len(ids), 2), np.nan, np.float32))),
+    "nan": (lambda ids: codec.packb(messages.ActionReply(ids, np.full((4, len(ids), 2), np.nan, np.float32)).message()),
             "NaN or infinite"),
     "not-msgpack": (lambda ids: b"\xc1\xc1\xc1", "not a valid msgpack message"),
     "data-length": (lambda ids: raw_action(ids, nd(b"\x00" * 5, "<f4", [4, len(ids), 2])), "bytes but shape"),
@@ -80,7 +80,7 @@ def test_malformed_action_is_a_clear_fatal_error(harness, tmp_path, capsys, case
 
 
 def test_chunk_shorter_than_replan_steps(harness, tmp_path, capsys):
-    h = harness(answer_first_infer_with(lambda ids: codec.packb(messages.action_message(ids, good(len(ids), h=2)))))
+    h = harness(answer_first_infer_with(lambda ids: codec.packb(messages.ActionReply(ids, good(len(ids), h=2)).message())))
     assert run_client(config(tmp_path, h.port, runner=RunnerConfig(replan_steps=3)), "Point-v1") == 1
     assert "--runner.replan-steps is 3" in capsys.readouterr().err
 
@@ -93,7 +93,7 @@ def test_non_finite_actions_can_be_clipped(harness, tmp_path):
             if msg["message_type"] == "infer":
                 actions = np.full((4, len(msg["env_indices"]), 2), np.nan, np.float32)
                 actions[:, :, 1] = np.inf
-                conn.send(messages.action_message(msg["env_indices"], actions))
+                conn.send(messages.ActionReply(msg["env_indices"], actions).message())
 
     h = harness(script)
     cfg = config(tmp_path, h.port, num_episodes=2, runner=RunnerConfig(non_finite_actions="clip", max_episode_steps=5))

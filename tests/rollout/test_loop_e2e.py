@@ -127,7 +127,7 @@ def test_text_frame_is_fatal_with_its_text(harness, tmp_path, capsys):
 
 
 def test_first_message_must_be_metadata(harness, tmp_path, capsys):
-    h = harness(lambda conn: (conn.send(messages.action_message(np.arange(1), np.zeros((1, 1, D)))), conn.ws.recv()))
+    h = harness(lambda conn: (conn.send(messages.ActionReply(np.arange(1), np.zeros((1, 1, D))).message()), conn.ws.recv()))
     assert run_client(client_config(tmp_path, h.port, 1), "Probe-v1") == 1
     assert "first message must be 'metadata'" in capsys.readouterr().err
 

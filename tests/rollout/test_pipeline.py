@@ -125,7 +125,7 @@ class BatchingServer:
                         while self.generation == generation:
                             self.cond.wait()
                 ids = msg["env_indices"]
-                ws.send(codec.packb(messages.action_message(ids, np.zeros((self.horizon, len(ids), self.action_dim)))))
+                ws.send(codec.packb(messages.ActionReply(ids, np.zeros((self.horizon, len(ids), self.action_dim))).message()))
         except ConnectionClosed:
             pass
         finally:

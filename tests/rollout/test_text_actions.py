@@ -31,7 +31,7 @@ def test_text_actions_reach_the_env_in_order(harness, tmp_path):
             if msg["message_type"] == "infer":
                 ids = msg["env_indices"]
                 chunk = np.array([[f"c{call} t{t} e{e}" for e in ids.tolist()] for t in range(2)])
-                conn.send(messages.action_message(ids, chunk))
+                conn.send(messages.ActionReply(ids, chunk).message())
                 call += 1
 
     h = harness(script)

@@ -84,7 +84,7 @@ def test_numeric_metadata_unchanged():
 def test_text_chunks_survive_the_codec_unchanged():
     ids = np.array([4, 0, 9], dtype=np.int64)
     chunk = text_policy(seed=2, horizon=40).act({}, 3)
-    reply = messages.parse_action(codec.unpackb(codec.packb(messages.action_message(ids, chunk))), ids)
+    reply = messages.parse_action(codec.unpackb(codec.packb(messages.ActionReply(ids, chunk).message())), ids)
     assert reply.actions.dtype == chunk.dtype and reply.actions.shape == chunk.shape
     assert reply.actions.tolist() == chunk.tolist()
     assert LONG in reply.actions.ravel().tolist() and "日本語のテキスト 🙂" in reply.actions.ravel().tolist()

@@ -61,6 +61,11 @@ class ActionReply:
     env_ids: np.ndarray
     actions: np.ndarray
 
+    def message(self) -> dict[str, Any]:
+        """The message as it travels (the reference server's reply to an infer)."""
+        env_ids = np.asarray(self.env_ids, dtype=_I8)
+        return {"message_type": ACTION, "data": {"env_ids": env_ids, "action": self.actions}}
+
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class InferRequest(Generic[Obs]):
@@ -160,10 +165,6 @@ def encoded_image(arr: np.ndarray, codec: str, quality: int, name: str = "images
 
 def metadata_message(data: dict[str, Any]) -> dict[str, Any]:
     return {"message_type": METADATA, "data": data}
-
-
-def action_message(env_ids: np.ndarray, actions: np.ndarray) -> dict[str, Any]:
-    return {"message_type": ACTION, "data": {"env_ids": np.asarray(env_ids, dtype=_I8), "action": actions}}
 
 
 _I8 = np.dtype("<i8")

@@ -290,7 +290,7 @@ class PolicyServer:
                     raise _Violation(f"infer for envs {sorted(stale)} whose previous chunk got no feedback yet")
                 obs = self._with_reused_rows(request, held)
                 actions = await _policy_call(self._worker.infer(policy, obs, request.env_indices, request.step_ids))
-                reply = codec.packb(messages.action_message(request.env_indices, actions))
+                reply = codec.packb(messages.ActionReply(request.env_indices, actions).message())
                 if self.latency_s:
                     await self._delays.sleep(self.latency_s)
                 await ws.send(reply)
