@@ -20,6 +20,7 @@ looks like a policy that never succeeds.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -36,9 +37,14 @@ AGG_MODES = ("sum", "mean", "min", "max", "first", "last")
 DEFAULT_AGG_MODE = "mean"
 
 
+def _latest(aggregate: np.ndarray, values: np.ndarray) -> np.ndarray:
+    return values
+
+
 _EMPTY = {"sum": 0.0, "mean": 0.0, "min": np.inf, "max": -np.inf, "first": np.nan, "last": np.nan}
-_COMBINE = {"sum": np.add, "mean": np.add, "min": np.minimum, "max": np.maximum}
-"""How a step's value joins the aggregate; "first" and "last" keep one of them."""
+_COMBINE: dict[str, Callable[[np.ndarray, np.ndarray], np.ndarray]] = {
+    "sum": np.add, "mean": np.add, "min": np.minimum, "max": np.maximum, "last": _latest}
+"""How a step's value joins the aggregate; "first" keeps the value of an episode's first step instead."""
 
 
 class _Metric:
@@ -53,13 +59,11 @@ class _Metric:
 
     def add(self, values: np.ndarray, rows: np.ndarray) -> None:
         acc = self.acc
-        if self._combine is not None:
-            acc[rows] = self._combine(acc[rows], values[rows])
-        elif self.mode == "first":
+        if self._combine is None:  # "first"
             fresh = rows[self.count[rows] == 0]
             acc[fresh] = values[fresh]
         else:
-            acc[rows] = values[rows]
+            acc[rows] = self._combine(acc[rows], values[rows])
         self.count[rows] += 1
 
     def value(self, i: int) -> float | None:
