@@ -4,6 +4,7 @@ out and for everything it hands back to Python."""
 
 from __future__ import annotations
 
+import gc
 import shlex
 import shutil
 import sysconfig
@@ -175,6 +176,56 @@ def test_a_frame_written_while_another_is_half_written_leaves_both_whole():
     frame = frame_packer._frames.frame(outer, KEY, writer.layouts, miss, np.ndarray, Timed, time.perf_counter)
     assert frame == expected(outer)
     assert framed and all(f == expected(inner) for f in framed)
+
+
+def _frame(msg: Any, miss: Any, writer: MessageWriter) -> bytes | None:
+    assert frame_packer._frames is not None
+    return frame_packer._frames.frame(msg, KEY, writer.layouts, miss, np.ndarray, Timed, time.perf_counter)
+
+
+@compiled_only
+@pytest.mark.parametrize("part", ["map", "timed"])
+def test_a_part_the_callback_lets_go_of_is_still_written_whole(part):
+    """The layouts' callback runs Python code (another thread may too): what is being written is held meanwhile."""
+    inner = {"a": np.arange(3), **{f"k{i}": "v" * 40 for i in range(50)}}
+    msg: dict[str, Any] = {"data": inner if part == "map" else Timed(inner)}
+    want = expected({"data": dict(inner)})
+    writer = MessageWriter()
+
+    def miss(arr: Any) -> Any:
+        msg["data"] = None
+        gc.collect()
+        [dict(x=i) for i in range(1000)]  # reuse the memory a part let go of would have held
+        return writer.layout_of(arr)
+
+    del inner
+    assert _frame(msg, miss, writer) == want
+
+
+@compiled_only
+def test_a_map_that_changes_size_while_it_is_written_goes_to_python():
+    msg = {"a": np.arange(3), "b": 1}
+    writer = MessageWriter()
+
+    def miss(arr: Any) -> Any:
+        msg["c"] = 2
+        return writer.layout_of(arr)
+
+    assert _frame(msg, miss, writer) is None
+
+
+@compiled_only
+def test_timed_parts_nested_beyond_the_writer_s_depth_are_written_or_refused_as_python_does():
+    chain: Any = np.arange(2)
+    for _ in range(codec.MAX_DEPTH + 5):
+        chain = Timed(chain)
+    compiled, python = both({"x": chain})
+    assert compiled == python
+    looped = Timed(None)
+    looped.value = looped
+    for packer in (FramePacker(), FramePacker(compiled=False)):
+        with pytest.raises(RecursionError):
+            packer.pack({"x": looped})
 
 
 @compiled_only

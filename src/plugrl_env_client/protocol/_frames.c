@@ -7,9 +7,10 @@
  * bool, None and bytes values; plain ndarrays (exact type, C-contiguous, exporting their buffer) through the writer's
  * layouts (the bytes before and after an array's data, keyed by (dtype, shape); ``miss(arr)`` makes a missing one or
  * returns None for an array the writer does not lay out); and timed parts (``timed`` objects: their ``value`` laid out
- * where they stand and ``seconds`` set from ``clock()``). For anything else (a list, a numpy scalar, an int beyond 64
- * bits, a str with a lone surrogate, maps nested MAX_DEPTH deep) it returns None and the caller writes the message in
- * Python, which also says what cannot travel.
+ * where they stand and ``seconds`` set from ``clock()``; each counts as a level of nesting). For anything else (a
+ * list, a numpy scalar, an int beyond 64 bits, a str with a lone surrogate, maps or timed parts nested MAX_DEPTH
+ * deep, a map that changes size while it is written) it returns None and the caller writes the message in Python,
+ * which also says what cannot travel.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -26,7 +27,7 @@ typedef struct {
     int on_heap;
 } Out;
 
-#define STACK_BYTES 16384
+#define STACK_BYTES 8192
 static PyObject *s_dtype, *s_shape, *s_value, *s_seconds; /* attribute names, made once */
 
 typedef struct {
@@ -185,10 +186,12 @@ static int pack_value(Out *out, PyObject *obj, Ctx *ctx, int depth);
 
 /* A timed part: its value laid out where it stands, and the seconds that took. */
 static int pack_timed(Out *out, PyObject *timed, Ctx *ctx, int depth) {
+    if (depth >= MAX_DEPTH) return FALLBACK; /* timed parts count as a level: a chain of them ends here too */
     PyObject *start = PyObject_CallNoArgs(ctx->clock);
     if (start == NULL) return ERROR;
+    Py_INCREF(timed); /* the clock and the layouts' callback run Python code: hold what is walked */
     PyObject *value = PyObject_GetAttr(timed, s_value);
-    int result = value ? pack_value(out, value, ctx, depth) : ERROR;
+    int result = value ? pack_value(out, value, ctx, depth + 1) : ERROR;
     Py_XDECREF(value);
     if (result == OK) {
         PyObject *end = PyObject_CallNoArgs(ctx->clock);
@@ -197,23 +200,38 @@ static int pack_timed(Out *out, PyObject *timed, Ctx *ctx, int depth) {
         Py_XDECREF(seconds);
         Py_XDECREF(end);
     }
+    Py_DECREF(timed);
     Py_DECREF(start);
     return result;
 }
 
+/* A map's entries, each key and value held while it is written (the layouts' callback and the clock run Python
+ * code, which may change the map); a map whose size changes meanwhile goes to the Python writer. */
 static int pack_map(Out *out, PyObject *map, Ctx *ctx, int depth) {
     if (depth >= MAX_DEPTH) return FALLBACK;
-    if (pack_map_header(out, PyDict_GET_SIZE(map)) != OK) return ERROR;
+    Py_ssize_t size = PyDict_GET_SIZE(map);
+    if (pack_map_header(out, size) != OK) return ERROR;
+    Py_INCREF(map);
     Py_ssize_t pos = 0;
     PyObject *key, *value;
-    while (PyDict_Next(map, &pos, &key, &value)) {
-        int result = pack_key(out, key);
-        if (result != OK) return result;
-        if (Py_IS_TYPE(value, (PyTypeObject *)ctx->ndarray)) result = pack_array(out, value, ctx);
-        else result = pack_value(out, value, ctx, depth + 1);
-        if (result != OK) return result;
+    Py_ssize_t written = 0;
+    int result = OK;
+    while (result == OK && PyDict_Next(map, &pos, &key, &value)) {
+        written++;
+        Py_INCREF(key);
+        Py_INCREF(value);
+        result = pack_key(out, key);
+        if (result == OK) {
+            if (Py_IS_TYPE(value, (PyTypeObject *)ctx->ndarray)) result = pack_array(out, value, ctx);
+            else result = pack_value(out, value, ctx, depth + 1);
+        }
+        Py_DECREF(value);
+        Py_DECREF(key);
+        if (result == OK && PyDict_GET_SIZE(map) != size) result = FALLBACK;
     }
-    return OK;
+    if (result == OK && written != size) result = FALLBACK; /* changed and changed back: the header says otherwise */
+    Py_DECREF(map);
+    return result;
 }
 
 static int pack_value(Out *out, PyObject *obj, Ctx *ctx, int depth) {
