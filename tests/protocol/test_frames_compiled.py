@@ -5,6 +5,7 @@ out and for everything it hands back to Python."""
 from __future__ import annotations
 
 import gc
+import os
 import shlex
 import shutil
 import sysconfig
@@ -46,13 +47,17 @@ def both(msg: Any, compiled: FramePacker | None = None, python: FramePacker | No
     return bytes(compiled.pack(msg, key=KEY)), bytes(python.pack(msg, key=KEY))
 
 
-def test_the_compiled_framer_is_built_where_a_c_compiler_is():
-    """An install on a machine with a C compiler builds it; without one it is skipped and Python writes frames."""
+def test_the_compiled_framer_is_built_where_a_c_compiler_and_python_s_headers_are():
+    """An install on a machine with a C compiler and Python's headers builds it; without them the build is
+    skipped and Python writes frames."""
     compiler = shlex.split(sysconfig.get_config_var("CC") or "cc")[0]
     if shutil.which(compiler) is None:
         pytest.skip(f"no C compiler ({compiler}) on this machine: the Python path writes every frame")
-    assert frame_packer.COMPILED, ("protocol/_frames.c was not built although a C compiler is here: reinstall with "
-                                   "`pip install -e .` and read its output for the compiler's error")
+    headers = os.path.join(sysconfig.get_paths()["include"], "Python.h")
+    if not os.path.exists(headers):
+        pytest.skip(f"no {headers} (a distribution's python3-dev package): the Python path writes every frame")
+    assert frame_packer.COMPILED, ("protocol/_frames.c was not built although a C compiler and Python's headers are "
+                                   "here: reinstall with `pip install -e . -v` and read the compiler's error")
 
 
 INT_EDGES = [0, 1, 127, 128, 255, 256, 65535, 65536, (1 << 32) - 1, 1 << 32, (1 << 63) - 1, 1 << 63, (1 << 64) - 1,
