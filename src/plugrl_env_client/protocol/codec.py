@@ -127,6 +127,12 @@ def bin_header(n: int) -> bytes:
 _MAP_HEADERS = [_map_header(n) for n in range(16)]
 
 
+def lays_out(arr: np.ndarray) -> bool:
+    """Whether the writer lays a plain ndarray out itself, its data as its own memory: C-contiguous, of a kind the
+    buffer protocol exports, with at least one dimension (the rest goes through :func:`encode_numpy`)."""
+    return bool(arr.ndim) and arr.flags.c_contiguous and arr.dtype.kind in BUFFER_KINDS
+
+
 class MessageWriter:
     """Writes messages as msgpack pieces (see the module docstring). Not thread-safe: one per packer or thread."""
 
@@ -171,7 +177,7 @@ class MessageWriter:
             else:
                 out.append(pack(key))
             kind = type(value)
-            if kind is np.ndarray and value.ndim and value.flags.c_contiguous and value.dtype.kind in BUFFER_KINDS:
+            if kind is np.ndarray and lays_out(value):
                 layout = layouts.get((value.dtype, value.shape))
                 if layout is None:
                     layout = self._layout(value)
@@ -212,8 +218,8 @@ class MessageWriter:
 
     def layout_of(self, arr: Any) -> tuple[bytes, bytes] | None:
         """The bytes around ``arr``'s data as the writer lays it out (kept, or made now), or None for what it does
-        not lay out itself: not a plain, C-contiguous ndarray of a buffer kind with at least one dimension."""
-        if type(arr) is not np.ndarray or not arr.ndim or not arr.flags.c_contiguous or arr.dtype.kind not in BUFFER_KINDS:
+        not lay out itself (:func:`lays_out`)."""
+        if type(arr) is not np.ndarray or not lays_out(arr):
             return None
         return self.layouts.get((arr.dtype, arr.shape)) or self._layout(arr)
 
