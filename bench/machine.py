@@ -4,6 +4,7 @@ libraries, the usable CPUs and how loaded the machine was while they were taken.
 from __future__ import annotations
 
 import importlib.metadata
+import importlib.util
 import os
 import platform
 import socket
@@ -16,12 +17,21 @@ import numpy as np
 
 def machine_line(*dists: str) -> str:
     """Python, numpy, the given distributions' versions (from their installed metadata: nothing is imported),
-    the usable CPUs and the load average."""
+    whether the package's frames are written by its compiled framer, the usable CPUs and the load average."""
     versions = [f"{dist} {_version(dist)}" for dist in dists]
     return (f"python {platform.python_version()} ({platform.python_implementation()}), numpy {np.__version__}, "
             + "".join(f"{v}, " for v in versions)
-            + f"nproc {usable_cpus()} (cpu_count {os.cpu_count()}), {platform.system()} {platform.machine()}, "
+            + f"framer {framer()}, nproc {usable_cpus()} (cpu_count {os.cpu_count()}), {platform.system()} {platform.machine()}, "
             f"load avg {load_avg()}")
+
+
+def framer() -> str:
+    """Which way the client writes small frames: ``compiled`` (protocol/_frames.c was built) or ``Python``."""
+    try:
+        built = importlib.util.find_spec("plugrl_env_client.protocol._frames") is not None
+    except ModuleNotFoundError:  # the package is not importable from here
+        built = False
+    return "compiled" if built else "Python"
 
 
 def usable_cpus() -> int:

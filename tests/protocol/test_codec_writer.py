@@ -159,7 +159,7 @@ def test_what_it_keeps_is_bounded():
     for i in range(codec.MAX_KEPT + 50):
         msg = {f"key{i}": np.zeros((1, i % 7 + 1, i), np.float32)}
         assert w.write(msg) == reference(msg)
-    assert len(w._strs) <= codec.MAX_KEPT and len(w._layouts) <= codec.MAX_KEPT
+    assert len(w._strs) <= codec.MAX_KEPT and len(w.layouts) <= codec.MAX_KEPT
     long_text = "t" * (codec.MAX_KEPT_STR + 1)
     w.write({"text": long_text})
     assert long_text not in w._strs

@@ -127,13 +127,20 @@ def bin_header(n: int) -> bytes:
 _MAP_HEADERS = [_map_header(n) for n in range(16)]
 
 
+def lays_out(arr: np.ndarray) -> bool:
+    """Whether the writer lays a plain ndarray out itself, its data as its own memory: C-contiguous, of a kind the
+    buffer protocol exports, with at least one dimension (the rest goes through :func:`encode_numpy`)."""
+    return bool(arr.ndim) and arr.flags.c_contiguous and arr.dtype.kind in BUFFER_KINDS
+
+
 class MessageWriter:
     """Writes messages as msgpack pieces (see the module docstring). Not thread-safe: one per packer or thread."""
 
     def __init__(self) -> None:
         self._packer = msgpack.Packer(default=encode_numpy, use_bin_type=True)
         self._strs: dict[str, bytes] = {}
-        self._layouts: dict[tuple[np.dtype, tuple[int, ...]], tuple[bytes, bytes]] = {}
+        self.layouts: dict[tuple[np.dtype, tuple[int, ...]], tuple[bytes, bytes]] = {}
+        """The bytes before and after the data of each array layout seen, by ``(dtype, shape)``."""
         self._marker = os.urandom(16)  # stands for an array's data while its layout is worked out
         self._marked = self._packer.pack(self._marker)
 
@@ -162,7 +169,7 @@ class MessageWriter:
             raise _ToMsgpack
         n = len(obj)
         out.append(_MAP_HEADERS[n] if n < 16 else _map_header(n))
-        strs, layouts, pack = self._strs, self._layouts, self._packer.pack
+        strs, layouts, pack = self._strs, self.layouts, self._packer.pack
         for key, value in obj.items():
             if type(key) is str:
                 packed = strs.get(key)
@@ -170,7 +177,7 @@ class MessageWriter:
             else:
                 out.append(pack(key))
             kind = type(value)
-            if kind is np.ndarray and value.ndim and value.flags.c_contiguous and value.dtype.kind in BUFFER_KINDS:
+            if kind is np.ndarray and lays_out(value):
                 layout = layouts.get((value.dtype, value.shape))
                 if layout is None:
                     layout = self._layout(value)
@@ -209,6 +216,13 @@ class MessageWriter:
             self._strs[text] = packed
         return packed
 
+    def layout_of(self, arr: Any) -> tuple[bytes, bytes] | None:
+        """The bytes around ``arr``'s data as the writer lays it out (kept, or made now), or None for what it does
+        not lay out itself (:func:`lays_out`)."""
+        if type(arr) is not np.ndarray or not lays_out(arr):
+            return None
+        return self.layouts.get((arr.dtype, arr.shape)) or self._layout(arr)
+
     def _layout(self, arr: np.ndarray) -> tuple[bytes, bytes] | None:
         """The bytes before and after an array's data, taken from the codec's own map for it
         (:func:`encode_numpy`, packed with a marker for the data: one rule for what an array travels as).
@@ -222,8 +236,8 @@ class MessageWriter:
         if len(around) != 2:
             return None
         layout = (around[0] + bin_header(arr.nbytes), around[1])
-        if len(self._layouts) < MAX_KEPT:
-            self._layouts[(arr.dtype, arr.shape)] = layout
+        if len(self.layouts) < MAX_KEPT:
+            self.layouts[(arr.dtype, arr.shape)] = layout
         return layout
 
 

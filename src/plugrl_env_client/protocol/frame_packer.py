@@ -3,25 +3,39 @@
 RFC 6455 makes a client mask every byte it sends with the frame's 4-byte key, so masking is a copy anyway; it is the
 only one here. :class:`FramePacker` takes a message's pieces from the one encoder
 (:class:`~plugrl_env_client.protocol.codec.MessageWriter`: its msgpack bytes, with arrays as their own memory),
-joins a small message's pieces once and masks them with websockets' C helper, and lays a big one out in a frame
-buffer it keeps for the connection's life, masking each big array's bytes from the array itself (no fresh memory
-once the buffer has the size of the largest message, and no second copy of the frame as websockets' own framing
-makes). One masker, one key pool.
+writes a small message's frame in one call of the compiled :mod:`~plugrl_env_client.protocol._frames` (its msgpack
+bytes through the writer's own array layouts, masked and framed: the pieces are never a Python list) or, without it or
+for what it does not lay out, joins the writer's pieces and masks them with websockets' C helper; and it lays a big
+message out in a frame buffer it keeps for the connection's life, masking each big array's bytes from the array
+itself (no fresh memory once the buffer has the size of the largest message, and no second copy of the frame as
+websockets' own framing makes). Both ways of a small message write the same bytes (the tests hold them to it). One key
+pool.
 """
 
 from __future__ import annotations
 
 import os
 import struct
+import time
+from types import ModuleType
 from typing import Any
 
 import numpy as np
 from websockets.frames import apply_mask
 
 from plugrl_env_client.protocol import codec
-from plugrl_env_client.protocol.codec import MessageWriter
+from plugrl_env_client.protocol.codec import MessageWriter, Timed
 
-__all__ = ["BIG_ARRAY", "WALK_MIN", "FramePacker", "control_frame", "frame_header"]
+_frames: ModuleType | None
+try:
+    from plugrl_env_client.protocol import _frames
+except ImportError:  # built without a C compiler: the writer's pieces, joined and masked
+    _frames = None
+
+__all__ = ["BIG_ARRAY", "COMPILED", "WALK_MIN", "FramePacker", "control_frame", "frame_header"]
+
+COMPILED = _frames is not None
+"""Whether the compiled framer was built with the package (it needs a C compiler at install time)."""
 
 WALK_MIN = 1 << 17
 """Messages whose arrays hold fewer bytes than this are joined, then masked (two copies of little): laying a frame
@@ -58,11 +72,14 @@ class FramePacker:
     """Packs messages into masked client frames (see the module docstring); a frame is valid until the next
     :meth:`pack`. Not thread-safe: one per connection, kept across its reconnects."""
 
-    def __init__(self) -> None:
+    def __init__(self, compiled: bool = True) -> None:
+        """``compiled=False`` writes small messages in Python even when the compiled framer is there (tests)."""
         self._buffer = bytearray()
         self._keys = b""
         self._next_key = 0
-        self._writer = MessageWriter()
+        self._writer = writer = MessageWriter()
+        self._compiled = (_frames.frame if compiled and _frames is not None else None)
+        self._compiled_args = (writer.layouts, writer.layout_of, np.ndarray, Timed, time.perf_counter)
 
     def _key(self) -> bytes:
         if self._next_key >= len(self._keys):
@@ -77,6 +94,10 @@ class FramePacker:
         key = self._key() if key is None else key
         try:
             if size_hint < WALK_MIN:
+                if self._compiled is not None:
+                    frame = self._compiled(msg, key, *self._compiled_args)
+                    if frame is not None:
+                        return memoryview(frame)
                 return _masked(self._writer.write(msg), key)
             runs = _runs(self._writer.pieces(msg))  # big arrays: laid out in the kept buffer
             return self._frame(runs, key) if len(runs) > 1 else _masked(runs[0], key)
