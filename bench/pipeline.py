@@ -162,7 +162,7 @@ def auto_choice(port: int) -> PipelineChoice:
     figures = "" if probe is None else (f"; probe {time.perf_counter() - started:.2f} s: batch step "
                                         f"{probe.batch_step_s * 1e3:.2f} ms, waiting {probe.wait_per_batch_step_s * 1e3:.2f}"
                                         f" ms per batch step")
-    print(f"  auto chose {choice.groups} group(s), align {choice.align_chunks or 0}: {choice.why}{figures}")
+    print(f"  auto chose {choice.groups} group(s): {choice.why}{figures}")
     return choice
 
 
@@ -451,13 +451,11 @@ def main() -> None:
           "batch step)")
     variants = ((1, 0), (2, 0), (2, 4)) if args.quick else ((1, 0), (2, 0), (4, 0), (2, 4), (4, 4))
     with Server() as server:
-        fast_auto_choice = auto_choice(server.port)
-        fast_auto = fast_auto_choice.groups
+        fast_auto = auto_choice(server.port).groups
         _, fast = alternated(rounds, lambda: raw_rate(cell)[0],
                              {**{v: functools.partial(client_rate, server.port, cell, pipeline=v[0], align=v[1])
                                  for v in variants},
-                              ("auto", fast_auto): functools.partial(client_rate, server.port, cell, pipeline=fast_auto,
-                                                                  align=fast_auto_choice.align_chunks or 0)})
+                              ("auto", fast_auto): functools.partial(client_rate, server.port, cell, pipeline=fast_auto)})
     for (k, a), ratios in fast.items():
         if k == "auto":
             print(ratio_row(f"client auto ({a} group(s))", ratios, "raw", None))
@@ -477,13 +475,11 @@ def main() -> None:
           "without latency")
     slow_variants = ((1, 0), (2, 0), (2, 4)) if args.quick else ((1, 0), (2, 0), (2, 4), (4, 4), (4, 7))
     with Server(latency_ms) as server:
-        slow_auto_choice = auto_choice(server.port)
-        slow_auto = slow_auto_choice.groups
+        slow_auto = auto_choice(server.port).groups
         _, slow = alternated(rounds, lambda: raw_rate(cell)[0],
                              {**{v: functools.partial(client_rate, server.port, cell, pipeline=v[0], align=v[1])
                                  for v in slow_variants},
-                              ("auto", slow_auto): functools.partial(client_rate, server.port, cell, pipeline=slow_auto,
-                                                                  align=slow_auto_choice.align_chunks or 0)})
+                              ("auto", slow_auto): functools.partial(client_rate, server.port, cell, pipeline=slow_auto)})
     for (k, a), ratios in slow.items():
         label = f"client auto ({a} group(s))" if k == "auto" else _name(k, a)
         print(ratio_row(label, ratios, "raw", None if k == 1 else 0.85))

@@ -346,7 +346,7 @@ def _choose_pipeline(job: ProcessJob, env: BaseEnv | None, writer: RunWriter) ->
         close_env(env, job.env_id)
         env = None
     assert isinstance(job.config, ClientConfig)
-    return with_pipeline(job.config, choice.groups, choice.align_chunks), env
+    return with_pipeline(job.config, choice.groups), env
 
 
 def _served_at(config: ClientConfig, url: str) -> ClientConfig:

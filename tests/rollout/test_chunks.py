@@ -1,11 +1,14 @@
-"""ActionPlans: time-major chunks consumed per env, replan cuts, chunk ends, chunk rewards and step ids."""
+"""ActionPlans: time-major chunks consumed per env, replan cuts, chunk ends, chunk rewards and step ids; a held
+feedback merged into the next one (PendingFeedback)."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from plugrl_env_client.rollout.chunks import ActionPlans
+from plugrl_env_client.envs.base_env import Observation
+from plugrl_env_client.protocol.messages import Feedback
+from plugrl_env_client.rollout.chunks import ActionPlans, PendingFeedback
 
 
 def _chunk(h: int, env_ids: list[int], dim: int) -> np.ndarray:
@@ -258,3 +261,67 @@ def test_matches_a_reference_model_of_per_env_queues(replan: int | None) -> None
                 model_ended.append(e)
         assert ended.tolist() == model_ended
         assert plans.chunk_reward[ended].tolist() == [sums[e] for e in model_ended]
+
+
+def _feedback(rows: list[int], done: bool, info: dict | None = None) -> Feedback[Observation]:
+    """A feedback for ``rows`` whose values say which env they are of: obs x = 10 * env, reward = env."""
+    ids = np.asarray(rows, np.int64)
+    m = ids.size
+    obs = Observation(images={"cam": np.full((m, 2, 2, 3), ids[:, None, None, None], np.uint8)},
+                      states={"x": 10.0 * ids[:, None]}, text=[f"env {i}" for i in rows])
+    return Feedback(ids, ids + 100, obs, ids.astype(np.float32), np.full(m, done), np.zeros(m, bool),
+                    info if info is not None else {})
+
+
+def test_a_held_feedback_goes_out_merged_with_the_next_in_env_order() -> None:
+    pending = PendingFeedback()
+    assert not pending and pending.take() is None
+    held = _feedback([1, 4], done=True, info={"episode": {"r": np.array([1.0, 4.0], np.float32),
+                                                           "mask": np.array([True, True])}, "mine": np.array([7, 8])})
+    pending.hold(held)
+    assert pending
+    nxt = _feedback([0, 2, 5], done=False, info={"theirs": np.array([0.5, 2.5, 5.5])})
+    sent = pending.take(nxt)
+    assert not pending, "taken once"
+    assert sent is not None and sent.env_indices.tolist() == [0, 1, 2, 4, 5]
+    assert sent.step_ids.tolist() == [100, 101, 102, 104, 105]
+    assert sent.rewards.tolist() == [0.0, 1.0, 2.0, 4.0, 5.0]
+    assert sent.terminated.tolist() == [False, True, False, True, False]
+    assert sent.obs.states["x"][:, 0].tolist() == [0.0, 10.0, 20.0, 40.0, 50.0]
+    assert sent.obs.images["cam"][:, 0, 0, 0].tolist() == [0, 1, 2, 4, 5]
+    assert sent.obs.text.tolist() == ["env 0", "env 1", "env 2", "env 4", "env 5"]
+    # a key only one side has: zeros for the other side's rows, as info["episode"] has for rows that did not end
+    assert sent.info["episode"]["mask"].tolist() == [False, True, False, True, False]
+    assert sent.info["episode"]["r"].tolist() == [0.0, 1.0, 0.0, 4.0, 0.0]
+    assert sent.info["mine"].tolist() == [0, 7, 0, 8, 0] and sent.info["theirs"].tolist() == [0.5, 0, 2.5, 0, 5.5]
+
+
+def test_held_feedbacks_add_up_and_go_out_alone_when_no_feedback_follows() -> None:
+    pending = PendingFeedback()
+    pending.hold(_feedback([3], done=True))
+    pending.hold(_feedback([0], done=True))
+    alone = pending.take()
+    assert alone is not None and alone.env_indices.tolist() == [0, 3] and alone.rewards.tolist() == [0.0, 3.0]
+    pending.hold(_feedback([2], done=True))
+    pending.drop()
+    assert not pending and pending.take(None) is None, "a reconnect drops what was held"
+
+
+def test_what_is_held_does_not_change_when_the_env_reuses_its_buffers() -> None:
+    pending = PendingFeedback()
+    held = _feedback([1], done=True, info={"d": np.array([3.0])})
+    pending.hold(held)
+    held.obs.states["x"][:] = -1.0  # the env writes its next step into the same arrays
+    held.obs.images["cam"][:] = 99
+    held.info["d"][:] = -1.0
+    sent = pending.take()
+    assert sent is not None
+    assert sent.obs.states["x"].tolist() == [[10.0]] and sent.obs.images["cam"].max() == 1
+    assert sent.info["d"].tolist() == [3.0]
+
+
+def test_a_held_feedback_and_the_next_never_share_a_row() -> None:
+    pending = PendingFeedback()
+    pending.hold(_feedback([1], done=True))
+    with pytest.raises(RuntimeError, match=r"both carry env rows \[1\]"):
+        pending.take(_feedback([1, 2], done=False))

@@ -669,10 +669,9 @@ def test_every_connection_keeps_the_protocol(case: dict[str, Any]) -> None:
         assert kinds and kinds[0] == "infer"
         assert all(a != b for a, b in zip(kinds, kinds[1:])), kinds
     steps = horizon if case.get("replan_steps") is None else case["replan_steps"]
-    # Chunks end early with align (at most that many steps left), and, when envs may go idle (retired, waiting
-    # for their seed group), whenever a feedback would otherwise not be followed by an infer.
-    may_idle = episodes_per_env is not None or "group_size" in case
-    check_chunks(server, length, steps, cut_with_left=steps if may_idle else case.get("align_chunks", 0),
+    # Chunks end early only with align (at most that many steps left): never because other envs retire or wait for
+    # their seed group (a feedback no infer follows waits for the next one instead).
+    check_chunks(server, length, steps, cut_with_left=case.get("align_chunks", 0),
                  max_episode_steps=case.get("max_episode_steps"))
     limit = case.get("max_episode_steps") or 10**9
     assert r.episodes

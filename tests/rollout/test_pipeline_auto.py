@@ -15,7 +15,7 @@ from plugrl_env_client.config import ClientConfig, RunnerConfig
 from plugrl_env_client.envs.base_env import BaseEnv
 from plugrl_env_client.envs.registry import get_spec, register_env
 from plugrl_env_client.errors import ConfigError
-from plugrl_env_client.launch.process import ProcessJob, auto_align, choose_pipeline, group_sizes, with_pipeline
+from plugrl_env_client.launch.process import ProcessJob, choose_pipeline, group_sizes, with_pipeline
 from plugrl_env_client.rollout.pipeline_auto import (
     MAX_GROUPS,
     WORTH_SPLITTING,
@@ -24,7 +24,6 @@ from plugrl_env_client.rollout.pipeline_auto import (
     allowed_groups,
     choose_split,
     estimated_s,
-    pooled,
 )
 from plugrl_env_client.timing import Timing
 
@@ -47,8 +46,8 @@ def probe(step_ms: float, round_trip_ms: float, client_ms: float = 0.0, asking: 
     (0.06, 1.04, 0.3, 0.125, 1),  # a tiny env whose client work dominates: more groups cost more than they hide
 ])
 def test_the_split_the_rule_takes(step_ms, round_trip_ms, client_ms, asking, groups):
-    chosen, align, why = choose_split(probe(step_ms, round_trip_ms, client_ms, asking), [1, 2, 4])
-    assert (chosen, align) == (groups, None), why
+    chosen, why = choose_split(probe(step_ms, round_trip_ms, client_ms, asking), [1, 2, 4])
+    assert chosen == groups, why
     assert why
 
 
@@ -62,13 +61,13 @@ def test_the_estimate_of_each_split():
 
 
 def test_a_probe_that_took_no_step_keeps_lockstep():
-    assert choose_split(Probe(0.0, 0.0, 0.0, 0, 0), [1, 2, 4]) == (1, None, "the probe took no step")
+    assert choose_split(Probe(0.0, 0.0, 0.0, 0, 0), [1, 2, 4]) == (1, "the probe took no step")
 
 
 def test_only_allowed_splits_are_chosen():
-    chosen, align, why = choose_split(probe(10.0, 10.0), [1, 2])
-    assert (chosen, align) == (2, None) and why == "about 15 ms per batch step instead of lockstep's 20 ms"
-    assert choose_split(probe(10.0, 9.0), [1]) == (1, None, "no other split is allowed")
+    chosen, why = choose_split(probe(10.0, 10.0), [1, 2])
+    assert chosen == 2 and why == "about 15 ms per batch step instead of lockstep's 20 ms"
+    assert choose_split(probe(10.0, 9.0), [1]) == (1, "no other split is allowed")
 
 
 def drifting(probe: Probe, num_envs: int, rows_per_env_step: float) -> Probe:
@@ -83,9 +82,6 @@ def test_chunks_that_drift_apart_are_asked_for_as_a_running_rollout_asks():
     drifted = drifting(fresh, 16, 0.125)
     assert drifted.asking(16) == pytest.approx(1 - 0.875 ** 16)
     assert drifted.asking(8) == pytest.approx(1 - 0.875 ** 8)
-    aligned = dataclasses.replace(drifting(probe(10.0, 8.0, asking=0.5), 16, 0.25), aligned=True)
-    assert aligned.asking(16) == pytest.approx(0.5)  # as the aligned lockstep asked
-    assert aligned.asking(8) == pytest.approx(1 - 0.5 ** 0.5)  # its asks spread over independent envs
 
 
 def test_envs_of_a_seed_group_ask_as_one():
@@ -105,76 +101,37 @@ def test_envs_of_a_seed_group_ask_as_one():
 
 
 def test_a_probes_figures_from_hopper_pick_the_split_that_ran_fastest():
-    """Hopper-v5 x16, H=8, a server holding each reply about one batch step: the probes' own figures (a fresh
-    start: 9 and 10 infers in 23 batch steps), and the rates measured after them in a running rollout, in ms per
-    batch step: lockstep 11.4, 2 groups 7.8-8.1, 2 groups aligned at 4 6.0-6.5, 4 groups 6.5, 4 aligned 6.4."""
+    """Hopper-v5 x16, H=8, a server holding each reply about one batch step: a probe's own figures (a fresh start:
+    9 infers in 23 batch steps), and the rates measured after it in a running rollout, in ms per batch step:
+    lockstep 11.4, 2 groups 7.8-8.1, 4 groups 6.5."""
     plain = Probe(4.46e-3, 2.09e-3, 5.34e-3, 23, 9, 0.90e-3, 16, 0.145, True)
-    aligned = Probe(4.38e-3, 2.35e-3, 5.41e-3, 23, 10, 1.85e-3, 16, 0.22, True, aligned=True)
     assert estimated_s(plain, 1) == pytest.approx(0.0103, abs=3e-4)
     assert estimated_s(plain, 2) == pytest.approx(0.0076, abs=3e-4)
-    groups, align, why = choose_split(plain, [1, 2, 4], aligned, 4)
-    assert (groups, align) == (2, 4), why
-    assert estimated_s(aligned, 2, plain.overhead_s) < estimated_s(plain, 4) < estimated_s(plain, 2)
+    assert estimated_s(plain, 4) < estimated_s(plain, 2)
+    groups, why = choose_split(plain, [1, 2, 4])
+    assert groups == 4, why
 
 
 def test_a_further_group_must_save_what_a_split_must():
-    """Hopper-v5 x16, H=8, a server holding each reply one batch step: a probe's figures (3.16 ms per batch step,
-    0.5 of client work, a 4.17 ms round trip) estimate 4 groups aligned at 4 and 2 groups aligned at 4 within 1 % of
-    each other, as probes of one setup do run after run; the running rollouts then measured 0.67 and 0.72 x raw
-    stepping (4 alternated rounds), so the tie goes to fewer groups, and the log says what was passed over."""
-    plain = Probe(3.16e-3, 0.417 * 4.17e-3, 4.17e-3, 24, 10, 0.5e-3, 16, 0.146, True, asks_per_batch_step=0.417)
-    aligned = dataclasses.replace(plain, aligned=True, asks_per_batch_step=0.5)
-    assert estimated_s(aligned, 4) < estimated_s(aligned, 2) < estimated_s(aligned, 4) / (1 - WORTH_SPLITTING)
-    groups, align, why = choose_split(plain, [1, 2, 4], aligned, 4)
-    assert (groups, align) == (2, 4), why
-    assert "; 4 group(s) aligned at 4 at " in why and why.endswith(" ms is within 5%"), why
-    slow = dataclasses.replace(plain, round_trip_s=8e-3)  # a slower server: four groups hide clearly more
-    assert choose_split(slow, [1, 2, 4], dataclasses.replace(slow, aligned=True), 4)[:2] == (4, 4)
+    """Two splits estimated within the noise of a probe (its estimates move by a few percent between runs): the
+    tie goes to fewer groups, and the log says what was passed over."""
+    plain = Probe(3.16e-3, 0.5 * 4.17e-3, 4.17e-3, 24, 12, 0.5e-3, 16, 0.146, False, asks_per_batch_step=0.5)
+    assert estimated_s(plain, 4) < estimated_s(plain, 2) < estimated_s(plain, 4) / (1 - WORTH_SPLITTING)
+    groups, why = choose_split(plain, [1, 2, 4])
+    assert groups == 2, why
+    assert "; 4 groups at " in why and why.endswith(" ms is within 5%"), why
+    slow = dataclasses.replace(plain, round_trip_s=8e-3, asks_per_batch_step=1.0)  # four groups hide clearly more
+    assert choose_split(slow, [1, 2, 4])[0] == 4
 
 
-def test_the_env_step_and_round_trip_are_taken_over_both_probes():
-    """Both probes step the same env against the same server; over a fraction of a second each, their env steps
-    differed by up to a fifth on this machine (2.80 against 3.38 ms). An aligned probe whose step was measured a
-    quarter slower still wins by its fewer asks, as it does in a running rollout (2 groups aligned at 4: 0.72 x raw;
-    4 plain groups: 0.63)."""
-    plain = Probe(3.0e-3, 0.5 * 3.9e-3, 3.9e-3, 24, 12, 0.45e-3, 16, 0.15, True, asks_per_batch_step=0.5)
-    slow = dataclasses.replace(plain, aligned=True, batch_step_s=3.75e-3, round_trip_s=4.2e-3, infers=9,
-                               asks_per_batch_step=0.375, chunks_drift=False)
-    both, other = pooled(plain, slow)
-    assert both.batch_step_s == other.batch_step_s == pytest.approx(3.375e-3)  # 24 batch steps each
-    assert both.round_trip_s == other.round_trip_s == pytest.approx((12 * 3.9e-3 + 9 * 4.2e-3) / 21)  # per infer
-    assert (other.asks, other.chunks_drift, other.aligned) == (0.375, True, True)  # its own asks, the env's drift
-    assert choose_split(plain, [1, 2, 4], slow, 4)[:2] == (2, 4)
-
-
-@pytest.mark.parametrize("plain,aligned,expected", [
-    ((1.0, 3.0, 0.0, 0.125), None, (4, None)),  # 2 groups save 4.5 % of lockstep: not enough; 4 save 6.8 %
-    ((0.0, 0.0), None, (1, None)),  # nothing takes time, so nothing is saved
-    ((10.0, 6.2, 2.0, 0.5), (10.0, 6.2, 2.0, 4 / 24), (1, 4)),  # aligned lockstep 13.03 ms before 2 groups at 13.0
+@pytest.mark.parametrize("plain,expected", [
+    ((1.0, 3.0, 0.0, 0.125), 4),  # 2 groups save 4.5 % of lockstep: not enough; 4 save 6.8 %
+    ((0.0, 0.0), 1),  # nothing takes time, so nothing is saved
+    ((10.0, 1.6, 0.5, 0.125), 1),  # under 5 %: lockstep
 ])
-def test_an_option_must_save_five_percent_of_lockstep_and_the_simplest_near_the_least_is_taken(plain, aligned,
-                                                                                                expected):
-    other = None if aligned is None else dataclasses.replace(probe(*aligned), aligned=True)
-    groups, align, why = choose_split(probe(*plain), [1, 2, 4], other, 4)
-    assert (groups, align) == expected, why
-
-
-@pytest.mark.parametrize("plain,aligned,allowed,expected", [
-    # (step, round trip, client, asking): aligned chunks mean fewer exchanges per batch step
-    ((10.0, 24.0, 2.0, 0.125), (10.0, 24.0, 2.0, 1 / 24), [1, 2, 4], (1, 4)),  # aligned lockstep: 13 against 15 ms
-    ((10.0, 10.0, 1.0, 1.0), (10.0, 10.0, 0.5, 0.5), [1, 2, 4], (4, 4)),   # aligned, four groups hide the rest
-    ((10.0, 10.0, 1.0, 0.5), (10.0, 10.0, 1.0, 0.6), [1, 2, 4], (4, None)),  # aligning saves nothing: the plain split
-    ((10.0, 1.6, 0.5, 0.125), (10.0, 1.6, 0.45, 0.125), [1, 2, 4], (1, None)),  # under 5 % either way: lockstep
-    ((10.0, 24.0, 2.0, 0.125), (10.0, 24.0, 0.8, 1 / 24), [1], (1, 4)),     # no split allowed: aligned lockstep may be
-])
-def test_each_split_is_estimated_with_and_without_aligned_chunks(plain, aligned, allowed, expected):
-    groups, align, why = choose_split(probe(*plain), allowed, dataclasses.replace(probe(*aligned), aligned=True), 4)
-    assert (groups, align) == expected, why
-
-
-def test_without_an_aligned_probe_no_alignment_is_chosen():
-    assert choose_split(probe(10.0, 24.0, 2.0, 0.125), [1, 2], None, 4)[1] is None
-    assert choose_split(probe(10.0, 24.0, 2.0, 0.125), [1, 2], Probe(0.0, 0.0, 0.0, 0, 0), 4)[1] is None
+def test_a_split_must_save_five_percent_of_lockstep(plain, expected):
+    groups, why = choose_split(probe(*plain), [1, 2, 4])
+    assert groups == expected, why
 
 
 @pytest.mark.parametrize("num_envs,group_size,allowed", [
@@ -206,7 +163,7 @@ def test_the_probe_figures_come_from_two_lockstep_timings():
     assert measured.to_json() == {"batch_step_ms": 10.0, "wait_per_batch_step_ms": 2.5, "client_per_batch_step_ms": 2.5,
                                   "round_trip_ms": 20.0, "batch_steps": 24, "infers": 3, "num_envs": 16,
                                   "asks_per_batch_step": 0.125, "rows_per_env_step": 0.125, "chunks_drift": True,
-                                  "aligned": False, "seed_group": 1}
+                                  "seed_group": 1}
     from_start = Probe.between(before, after, wall_s=0.36, start=Timing())
     assert from_start.asks == pytest.approx(4 / 25) and from_start.rows_per_env_step == pytest.approx(64 / 400)
     assert from_start.round_trip_s == measured.round_trip_s, "times stay the window's"
@@ -249,18 +206,6 @@ def test_chunks_drift_when_some_envs_episodes_end_while_others_go_on():
     assert not ended_at([]).probe().chunks_drift
 
 
-def test_the_aligned_probe_takes_the_plain_probes_drift():
-    """Drift is the env's doing: the aligned probe's own flag (another sample of episode ends) is not used."""
-    aligned = dataclasses.replace(probe(10.0, 10.0, 1.0, 0.5), num_envs=16, aligned=True)
-    assert estimated_s(aligned, 2) != estimated_s(dataclasses.replace(aligned, chunks_drift=True), 2)
-    for drift in (True, False):
-        plain = dataclasses.replace(drifting(probe(10.0, 10.0, 1.0, 0.5), 16, 0.25), chunks_drift=drift)
-        choices = {choose_split(plain, [1, 2, 4], dataclasses.replace(aligned, chunks_drift=own), 4)
-                   for own in (True, False)}
-        assert len(choices) == 1, choices
-        assert choices.pop()[1] == (4 if drift else None)  # without drift, the two probes tie: no align
-
-
 def test_the_probe_budget_measures_from_the_first_step_to_its_end():
     timing = Timing()
     budget = ProbeBudget(timing, batch_steps=3)
@@ -273,31 +218,22 @@ def test_the_probe_budget_measures_from_the_first_step_to_its_end():
     measured = budget.probe()
     assert measured.batch_steps == 2 and measured.batch_step_s == pytest.approx(0.01)
     assert measured.wait_per_batch_step_s == pytest.approx(0.002)
-    assert not measured.chunks_drift and not measured.aligned
+    assert not measured.chunks_drift
     timing = Timing(batch_steps=1, env_steps=2)
-    ending = ProbeBudget(timing, batch_steps=2, aligned=True)
+    ending = ProbeBudget(timing, batch_steps=2)
     assert not ending.finished()
     assert not ending.claim(), "a probe's episodes are never recorded"
     timing.batch_steps, timing.env_steps = 2, 4
-    assert ending.finished() and ending.probe().chunks_drift and ending.probe().aligned  # one env of two ended
+    assert ending.finished() and ending.probe().chunks_drift  # one env of two ended
     stopped = ProbeBudget(Timing())
     stopped.stop.set()
     assert stopped.finished()
 
 
-@pytest.mark.parametrize("given,horizon,align", [
-    (0, 8, 4), (0, 5, 2),        # auto tries chunks aligned at half the server's horizon
-    (3, 8, None),                # the user's own --runner.align-chunks stays
-    (0, 1, None), (0, None, None),  # nothing to align with one action per chunk, or an unknown horizon
-])
-def test_auto_tries_aligned_chunks_unless_the_user_said_otherwise(given, horizon, align):
-    assert auto_align(given, horizon) == align
-
-
 def test_the_choice_becomes_the_runs_config():
-    config = ClientConfig(num_envs=8, runner=RunnerConfig(pipeline="auto", align_chunks=0))
-    assert (with_pipeline(config, 2, 4).runner.pipeline, with_pipeline(config, 2, 4).runner.align_chunks) == (2, 4)
-    assert with_pipeline(config, 1).runner.align_chunks == 0
+    config = ClientConfig(num_envs=8, runner=RunnerConfig(pipeline="auto", align_chunks=3))
+    chosen = with_pipeline(config, 2).runner
+    assert (chosen.pipeline, chosen.align_chunks) == (2, 3), "auto never changes --runner.align-chunks"
     assert config.runner.pipeline == "auto", "the given config is left as it was"
 
 
@@ -359,7 +295,7 @@ def test_auto_splits_against_a_slow_server_and_records_its_choice(tmp_path: Path
     run = tmp_path / "auto"
     runner = json.loads((run / "client_config.json").read_text())["runner"]
     assert runner["pipeline"] == "auto" and runner["pipeline_chosen"] in (2, 4)
-    assert runner["align_chunks"] == 0 and runner["align_chunks_chosen"] == 0, "a horizon of 1 is not aligned"
+    assert runner["align_chunks"] == 0 and runner["align_chunks_chosen"] == 0, "auto never aligns chunks"
     groups = runner["pipeline_chosen"]
     summary = json.loads((run / "summary.json").read_text())
     assert summary["completed_episodes"] == 16

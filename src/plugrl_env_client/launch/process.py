@@ -200,19 +200,15 @@ class PipelineChoice:
     groups: int
     why: str
     probe: Probe | None = None
-    align_chunks: int | None = None
-    """``--runner.align-chunks`` auto set along with a split (None: the flag stays as given)."""
 
     def to_json(self) -> dict[str, Any]:
-        return {"groups": self.groups, "align_chunks": self.align_chunks, "why": self.why,
+        return {"groups": self.groups, "why": self.why,
                 "probe": None if self.probe is None else self.probe.to_json()}
 
 
 def choose_pipeline(job: ProcessJob, stop: Any = None, env: BaseEnv | None = None) -> PipelineChoice:
-    """``--runner.pipeline auto``: the number of groups for ``job``'s run (and whether to align chunks), from a short
-    lockstep probe of its env batch against its server, and a second one with chunks aligned at half the server's
-    horizon unless ``--runner.align-chunks`` is given (see :mod:`~plugrl_env_client.rollout.pipeline_auto`). The
-    probes step ``env`` (the
+    """``--runner.pipeline auto``: the number of groups for ``job``'s run, from a short lockstep probe of its env
+    batch against its server (see :mod:`~plugrl_env_client.rollout.pipeline_auto`). The probe steps ``env`` (the
     run's lockstep env, left open for the run, which starts every env afresh) or an env batch of its own, closed
     before it returns; its connection is closed and its episodes are not the run's. ``stop`` (the run's stop flag)
     ends it early."""
@@ -224,48 +220,28 @@ def choose_pipeline(job: ProcessJob, stop: Any = None, env: BaseEnv | None = Non
         return PipelineChoice(1, why)
     probed = env if env is not None else build_env(job, num_envs=cfg.num_envs)
     try:
-        plain, horizon = _probe(job, probed, stop)
-        align = auto_align(cfg.runner.align_chunks, horizon)
-        aligned = None if align is None or plain.batch_steps == 0 else _probe(job, probed, stop, align)[0]
+        probe = _probe(job, probed, stop)
     finally:
         if probed is not env:
             close_env(probed, spec.uid)
-    groups, chosen, why = choose_split(plain, allowed, aligned, align)
-    if chosen is not None:
-        why += f"; --runner.align-chunks {chosen} (half the server's horizon of {horizon})"
-    return PipelineChoice(groups, why, plain if chosen is None else aligned, chosen)
+    groups, why = choose_split(probe, allowed)
+    return PipelineChoice(groups, why, probe)
 
 
-def _probe(job: ProcessJob, env: BaseEnv, stop: Any, align: int | None = None) -> tuple[Probe, int | None]:
-    """A lockstep probe of ``env`` against ``job``'s server (chunks aligned at ``align`` when given): its figures,
-    and the server's action horizon (None if it never answered)."""
+def _probe(job: ProcessJob, env: BaseEnv, stop: Any) -> Probe:
+    """A lockstep probe of ``env`` against ``job``'s server: its figures."""
     timing = Timing()
-    budget = ProbeBudget(timing, stop=stop, aligned=align is not None, seed_group=job.config.runner.group_size)
+    budget = ProbeBudget(timing, stop=stop, seed_group=job.config.runner.group_size)
     settings = loop_settings(job, with_shares=False)
-    if align is not None:
-        settings = dataclasses.replace(settings, align_chunks=align)
     session = Session(session_config(job, env, 0), should_stop=lambda: budget.finished(job.process_id), timing=timing)
     sink = ProbeSink()
     Rollout([EnvGroup(env, session, settings, budget, sink, timing)], settings, budget, sink).run()
-    return budget.probe(), None if session.metadata is None else session.metadata.action_horizon
+    return budget.probe()
 
 
-def auto_align(align_chunks: int, horizon: int | None) -> int | None:
-    """The ``--runner.align-chunks`` auto tries: half the server's action horizon, so envs whose chunks drifted
-    apart ask for actions together again (the pipelined cells of bench/pipeline.py collect markedly more with it);
-    None when the user set the flag, or for a horizon of 1 (or unknown)."""
-    if align_chunks != 0 or horizon is None or horizon < 2:
-        return None
-    return horizon // 2
-
-
-def with_pipeline(config: RunConfigT, groups: int, align_chunks: int | None = None) -> RunConfigT:
-    """``config`` with ``--runner.pipeline`` set to ``groups`` (what auto chose), and ``--runner.align-chunks``
-    when auto set it."""
-    runner = dataclasses.replace(config.runner, pipeline=groups)
-    if align_chunks is not None:
-        runner = dataclasses.replace(runner, align_chunks=align_chunks)
-    return dataclasses.replace(config, runner=runner)
+def with_pipeline(config: RunConfigT, groups: int) -> RunConfigT:
+    """``config`` with ``--runner.pipeline`` set to ``groups`` (what auto chose)."""
+    return dataclasses.replace(config, runner=dataclasses.replace(config.runner, pipeline=groups))
 
 
 def run_process(job: ProcessJob, budget: Budget, sink: ResultSink, env_lock: Any = None,
@@ -288,7 +264,7 @@ def run_process(job: ProcessJob, budget: Budget, sink: ResultSink, env_lock: Any
                         choice.why)
             if choice.groups > 1 and envs:  # each group builds its own env
                 close_env(envs.pop(), spec.uid)
-            cfg = with_pipeline(cfg, choice.groups, choice.align_chunks)
+            cfg = with_pipeline(cfg, choice.groups)
             job = dataclasses.replace(job, config=cfg)
         sizes = group_sizes(cfg, job.env_id)
         recorder = EpisodeRecorder(cfg.recorder, job.process_id, cfg.num_envs, sink.artifacts(job.process_id),

@@ -4,22 +4,27 @@ A server answers an infer with a time-major chunk ``[H, m, *action_shape]``. Eac
 step, up to ``replan_steps``. A chunk ends when it is used up or when the env's episode ends (the rest is
 dropped); the envs whose chunk ended get feedback on that step and ask for a new chunk on the next one.
 
-Three small objects, each used by the env group at one point of its step:
+Four small objects, each used by the env group at one point of its step:
 
 * :class:`ActionPlans`: the chunks, and the mask of envs that need one (computed once per batch step, in
   :meth:`~ActionPlans.advance`, and kept up to date by every call that changes it);
 * :class:`ChunkEnds`: which envs a step's feedback is for (the chunks that ended, plus, with ``align_chunks``, the
-  nearly used ones, plus whatever keeps "every feedback is followed by an infer" true);
+  nearly used ones);
+* :class:`PendingFeedback`: a feedback that no infer surely follows, held until one does (so that ``infer action
+  feedback`` stays in turn without ending other envs' chunks early);
 * :class:`HeldRows`: the envs whose current observation the server holds from their last feedback, so an infer
   can leave their rows out (``reuse-feedback-obs``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import dataclasses
+from typing import Any
 
 import numpy as np
 
+from plugrl_env_client.envs.base_env import Observation
+from plugrl_env_client.protocol.messages import Feedback
 from plugrl_env_client.rollout.idle import IdleEnvs
 
 
@@ -100,34 +105,116 @@ class ActionPlans:
 
 
 class ChunkEnds:
-    """Which envs get feedback on a step.
+    """Which envs get feedback on a step: the envs whose chunk ended, always; with ``align`` A, also the active envs
+    whose chunk has at most A steps left (the protocol lets a client use any prefix of a chunk), so they join the
+    next infer instead of needing one of their own a step or two later.
 
-    The envs whose chunk ended, always. With ``align`` A, also the active envs whose chunk has at most A steps
-    left (the protocol lets a client use any prefix of a chunk), so they join the next infer instead of needing one
-    of their own a step or two later. And the protocol's rule that every feedback is followed by an infer before
-    the next feedback: when no env of the feedback surely asks for actions next (``infer_follows`` says so), the
-    chunks of the other active envs end here too, so they ask instead.
+    Without ``align`` an env's chunk ends only when it is used up or its episode ends, so when an env asks for
+    actions, and what it has seen when it does, depends on its own episode alone, never on its neighbours in the
+    batch (a feedback no infer surely follows waits in :class:`PendingFeedback` instead of cutting other chunks).
+    ``align`` trades that for fewer exchanges: it ends an env's chunk early because another env's ended.
     """
 
-    def __init__(self, plans: ActionPlans, align: int,
-                 infer_follows: Callable[[np.ndarray, np.ndarray], bool]) -> None:
-        self.plans, self.align, self.infer_follows = plans, align, infer_follows
+    def __init__(self, plans: ActionPlans, align: int) -> None:
+        self.plans, self.align = plans, align
 
     def rows(self, ended: np.ndarray, done: np.ndarray) -> np.ndarray:
         """The feedback's env rows (ascending, each once) for a step whose chunks ``ended`` (rows), with the
         step's ``done`` mask."""
-        if ended.size == 0:
+        if ended.size == 0 or not self.align:
             return ended
-        early = None
-        only = self.plans.idle.only
-        if self.align:
-            early = self.plans.nearly_used(self.align, only(~done))
-        if not self.infer_follows(ended, done):
-            early = np.flatnonzero(only(~done & ~self.plans.needing))
-        if early is None or early.size == 0:
+        early = self.plans.nearly_used(self.align, self.plans.idle.only(~done))
+        if early.size == 0:
             return ended
         self.plans.cut(early)
         return np.union1d(ended, early)
+
+
+class PendingFeedback:
+    """A feedback that no infer surely follows, held until one does.
+
+    The protocol wants ``infer action feedback`` in turn on a connection. A feedback whose rows all ended their
+    episode may be followed by no infer for a while: those envs may retire (their share of the run is done) or wait
+    for their seed group, while the others go on with their chunks. Rather than ending the others' chunks early (which
+    would make an env's schedule depend on its neighbours), such a feedback is held: it goes out merged into the next
+    feedback (whose rows come from other envs: a held env takes no step before an infer), on its own right before
+    the next infer, or at the end of the connection. A reconnect drops it (a feedback never crosses connections).
+
+    What is held is a copy: an env may overwrite its observation and info buffers on its next step.
+    """
+
+    def __init__(self) -> None:
+        self.held: Feedback[Observation] | None = None
+
+    def __bool__(self) -> bool:
+        return self.held is not None
+
+    def hold(self, feedback: Feedback[Observation]) -> None:
+        """Keep ``feedback`` (with whatever is held already) until :meth:`take`."""
+        owned = dataclasses.replace(feedback, obs=feedback.obs.copy(), info=_copied(feedback.info))
+        self.held = owned if self.held is None else merged(self.held, owned)
+
+    def take(self, feedback: Feedback[Observation] | None = None) -> Feedback[Observation] | None:
+        """What to send now: the held feedback merged with ``feedback`` (either may be None); nothing is held
+        afterwards."""
+        held, self.held = self.held, None
+        if held is None:
+            return feedback
+        return held if feedback is None else merged(held, feedback)
+
+    def drop(self) -> None:
+        """Forget what is held (the connection it was for is gone)."""
+        self.held = None
+
+
+def merged(a: Feedback[Observation], b: Feedback[Observation]) -> Feedback[Observation]:
+    """One feedback for the rows of ``a`` and ``b`` (disjoint env indices), in ascending env order.
+
+    Info values are per-row arrays (the step's info sliced to the rows); a key that only one side has is filled
+    with zeros of its dtype for the other side's rows, as ``info["episode"]`` is for rows that did not end."""
+    overlap = np.intersect1d(a.env_indices, b.env_indices)
+    if overlap.size:
+        raise RuntimeError(f"a held feedback and the next one both carry env rows {overlap.tolist()}")
+    order = np.argsort(np.concatenate([a.env_indices, b.env_indices]), kind="stable")
+
+    def cat(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+        return np.concatenate([x, y])[order]
+
+    obs = Observation.__new__(Observation)
+    obs.images = {k: cat(v, b.obs.images[k]) for k, v in a.obs.images.items()}
+    obs.states = {k: cat(v, b.obs.states[k]) for k, v in a.obs.states.items()}
+    obs.text = cat(a.obs.text, b.obs.text)
+    return Feedback(
+        env_indices=cat(a.env_indices, b.env_indices),
+        step_ids=cat(a.step_ids, b.step_ids),
+        obs=obs,
+        rewards=cat(a.rewards, b.rewards),
+        terminated=cat(a.terminated, b.terminated),
+        truncated=cat(a.truncated, b.truncated),
+        info=_merged_info(a.info, b.info, len(a.env_indices), len(b.env_indices), order),
+    )
+
+
+def _merged_info(a: dict[str, Any], b: dict[str, Any], m: int, k: int, order: np.ndarray) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key in {**a, **b}:
+        x, y = a.get(key), b.get(key)
+        if isinstance(x, dict) or isinstance(y, dict):
+            out[key] = _merged_info(x if isinstance(x, dict) else {}, y if isinstance(y, dict) else {}, m, k, order)
+            continue
+        first = np.asarray(x) if x is not None else None
+        second = np.asarray(y) if y is not None else None
+        if first is None:
+            assert second is not None
+            first = np.zeros((m, *second.shape[1:]), second.dtype)
+        if second is None:
+            second = np.zeros((k, *first.shape[1:]), first.dtype)
+        out[key] = np.concatenate([first, second])[order]
+    return out
+
+
+def _copied(info: dict[str, Any]) -> dict[str, Any]:
+    return {k: _copied(v) if isinstance(v, dict) else np.array(v, copy=True) for k, v in info.items()}
 
 
 class HeldRows:

@@ -13,9 +13,15 @@ in two: ``ask_for_actions`` sends the infer, ``take_actions`` picks its reply up
 The steps hold no feature flags: each optional feature is a small object they call at one point, and does nothing
 when it is off. Seed groups (:class:`~plugrl_env_client.rollout.seeds.SeedGroups`), retirement
 (:class:`~plugrl_env_client.rollout.idle.IdleEnvs`) and instructions
-(:class:`~plugrl_env_client.rollout.episodes.Instructions`) act when episodes end and start; align and "every
-feedback is followed by an infer" (:class:`~plugrl_env_client.rollout.chunks.ChunkEnds`) choose a feedback's rows;
-the rows the server holds (:class:`~plugrl_env_client.rollout.chunks.HeldRows`) shape an infer.
+(:class:`~plugrl_env_client.rollout.episodes.Instructions`) act when episodes end and start; align
+(:class:`~plugrl_env_client.rollout.chunks.ChunkEnds`) chooses a feedback's rows; a feedback no infer surely follows
+waits (:class:`~plugrl_env_client.rollout.chunks.PendingFeedback`); the rows the server holds
+(:class:`~plugrl_env_client.rollout.chunks.HeldRows`) shape an infer.
+
+An env's chunks end only when used up or when its episode ends (or, with ``--runner.align-chunks``, when nearly
+used up as another env's ends), so without align an env's schedule, and what a reactive policy sees of it and
+when, depends on its own episode alone: not on the other envs of its batch, the split into groups or processes,
+or a resume.
 
 Env ids: a group's envs are the process's envs ``offset .. offset + num_envs - 1`` (the ids in episodes.jsonl and
 the recorder); on the wire each connection numbers its own envs from 0. The first reset is seeded with the process
@@ -64,7 +70,7 @@ from plugrl_env_client.protocol.messages import (
 )
 from plugrl_env_client.rollout.actions import check_actions
 from plugrl_env_client.rollout.budget import Budget
-from plugrl_env_client.rollout.chunks import ActionPlans, ChunkEnds, HeldRows
+from plugrl_env_client.rollout.chunks import ActionPlans, ChunkEnds, HeldRows, PendingFeedback
 from plugrl_env_client.rollout.episodes import EpisodeTracker, Instructions
 from plugrl_env_client.rollout.idle import IdleEnvs
 from plugrl_env_client.rollout.interfaces import NO_HOOKS, EpisodeHooks, ResultSink, ServerSession
@@ -151,7 +157,8 @@ class EnvGroup:
                                                  listed=settings.start_seeds, stride=settings.process_envs,
                                                  shares=settings.env_shares[offset:offset + n]), self.idle)
         self.instructions = Instructions(n, settings.instruction)
-        self.ends = ChunkEnds(self.plans, settings.align_chunks, self._infer_follows)
+        self.ends = ChunkEnds(self.plans, settings.align_chunks)
+        self.pending = PendingFeedback()
         self._all = np.arange(n)
         self.started = time.perf_counter()
         self.process_env_steps: Callable[[], int] = lambda: self.timing.env_steps
@@ -184,6 +191,7 @@ class EnvGroup:
                 logger.info("the run ended (%s)", lost.close.describe())
                 raise RunEnded
             self.plans.drop_all()
+            self.pending.drop()
             try:
                 meta = self.session.reconnect(lost.close)
             except ConnectionLost as again:
@@ -191,6 +199,12 @@ class EnvGroup:
                 continue
             self._check_metadata(meta)
             return
+
+    def flush_feedback(self) -> None:
+        """Send the feedback still held (:class:`PendingFeedback`): the rollout ends, so no infer will follow it."""
+        held = self.pending.take()
+        if held is not None:
+            self.session.feedback(held)
 
     def close(self) -> None:
         self.session.close()
@@ -223,12 +237,14 @@ class EnvGroup:
         one blocking exchange)."""
         request = self._infer_request(obs)
         if request is not None:
+            self.flush_feedback()
             self._load(self.session.infer(request))
 
     def ask_for_actions(self, obs: Observation) -> None:
         """Send the infer of :meth:`request_actions` without waiting for its reply (nothing to send: no infer)."""
         request = self._infer_request(obs)
         if request is not None:
+            self.flush_feedback()
             self.session.send_infer(request)
 
     def take_actions(self, timeout: float | None = 0.0) -> bool:
@@ -277,19 +293,20 @@ class EnvGroup:
 
     def send_feedback(self, step: StepResult) -> None:
         """Feedback for the envs whose chunk ended (and those :class:`ChunkEnds` adds): chunk-summed rewards,
-        post-step (terminal) observations. A connection that is gone already is not an error here: it surfaces
-        at the next infer."""
+        post-step (terminal) observations. Sent now, with any feedback held before, when an infer surely follows;
+        held otherwise (:class:`PendingFeedback`). A connection that is gone already is not an error here: it
+        surfaces at the next infer."""
         rows = self.ends.rows(step.chunk_ended, step.done)
         if rows.size == 0:
             return
         done = step.done
         info = slice_info(step.info, _run_or_rows(rows), self.n)  # views when the rows form a run (no copies)
-        if done[rows].any():
+        if done[rows].any() or self.pending:  # (a held feedback's rows are done: merged, every row says its own)
             info["episode"] = self.tracker.episode_info(rows, done)
             if self.tracker.judges_success:  # as PlugRL's client does: a server cannot tell a False "s" from no rule
                 info.setdefault("is_step_success", self.tracker.success[rows].copy())
         self.held.fed_back(rows, done)
-        self.session.feedback(Feedback(
+        feedback = Feedback(
             env_indices=rows,
             step_ids=self.plans.finish_chunks(rows, done),
             obs=self._rows(step.obs, rows),
@@ -297,7 +314,13 @@ class EnvGroup:
             terminated=step.terminated[rows],
             truncated=step.truncated[rows],
             info=info,
-        ))
+        )
+        if not self._infer_follows(rows, done):
+            self.pending.hold(feedback)
+            return
+        merged = self.pending.take(feedback)
+        assert merged is not None
+        self.session.feedback(merged)
 
     def finish_episodes(self, step: StepResult) -> Observation:
         """Record finished episodes and start the next ones (unless the run needs no more episodes); returns the

@@ -84,6 +84,9 @@ class Rollout:
                 self._pipelined(obs)
         except RunEnded:
             pass
+        else:
+            for group in self.groups:
+                group.flush_feedback()
         finally:
             self._stamp()
             self._tell_env_steps()

@@ -19,15 +19,12 @@ together and ask together, one unit of g. That is q(m) when the probe saw some e
 otherwise (no episode ended, or all ended together, as fixed-length episodes do) chunks stay together and every
 group asks when the lockstep did.
 
-Unless ``--runner.align-chunks`` is given, a second probe runs with chunks aligned at half the server's horizon:
-envs whose chunks end within that many steps of each other ask together, so there are fewer exchanges. Its q(m)
-spreads the aligned lockstep's exchanges over its envs as independent ones (when chunks drift, as the plain probe
-says), E and R are taken over both probes (the same env and server: only the asks differ), and each K is estimated
-both ways. Auto keeps plain lockstep unless some option saves :data:`WORTH_SPLITTING` of T(1), so a server that
-answers at once, or an env so cheap that the client's own work dominates, stays in lockstep. Among the options
-that do save it, auto takes the simplest (fewest groups, then plain chunks before aligned ones) whose T is within
-that share of the least: options a probe cannot tell apart (its estimates move by a few percent between runs) go
-to fewer groups, each of which is an env object and a connection. K is one of 1, 2, 4 (at most
+Auto keeps lockstep unless some split saves :data:`WORTH_SPLITTING` of T(1), so a server that answers at once, or
+an env so cheap that the client's own work dominates, stays in lockstep. Among the splits that do save it, auto
+takes the one with the fewest groups whose T is within that share of the least: splits a probe cannot tell apart
+(its estimates move by a few percent between runs) go to fewer groups, each of which is an env object and a
+connection. Auto never changes ``--runner.align-chunks``: a split leaves every env's chunk schedule as it is (an env
+asks when its own chunk ends), while aligning chunks would make it depend on the other envs. K is one of 1, 2, 4 (at most
 :data:`MAX_GROUPS`) that divides ``--num-envs`` into whole ``--runner.group-size`` seed groups. (E is taken as
 splitting evenly over the groups; a vectorised simulator's fixed cost per call counts in O.)
 
@@ -62,7 +59,7 @@ class Probe:
     work around them; the wait per infer; how many batch steps and infers it measured. And how often its envs asked
     for actions, counted from its start (its first infer included): infers per batch step, and env rows asked per env
     and batch step (idle envs included); its envs; whether episodes ended at different steps for different envs
-    (chunks drift apart in a running rollout); whether its chunks were aligned; its seed groups' size."""
+    (chunks drift apart in a running rollout); its seed groups' size."""
 
     batch_step_s: float
     wait_per_batch_step_s: float
@@ -73,7 +70,6 @@ class Probe:
     num_envs: int = 0
     rows_per_env_step: float = 0.0
     chunks_drift: bool = False
-    aligned: bool = False
     asks_per_batch_step: float | None = None
     """None: the measured window's infers per batch step."""
     seed_group: int = 1
@@ -109,8 +105,6 @@ class Probe:
         state (the module docstring's q(m))."""
         if not self.chunks_drift or self.num_envs <= 0:
             return self.asks  # chunks stay together: every group asks when the lockstep did
-        if self.aligned:  # the aligned lockstep's exchanges, spread over its envs as independent ones
-            return 1.0 - (1.0 - self.asks) ** (envs / self.num_envs)
         return 1.0 - (1.0 - min(1.0, self.rows_per_env_step)) ** (envs / max(self.seed_group, 1))
 
     def to_json(self) -> dict[str, Any]:
@@ -120,7 +114,7 @@ class Probe:
                 "round_trip_ms": round(self.round_trip_s * 1e3, 3),
                 "batch_steps": self.batch_steps, "infers": self.infers, "num_envs": self.num_envs,
                 "asks_per_batch_step": round(self.asks, 4), "rows_per_env_step": round(self.rows_per_env_step, 4),
-                "chunks_drift": self.chunks_drift, "aligned": self.aligned, "seed_group": self.seed_group}
+                "chunks_drift": self.chunks_drift, "seed_group": self.seed_group}
 
 
 def allowed_groups(num_envs: int, group_size: int = 1, single_instance: bool = False,
@@ -147,55 +141,24 @@ def estimated_s(probe: Probe, groups: int, work_s: float | None = None) -> float
     return stepping + probe.asking(envs) * max(0.0, probe.round_trip_s - hidden)
 
 
-def pooled(plain: Probe, aligned: Probe) -> tuple[Probe, Probe]:
-    """Both probes with the env's step and the round trip taken over both, and the aligned one with the plain one's
-    drift. They step the same env against the same server, so only how often envs ask differs with aligned chunks;
-    measured apart, over a fraction of a second each, the env's step alone can differ enough between them to make
-    the better of the two look the worse."""
-    steps = plain.batch_steps + aligned.batch_steps
-    step_s = (plain.batch_step_s * plain.batch_steps + aligned.batch_step_s * aligned.batch_steps) / max(steps, 1)
-    infers = plain.infers + aligned.infers
-    trip = ((plain.round_trip_s * plain.infers + aligned.round_trip_s * aligned.infers) / infers if infers
-            else plain.round_trip_s)
-    return (dataclasses.replace(plain, batch_step_s=step_s, round_trip_s=trip),
-            dataclasses.replace(aligned, batch_step_s=step_s, round_trip_s=trip, chunks_drift=plain.chunks_drift))
-
-
-def choose_split(probe: Probe, allowed: list[int], aligned: Probe | None = None, align: int | None = None
-                 ) -> tuple[int, int | None, str]:
-    """The number of groups among ``allowed`` (ascending, starting at 1), the ``--runner.align-chunks`` to set
-    with it (None: the flag as given), and why, in words for the log. ``aligned`` is a second probe run with chunks
-    aligned at ``align``: with it each split is also estimated aligned, lockstep included. The client's work per
-    batch step is the lesser of the two probes' (it is about the same either way, and a probe's figure only grows
-    with what else runs on the machine); the env's step and the round trip are taken over both probes (see
-    :func:`pooled`); whether chunks drift apart is the plain probe's (it is the env's doing)."""
+def choose_split(probe: Probe, allowed: list[int]) -> tuple[int, str]:
+    """The number of groups among ``allowed`` (ascending, starting at 1), and why, in words for the log."""
     if probe.batch_steps == 0:  # the run ended (or was stopped) before the probe stepped: nothing says to split
-        return 1, None, "the probe took no step"
-    work = probe.overhead_s
-    if aligned is not None and aligned.batch_steps > 0 and align is not None:
-        probe, aligned = pooled(probe, aligned)
-        work = min(probe.overhead_s, aligned.overhead_s)
-    else:
-        aligned = None
-    lockstep = estimated_s(probe, 1, work)
-    options: list[tuple[float, int, int | None]] = [(estimated_s(probe, k, work), k, None) for k in allowed]
-    if aligned is not None:
-        options += [(estimated_s(aligned, k, work), k, align) for k in allowed]
-    options.sort(key=lambda o: (o[1], o[2] is not None))  # the simplest first: fewer groups, then plain chunks
+        return 1, "the probe took no step"
+    lockstep = estimated_s(probe, 1)
+    options = [(estimated_s(probe, k), k) for k in allowed]
     limit = (1 - WORTH_SPLITTING) * lockstep
-    saving = [o for o in options if o[0] <= limit and o[1:] != (1, None)] if lockstep > 0 else []
+    saving = [o for o in options if o[0] <= limit and o[1] != 1] if lockstep > 0 else []
     if not saving:
         if len(options) == 1:
-            return 1, None, "no other split is allowed"
-        what = "no split" if len(options) == len(allowed) else "neither a split nor aligned chunks"
-        return 1, None, f"{what} saves {WORTH_SPLITTING:.0%} of lockstep's {lockstep * 1e3:.3g} ms per batch step"
-    least, fastest_groups, fastest_align = fastest = min(saving, key=lambda o: o[0])
-    best, groups, chosen = next((o for o in saving if o[0] * (1 - WORTH_SPLITTING) <= least), fastest)
+            return 1, "no other split is allowed"
+        return 1, f"no split saves {WORTH_SPLITTING:.0%} of lockstep's {lockstep * 1e3:.3g} ms per batch step"
+    least, fastest = min(saving)
+    best, groups = next(o for o in saving if o[0] * (1 - WORTH_SPLITTING) <= least)
     why = f"about {best * 1e3:.3g} ms per batch step instead of lockstep's {lockstep * 1e3:.3g} ms"
     if least < best:
-        other = f"{fastest_groups} group(s)" + (f" aligned at {fastest_align}" if fastest_align is not None else "")
-        why += f"; {other} at {least * 1e3:.3g} ms is within {WORTH_SPLITTING:.0%}"
-    return groups, chosen, why
+        why += f"; {fastest} groups at {least * 1e3:.3g} ms is within {WORTH_SPLITTING:.0%}"
+    return groups, why
 
 
 class ProbeBudget:
@@ -209,8 +172,8 @@ class ProbeBudget:
     target: int | None = None
 
     def __init__(self, timing: Timing, batch_steps: int = PROBE_BATCH_STEPS, max_s: float = PROBE_MAX_S,
-                 stop: Any = None, aligned: bool = False, seed_group: int = 1) -> None:
-        self.timing, self.batch_steps, self.max_s, self.aligned = timing, batch_steps, max_s, aligned
+                 stop: Any = None, seed_group: int = 1) -> None:
+        self.timing, self.batch_steps, self.max_s = timing, batch_steps, max_s
         self.seed_group = seed_group
         self.ended: collections.Counter[int] = collections.Counter()  # episodes ended, by batch step
         self._start = dataclasses.replace(timing)
@@ -245,10 +208,10 @@ class ProbeBudget:
     def probe(self) -> Probe:
         """The figures from the first batch step to the end (none measured: a probe of no step)."""
         if self._first is None or self._last is None:
-            return Probe(0.0, 0.0, 0.0, 0, 0, aligned=self.aligned, seed_group=self.seed_group)
+            return Probe(0.0, 0.0, 0.0, 0, 0, seed_group=self.seed_group)
         measured = Probe.between(self._first[1], self._last[1], self._last[0] - self._first[0], start=self._start)
         drift = any(count < measured.num_envs for count in self.ended.values())
-        return dataclasses.replace(measured, chunks_drift=drift, aligned=self.aligned, seed_group=self.seed_group)
+        return dataclasses.replace(measured, chunks_drift=drift, seed_group=self.seed_group)
 
 
 class ProbeSink:
