@@ -147,6 +147,8 @@ def plain_run(task: Task, iterations: int, seed: int) -> Run:
       step: exactly what a server adding up the float32 chunk rewards of its feedback forms;
     - the registered time limit (``max_episode_steps``) truncates an episode that has not terminated; the env's own
       limits show up as its ``truncated``;
+    - every env goes on until the run has its episodes, as the client's ``--runner.episode-split shared`` does
+      (with the static split an env that ran its share retires, and the learner starts fewer rollouts at the end);
     - the envs done on a step first report their episodes (in env order), then are reset together with a mask
       (``reset(options={"reset_mask": ..., "reset_indices": ...})``), and start their next episodes, in env order,
       with the observation that reset returned.
@@ -259,7 +261,8 @@ class Server:
 def client_command(task: Task, port: int, seed: int, folder: Path, episodes: int | None) -> list[str]:
     cmd = [sys.executable, "-m", "plugrl_env_client", task.env_id.lower(), *task.env_flags,
            "--num-envs", str(task.num_envs), "--runner.seed", str(seed), "--server-port", str(port),
-           "--output-dir", str(folder.parent), "--exp-name", folder.name, "--no-progress"]
+           "--output-dir", str(folder.parent), "--exp-name", folder.name, "--no-progress",
+           "--runner.episode-split", "shared"]
     return cmd + (["--num-episodes", str(episodes)] if episodes is not None else [])
 
 

@@ -33,6 +33,19 @@ def test_the_client_changes_nothing_the_learner_sees(learning, tmp_path):
     assert line.startswith(f"parity: identical (6 iterations, {len(plain.episodes)} episodes")
 
 
+@pytest.mark.slow
+def test_early_terminations_of_a_mujoco_task_change_nothing_the_learner_sees(learning, tmp_path):
+    """InvertedPendulum-v5 with 5 envs: episodes end early (the pole falls) at different steps for different envs;
+    three iterations."""
+    pytest.importorskip("mujoco", reason="MuJoCo-v1 needs the extra mujoco: pip install 'plugrl-env-client[mujoco]'")
+    plain = learning.plain_run(learning.PENDULUM, 3, 1)
+    lengths = {e[2] for e in plain.episodes}
+    assert len(lengths) > 3 and max(lengths) < 1000, "the check needs early terminations of different lengths"
+    client = learning.client_run(learning.PENDULUM, 3, len(plain.episodes), 1, tmp_path)
+    ok, line = learning.compare(plain, client, 3)
+    assert ok, line
+
+
 def test_the_check_reports_the_first_episode_that_differs(learning):
     plain = learning.Run([(0, -3.5, 10), (1, -2.0, 7), (0, 1.25, 3)], [], np.zeros((1, 2)))
     off = dataclasses.replace(plain, episodes=[(0, -3.5, 10), (1, -2.001, 7), (0, 1.25, 3)])
