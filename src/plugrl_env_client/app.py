@@ -67,6 +67,9 @@ SUMMARY_PERIOD_S = 10.0
 def run_client(config: ClientConfig, env_id: str, sources: EnvSources | None = None) -> int:
     """Run ``env_id`` as ``config`` says; ``sources`` are the env files and modules spawned processes must import
     (besides ``config.env_path``) to see the env."""
+    # Where the run's outputs go, fixed before any env code runs: an env that changes the working folder (in its
+    # constructor, say) does not move them.
+    config = dataclasses.replace(config, output_dir=config.output_dir.absolute())
     sources = EnvSources(tuple(config.env_path) + (sources.paths if sources else ()),
                          sources.modules if sources else ())
     spec = get_spec(env_id)
