@@ -50,7 +50,7 @@ from plugrl_env_client.outputs.run_dir import (
     with_plugrl_config_keys,
     write_json_atomic,
 )
-from plugrl_env_client.outputs.run_writer import RunWriter
+from plugrl_env_client.outputs.run_writer import RunWriter, stopped_episodes
 from plugrl_env_client.outputs.tracking import make_tracker, require
 from plugrl_env_client.protocol import images
 from plugrl_env_client.records import ProcessResult, ProcessStatus
@@ -181,7 +181,7 @@ def _start_run_folder(config: ClientConfig, exp_name: str, uid: str, env_kwargs:
     try:
         try:
             if config.resume:
-                _open_stopped_run(config, run_dir, lock, uid, env_kwargs, limit)
+                on_disk = _open_stopped_run(config, run_dir, lock, uid, env_kwargs, limit)
             else:
                 run_dir.create()
                 lock.acquire()  # a folder just made: nobody else holds it
@@ -194,8 +194,7 @@ def _start_run_folder(config: ClientConfig, exp_name: str, uid: str, env_kwargs:
                               "another --exp-name (or leave it out for a fresh name), or delete that folder") from None
         setup_logging(run_dir.log_file)
         if config.resume:
-            logger.info("resuming run %s: %d episodes on disk", run_dir.root,
-                        run_dir.whole_episode_lines(config.num_procs))
+            logger.info("resuming run %s: %d episodes on disk", run_dir.root, on_disk)
         else:
             _write_client_config(run_dir, config, uid, env_kwargs, limit)
         tracker = make_tracker(config.tracking, run_dir.root)
@@ -241,11 +240,12 @@ run's values. The others (the server's address, the API key, progress, tracking,
 
 
 def _open_stopped_run(config: ClientConfig, run_dir: RunDir, lock: RunLock, uid: str, env_kwargs: dict[str, Any],
-                      limit: int | None) -> None:
+                      limit: int | None) -> int:
     """Check that ``run_dir`` holds a stopped run this command may continue, and take its lock: the folder holds a
-    run (its ``client_config.json``), no live process runs it, the flags that define its episodes are its own, and
-    it still needs episodes (otherwise :class:`RunFinished`). Each refusal is a :class:`ConfigError` that says what
-    to do."""
+    run (its ``client_config.json``), no live process runs it, the flags that define its episodes are its own, every
+    line of its ``episodes.jsonl`` files is an episode of it, and it still needs episodes (otherwise
+    :class:`RunFinished`). Each refusal is a :class:`ConfigError` that says what to do; none of them, nor the
+    finished case, changes the folder. Returns the episodes on disk."""
     root = run_dir.root
     if not root.is_dir():
         raise ConfigError(f"--resume: {root} holds no run to resume (no such folder); check --output-dir and "
@@ -266,10 +266,12 @@ def _open_stopped_run(config: ClientConfig, run_dir: RunDir, lock: RunLock, uid:
             with_plugrl_config_keys(_recorded_config(config, uid, env_kwargs), uid, limit))))
         for path in RUN_DEFINING:
             _check_same(root, path, _at(stopped, path), _at(now, path))
-        done = run_dir.whole_episode_lines(config.num_procs)
+        done = sum(len(stopped_episodes(run_dir.episodes_file(p), p, config.num_envs).episodes)
+                   for p in range(config.num_procs))
         if config.num_episodes is not None and done >= config.num_episodes:
             raise RunFinished(f"{root} is finished: it has its {done} of --num-episodes {config.num_episodes} "
                               "episodes; nothing to resume")
+        return done
     except BaseException:
         lock.release()
         raise
