@@ -276,6 +276,28 @@ def test_a_resumed_seed_group_runs_again_the_group_episode_a_member_had_in_fligh
             assert seeds == sorted(episode_seed(p * envs, p, i // size, k) for k in range(len(seeds))), (p, i)
 
 
+@pytest.mark.slow
+def test_a_start_seeds_run_of_two_processes_refuses_other_seeds_and_once_finished_is_left_as_it_was(tmp_path):
+    """The command line, 2 processes: a run of start seeds 0-3 resumed with 104-111 is refused naming the flag
+    (it would have mixed both lists in one run); resumed with its own seeds, it says it is finished and no file
+    changes."""
+    args = ["point-v1", "--local-policy", "random", "--num-procs", "2", "--runner.max-episode-steps", "3",
+            "--output-dir", str(tmp_path), "--exp-name", "run", "--no-progress", "--runner.start-seeds"]
+    first = _run([*args, "0", "1", "2", "3"])
+    assert first.returncode == 0, first.stderr
+    run = tmp_path / "run"
+    assert sorted(r["seed"] for r in _episodes(run)) == [0, 1, 2, 3]
+    before = _files(run)
+    other = _run([*args, *map(str, range(104, 112)), "--resume"])
+    assert other.returncode == 1
+    assert "error: --resume: --runner.start-seeds is [104, 105, 106, 107, 108, 109, 110, 111] now but [0, 1, 2, 3]" in (
+        other.stderr), other.stderr
+    again = _run([*args, "0", "1", "2", "3", "--resume"])
+    assert again.returncode == 0, again.stderr
+    assert f"{run} is finished: it has its 4 episodes, one per seed of --runner.start-seeds" in again.stdout
+    assert _files(run) == before
+
+
 # ------------------------------------------------------------------------------------------ refusals, in process
 
 
