@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -698,3 +699,37 @@ def test_recorder_files_that_fill_the_disk_stop_the_run_with_one_message(tmp_pat
     assert total["status"] == "failed"
     recorder = manifest.get("recorder", manifest)
     assert recorder["errors"] and "no space left on device" in recorder["errors"][0], manifest
+
+
+CHDIR_ENV = Path(__file__).parent / "_support" / "chdir_env.py"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("procs", [1, 2])
+@pytest.mark.parametrize("when", ["import", "init"])
+def test_an_env_that_changes_the_working_folder_does_not_move_the_runs_outputs(tmp_path, when, procs):
+    """An env file given by a relative --env-path that chdirs as it is imported, or in its constructor: the run's
+    outputs all go to the --output-dir the command was given, relative to where it was started, whole (and the
+    spawned processes still find the env file)."""
+    start, elsewhere = tmp_path / "start", tmp_path / "elsewhere"
+    start.mkdir()
+    elsewhere.mkdir()
+    (start / "chdir_env.py").write_text(CHDIR_ENV.read_text())
+    env = {k: v for k, v in os.environ.items() if k != "PLUGRL_TEST_CHDIR_AT_IMPORT"}
+    if when == "import":
+        env["PLUGRL_TEST_CHDIR_AT_IMPORT"] = str(elsewhere)
+    chdir = ["--env.chdir-to", str(elsewhere)] if when == "init" else []
+    done = subprocess.run(
+        [sys.executable, "-m", "plugrl_env_client", "chdirpoint-v1", "--env-path", "chdir_env.py", *chdir,
+         "--local-policy", "random", "--num-episodes", "4", "--num-procs", str(procs), "--output-dir", "runs",
+         "--exp-name", "run", "--no-progress"],
+        cwd=start, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    run = start / "runs" / "run"
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["status"] == "finished" and summary["completed_episodes"] == 4, summary
+    lines = [line for f in sorted(run.glob("rollout/proc_*/episodes.jsonl")) for line in f.read_text().splitlines()]
+    assert len(lines) == 4
+    assert (run / "logs" / "client.log").stat().st_size > 0
+    assert json.loads((run / "client_config.json").read_text())["output_dir"] == str(start / "runs")
+    assert not any(elsewhere.iterdir()), f"outputs under the env's folder: {sorted(elsewhere.rglob('*'))}"

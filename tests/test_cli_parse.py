@@ -40,7 +40,7 @@ def test_each_builtin_subcommand_parses_with_defaults(sub: str, uid: str, cfg_cl
     assert config.num_envs == 1 and config.num_procs == 1 and config.num_episodes is None
     assert config.runner == RunnerConfig()
     assert config.server_host == "127.0.0.1" and config.server_port == 8000
-    assert config.output_dir == Path("runs")
+    assert config.output_dir == Path.cwd() / "runs", "relative to where the command started, made absolute"
 
 
 def test_subcommands_are_lowercased_ids() -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 
 import numpy as np
 import pytest
@@ -80,3 +81,26 @@ def test_process_status_values_and_ended() -> None:
 def test_finite_or_none_keeps_finite_numbers_only(value: object, expected: float | None) -> None:
     got = finite_or_none(value)
     assert got == expected and (got is None or type(got) is float)
+
+
+def test_an_episode_line_is_one_rule_blank_lines_hold_none_and_anything_else_is_refused_saying_why():
+    from plugrl_env_client.records import NotAnEpisode, episode_of_line
+
+    record = EpisodeRecord(1, -2.5, 7, None, terminated=False, truncated=True, process_id=0, seed=3)
+    assert episode_of_line(json.dumps(record.to_json()) + "\n") == record
+    assert episode_of_line(json.dumps(record.to_json()).encode()) == record
+    assert math.isnan(episode_of_line('{"env_index": 0, "return": null, "length": 1}').episode_return)
+    for blank in ("", "\n", "  \t\n", b"\r\n"):
+        assert episode_of_line(blank) is None
+    for line, why in [("not json\n", "not JSON"), ("[1, 2]\n", "a JSON list, not an object"),
+                      ('{"return": 1.0, "length": 3}', "it has no 'env_index'"),
+                      ('{"env_index": 0, "return": 1.0}', "it has no 'length'"),
+                      ('{"env_index": 0, "length": 3}', "it has no 'return'"),
+                      ('{"env_index": -1, "return": 1.0, "length": 3}', "its 'env_index' is -1"),
+                      ('{"env_index": 0, "return": "1", "length": 3}', "its 'return' is \"1\""),
+                      ('{"env_index": 0, "return": true, "length": 3}', "its 'return' is true"),
+                      ('{"env_index": 0, "return": 1.0, "length": 2.5}', "its 'length' is 2.5"),
+                      ('{"env_index": 0, "return": 1.0, "length": 3, "metrics": {"d": "x"}}', "ValueError"),
+                      (b'{"env_index": 0, "return": 1.0, "length": 3, "\xff": 1}', "not JSON")]:
+        with pytest.raises(NotAnEpisode, match=re.escape(why)):
+            episode_of_line(line)

@@ -276,6 +276,28 @@ def test_a_resumed_seed_group_runs_again_the_group_episode_a_member_had_in_fligh
             assert seeds == sorted(episode_seed(p * envs, p, i // size, k) for k in range(len(seeds))), (p, i)
 
 
+@pytest.mark.slow
+def test_a_start_seeds_run_of_two_processes_refuses_other_seeds_and_once_finished_is_left_as_it_was(tmp_path):
+    """The command line, 2 processes: a run of start seeds 0-3 resumed with 104-111 is refused naming the flag
+    (it would have mixed both lists in one run); resumed with its own seeds, it says it is finished and no file
+    changes."""
+    args = ["point-v1", "--local-policy", "random", "--num-procs", "2", "--runner.max-episode-steps", "3",
+            "--output-dir", str(tmp_path), "--exp-name", "run", "--no-progress", "--runner.start-seeds"]
+    first = _run([*args, "0", "1", "2", "3"])
+    assert first.returncode == 0, first.stderr
+    run = tmp_path / "run"
+    assert sorted(r["seed"] for r in _episodes(run)) == [0, 1, 2, 3]
+    before = _files(run)
+    other = _run([*args, *map(str, range(104, 112)), "--resume"])
+    assert other.returncode == 1
+    assert "error: --resume: --runner.start-seeds is [104, 105, 106, 107, 108, 109, 110, 111] now but [0, 1, 2, 3]" in (
+        other.stderr), other.stderr
+    again = _run([*args, "0", "1", "2", "3", "--resume"])
+    assert again.returncode == 0, again.stderr
+    assert f"{run} is finished: it has its 4 episodes, one per seed of --runner.start-seeds" in again.stdout
+    assert _files(run) == before
+
+
 # ------------------------------------------------------------------------------------------ refusals, in process
 
 
@@ -317,11 +339,125 @@ def test_flags_that_do_not_change_the_episodes_may_differ_and_a_finished_run_say
     from plugrl_env_client.app import run_client
 
     cfg = dataclasses.replace(finished_run, resume=True, progress=True, server_port=9, tracking="none")
-    before = (tmp_path / "run" / "summary.json").read_text()
+    before = _files(tmp_path / "run")
     assert run_client(cfg, "point-v1") == 0
     assert f"{tmp_path / 'run'} is finished: it has its 2 of --num-episodes 2 episodes; nothing to resume" in (
         capsys.readouterr().out)
-    assert (tmp_path / "run" / "summary.json").read_text() == before
+    assert _files(tmp_path / "run") == before
+
+
+def _files(run: Path) -> dict[str, bytes]:
+    """Every file of a run folder and its bytes, but the lock file (which names the process that last held it)."""
+    from plugrl_env_client.outputs.run_dir import LOCK_NAME
+
+    return {str(f.relative_to(run)): f.read_bytes() for f in sorted(run.rglob("*")) if f.is_file()
+            and f.name != LOCK_NAME}
+
+
+def _point(tmp_path: Path, **flags: Any) -> Any:
+    """A small point-v1 run's config (3 steps per episode, the embedded zero policy, in this process)."""
+    from plugrl_env_client.config import ClientConfig, RunnerConfig
+    from plugrl_env_client.envs import discover_envs
+    from plugrl_env_client.envs.point.point_env import PointEnvConfig
+
+    discover_envs()
+    runner = RunnerConfig(max_episode_steps=3, start_seeds=tuple(flags.pop("start_seeds", ())))
+    return ClientConfig(output_dir=tmp_path, exp_name="run", local_policy="zero", progress=False,
+                        env=PointEnvConfig(), runner=runner, **flags)
+
+
+def _lines(run: Path) -> list[bytes]:
+    return (run / "rollout" / "proc_000" / "episodes.jsonl").read_bytes().splitlines(keepends=True)
+
+
+def _same_episode(line: bytes) -> tuple:
+    row = json.loads(line)
+    return row["env_index"], row["seed"], row["return"], row["length"]
+
+
+def test_every_flag_is_either_one_that_defines_the_run_or_one_a_resume_may_change():
+    """A flag added to the client's config or its runner section must be put in one of the two tables: a resume
+    compares exactly the flags that decide which episodes a run has."""
+    from plugrl_env_client.app import MAY_CHANGE, RUN_DEFINING
+    from plugrl_env_client.config import ClientConfig, RunnerConfig
+
+    flags = [(f.name,) for f in dataclasses.fields(ClientConfig) if f.name != "runner"]
+    flags += [("runner", f.name) for f in dataclasses.fields(RunnerConfig)]
+    for flag in flags:
+        assert (flag in RUN_DEFINING) + (flag in MAY_CHANGE) == 1, flag
+    assert set(RUN_DEFINING) | set(MAY_CHANGE) <= {*flags, ("env_id",), ("env_kwargs",)}
+    assert {("runner", "seed"), ("runner", "start_seeds"), ("num_episodes",), ("runner", "episode_split"),
+            ("env_id",), ("env",)} <= set(RUN_DEFINING)
+
+
+def test_other_start_seeds_are_refused_naming_the_flag_and_nothing_changes(tmp_path):
+    """A run of start seeds 0-3, resumed with start seeds 104-111, would have mixed both lists in one run."""
+    from plugrl_env_client.app import run_client
+    from plugrl_env_client.errors import ConfigError
+
+    cfg = _point(tmp_path, start_seeds=range(4))
+    assert run_client(cfg, "point-v1") == 0
+    before = _files(tmp_path / "run")
+    other = dataclasses.replace(cfg, resume=True, runner=dataclasses.replace(cfg.runner, start_seeds=tuple(
+        range(104, 112))))
+    with pytest.raises(ConfigError, match=r"^--resume: --runner.start-seeds is \[104, 105, 106, 107, 108, 109, 110, "
+                                          r"111\] now but \[0, 1, 2, 3\] in .*client_config.json"):
+        run_client(other, "point-v1")
+    two = dataclasses.replace(other, num_envs=2)
+    with pytest.raises(ConfigError, match=r"^--resume: --num-envs is 2 now but 1; --runner.start-seeds is .* now but "
+                                          r"\[0, 1, 2, 3\] in .*pass the stopped run's values"):
+        run_client(two, "point-v1")
+    assert _files(tmp_path / "run") == before
+
+
+def test_a_finished_start_seeds_run_says_it_is_finished_and_changes_nothing(tmp_path, capsys):
+    from plugrl_env_client.app import run_client
+
+    cfg = _point(tmp_path, start_seeds=range(4))
+    assert run_client(cfg, "point-v1") == 0
+    before = _files(tmp_path / "run")
+    capsys.readouterr()
+    assert run_client(dataclasses.replace(cfg, resume=True), "point-v1") == 0
+    assert (f"{tmp_path / 'run'} is finished: it has its 4 episodes, one per seed of --runner.start-seeds; nothing "
+            "to resume") in capsys.readouterr().out
+    assert _files(tmp_path / "run") == before, "a finished run is left as it was: no segment, summary or manifest"
+
+
+@pytest.mark.parametrize("start_seeds", [(), (5, 6, 7, 8)])
+def test_blank_lines_at_the_end_are_no_episodes_and_the_missing_ones_are_collected(tmp_path, start_seeds):
+    """Two episodes gone and two blank lines in their place: the run has 2 of its 4 episodes, so --resume collects
+    the missing two (the same episodes), and the summary counts the 4 episode lines, not the 6 lines."""
+    from plugrl_env_client.app import run_client
+
+    cfg = _point(tmp_path, start_seeds=start_seeds, num_episodes=None if start_seeds else 4)
+    assert run_client(cfg, "point-v1") == 0
+    run = tmp_path / "run"
+    whole = _lines(run)
+    assert len(whole) == 4
+    (run / "rollout" / "proc_000" / "episodes.jsonl").write_bytes(b"".join(whole[:2]) + b"\n  \n")
+    assert run_client(dataclasses.replace(cfg, resume=True), "point-v1") == 0
+    episodes = [line for line in _lines(run) if line.strip()]
+    assert sorted(map(_same_episode, episodes)) == sorted(map(_same_episode, whole))
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["completed_episodes"] == 4 and [s["episodes"] for s in summary["segments"]] == [2, 2], summary
+
+
+def test_a_garbage_line_at_the_end_is_refused_naming_it_and_nothing_changes(tmp_path):
+    """A line that is no episode is never counted as one: the run is not declared finished with episodes missing,
+    and the refusal names the line."""
+    from plugrl_env_client.app import run_client
+    from plugrl_env_client.errors import ConfigError
+
+    cfg = _point(tmp_path, num_episodes=4)
+    assert run_client(cfg, "point-v1") == 0
+    run = tmp_path / "run"
+    episodes = run / "rollout" / "proc_000" / "episodes.jsonl"
+    episodes.write_bytes(b"".join(_lines(run)[:2]) + b'{"env_index": 0, "return": 1.0}\n\n')
+    before = _files(run)
+    with pytest.raises(ConfigError, match=f"^cannot resume: line 3 of {episodes} is not an episode record \\(it "
+                                          "has no 'length'\\); delete that line, then --resume again"):
+        run_client(dataclasses.replace(cfg, resume=True), "point-v1")
+    assert _files(run) == before
 
 
 def test_resume_is_refused_while_the_run_is_alive_and_without_a_run(finished_run, tmp_path):

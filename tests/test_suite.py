@@ -131,7 +131,7 @@ def test_a_table_for_a_text_field_is_its_json(tmp_path: Path) -> None:
 def test_the_command_line_keeps_its_own_flags_from_the_tasks(tmp_path: Path) -> None:
     command, base, flags = parse(["s.toml", "--resume", "--exp-name", "x", "--num-envs", "4", "--env.step-size",
                                   "0.1", "--runner.seed", "3"])
-    assert command.resume and command.suite_file == Path("s.toml")
+    assert command.resume and command.suite_file == Path.cwd() / "s.toml"
     assert base.exp_name == "x" and base.num_envs == 4 and base.runner.seed == 3
     assert [f.tokens for f in flags] == [("--env.step-size", "0.1")]
 

@@ -35,6 +35,7 @@ from plugrl_env_client.launch.process import (
     build_env,
     choose_pipeline,
     close_env,
+    episodes_of_run,
     group_sizes,
     with_pipeline,
 )
@@ -50,7 +51,7 @@ from plugrl_env_client.outputs.run_dir import (
     with_plugrl_config_keys,
     write_json_atomic,
 )
-from plugrl_env_client.outputs.run_writer import RunWriter
+from plugrl_env_client.outputs.run_writer import RunWriter, stopped_episodes
 from plugrl_env_client.outputs.tracking import make_tracker, require
 from plugrl_env_client.protocol import images
 from plugrl_env_client.records import ProcessResult, ProcessStatus
@@ -67,6 +68,9 @@ SUMMARY_PERIOD_S = 10.0
 def run_client(config: ClientConfig, env_id: str, sources: EnvSources | None = None) -> int:
     """Run ``env_id`` as ``config`` says; ``sources`` are the env files and modules spawned processes must import
     (besides ``config.env_path``) to see the env."""
+    # Where the run's outputs go, fixed before any env code runs: an env that changes the working folder (in its
+    # constructor, say) does not move them.
+    config = dataclasses.replace(config, output_dir=config.output_dir.absolute())
     sources = EnvSources(tuple(config.env_path) + (sources.paths if sources else ()),
                          sources.modules if sources else ())
     spec = get_spec(env_id)
@@ -144,7 +148,7 @@ def _run(config: ClientConfig, launcher: Launcher, uid: str, run_dir: RunDir, wr
          jobs: list[ProcessJob], sources: EnvSources, env: BaseEnv | None) -> None:
     logger.info("run %s: env %s, %d proc x %d envs, server %s", run_dir.root, uid, config.num_procs,
                 config.num_envs, redact_url(jobs[0].url))
-    if config.local_policy and config.num_episodes is None and not config.runner.start_seeds:
+    if config.local_policy and episodes_of_run(config) is None:
         logger.warning("--local-policy without --num-episodes: collecting until Ctrl-C (the embedded server never "
                        "ends a run)")
     ctx = mp.get_context(config.runner.start_method)
@@ -178,7 +182,7 @@ def _start_run_folder(config: ClientConfig, exp_name: str, uid: str, env_kwargs:
     try:
         try:
             if config.resume:
-                _open_stopped_run(config, run_dir, lock, uid, env_kwargs, limit)
+                on_disk = _open_stopped_run(config, run_dir, lock, uid, env_kwargs, limit)
             else:
                 run_dir.create()
                 lock.acquire()  # a folder just made: nobody else holds it
@@ -191,8 +195,7 @@ def _start_run_folder(config: ClientConfig, exp_name: str, uid: str, env_kwargs:
                               "another --exp-name (or leave it out for a fresh name), or delete that folder") from None
         setup_logging(run_dir.log_file)
         if config.resume:
-            logger.info("resuming run %s: %d episodes on disk", run_dir.root,
-                        run_dir.whole_episode_lines(config.num_procs))
+            logger.info("resuming run %s: %d episodes on disk", run_dir.root, on_disk)
         else:
             _write_client_config(run_dir, config, uid, env_kwargs, limit)
         tracker = make_tracker(config.tracking, run_dir.root)
@@ -230,19 +233,60 @@ class RunFinished(Exception):
     """``--resume`` of a run that has all its episodes: its message says so (the command then exits 0)."""
 
 
-RUN_DEFINING = (("env_id",), ("env_kwargs",), ("num_envs",), ("num_procs",), ("num_episodes",), ("runner", "seed"),
-                ("runner", "episode_split"), ("runner", "max_episode_steps"), ("runner", "pipeline"),
-                ("runner", "group_size"), ("env",))
-"""The keys of ``client_config.json`` that define a run's episodes: a ``--resume`` must give them the stopped
-run's values. The others (the server's address, the API key, progress, tracking, the launcher, ...) may change."""
+RUN_DEFINING: tuple[tuple[str, ...], ...] = (
+    ("env_id",), ("env_kwargs",), ("num_envs",), ("num_procs",), ("num_episodes",), ("runner", "seed"),
+    ("runner", "start_seeds"), ("runner", "episode_split"), ("runner", "max_episode_steps"), ("runner", "pipeline"),
+    ("runner", "group_size"), ("runner", "pass_proc_id"), ("env",),
+)
+"""The keys of ``client_config.json`` that decide which episodes a run has (which envs, built how, run which
+episodes from which seeds, and how many): a ``--resume`` must give them the stopped run's values. ``env`` stands
+for each of its keys (the env's config, ``--env.*``). The others (the server's address, the API key, progress,
+tracking, the launcher, ...: :data:`MAY_CHANGE`) may change."""
+
+MAY_CHANGE: tuple[tuple[str, ...], ...] = (
+    ("exp_name",), ("output_dir",), ("resume",), ("server_host",), ("server_port",), ("server_url",),
+    ("local_policy",), ("local_policy_choices",), ("local_policy_horizon",), ("progress",), ("env_path",),
+    ("launcher",), ("tracking",), ("connection",), ("recorder",), ("ray",), ("runner", "replan_steps"),
+    ("runner", "non_finite_actions"), ("runner", "non_finite_rewards"), ("runner", "non_finite_observations"),
+    ("runner", "check_partial_reset"), ("runner", "instruction"), ("runner", "align_chunks"),
+    ("runner", "use_env_lock"), ("runner", "start_method"),
+)
+"""The keys of ``client_config.json`` a ``--resume`` may change: where the run's server, policy, files and processes
+are, what it shows, records and tracks, and how its loop asks for actions and handles odd values; none of them
+decides which episodes the run has. Every flag is in this table or in :data:`RUN_DEFINING`, never in both."""
+
+FLAG_NAMES = {("env_id",): "the env id", ("env_kwargs",): "the env's registered kwargs",
+              ("env", "max_episode_steps"): "the time limit (--runner.max-episode-steps, or the env's registered one)"}
+"""What a refusal calls the keys of :data:`RUN_DEFINING` that are not named by the rule of :func:`_flag`."""
+
+
+def _flag(path: tuple[str, ...]) -> str:
+    """The flag that sets the key ``path`` of ``client_config.json`` (``("runner", "start_seeds")`` is
+    ``--runner.start-seeds``)."""
+    return FLAG_NAMES.get(path) or "--" + ".".join(part.replace("_", "-") for part in path)
+
+
+def _run_defining(record: dict[str, Any]) -> dict[str, Any]:
+    """Flag -> value of every key of :data:`RUN_DEFINING` in a ``client_config.json`` record (``env`` split into
+    its keys; a key the record lacks is None)."""
+    out: dict[str, Any] = {}
+    for path in RUN_DEFINING:
+        value = _at(record, path)
+        if path == ("env",) and isinstance(value, dict):
+            out.update({_flag(("env", key)): value[key] for key in value})
+        else:
+            out[_flag(path)] = value
+    return out
 
 
 def _open_stopped_run(config: ClientConfig, run_dir: RunDir, lock: RunLock, uid: str, env_kwargs: dict[str, Any],
-                      limit: int | None) -> None:
+                      limit: int | None) -> int:
     """Check that ``run_dir`` holds a stopped run this command may continue, and take its lock: the folder holds a
-    run (its ``client_config.json``), no live process runs it, the flags that define its episodes are its own, and
-    it still needs episodes (otherwise :class:`RunFinished`). Each refusal is a :class:`ConfigError` that says what
-    to do."""
+    run (its ``client_config.json``), no live process runs it, the flags that define its episodes are its own
+    (:data:`RUN_DEFINING`), every line of its ``episodes.jsonl`` files is an episode of it, and it still needs
+    episodes (otherwise :class:`RunFinished`, by :func:`~plugrl_env_client.launch.process.episodes_of_run`). Each
+    refusal is a :class:`ConfigError` that says what to do; none of them, nor the finished case, changes the
+    folder. Returns the episodes on disk."""
     root = run_dir.root
     if not root.is_dir():
         raise ConfigError(f"--resume: {root} holds no run to resume (no such folder); check --output-dir and "
@@ -261,15 +305,26 @@ def _open_stopped_run(config: ClientConfig, run_dir: RunDir, lock: RunLock, uid:
                               "resumed without it") from None
         now = json.loads(json.dumps(finite_json(
             with_plugrl_config_keys(_recorded_config(config, uid, env_kwargs), uid, limit))))
-        for path in RUN_DEFINING:
-            _check_same(root, path, _at(stopped, path), _at(now, path))
-        done = run_dir.whole_episode_lines(config.num_procs)
-        if config.num_episodes is not None and done >= config.num_episodes:
-            raise RunFinished(f"{root} is finished: it has its {done} of --num-episodes {config.num_episodes} "
-                              "episodes; nothing to resume")
+        _refuse_changed(root, _run_defining(stopped), _run_defining(now))
+        done = sum(len(stopped_episodes(run_dir.episodes_file(p), p, config.num_envs).episodes)
+                   for p in range(config.num_procs))
+        target = episodes_of_run(config)
+        if target is not None and done >= target:
+            raise RunFinished(_finished(root, config, done))
+        return done
     except BaseException:
         lock.release()
         raise
+
+
+def _finished(root: Path, config: ClientConfig, done: int) -> str:
+    """What a ``--resume`` of a run that has its ``done`` episodes, all it needs, says."""
+    seeds = len(config.runner.start_seeds)
+    if seeds and (config.num_episodes is None or seeds <= config.num_episodes):
+        has = f"its {done} episodes, one per seed of --runner.start-seeds"
+    else:
+        has = f"its {done} of --num-episodes {config.num_episodes} episodes"
+    return f"{root} is finished: it has {has}; nothing to resume"
 
 
 def _at(record: Any, path: tuple[str, ...]) -> Any:
@@ -278,28 +333,15 @@ def _at(record: Any, path: tuple[str, ...]) -> Any:
     return record
 
 
-def _check_same(root: Path, path: tuple[str, ...], then: Any, now: Any) -> None:
-    """A ConfigError naming the flag at ``path`` when its value ``now`` is not the stopped run's (``then``)."""
-    if path == ("env",) and isinstance(then, dict) and isinstance(now, dict):
-        for key in sorted(set(then) | set(now)):
-            flag = ("the time limit (--runner.max-episode-steps, or the env's registered one)"
-                    if key == "max_episode_steps" else f"--env.{key.replace('_', '-')}")
-            _refuse_if_changed(root, flag, then.get(key), now.get(key))
-        return
-    if path == ("env_id",):
-        flag = "the env id"
-    elif path == ("env_kwargs",):
-        flag = "the env's registered kwargs"
-    else:
-        flag = "--" + ".".join(part.replace("_", "-") for part in path)
-    _refuse_if_changed(root, flag, then, now)
-
-
-def _refuse_if_changed(root: Path, flag: str, then: Any, now: Any) -> None:
-    if then != now:
-        raise ConfigError(f"--resume: {flag} is {json.dumps(now)} now but {json.dumps(then)} in {root}'s "
-                          "client_config.json; a resumed run keeps the flags that define its episodes: pass the "
-                          "stopped run's value, or start a new run with another --exp-name")
+def _refuse_changed(root: Path, then: dict[str, Any], now: dict[str, Any]) -> None:
+    """A ConfigError naming every flag whose value ``now`` is not the stopped run's (``then``), in the order of
+    :data:`RUN_DEFINING`."""
+    changed = [f"{flag} is {json.dumps(now.get(flag))} now but {json.dumps(then.get(flag))}"
+               for flag in [*now, *(f for f in then if f not in now)] if then.get(flag) != now.get(flag)]
+    if changed:
+        raise ConfigError(f"--resume: {'; '.join(changed)} in {root}'s client_config.json; a resumed run keeps the "
+                          "flags that define its episodes: pass the stopped run's "
+                          f"{'value' if len(changed) == 1 else 'values'}, or start a new run with another --exp-name")
 
 
 def _report(uid: str, run_dir: RunDir, summary: dict[str, Any], writer: RunWriter, signum: int | None) -> int:

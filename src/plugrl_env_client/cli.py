@@ -23,7 +23,7 @@ def parse(args: Sequence[str] | None = None) -> tuple[str, ClientConfig, Command
         ClientConfig, line.args, program_name("plugrl-run-env-client"),
         "Run batched envs against a PlugRL policy server (or an embedded one with --local-policy).",
     )
-    return env_id, config, line
+    return env_id, line.with_absolute_paths(config), line
 
 
 def main(args: Sequence[str] | None = None) -> None:

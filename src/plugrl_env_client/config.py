@@ -52,8 +52,9 @@ class ClientConfig:
     output_dir: Path = Path("runs")
     """Folder that holds the run folders."""
     resume: bool = False
-    """Continue the stopped run --output-dir/--exp-name where it stopped (its whole episode lines count once, and
-    it still ends at --num-episodes); the flags that define the run must be its client_config.json's."""
+    """Continue the stopped run --output-dir/--exp-name where it stopped (its episode lines count once, and it still
+    ends at --num-episodes or after its --runner.start-seeds); the flags that decide its episodes must be its
+    client_config.json's, and a finished run is left as it is."""
     server_host: str = "127.0.0.1"
     """Host of the policy server to connect to."""
     server_port: int = 8000

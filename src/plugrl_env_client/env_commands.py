@@ -35,7 +35,7 @@ import sys
 import typing
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any, ClassVar, Protocol, TypeVar
 
 import tyro
 
@@ -53,12 +53,37 @@ TIME_LIMIT_ALIAS = "--env.max-episode-steps"
 _TRUE, _FALSE = ("true", "1", "yes", "on"), ("false", "0", "no", "off")
 
 
+class WithPaths(Protocol):
+    """A command's config with the paths :meth:`CommandLine.with_absolute_paths` fixes."""
+
+    __dataclass_fields__: ClassVar[dict[str, dataclasses.Field[Any]]]
+    output_dir: Path
+    env_path: tuple[str, ...]
+
+
+PathsT = TypeVar("PathsT", bound=WithPaths)
+
+
 @dataclasses.dataclass(frozen=True)
 class CommandLine:
     """A command line after the steps that must happen before the parser exists."""
 
     args: list[str]
     sources: EnvSources
+    cwd: Path = dataclasses.field(default_factory=Path.cwd)
+    """The working folder the command started in, before any env file was imported (one may change it)."""
+
+    def absolute(self, path: str | Path) -> Path:
+        """``path`` as the command line gave it, made absolute against the folder the command started in."""
+        return self.cwd / Path(path).expanduser()
+
+    def with_absolute_paths(self, config: PathsT) -> PathsT:
+        """``config`` (a dataclass with ``output_dir`` and ``env_path``: the client's config, a suite's command)
+        with both absolute as the command line meant them: an env file imported before parsing may have changed
+        the working folder, and a run's outputs (and the env files its spawned processes import) must not move
+        with it."""
+        return dataclasses.replace(config, output_dir=self.absolute(config.output_dir),
+                                   env_path=tuple(str(self.absolute(p)) for p in config.env_path))
 
 
 def program_name(default: str) -> str:
@@ -79,9 +104,12 @@ def program_name(default: str) -> str:
 def prepare(args: Sequence[str]) -> CommandLine:
     """Find the env sources a command line names (``--env-path``, ``file.py:Env-Id``) and import every env.
 
-    The env id stays first; a ``source:Env-Id`` id becomes ``Env-Id`` with its source imported.
+    The env id stays first; a ``source:Env-Id`` id becomes ``Env-Id`` with its source imported. The sources' paths
+    are made absolute before any of them is imported (an env file may change the working folder as it is
+    imported), and so can the command's other paths be, with :meth:`CommandLine.absolute`.
     """
     args = list(args)
+    cwd = Path.cwd()  # before any env file runs: paths on the command line mean what they meant when it was typed
     env_paths: list[str] = []
     modules: list[str] = []
     for i, arg in enumerate(args):
@@ -97,9 +125,9 @@ def prepare(args: Sequence[str]) -> CommandLine:
         else:
             modules.append(source)
         args[position] = uid
-    sources = EnvSources(tuple(env_paths), tuple(modules))
+    sources = EnvSources(tuple(str(cwd / Path(p).expanduser()) for p in env_paths), tuple(modules))
     sources.load()
-    return CommandLine(args, sources)
+    return CommandLine(args, sources, cwd)
 
 
 def config_class(uid: str, base: type[C]) -> type[C]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import json
 import math
 from collections import deque
 from collections.abc import Iterable, Mapping
@@ -83,6 +84,41 @@ class EpisodeRecord:
             metrics={str(k): float(v) for k, v in (row.get("metrics") or {}).items() if v is not None},
             instruction=row.get("instruction"),
         )
+
+
+class NotAnEpisode(ValueError):
+    """A line of ``episodes.jsonl`` that holds no episode record; the message says what is wrong with it."""
+
+
+def episode_of_line(line: str | bytes) -> EpisodeRecord | None:
+    """The episode a whole line of ``episodes.jsonl`` holds: the one rule of what an episode line is, followed by
+    everything that reads or counts the file's episodes (a resumed run's loader and its finished check, the
+    summaries built from them, the report). A blank line holds none (None); any other line must be a JSON object
+    with an ``env_index`` (an int >= 0), a ``return`` (a number, or null for one the env made non-finite) and a
+    ``length`` (an int >= 0), and whatever else it has must read back as :meth:`EpisodeRecord.from_json` reads it,
+    or it is :class:`NotAnEpisode` (garbage, a line of another file, a line cut short and joined to the next)."""
+    if not line.strip():
+        return None
+    try:
+        row = json.loads(line)
+    except ValueError as exc:  # not JSON (UnicodeDecodeError included)
+        raise NotAnEpisode(f"not JSON: {exc}") from None
+    if not isinstance(row, dict):
+        raise NotAnEpisode(f"a JSON {type(row).__name__}, not an object")
+    for key in ("env_index", "return", "length"):
+        if key not in row:
+            raise NotAnEpisode(f"it has no {key!r}")
+        value = row[key]
+        if key == "return":
+            wrong = value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)))
+        else:
+            wrong = isinstance(value, bool) or not isinstance(value, int) or value < 0
+        if wrong:
+            raise NotAnEpisode(f"its {key!r} is {json.dumps(value)}")
+    try:
+        return EpisodeRecord.from_json(row)
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise NotAnEpisode(f"{type(exc).__name__}: {exc}") from None
 
 
 class EpisodeStats:

@@ -138,7 +138,7 @@ def test_cli_runs_a_user_file_with_env_path_and_in_one_off_form(tmp_path: Path) 
     res = run_cli("walk-v1", "--env-path", "envs", "--exp-name", "a", "--env.speed", "0.1", *common, cwd=tmp_path)
     assert res.returncode == 0, res.stderr
     config = json.loads((tmp_path / "a" / "client_config.json").read_text())
-    assert config["env"]["speed"] == 0.1 and config["env_path"] == ["envs"]
+    assert config["env"]["speed"] == 0.1 and config["env_path"] == [str(tmp_path / "envs")]
     res = run_cli("envs/walk_env.py:Walk-v1", "--exp-name", "b", "--num-procs", "2", *common, cwd=tmp_path)
     assert res.returncode == 0, res.stderr
     assert json.loads((tmp_path / "b" / "summary.json").read_text())["completed_episodes"] == 2

@@ -77,3 +77,16 @@ def test_a_server_that_never_answers_is_said_with_a_command_that_starts_one(regi
         "`--local-policy random` to use the embedded one."), err
     assert (f"no policy server answered at {url} within 1 s (--connect-timeout); start one with "
             f"`plugrl-run-policy-server --port {port} --policy.action-dim 7 --policy.dtype float32` or use `--local-policy random`") in err, err
+
+
+def test_a_run_has_one_episode_per_start_seed_or_its_num_episodes_the_fewer_when_both():
+    from plugrl_env_client.config import RunnerConfig
+    from plugrl_env_client.launch.process import episodes_of_run
+
+    def of(num_episodes: int | None, seeds: tuple[int, ...]) -> int | None:
+        return episodes_of_run(ClientConfig(num_episodes=num_episodes, runner=RunnerConfig(start_seeds=seeds)))
+
+    assert of(None, ()) is None
+    assert of(7, ()) == 7
+    assert of(None, (4, 5, 6)) == 3
+    assert of(2, (4, 5, 6)) == 2 and of(9, (4, 5, 6)) == 3

@@ -26,3 +26,43 @@ def test_old_lines_read_back_with_the_new_fields_unknown(tmp_path: Path) -> None
     assert len(records) == 1
     assert records[0].env_index == 1 and records[0].wall_time_s is None and records[0].seed is None
     assert list(read_episodes(tmp_path / "missing.jsonl")) == []
+
+
+def _line(env: int, ret: float, length: int) -> str:
+    return json.dumps(EpisodeRecord(env, ret, length, None, terminated=True, truncated=False).to_json()) + "\n"
+
+
+def test_a_file_is_read_by_the_one_rule_blank_lines_none_garbage_named_and_a_torn_tail_measured(tmp_path: Path) -> None:
+    from plugrl_env_client.outputs.results import read_episode_lines
+
+    path = tmp_path / "episodes.jsonl"
+    torn = '{"env_index": 0, "return": 1.0, "length": 4}'  # a whole record, but its newline never got written
+    path.write_text(_line(0, 1.0, 2) + "\n" + "garbage\n" + _line(1, 2.0, 3) + "  \n" + torn)
+    lines = read_episode_lines(path)
+    assert [(n, r.env_index, r.length) for n, r in lines.episodes] == [(1, 0, 2), (4, 1, 3)]
+    assert [n for n, _ in lines.not_episodes] == [3] and "not JSON" in lines.not_episodes[0][1]
+    assert lines.torn_bytes == len(torn)
+    assert [r.length for r in read_episodes(path)] == [2, 3]
+    assert read_episode_lines(tmp_path / "missing.jsonl").episodes == ()
+
+
+def test_the_resumed_writer_and_the_report_count_the_episodes_the_rule_reads(tmp_path: Path) -> None:
+    """One run folder with blank lines and a torn tail: the resumed run's summary and the report count exactly the
+    episode lines, and the torn tail is what the writer cuts."""
+    from plugrl_env_client.outputs.results import read_episode_lines
+    from plugrl_env_client.outputs.run_dir import RunDir
+    from plugrl_env_client.outputs.run_writer import RunWriter
+    from plugrl_env_client.report.data import load_run
+
+    run = RunDir(tmp_path / "run").create()
+    path = run.episodes_file(0)
+    path.parent.mkdir(parents=True)
+    path.write_text("\n" + _line(0, 1.0, 2) + "\n\n" + _line(1, 2.0, 3) + '{"env_index": 1, "ret')
+    assert len(load_run(run.root).processes[0].episodes) == 2
+    writer = RunWriter(run, "run", 1, num_envs=2, resume=True)
+    try:
+        assert writer.completed_episodes == len(read_episode_lines(path).episodes) == 2
+        assert writer.episodes_per_env(0) == (1, 1)
+    finally:
+        summary = writer.close()
+    assert summary["completed_episodes"] == 2 and read_episode_lines(path).torn_bytes == 0

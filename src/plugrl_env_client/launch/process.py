@@ -192,6 +192,16 @@ def shares_of_envs(config: RunConfig, process_id: int) -> tuple[int, ...]:
     return tuple(env_shares(min(limits), config.num_procs, process_id, config.num_envs))
 
 
+def episodes_of_run(config: RunConfig) -> int | None:
+    """How many episodes the run has in all, the one rule of when a run is finished whatever ends it: one per
+    listed start seed (``--runner.start-seeds``), ``--num-episodes``, the fewer when both are given; None when
+    neither is (the run collects until the server ends it, and is never finished by its count)."""
+    limits = [len(config.runner.start_seeds)] if config.runner.start_seeds else []
+    if config.num_episodes is not None:
+        limits.append(config.num_episodes)
+    return min(limits) if limits else None
+
+
 @dataclasses.dataclass(frozen=True)
 class PipelineChoice:
     """``--runner.pipeline auto``'s pick for a run: the number of groups, why, and the probe's figures (None when

@@ -209,15 +209,8 @@ class RunDir:
     def proc_dir(self, process_id: int) -> Path:
         return self.root / "rollout" / f"proc_{process_id:03d}"
 
-    def whole_episode_lines(self, num_procs: int) -> int:
-        """The whole lines (episodes) of every process's ``episodes.jsonl`` (a torn last line is not one)."""
-        total = 0
-        for process_id in range(num_procs):
-            try:
-                total += (self.proc_dir(process_id) / "episodes.jsonl").read_bytes().count(b"\n")
-            except FileNotFoundError:
-                pass
-        return total
+    def episodes_file(self, process_id: int) -> Path:
+        return self.proc_dir(process_id) / "episodes.jsonl"
 
     def create(self) -> RunDir:
         """Make the run folder with its ``logs/`` and ``rollout/``. Its parents may exist, the folder itself must not

@@ -24,9 +24,10 @@ last whole one, and nothing more is appended; the run's space reserve is given b
 manifests, which only count what is on disk, are still written.
 
 A run is one or more *segments*: it is started once, and each ``--resume`` after it was stopped (in any way)
-continues it in a new segment. A writer made with ``resume=True`` reads what the stopped segments left: every whole
-line of each ``episodes.jsonl`` counts once (a torn last line, a write a kill cut short, is cut off), and the
-statistics, the live tracker and the episode counts per process and per env (which tell the rollout where each env
+continues it in a new segment. A writer made with ``resume=True`` reads what the stopped segments left
+(:func:`stopped_episodes`): every episode line of each ``episodes.jsonl`` counts once, by the one rule of what an
+episode line is (:func:`~plugrl_env_client.records.episode_of_line`: a blank line is none, a line that is neither
+refuses the resume; a torn last line, a write a kill cut short, is cut off), and the statistics, the live tracker and the episode counts per process and per env (which tell the rollout where each env
 continues) start from them; the summaries' ``timing`` adds this segment's to the earlier ones' (a killed segment's
 as its last summary recorded it). ``summary.json`` and the manifests list the segments (``segments``: when each started
 and ended, its episodes, how it ended; a segment whose launcher was killed before writing its outputs shows
@@ -48,6 +49,7 @@ from typing import Any
 
 from plugrl_env_client.errors import ConfigError, OutputError
 from plugrl_env_client.outputs.recording.sinks import DirectorySink
+from plugrl_env_client.outputs.results import EpisodeLines, read_episode_lines
 from plugrl_env_client.outputs.run_dir import (
     RunDir,
     RunLock,
@@ -78,7 +80,7 @@ class _ProcessState:
         self.error: str | None = None
         self.recorder: dict[str, Any] | None = None
         self.artifacts = DirectorySink(self.dir)
-        self.episodes = self.dir / "episodes.jsonl"
+        self.episodes = run_dir.episodes_file(process_id)
         self._fd: int | None = None
         self._size = 0  # bytes of whole lines in episodes.jsonl
         self.env_episodes: dict[int, int] = {}
@@ -91,32 +93,16 @@ class _ProcessState:
         return Timing.in_sequence([self.timing_before, self.timing])
 
     def load(self, num_envs: int | None) -> list[EpisodeRecord]:
-        """The episodes earlier segments wrote (every whole line, in order), into the statistics; a torn last line
-        is cut off the file. A whole line that is no episode record of this process is a :class:`ConfigError`."""
+        """The episodes earlier segments wrote (:func:`stopped_episodes`, in order), into the statistics; a torn
+        last line is cut off the file."""
         with contextlib.suppress(OSError, ValueError, AttributeError):
             self.timing_before = Timing.from_json(json.loads((self.dir / "summary.json").read_text()).get("timing"))
-        try:
-            data = self.episodes.read_bytes()
-        except FileNotFoundError:
-            return []
-        whole = data.rfind(b"\n") + 1
-        if whole < len(data):
-            os.truncate(self.episodes, whole)
-            logger.info("%s: cut its torn last line (%d bytes a stop cut short)", self.episodes, len(data) - whole)
-        records = []
-        for number, line in enumerate(data[:whole].splitlines(), start=1):
-            if not line.strip():
-                continue
-            try:
-                record = EpisodeRecord.from_json(json.loads(line))
-            except (ValueError, KeyError, TypeError) as exc:
-                raise ConfigError(f"cannot resume: line {number} of {self.episodes} is not an episode record "
-                                  f"({type(exc).__name__}: {exc}); delete that line, then --resume again") from None
-            if record.process_id != self.process_id or (num_envs is not None and not 0 <= record.env_index < num_envs):
-                raise ConfigError(f"cannot resume: line {number} of {self.episodes} is an episode of process "
-                                  f"{record.process_id}, env {record.env_index}, which this run does not have; delete "
-                                  "that line, then --resume again")
-            records.append(record)
+        lines = stopped_episodes(self.episodes, self.process_id, num_envs)
+        if lines.torn_bytes:
+            os.truncate(self.episodes, self.episodes.stat().st_size - lines.torn_bytes)
+            logger.info("%s: cut its torn last line (%d bytes a stop cut short)", self.episodes, lines.torn_bytes)
+        records = lines.records
+        for record in records:
             self.stats.add_record(record)
             self.env_episodes[record.env_index] = self.env_episodes.get(record.env_index, 0) + 1
         return records
@@ -143,6 +129,25 @@ class _ProcessState:
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
+
+
+def stopped_episodes(path: Path, process_id: int, num_envs: int | None) -> EpisodeLines:
+    """What a stopped run left in process ``process_id``'s ``episodes.jsonl`` (``path``), read by the one rule of
+    what an episode line is (:func:`~plugrl_env_client.outputs.results.read_episode_lines`); changes nothing. A
+    whole line that holds no episode, or an episode of another process or of an env the run does not have (of
+    ``num_envs``, when given), is a :class:`ConfigError` naming the line: a run is resumed only from episodes it
+    can count."""
+    lines = read_episode_lines(path)
+    if lines.not_episodes:
+        number, why = lines.not_episodes[0]
+        raise ConfigError(f"cannot resume: line {number} of {path} is not an episode record ({why}); delete that "
+                          "line, then --resume again")
+    for number, record in lines.episodes:
+        if record.process_id != process_id or (num_envs is not None and not 0 <= record.env_index < num_envs):
+            raise ConfigError(f"cannot resume: line {number} of {path} is an episode of process "
+                              f"{record.process_id}, env {record.env_index}, which this run does not have; delete "
+                              "that line, then --resume again")
+    return lines
 
 
 class RunWriter:

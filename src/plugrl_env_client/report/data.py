@@ -21,7 +21,8 @@ from typing import Any
 import numpy as np
 
 from plugrl_env_client.errors import ConfigError
-from plugrl_env_client.records import finite_or_none
+from plugrl_env_client.outputs.results import read_episode_lines
+from plugrl_env_client.records import EpisodeRecord, finite_or_none
 
 PROC_DIR = re.compile(r"^proc_(\d+)$")
 MIN_WINDOW = 5
@@ -337,51 +338,25 @@ def _load_process(pid: int, folder: Path, notes: list[str]) -> ProcessRun:
 
 
 def _read_episode_lines(path: Path) -> tuple[list[dict[str, Any]], int]:
-    """The readable lines of an ``episodes.jsonl``, normalized, and how many were skipped."""
-    if not path.is_file():
-        return [], 0
-    rows: list[dict[str, Any]] = []
-    skipped = 0
-    with open(path, encoding="utf-8", errors="replace") as f:
-        for line in f:
-            if not line.strip():
-                continue
-            row = _episode_row(line)
-            if row is None:
-                skipped += 1
-            else:
-                rows.append(row)
-    return rows, skipped
+    """The episodes of an ``episodes.jsonl`` (read by the one rule of what an episode line is,
+    :func:`~plugrl_env_client.outputs.results.read_episode_lines`), normalized, and how many lines were skipped:
+    the whole lines that hold no episode and a torn last line (blank lines are no lines to skip)."""
+    lines = read_episode_lines(path)
+    return [_episode_row(record) for record in lines.records], len(lines.not_episodes) + bool(lines.torn_bytes)
 
 
-def _episode_row(line: str) -> dict[str, Any] | None:
-    try:
-        raw = json.loads(line)
-    except ValueError:
-        return None  # a line cut short by a crash, or not JSON at all
-    if not isinstance(raw, dict):
-        return None
-    if "return" not in raw:
-        return None
-    ret, length = finite_or_none(raw["return"]), raw.get("length")
-    if not isinstance(length, (int, float)) or isinstance(length, bool) or not math.isfinite(length):
-        return None
-    success = raw.get("success")
-    wall = finite_or_none(raw.get("wall_time_s"))
-    steps = finite_or_none(raw.get("env_steps"))
-    metrics = raw.get("metrics")
-    instruction = raw.get("instruction")
+def _episode_row(record: EpisodeRecord) -> dict[str, Any]:
+    ret, wall, steps = (finite_or_none(v) for v in (record.episode_return, record.wall_time_s, record.env_steps))
     return {
         "return": math.nan if ret is None else ret,
-        "length": int(length),
-        "success": success if isinstance(success, bool) else None,
-        "terminated": bool(raw.get("terminated", False)),
-        "truncated": bool(raw.get("truncated", False)),
+        "length": record.length,
+        "success": record.success,
+        "terminated": record.terminated,
+        "truncated": record.truncated,
         "wall_time_s": wall if wall is not None and wall >= 0 else None,
         "env_steps": steps if steps is not None and steps >= 0 else None,
-        "metrics": ({str(k): v for k, v in metrics.items() if finite_or_none(v) is not None}
-                    if isinstance(metrics, dict) else {}),
-        "instruction": instruction if isinstance(instruction, str) else None,
+        "metrics": {name: v for name, v in record.metrics.items() if finite_or_none(v) is not None},
+        "instruction": record.instruction if isinstance(record.instruction, str) else None,
     }
 
 

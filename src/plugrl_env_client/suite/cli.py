@@ -54,7 +54,8 @@ def parse(args: Sequence[str]) -> tuple[SuiteCommand, ClientConfig, list]:
 
     rest, flags = split_env_flags(list(args))
     line = prepare(rest)  # imports --env-path's env files
-    command = cli(SuiteCommand, line.args, PROG)
+    command = line.with_absolute_paths(cli(SuiteCommand, line.args, PROG))
+    command = dataclasses.replace(command, suite_file=line.absolute(command.suite_file))
     base = ClientConfig(**{f.name: getattr(command, f.name) for f in dataclasses.fields(ClientConfig)
                            if f.name not in OWN_FIELDS})
     return command, base, flags

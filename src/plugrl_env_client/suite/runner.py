@@ -156,7 +156,8 @@ def run_suite(suite: Suite, suite_file: Path, base: ClientConfig, flags: Sequenc
                                       or os.sep in base.exp_name):
         raise ConfigError(f"--exp-name {base.exp_name!r} must be a folder name, without '/' and other than '.' or "
                           "'..': the suite goes to --output-dir/<exp-name>; to write somewhere else, set --output-dir")
-    root = base.output_dir / (base.exp_name or default_suite_name(suite))
+    # Absolute before any task's env runs: an env that changes the working folder does not move the suite.
+    root = base.output_dir.absolute() / (base.exp_name or default_suite_name(suite))
     unused = [f for f in flags if not any(_applies(f, {x.name: x for x in dataclasses.fields(get_spec(t.env).config_cls)})
                                           for t in suite.tasks)]
     if unused:
