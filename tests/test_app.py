@@ -698,3 +698,15 @@ def test_recorder_files_that_fill_the_disk_stop_the_run_with_one_message(tmp_pat
     assert total["status"] == "failed"
     recorder = manifest.get("recorder", manifest)
     assert recorder["errors"] and "no space left on device" in recorder["errors"][0], manifest
+
+
+def test_readme_example_policy_is_the_file_on_disk_and_serves_a_run(tmp_path):
+    text = (ROOT / "README.md").read_text()
+    block = re.search(r"<!-- file: examples/steer_policy.py -->\n```python\n(.*?)```", text, re.S).group(1)
+    assert block == (ROOT / "examples" / "steer_policy.py").read_text()
+    result = _cli(["point-v1", "--env-path", str(ROOT / "examples/steer_policy.py"), "--local-policy", "steer",
+                   "--num-envs", "4", "--num-episodes", "8", "--output-dir", str(tmp_path), "--exp-name", "s",
+                   "--no-progress"], cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    summary = json.loads((tmp_path / "s" / "summary.json").read_text())
+    assert summary["completed_episodes"] == 8 and summary["mean_success_rate"] == 1.0, "every episode reaches the goal"
