@@ -733,3 +733,15 @@ def test_an_env_that_changes_the_working_folder_does_not_move_the_runs_outputs(t
     assert (run / "logs" / "client.log").stat().st_size > 0
     assert json.loads((run / "client_config.json").read_text())["output_dir"] == str(start / "runs")
     assert not any(elsewhere.iterdir()), f"outputs under the env's folder: {sorted(elsewhere.rglob('*'))}"
+
+
+def test_readme_example_policy_is_the_file_on_disk_and_serves_a_run(tmp_path):
+    text = (ROOT / "README.md").read_text()
+    block = re.search(r"<!-- file: examples/steer_policy.py -->\n```python\n(.*?)```", text, re.S).group(1)
+    assert block == (ROOT / "examples" / "steer_policy.py").read_text()
+    result = _cli(["point-v1", "--env-path", str(ROOT / "examples/steer_policy.py"), "--local-policy", "steer",
+                   "--num-envs", "4", "--num-episodes", "8", "--output-dir", str(tmp_path), "--exp-name", "s",
+                   "--no-progress"], cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    summary = json.loads((tmp_path / "s" / "summary.json").read_text())
+    assert summary["completed_episodes"] == 8 and summary["mean_success_rate"] == 1.0, "every episode reaches the goal"

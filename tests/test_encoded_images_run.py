@@ -13,6 +13,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 import pytest
+from extras import need
 from file_modules import bench_script
 
 from plugrl_env_client.app import run_client
@@ -24,8 +25,8 @@ from plugrl_env_client.protocol import images
 from plugrl_env_client.server.policy import Policy, PolicySetup
 from plugrl_env_client.server.server import PolicyServer
 
-pytest.importorskip("simplejpeg", reason="the images extra (simplejpeg) is not installed")
-pytest.importorskip("qoi", reason="the images extra (qoi) is not installed")
+need("simplejpeg")
+need("qoi")
 
 ENV_ID = "Cameras-v1"
 LENGTH = 6

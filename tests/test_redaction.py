@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from extras import need
 
 from plugrl_env_client.redaction import REDACTED, redact_argv, redact_text, redact_url
 from plugrl_env_client.server.policies import PolicyConfig, make_policy
@@ -105,6 +106,7 @@ def test_a_two_process_run_writes_and_prints_neither_the_key_nor_the_url_passwor
     """--api-key (both spellings) and ws://user:password@ in --server-url, against a real server, with every output
     on (TensorBoard's event files included): the run connects, and no file of the run folder nor the terminal holds
     either secret."""
+    need("tensorboardX")
     key_flags = spelling.replace("KEY", KEY).split()
     url = f"ws://user:{URL_PASSWORD}@127.0.0.1:{server.port}"
     done = run_cli(tmp_path, *key_flags, "--num-procs", "2", "--num-episodes", "4", "--server-url", url,

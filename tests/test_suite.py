@@ -14,6 +14,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 import pytest
+from extras import need
 from waiting import wait_until
 
 from plugrl_env_client.config import ClientConfig
@@ -299,7 +300,7 @@ def test_the_shipped_mt10_suite_runs_its_ten_tasks(metaworld_site: Path, tmp_pat
 @pytest.mark.slow
 def test_plugrl_report_on_a_suite_folder_shows_the_table_and_bars_per_task(tmp_path: Path,
                                                                           capsys: pytest.CaptureFixture[str]) -> None:
-    pytest.importorskip("matplotlib")
+    need("matplotlib")
     from plugrl_env_client.report.cli import main as report_main
 
     suite = load_suite(suite_of(tmp_path, 'episodes = 3\n[[task]]\nname = "reach"\nenv = "point-v1"\n'
@@ -330,7 +331,7 @@ def test_tasks_run_side_by_side_on_a_ray_cluster_with_the_local_table(tmp_path: 
     """Two tasks with --launcher ray on a running cluster: each a driver of its own, both at once (each started
     before the other ended), and with the suite's seeds and the zero policy the table of the same suite run
     locally, one task after the other, with another process count."""
-    pytest.importorskip("ray")
+    need("ray")
     from ray.cluster_utils import Cluster
 
     from plugrl_env_client.launch.ray.config import RayConfig

@@ -8,6 +8,7 @@ import logging
 
 import numpy as np
 import pytest
+from extras import need
 from file_modules import BENCH, bench_script
 from waiting import wait_until
 
@@ -15,7 +16,7 @@ from plugrl_env_client.protocol import codec
 from plugrl_env_client.server.policies import PolicyConfig, make_policy
 from plugrl_env_client.server.server import PolicyServer
 
-pytest.importorskip("mujoco")
+need("mujoco")
 
 TIMEOUT_S = 60.0
 MAX_LINES = 150

@@ -17,6 +17,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 from client_runs import check_run_of_one_process
+from extras import need
 
 from plugrl_env_client.envs.gym import gym_env
 from plugrl_env_client.envs.gym.gym_env import GymEnv, GymEnvConfig
@@ -290,6 +291,7 @@ def test_dict_env_time_limit_comes_from_its_registration(test_envs: None) -> Non
 
 
 def test_render_adds_frames_and_keeps_rows_of_envs_not_reset() -> None:
+    need("pygame")  # CartPole's frames
     env = make(2, id="CartPole-v1", render=True)
     try:
         obs, _ = env.reset(seed=0)
@@ -309,6 +311,7 @@ def test_render_adds_frames_and_keeps_rows_of_envs_not_reset() -> None:
 
 
 def test_frames_for_the_recorder_only_are_drawn_on_request_and_not_sent() -> None:
+    need("pygame")  # CartPole's frames
     env = make(2, id="CartPole-v1", render_for_recorder_only=True)
     try:
         obs, _ = env.reset(seed=0)
@@ -527,6 +530,8 @@ def test_envs_that_ran_their_share_are_reset_quietly_when_their_idle_row_ends(tm
 def test_a_run_renders_only_the_episodes_it_records(tmp_path: Path, registry: None) -> None:
     """--env.render-for-recorder-only with --recorder.episode-freq 3: the recorded episodes have their frames
     (samples and a video), the policy's observations none, and only recorded envs were rendered."""
+    need("pygame")  # CartPole's frames
+    need("imageio_ffmpeg")  # the video
     from plugrl_env_client.app import run_client
     from plugrl_env_client.config import ClientConfig, RecorderConfig, RunnerConfig
 

@@ -12,6 +12,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 from client_runs import check_run_of_one_process
+from extras import need
 
 from plugrl_env_client.envs.mujoco.mujoco_env import (
     MujocoEnv,
@@ -21,7 +22,7 @@ from plugrl_env_client.envs.mujoco.mujoco_env import (
 )
 from plugrl_env_client.errors import ConfigError
 
-pytest.importorskip("mujoco")
+need("mujoco")
 HAS_ENVPOOL = importlib.util.find_spec("envpool") is not None  # not imported here: import_envpool must come first
 needs_envpool = pytest.mark.skipif(not HAS_ENVPOOL, reason="envpool is not installed")
 BACKENDS = ["gymnasium", pytest.param("envpool", marks=needs_envpool)]

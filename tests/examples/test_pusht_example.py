@@ -12,9 +12,10 @@ from typing import Any
 
 import numpy as np
 import pytest
+from extras import need
 from file_modules import imported
 
-pytest.importorskip("gym_pusht")
+need("gym_pusht")
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "pusht" / "pusht_env.py"

@@ -32,6 +32,7 @@ from typing import Any, NamedTuple
 
 import pytest
 from children import sigint_default
+from extras import need
 from waiting import wait_until
 
 from plugrl_env_client.app import run_client
@@ -45,7 +46,7 @@ from plugrl_env_client.launch.ray import sources as ray_sources
 from plugrl_env_client.launch.ray.budget import Grant, LeaseBook, LeasedBudget
 from plugrl_env_client.launch.ray.config import RayConfig
 
-ray = pytest.importorskip("ray")
+ray = need("ray")
 from ray.cluster_utils import Cluster  # noqa: E402
 
 from plugrl_env_client.launch.ray.placement import Demand  # noqa: E402

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 from children import sigint_default
-from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from extras import need
 from waiting import wait_until
 
 from plugrl_env_client.errors import ConfigError
@@ -26,7 +26,8 @@ from plugrl_env_client.timing import Timing
 
 def read_scalars(folder: Path) -> dict[str, list[tuple[int, float]]]:
     """Every scalar series in ``folder``'s event files, as TensorBoard reads them: tag -> [(step, value)]."""
-    events = EventAccumulator(str(folder), size_guidance={"scalars": 0})  # 0: keep every event
+    accumulator = need("tensorboard.backend.event_processing.event_accumulator")
+    events = accumulator.EventAccumulator(str(folder), size_guidance={"scalars": 0})  # 0: keep every event
     events.Reload()
     return {tag: [(e.step, e.value) for e in events.Scalars(tag)] for tag in events.Tags()["scalars"]}
 
@@ -36,6 +37,14 @@ def episode(pid: int, ret: float, length: int, success: bool | None, env_steps: 
                          env_steps=env_steps)
 
 
+@pytest.fixture
+def tensorboard_files() -> None:
+    """The tracker's writer (tensorboardX) and TensorBoard's reader, or the test skipped naming their extras."""
+    need("tensorboardX")
+    need("tensorboard")
+
+
+@pytest.mark.usefixtures("tensorboard_files")
 def test_what_the_writer_gets_becomes_scalars(tmp_path: Path) -> None:
     tracker = TensorBoardTracker(tmp_path / "tb", flush_period_s=60.0)  # flushed by hand and at close here
     tracker.episode(episode(0, 1.5, 10, True))
@@ -60,6 +69,7 @@ def test_what_the_writer_gets_becomes_scalars(tmp_path: Path) -> None:
         assert all(math.isfinite(v) for _, v in series)
 
 
+@pytest.mark.usefixtures("tensorboard_files")
 def test_episodes_are_also_stepped_by_the_runs_env_steps(tmp_path: Path) -> None:
     tracker = TensorBoardTracker(tmp_path / "tb", flush_period_s=60.0)
     tracker.episode(episode(0, 1.0, 10, True, env_steps=40))
@@ -76,6 +86,7 @@ def test_episodes_are_also_stepped_by_the_runs_env_steps(tmp_path: Path) -> None
     assert [step for step, _ in scalars["episode/length"]] == [1, 2, 3, 4, 5, 6], "the numbered series is unchanged"
 
 
+@pytest.mark.usefixtures("tensorboard_files")
 def test_a_resumed_run_continues_its_curves(tmp_path: Path) -> None:
     """The second segment of a run writes into the same folder: its episodes are numbered after the first's, and its
     env steps (its processes count from zero again) are added to the first segment's."""
@@ -97,6 +108,7 @@ def test_a_resumed_run_continues_its_curves(tmp_path: Path) -> None:
     assert scalars["rollout/env_steps"] == [(165, 165.0)]
 
 
+@pytest.mark.usefixtures("tensorboard_files")
 def test_the_events_are_on_disk_while_the_tracker_runs(tmp_path: Path) -> None:
     tracker = TensorBoardTracker(tmp_path / "tb", flush_period_s=0.2)
     try:
@@ -132,6 +144,7 @@ def slow_server():
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("tensorboard_files")
 def test_a_run_is_tracked_from_every_process_while_it_goes_on(slow_server: PolicyServer, tmp_path: Path) -> None:
     run = tmp_path / "run"
     client = subprocess.Popen(sigint_default([

@@ -11,12 +11,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from extras import need
 
 from plugrl_env_client.errors import ConfigError, ProtocolError
 from plugrl_env_client.protocol import images
 
-pytest.importorskip("simplejpeg", reason="the images extra (simplejpeg) is not installed")
-pytest.importorskip("qoi", reason="the images extra (qoi) is not installed")
+need("simplejpeg")
+need("qoi")
 
 FRAMES = Path(__file__).resolve().parents[2] / "bench" / "frames" / "halfcheetah.npz"
 

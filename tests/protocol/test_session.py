@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from extras import need
 from waiting import wait_until
 from websockets.exceptions import ConnectionClosed
 
@@ -253,7 +254,7 @@ def test_an_infer_sent_now_is_collected_later_and_only_once(harness):
 
 def test_run_client_with_transport_picows_against_the_picows_reference_server(tmp_path):
     """``--transport picows`` names the embedded server's library; the client speaks to a picows server as to any."""
-    pytest.importorskip("picows")
+    need("picows")
     import json
 
     from plugrl_env_client.app import run_client

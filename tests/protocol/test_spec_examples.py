@@ -6,6 +6,7 @@ import re
 from pathlib import Path
 
 import pytest
+from extras import need
 from msgpack_listing import encoded_example, examples, listing
 
 from plugrl_env_client.protocol import codec
@@ -33,5 +34,5 @@ def test_spec_listing_matches_the_codec(name):
 
 def test_spec_listing_of_an_encoded_camera_matches_the_codec():
     """§5a's infer with a QOI-encoded camera, byte by byte."""
-    pytest.importorskip("qoi", reason="the images extra (qoi) is not installed")
+    need("qoi")
     _check_listing(encoded_example(), "`infer` with an encoded camera")

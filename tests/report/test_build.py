@@ -11,11 +11,12 @@ from typing import Any
 
 import numpy as np
 import pytest
+from extras import need
 
 from plugrl_env_client.errors import ConfigError
 from plugrl_env_client.report.build import build_report
 
-mpimg = pytest.importorskip("matplotlib.image")
+mpimg = need("matplotlib.image")
 
 
 def episode_lines(pid: int, n: int, num_envs: int = 4, rate: float = 1000.0, new: bool = True,

@@ -14,13 +14,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from extras import need
 
 from plugrl_env_client.app import run_client
 from plugrl_env_client.config import ClientConfig
 from plugrl_env_client.envs.point.point_env import PointEnvConfig
 from plugrl_env_client.report.cli import _open, main
 
-mpimg = pytest.importorskip("matplotlib.image")
+mpimg = need("matplotlib.image")
 
 POOLED = [f"{q}_{axis}.png" for q in ("return", "length", "success") for axis in ("env_steps", "wall_time")]
 EXPECTED = [*POOLED, "length_histogram.png", "throughput.png", "time_split.png"]
@@ -241,7 +242,7 @@ def test_old_episode_lines_still_report(one_proc, tmp_path):
 
 @pytest.mark.slow
 def test_sampled_frames_and_videos_are_shown(one_proc, tmp_path):
-    imageio = pytest.importorskip("imageio")
+    imageio = need("imageio")
     root = copy_of(one_proc, tmp_path)
     proc = root / "rollout/proc_000"
     (proc / "sampled").mkdir()

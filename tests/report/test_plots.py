@@ -10,13 +10,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from extras import need
 
 from plugrl_env_client.errors import ConfigError
 from plugrl_env_client.report import plots
 from plugrl_env_client.report.data import load_run
 
-mpimg = pytest.importorskip("matplotlib.image")
-Axes = pytest.importorskip("matplotlib.axes").Axes
+mpimg = need("matplotlib.image")
+Axes = need("matplotlib.axes").Axes
 
 
 def write_episodes(root: Path, pid: int, rows: list[dict]) -> None:
@@ -117,7 +118,7 @@ def test_a_figure_that_fails_is_skipped_and_named_the_others_are_drawn(tmp_path,
 
 def test_a_figure_failing_while_saved_leaves_no_partial_file(tmp_path, monkeypatch):
     write_episodes(tmp_path, 0, rows(6))
-    Figure = pytest.importorskip("matplotlib.figure").Figure
+    Figure = need("matplotlib.figure").Figure
     real_savefig = Figure.savefig
 
     def half_written(self, fname, *args, **kwargs):

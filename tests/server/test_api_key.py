@@ -11,6 +11,7 @@ import subprocess
 import sys
 
 import pytest
+from extras import need
 from websockets.exceptions import InvalidStatus
 from websockets.sync.client import connect
 
@@ -29,7 +30,7 @@ CLIENT = [sys.executable, "-m", "plugrl_env_client", "point-v1", "--num-envs", "
 @pytest.fixture(params=["websockets", "picows"])
 def keyed_server(request):
     if request.param == "picows":
-        pytest.importorskip("picows")
+        need("picows")
     server = PolicyServer(make_policy(PolicyConfig(action_dim=2)), host="127.0.0.1", port=0,
                           transport=request.param, api_key=KEY).start()
     yield server

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from extras import need
 from websockets.sync.client import connect
 
 from plugrl_env_client.app import run_client
@@ -91,7 +92,7 @@ def server_factory():
 
 @pytest.fixture
 def picows_server_factory():
-    pytest.importorskip("picows")
+    need("picows")
     start, made = _ars_factory("picows")
     yield start
     for s in made:
@@ -336,7 +337,7 @@ def test_a_server_action_dim_that_does_not_match_the_env_stops_the_client(tmp_pa
 def test_local_policy_ars_learns_saves_its_policy_and_the_report_shows_the_curve(tmp_path, caplog):
     """``--local-policy ars`` on Point-v1: horizon 1, the policy and its iteration log in the run folder, the
     returns rise, and plugrl-report draws them."""
-    pytest.importorskip("matplotlib")
+    need("matplotlib")
     caplog.set_level(logging.INFO, logger="plugrl_env_client")
     cfg = client_config(tmp_path, "ars", num_envs=8, num_episodes=300, local_policy="ars", runner=RunnerConfig(seed=2))
     assert run_client(cfg, "Point-v1") == 0
@@ -381,7 +382,7 @@ def test_the_readme_training_commands_run(tmp_path):
     """The README's Swimmer commands (train, report, train embedded, evaluate the saved policy),
     as a reader runs them, each client cut to one episode of 50 steps per env: one iteration, so there is a policy
     to evaluate (the static split gives every env one of those episodes, so every direction gets its rollout)."""
-    pytest.importorskip("mujoco")
+    need("mujoco")
     from doc_commands import Command, DocShell, fenced_blocks
 
     readme = ROOT / "README.md"

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from extras import need
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
@@ -14,8 +15,8 @@ from plugrl_env_client.protocol import codec, images, messages
 from plugrl_env_client.server.policies import PolicyConfig, make_policy
 from plugrl_env_client.server.server import PolicyServer
 
-pytest.importorskip("simplejpeg", reason="the images extra (simplejpeg) is not installed")
-pytest.importorskip("qoi", reason="the images extra (qoi) is not installed")
+need("simplejpeg")
+need("qoi")
 
 
 @pytest.fixture

@@ -10,6 +10,7 @@ import time
 
 import numpy as np
 import pytest
+from extras import need
 from waiting import wait_until
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
@@ -462,7 +463,7 @@ def test_latency_must_be_a_finite_non_negative_number(latency):
 
 @pytest.fixture
 def picows_server_factory():
-    pytest.importorskip("picows")
+    need("picows")
     made = []
 
     def start(**kwargs):

@@ -9,6 +9,7 @@ import time
 
 import numpy as np
 import pytest
+from extras import need
 from websockets.sync.client import connect
 
 from plugrl_env_client.protocol import codec, messages
@@ -84,7 +85,7 @@ def test_serves_int_actions_from_the_command_line():
 
 @pytest.mark.slow
 def test_serves_over_picows_with_latency_from_the_command_line():
-    pytest.importorskip("picows")
+    need("picows")
     cmd = [sys.executable, "-c", "from plugrl_env_client.server.cli import main; main()", "--port", "0",
            "--transport", "picows", "--policy.latency-ms", "300", "--policy.action-dim", "2"]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from extras import need
 from file_modules import bench_script
 from waiting import wait_until
 from websockets.exceptions import InvalidStatus
@@ -42,7 +43,7 @@ def test_a_storm_of_200_connections_leaves_clients_served_and_no_threads(load, t
     """Three such waves kept a client from connecting for 120 s and left about 740 threads in the threading
     server. Held sockets are held up to 3 s, so the server must also let go of what the storm dropped."""
     if transport == "picows":
-        pytest.importorskip("picows")
+        need("picows")
     with load.ServerProcess(transport) as server:
         result = load.run_storm(server, waves=1, per_wave=200, gap_s=0.0, hold_s=3.0)
     assert sum(result.outcomes.values()) == 200, result.outcomes
@@ -72,7 +73,7 @@ def served(url: str) -> bool:
 def test_a_connection_that_never_finishes_its_handshake_is_dropped(transport):
     """A bare TCP connect and half an upgrade request hold nothing beyond ``open_timeout``."""
     if transport == "picows":
-        pytest.importorskip("picows")
+        need("picows")
     server = PolicyServer(make_policy(PolicyConfig()), host="127.0.0.1", port=0, transport=transport,
                           limits=ServeLimits(open_timeout=0.5)).start()
     try:
@@ -147,7 +148,7 @@ def test_a_peer_that_sends_half_a_frame_and_never_reads_is_closed_by_the_keepali
     """No first-message timeout (a client may reset heavy simulators for minutes before its first infer), but a
     peer that answers no ping is let go."""
     if transport == "picows":
-        pytest.importorskip("picows")
+        need("picows")
     server = PolicyServer(make_policy(PolicyConfig()), host="127.0.0.1", port=0, transport=transport,
                           limits=ServeLimits(ping_interval=0.3, ping_timeout=0.3)).start()
     try:

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-import imageio.v3 as iio
 import numpy as np
 import pytest
+from extras import need
 
 from plugrl_env_client.outputs.recording.encoders import encode_png
+
+iio = need("imageio.v3")
 
 
 @pytest.mark.parametrize("shape", [(5, 7), (5, 7, 1), (5, 7, 2), (5, 7, 3), (5, 7, 4), (1, 1, 3)])

@@ -12,10 +12,10 @@ import tracemalloc
 import weakref
 from pathlib import Path
 
-import imageio.v3 as iio
 import numpy as np
 import pytest
 from children import sigint_default
+from extras import need
 from recording_rollouts import (
     EVERYTHING,
     SAMPLE,
@@ -87,6 +87,7 @@ def test_thread0_only_records_in_process_zero_only() -> None:
 
 
 def test_recorded_frames_are_copies_that_later_changes_to_the_batch_do_not_reach() -> None:
+    iio = need("imageio.v3")
     sink = MemorySink()
     rec = recorder(sink, k=1, num_envs=1, record_full_rollout=True)
     cam = np.full((1, 4, 4, 3), 7, np.uint8)
@@ -220,6 +221,7 @@ def test_bad_settings_are_config_errors() -> None:
 
 
 def test_video_of_an_env_without_images_is_named_once(caplog: pytest.LogCaptureFixture) -> None:
+    need("imageio_ffmpeg")  # a recorder of videos
     caplog.set_level("WARNING", logger="plugrl_env_client.outputs.recording")
     states_only = Observation(states={"pos": np.zeros((4, 2), np.float32)})
     for pid in (0, 1):
@@ -278,6 +280,8 @@ class Plain:
 
 @pytest.mark.slow
 def test_envs_that_render_for_the_recorder_draw_only_the_recorded_envs_frames() -> None:
+    iio = need("imageio.v3")
+    need("imageio_ffmpeg")  # the videos
     sink = MemorySink()
     rec = recorder(sink, k=2, num_envs=4, record_video=True)
     first, second = Renders(0, 2), Renders(2, 2)

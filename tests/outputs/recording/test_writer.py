@@ -8,9 +8,9 @@ import json
 import threading
 from pathlib import Path
 
-import imageio.v3 as iio
 import numpy as np
 import pytest
+from extras import need
 from recording_rollouts import (
     CAM,
     EVERYTHING,
@@ -36,6 +36,7 @@ from plugrl_env_client.records import EpisodeRecord
 
 
 def test_relpaths_of_one_recorded_episode_follow_plugrls_layout() -> None:
+    need("imageio_ffmpeg")  # the videos
     sink = MemorySink()
     rec = recorder(sink, k=1, num_envs=1, **EVERYTHING)
     group = Group(rec, [0], Log())
@@ -80,6 +81,8 @@ def test_with_the_json_lines_off_only_samples_are_written_and_keys_are_made_safe
 
 @pytest.mark.slow
 def test_every_file_holds_what_the_episode_observed(tmp_path: Path) -> None:
+    iio = need("imageio.v3")
+    need("imageio_ffmpeg")  # the videos
     rec = recorder(DirectorySink(tmp_path), k=1, video_fps=10.0, metric_window=3, **EVERYTHING)
     log = scenario(rec)
     report = rec.close()
