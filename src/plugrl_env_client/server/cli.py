@@ -19,6 +19,7 @@ import tyro
 
 from plugrl_env_client.cli_support import cli, run_cli
 from plugrl_env_client.errors import ConfigError
+from plugrl_env_client.protocol.images import DEFAULT_MAX_PIXELS
 from plugrl_env_client.server.log_sink import ServerLog
 from plugrl_env_client.server.policies import Policy
 from plugrl_env_client.server.registry import (
@@ -49,6 +50,10 @@ class ServerArgs:
     image_codecs: bool = True
     """Offer the x-plugrl-env-client-images feature (clients with --image-codec then send camera images encoded
     per env row; the server decodes them before the policy sees them). Offered only with the images extra."""
+    max_image_pixels: int = DEFAULT_MAX_PIXELS
+    """The most pixels (env rows x height x width, all cameras together) the encoded images of one message may
+    declare; a message declaring more is refused unread (its connection is closed with plugrl-server-resync and a
+    log line), so a few bytes cannot make the server allocate gigabytes. Raise it for larger batches of images."""
     transport: Literal["websockets", "picows"] = "websockets"
     """The WebSocket implementation: websockets, or picows (extra fast; the same bytes, faster for large frames)."""
     api_key: Annotated[str | None, tyro.conf.arg(help_behavior_hint="(default: $PLUGRL_SERVER_API_KEY if set)")] = None
@@ -111,7 +116,7 @@ def _serve_logged(cfg: ServerArgs) -> int:
             server = PolicyServer(policy, host=cfg.host, port=cfg.port, max_episodes=cfg.max_episodes,
                                   reuse_feedback_obs=cfg.reuse_feedback_obs, seed=cfg.policy.seed,
                                   transport=cfg.transport, latency_ms=cfg.policy.latency_ms, api_key=api_key,
-                                  image_codecs=cfg.image_codecs)
+                                  image_codecs=cfg.image_codecs, max_image_pixels=cfg.max_image_pixels)
         except (TypeError, ValueError, OSError) as exc:  # a bad --policy.* value, the port is taken
             raise ConfigError(str(exc)) from exc
         shape = _shape_of(policy)
