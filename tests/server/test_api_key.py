@@ -4,6 +4,7 @@ other machines can reach without a key says so when it starts."""
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import signal
@@ -51,6 +52,19 @@ def test_a_handshake_without_the_key_gets_401(keyed_server, header):
     assert response.headers.get("WWW-Authenticate") == "Api-Key"
     assert KEY not in response.body.decode()
     assert keyed_server.connections == 0
+
+
+@pytest.mark.parametrize("header,why", [(None, "no Authorization header"),
+                                        (f"Bearer {KEY}", "an Authorization header without the Api-Key scheme"),
+                                        (f"Api-Key {KEY}x", "an API key that is not this server's")])
+def test_each_refused_handshake_is_logged_with_the_peer_never_the_key(keyed_server, caplog, header, why):
+    with caplog.at_level(logging.WARNING), pytest.raises(InvalidStatus):
+        _handshake(keyed_server.url, header)
+    said = [r.getMessage() for r in caplog.records if "refused the WebSocket handshake" in r.getMessage()]
+    assert len(said) == 1 and said[0].endswith(f"with HTTP 401: {why}"), said
+    assert KEY not in caplog.text
+    if keyed_server._server.__class__.__name__ == "_WebsocketsListener":
+        assert said[0].startswith("refused the WebSocket handshake of ('127.0.0.1', "), said
 
 
 def test_a_handshake_with_the_key_is_served(keyed_server):
