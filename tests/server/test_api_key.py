@@ -83,9 +83,13 @@ def test_authorized_compares_the_whole_header():
     assert not authorized(KEY, ["Basic dXNlcjpwYXNz", "Api-Key wrong"])
 
 
-@pytest.mark.parametrize("value,words", [("", "--api-key is empty"),
-                                         ("two words", "--api-key holds a character that cannot travel"),
-                                         ("caf\u00e9", "--api-key holds a character that cannot travel")])
+@pytest.mark.parametrize("value,words", [
+    ("", "--api-key is empty"),
+    ("two words", "--api-key cannot travel in an HTTP header: it holds a space at character 4 of 9"),
+    ("caf\u00e9", "--api-key cannot travel in an HTTP header: it holds a character that is not ASCII at character 4"),
+    ("s3cret-key\r", "--api-key cannot travel in an HTTP header: it holds a carriage return (CR: a key file saved "
+                     "with CR LF line ends?) at character 11 of 11"),
+])
 def test_a_key_that_cannot_be_sent_is_a_one_line_error(value, words, capsys):
     with pytest.raises(SystemExit) as info:
         main(["--port", "0", "--api-key", value])

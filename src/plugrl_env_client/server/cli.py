@@ -20,6 +20,7 @@ import tyro
 from plugrl_env_client.cli_support import cli, run_cli
 from plugrl_env_client.errors import ConfigError
 from plugrl_env_client.protocol.images import DEFAULT_MAX_PIXELS
+from plugrl_env_client.protocol.ws_common import api_key_problem
 from plugrl_env_client.server.log_sink import ServerLog
 from plugrl_env_client.server.policies import Policy
 from plugrl_env_client.server.registry import (
@@ -80,9 +81,10 @@ def resolved_api_key(flag: str | None) -> str | None:
     source = "--api-key" if flag is not None else f"${API_KEY_ENV}"
     if not key:
         raise ConfigError(f"{source} is empty; give a key, or leave it out to serve without one")
-    if not all("!" <= c <= "~" for c in key):
-        raise ConfigError(f"{source} holds a character that cannot travel in an HTTP header (a space, a control "
-                          "character or a non-ASCII one); use printable ASCII characters only, e.g. a hex string")
+    problem = api_key_problem(key)
+    if problem is not None:
+        raise ConfigError(f"{source} cannot travel in an HTTP header: {problem}; use printable ASCII characters "
+                          "only, e.g. a hex string")
     return key
 
 
