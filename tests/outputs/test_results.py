@@ -26,3 +26,18 @@ def test_old_lines_read_back_with_the_new_fields_unknown(tmp_path: Path) -> None
     assert len(records) == 1
     assert records[0].env_index == 1 and records[0].wall_time_s is None and records[0].seed is None
     assert list(read_episodes(tmp_path / "missing.jsonl")) == []
+
+
+def test_lines_are_read_with_a_bound_and_holes_are_jumped(tmp_path: Path) -> None:
+    """A line longer than the bound comes as None (never held whole), lines around it as they are, and a 2 GiB hole
+    at the end of the file (sparse: no disk used) is one over-long line, gone past at once."""
+    from plugrl_env_client.outputs.results import bounded_lines
+
+    record = EpisodeRecord(0, 1.0, 3, None, terminated=True, truncated=False)
+    line = json.dumps(record.to_json()) + "\n"
+    path = tmp_path / "episodes.jsonl"
+    path.write_text(line + "y" * 5000 + "\n" + line)
+    with open(path, "r+b") as f:
+        f.truncate(2 * 2**30)
+    assert list(bounded_lines(path, limit=1000)) == [(1, line), (2, None), (3, line), (4, None)]
+    assert list(read_episodes(path)) == [record, record]
