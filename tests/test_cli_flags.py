@@ -54,7 +54,7 @@ CLIENT_FLAGS = {
 SERVER_FLAGS = {
     "-h": "", "--help": "", "--host": "STR", "--port": "INT", "--max-episodes": "INT", "--api-key": "STR",
     "--reuse-feedback-obs": "", "--no-reuse-feedback-obs": "", "--transport": "{websockets,picows}",
-    "--image-codecs": "", "--no-image-codecs": "",
+    "--image-codecs": "", "--no-image-codecs": "", "--max-image-pixels": "INT",
     "--policy.name": "{random,zero,text,ars}", "--policy.action-dim": "INT", "--policy.action-horizon": "INT",
     "--policy.dtype": "STR", "--policy.low": "FLOAT", "--policy.high": "FLOAT", "--policy.seed": "INT",
     "--policy.choices": "[STR [STR ...]]", "--policy.latency-ms": "FLOAT",

@@ -237,3 +237,68 @@ def test_without_the_images_extra_a_codec_stops_the_run_before_it_starts_and_a_s
         assert images.FEATURE not in server.metadata()["features"]
     finally:
         server.shutdown()
+
+
+def codec_lines(caplog: pytest.LogCaptureFixture) -> list[tuple[int, str]]:
+    """(level, message) of every line that says which codec the run's images travel with, or that one travels raw."""
+    return [(r.levelno, r.getMessage()) for r in caplog.records
+            if r.getMessage().startswith(("--image-codec", "image codec"))]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("procs,pipeline", [(1, 2), (2, 1)])
+def test_what_the_server_took_and_what_travels_raw_is_said_once_per_run(tmp_path, cameras, serve, caplog, procs,
+                                                                         pipeline):
+    """Two connections (two env groups of one process, or two processes): the codec the server took is said once,
+    so is the camera JPEG cannot carry, and so is the warning of a server without the feature."""
+    offering, plain = serve(), serve(image_codecs=False)
+    for name, server in (("offered", offering), ("plain", plain)):
+        config = ClientConfig(num_envs=4, num_procs=procs, num_episodes=8, server_port=server.port,
+                              output_dir=tmp_path, exp_name=name, progress=False,
+                              connection=ConnectionConfig(image_codec="jpeg"),
+                              runner=RunnerConfig(pipeline=pipeline, start_method="fork"))  # children see the env
+        caplog.clear()
+        with caplog.at_level(logging.INFO):
+            assert run_client(config, ENV_ID) == 0
+        said = codec_lines(caplog)
+        if server is offering:
+            assert said == [
+                (logging.INFO, f"image codec jpeg: the server offers {images.FEATURE}, so camera images travel "
+                               "jpeg-encoded per env row"),
+                (logging.WARNING, f"--image-codec jpeg: camera 'rgba' (uint8 [{4 // pipeline}, 8, 8, 4]) travels raw: "
+                                  "jpeg carries images of 1 or 3 channels, not 4"),
+            ], said
+        else:
+            assert said == [(logging.WARNING, f"--image-codec jpeg: the server does not offer {images.FEATURE} (its "
+                                              "features: reuse-feedback-obs); sending raw image arrays")], said
+        log = (tmp_path / name / "logs" / "client.log").read_text()
+        assert sum(line.count("--image-codec jpeg") + line.count("image codec jpeg:") for line in log.splitlines()) \
+            == len(said), log
+
+
+class WideEnv(CamerasEnv):
+    """CamerasEnv with one more camera, 1 x 65535 pixels: wider than JPEG's 65500."""
+
+    def _observe(self) -> Observation:
+        obs = super()._observe()
+        wide = np.zeros((self.num_envs, 1, 65535, 3), np.uint8)
+        wide[:, 0, :, 0] = self.t[:, None] % 256
+        return Observation(images={**obs.images, "wide": wide}, states=obs.states)
+
+
+@pytest.mark.slow
+def test_an_image_wider_than_jpeg_carries_travels_raw_and_the_run_finishes(tmp_path, registry, serve, caplog):
+    register_env("WideCamera-v1", max_episode_steps=100)(WideEnv)
+    server = serve()
+    config = ClientConfig(num_envs=2, num_episodes=2, server_port=server.port, output_dir=tmp_path, exp_name="wide",
+                          progress=False, connection=ConnectionConfig(image_codec="jpeg"))
+    with caplog.at_level(logging.WARNING):
+        assert run_client(config, "WideCamera-v1") == 0
+    summary = json.loads((tmp_path / "wide" / "summary.json").read_text())
+    assert summary["status"] == "finished" and summary["completed_episodes"] == 2
+    assert ("--image-codec jpeg: camera 'wide' (uint8 [2, 1, 65535, 3]) travels raw: jpeg carries images of 1 to "
+            "65500 pixels a side, not 1x65535") in [r.getMessage() for r in caplog.records]
+    policy = server.policy
+    assert isinstance(policy, Checking)
+    got = policy.infers[0]["images"]["wide"]
+    assert got.shape == (2, 1, 65535, 3) and (got[:, 0, :, 0] == got[:, 0, :1, 0]).all(), "raw: exact"

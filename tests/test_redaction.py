@@ -176,3 +176,84 @@ def test_a_process_hides_its_secrets_from_the_process_list():
         "ws://u:" + "*" * len(URL_PASSWORD) + "@h:1", "--x", "1"]
     assert argv[1:] == ["--api-key", REDACTED, f"--api-key={REDACTED}", "--server-url", f"ws://u:{REDACTED}@h:1",
                         "--x", "1"]
+
+
+KEY_ENV = '''
+import os
+
+import gymnasium as gym
+import numpy as np
+
+from plugrl_env_client.envs.base_env import BaseEnv, BaseEnvConfig, Observation
+from plugrl_env_client.utils.registration import register_env
+
+
+@register_env("Quoting-v1")
+class QuotingEnv(BaseEnv[BaseEnvConfig]):
+    """An env whose library quotes the API key in its errors, as an HTTP library quotes a header."""
+
+    def __init__(self, config, num_envs=1, **kwargs):
+        super().__init__(config, num_envs=num_envs, **kwargs)
+        self.single_action_space = gym.spaces.Box(-1.0, 1.0, (2,), np.float32)
+
+    def reset(self, *, seed=None, options=None):
+        return Observation(states={"x": np.zeros((self.num_envs, 2))}), {}
+
+    def step(self, actions):
+        key = os.environ["PLUGRL_API_KEY"]
+        raise RuntimeError(f"invalid Authorization header: Api-Key {key}; the token {key} was refused")
+'''
+
+SECRET = "k3y-Secret-0123456789"
+
+
+def _run_files_and_stderr(tmp_path: Path, env_key: str, env: str = "point-v1",
+                          extra: tuple[str, ...] = ()) -> tuple[subprocess.CompletedProcess, list[Path]]:
+    out = tmp_path / "runs"
+    result = subprocess.run([sys.executable, "-m", "plugrl_env_client", env, "--local-policy", "random",
+                             "--num-envs", "2", "--num-episodes", "2", "--runner.max-episode-steps", "5",
+                             "--no-progress", "--output-dir", str(out), *extra],
+                            capture_output=True, text=True, timeout=120, cwd=tmp_path,
+                            env={**os.environ, "PLUGRL_API_KEY": env_key})
+    return result, sorted(p for p in out.rglob("*") if p.is_file()) if out.exists() else []
+
+
+@pytest.mark.slow
+def test_a_key_read_with_its_cr_is_refused_at_start_without_showing_it(tmp_path):
+    result, files = _run_files_and_stderr(tmp_path, SECRET + "\r")
+    assert result.returncode == 1, result.stderr
+    assert result.stderr == ("error: the API key in $PLUGRL_API_KEY cannot be sent in the handshake's Authorization "
+                             "header: it holds a carriage return (CR: a key file saved with CR LF line ends?) at "
+                             f"character {len(SECRET) + 1} of {len(SECRET) + 1}; give the key alone, printable ASCII "
+                             "without spaces (a key read from a file saved with CR LF line ends: remove the CR, e.g. "
+                             "with tr -d '\\r')\n")
+    for path in files:
+        assert SECRET not in path.read_text(errors="replace"), path
+
+
+@pytest.mark.slow
+def test_an_exception_that_quotes_the_key_reaches_no_output_with_it(tmp_path):
+    """A library's error text holding the key (after Api-Key, and alone) fails the run: stderr, the log with its
+    traceback and both summaries say what failed, with the key hidden."""
+    (tmp_path / "quoting_env.py").write_text(KEY_ENV)
+    result, files = _run_files_and_stderr(tmp_path, SECRET, "quoting-v1",
+                                          ("--env-path", str(tmp_path / "quoting_env.py")))
+    assert result.returncode == 1, result.stderr
+    assert "RuntimeError: invalid Authorization header: Api-Key ***; the token *** was refused" in result.stderr
+    assert SECRET not in result.stderr + result.stdout
+    names = {p.name for p in files}
+    assert {"summary.json", "client.log"} <= names, names
+    for path in files:
+        text = path.read_text(errors="replace")
+        assert SECRET not in text, path
+    log = next(p for p in files if p.name == "client.log").read_text()
+    assert "Traceback" in log and "the token *** was refused" in log
+
+
+def test_redact_text_hides_known_keys_and_the_value_after_api_key(monkeypatch):
+    monkeypatch.setenv("PLUGRL_API_KEY", SECRET + "\r\n")
+    text = f"bad header: 'Api-Key {SECRET}\\r\\n' from {SECRET!r} and Api-Key other-value"
+    shown = redact_text(text)
+    assert SECRET not in shown and "other-value" not in shown
+    assert shown == "bad header: 'Api-Key ***' from '***' and Api-Key ***"
+    assert redact_text("send 'Authorization: Api-Key <key>'") == "send 'Authorization: Api-Key <key>'"

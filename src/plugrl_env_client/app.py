@@ -53,9 +53,9 @@ from plugrl_env_client.outputs.run_dir import (
 )
 from plugrl_env_client.outputs.run_writer import RunWriter, stopped_episodes
 from plugrl_env_client.outputs.tracking import make_tracker, require
-from plugrl_env_client.protocol import images
+from plugrl_env_client.protocol import images, ws_common
 from plugrl_env_client.records import ProcessResult, ProcessStatus
-from plugrl_env_client.redaction import REDACTED, redact_url
+from plugrl_env_client.redaction import REDACTED, add_secret, redact_text, redact_url
 from plugrl_env_client.rollout.budget import EpisodeBudget
 from plugrl_env_client.rollout.signals import blocked, deferred_interrupts, interrupt_handlers, shielded
 from plugrl_env_client.server.server import PolicyServer
@@ -63,6 +63,7 @@ from plugrl_env_client.server.server import PolicyServer
 logger = logging.getLogger(__name__)
 
 SUMMARY_PERIOD_S = 10.0
+API_KEY_VARIABLE = "PLUGRL_API_KEY"
 
 
 def run_client(config: ClientConfig, env_id: str, sources: EnvSources | None = None) -> int:
@@ -139,7 +140,8 @@ def run_client(config: ClientConfig, env_id: str, sources: EnvSources | None = N
                 summary = writer.close()
     code = _report(spec.uid, run_dir, summary, writer, signum)
     if server is not None and server.failure is not None:  # the embedded policy could not serve this env
-        print(f"error: --local-policy {config.local_policy} stopped the run: {server.failure}", file=sys.stderr)
+        print(f"error: --local-policy {config.local_policy} stopped the run: {redact_text(server.failure)}",
+              file=sys.stderr)
         return 1
     return code
 
@@ -429,8 +431,26 @@ def _validate(config: ClientConfig, env_id: str) -> None:
         if value is not None and value < 1:
             raise ConfigError(f"{flag} must be >= 1, got {value}")
     images.check_choice(config.connection.image_codec, config.connection.image_quality)  # and its extra
+    _check_api_key(config)
     group_sizes(config, env_id)  # pipeline and seed groups must split the envs evenly
     require(config.tracking)  # its library, before the run folder exists
+
+
+def _check_api_key(config: ClientConfig) -> None:
+    """The API key (``--api-key``, else ``$PLUGRL_API_KEY``) must fit an HTTP header; it is hidden in every text the
+    run shows or writes from now on. A key that does not fit is refused before the run starts, saying where it came
+    from and what is wrong with it, never the key."""
+    flag = config.connection.api_key
+    key = flag or os.environ.get(API_KEY_VARIABLE) or None
+    if key is None:
+        return
+    add_secret(key)
+    problem = ws_common.api_key_problem(key)
+    if problem is not None:
+        source = "--api-key" if flag else f"${API_KEY_VARIABLE}"
+        raise ConfigError(f"the API key in {source} cannot be sent in the handshake's Authorization header: "
+                          f"{problem}; give the key alone, printable ASCII without spaces (a key read from a file "
+                          "saved with CR LF line ends: remove the CR, e.g. with tr -d '\\r')")
 
 
 def _check_exp_name(name: str) -> None:

@@ -50,6 +50,7 @@ from tyro.constructors import (
 )
 
 from plugrl_env_client.errors import PlugRLError
+from plugrl_env_client.redaction import redact_text
 from plugrl_env_client.version import __version__
 
 logger = logging.getLogger(__name__)
@@ -74,7 +75,7 @@ def exit_code(body: Callable[[], int], args: Sequence[str] | None = None) -> int
         try:
             code = body()
         except PlugRLError as exc:
-            print(f"error: {exc}", file=sys.stderr)
+            print(f"error: {redact_text(str(exc))}", file=sys.stderr)
             code = 1
         except KeyboardInterrupt as exc:  # before the command had anything to write
             print("interrupted", file=sys.stderr)

@@ -10,7 +10,11 @@ rule for what is a secret and one way of hiding it: the value becomes :data:`RED
 * a URL's user info without a password: ``ws://TOKEN@host`` shows as ``ws://***@host`` (services that take a
   token as the user name, as many do, get no password field);
 * the value of ``--api-key`` in both spellings (``--api-key KEY``, ``--api-key=KEY``; ``--api_key`` too, which
-  the parser accepts as well).
+  the parser accepts as well);
+* in any text (an exception's message from a library, a log line, a traceback): the value after ``Api-Key``, every
+  key in :data:`KEY_VARIABLES` of this process's environment, and every key a command resolved and passed to
+  :func:`add_secret`. Every place that writes a text that did not come from this package (the log's handlers, the
+  summaries' process errors, a command's one-line error) passes it through :func:`redact_text`.
 
 This module is the bottom of the package: it imports nothing of it, so every layer may use it.
 """
@@ -18,6 +22,8 @@ This module is the bottom of the package: it imports nothing of it, so every lay
 from __future__ import annotations
 
 import ctypes
+import logging
+import os
 import re
 import sys
 from collections.abc import Sequence
@@ -38,6 +44,34 @@ _URL_TOKEN = re.compile(r"(?P<head>\b[A-Za-z][A-Za-z0-9+.-]*://)[^\s/?#@:'\"]+@"
 """A URL's ``scheme://`` and user info without a colon (a token given as the user name) up to its ``@``."""
 
 
+KEY_VARIABLES = ("PLUGRL_API_KEY", "PLUGRL_SERVER_API_KEY")
+"""Environment variables that hold an API key: their values are secrets wherever they show."""
+
+_API_KEY_HEADER = re.compile(r"(?P<head>\bApi-Key[ \t]+)(?!<)[^\s'\";,)\]]+")
+"""``Api-Key <key>``: an Authorization header's value, as a library's error may quote it (a placeholder in angle
+brackets, as in a hint, stays)."""
+
+MIN_SECRET = 6
+"""Shorter values are not hidden by value (they would hide every such word of a text); ``Api-Key <key>`` still is."""
+
+_secrets: set[str] = set()
+
+
+def add_secret(value: str | None) -> None:
+    """Hide ``value`` (an API key given on the command line) in every text :func:`redact_text` sees from now on."""
+    if value:
+        _secrets.add(value)
+
+
+def _known_secrets() -> list[str]:
+    """The secrets to hide: the ones added, and the keys of :data:`KEY_VARIABLES` set now; each also with its
+    surrounding whitespace and control characters stripped (a key file's CR LF), longest first."""
+    found = set(_secrets)
+    found.update(v for v in (os.environ.get(name) for name in KEY_VARIABLES) if v)
+    found.update({v.strip() for v in found})
+    return sorted((v for v in found if len(v) >= MIN_SECRET), key=len, reverse=True)
+
+
 def redact_url(url: str) -> str:
     """``url`` with its password replaced (``ws://user:***@host:port``), or its user info when it has no password
     (``ws://***@host:port``); a URL without user info is returned as it is."""
@@ -56,10 +90,23 @@ def redact_url(url: str) -> str:
 
 
 def redact_text(text: str) -> str:
-    """``text`` (a message, an error, a log line) with the password of every URL in it replaced, and the user info
-    of every URL that has no password."""
+    """``text`` (a message, an error, a log line) with the password of every URL in it replaced, the user info of
+    every URL that has no password, every API key this process knows (:func:`add_secret`, :data:`KEY_VARIABLES`)
+    and the value after every ``Api-Key``."""
+    for secret in _known_secrets():
+        for shown in (secret, repr(secret)[1:-1]):  # as it is, and as a repr() shows it (a CR as \r)
+            text = text.replace(shown, REDACTED)
+    text = _API_KEY_HEADER.sub(lambda m: f"{m.group('head')}{REDACTED}", text)
     text = _URL_PASSWORD.sub(lambda m: f"{m.group('head')}{REDACTED}@", text)
     return _URL_TOKEN.sub(lambda m: f"{m.group('head')}{REDACTED}@", text)
+
+
+class RedactingFormatter(logging.Formatter):
+    """A log formatter whose lines, tracebacks included, pass through :func:`redact_text`: an exception's text from
+    a library (which may quote a header with the API key, or a URL with its password) reaches no log unredacted."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return redact_text(super().format(record))
 
 
 def redact_argv(argv: Sequence[str]) -> list[str]:
@@ -137,4 +184,5 @@ def _is_secret_flag(arg: str) -> bool:
     return arg.startswith("--") and "--" + arg[2:].replace("_", "-") in SECRET_FLAGS
 
 
-__all__ = ["REDACTED", "SECRET_FLAGS", "hide_secrets_of_this_process", "redact_argv", "redact_text", "redact_url"]
+__all__ = ["KEY_VARIABLES", "REDACTED", "SECRET_FLAGS", "RedactingFormatter", "add_secret", "hide_secrets_of_this_process", "redact_argv",
+           "redact_text", "redact_url"]

@@ -66,3 +66,21 @@ def test_the_resumed_writer_and_the_report_count_the_episodes_the_rule_reads(tmp
     finally:
         summary = writer.close()
     assert summary["completed_episodes"] == 2 and read_episode_lines(path).torn_bytes == 0
+
+
+def test_lines_are_read_with_a_bound_and_holes_are_jumped(tmp_path: Path) -> None:
+    """A line longer than the bound comes as None (never held whole), lines around it as they are, and a 2 GiB hole
+    at the end of the file (sparse: no disk used) is one over-long line, gone past at once."""
+    from plugrl_env_client.outputs.results import bounded_lines, read_episode_lines
+
+    record = EpisodeRecord(0, 1.0, 3, None, terminated=True, truncated=False)
+    line = json.dumps(record.to_json()) + "\n"
+    path = tmp_path / "episodes.jsonl"
+    path.write_text(line + "y" * 5000 + "\n" + line)
+    with open(path, "r+b") as f:
+        f.truncate(2 * 2**30)
+    assert list(bounded_lines(path, limit=1000)) == [(1, line), (2, None), (3, line), (4, None)]
+    assert list(read_episodes(path)) == [record, record]
+    lines = read_episode_lines(path, limit=1000)
+    assert lines.too_long == (2, 4) and [n for n, _ in lines.not_episodes] == [2]
+    assert lines.torn_bytes == 2 * 2**30 - 2 * len(line) - 5001, "the hole at the end is a torn last line, measured"

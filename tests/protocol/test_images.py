@@ -68,7 +68,7 @@ def test_which_images_a_codec_carries(codec, channels, carried):
 
 
 def test_an_image_a_codec_cannot_carry_is_refused_by_encode():
-    with pytest.raises(ValueError, match=r"images\['depth'\]: jpeg encodes .* c in \(1, 3\), not uint8 \[2, 8, 8, 4\]"):
+    with pytest.raises(ValueError, match=r"images\['depth'\]: jpeg carries images of 1 or 3 channels, not 4 \(uint8 \[2, 8, 8, 4\]\)"):
         images.encode(np.zeros((2, 8, 8, 4), np.uint8), "jpeg", field="images['depth']")
     with pytest.raises(ValueError, match="float32"):
         images.encode(np.zeros((2, 8, 8, 3), np.float32), "qoi")
@@ -149,3 +149,70 @@ def test_a_missing_library_says_which_extra_to_install(monkeypatch):
     monkeypatch.setitem(sys.modules, "simplejpeg", None)  # an import of it now fails, as when not installed
     with pytest.raises(ConfigError, match=r"pip install 'plugrl-env-client\[images\]'"):
         images.encode(np.zeros((1, 8, 8, 3), np.uint8), "jpeg")
+
+
+@pytest.mark.parametrize("codec,shape,dtype,words", [
+    ("jpeg", (1, 1, 65535, 3), np.uint8, "jpeg carries images of 1 to 65500 pixels a side, not 1x65535"),
+    ("jpeg", (1, 65501, 2, 1), np.uint8, "1 to 65500 pixels a side, not 65501x2"),
+    ("jpeg", (1, 0, 8, 3), np.uint8, "1 to 65500 pixels a side, not 0x8"),
+    ("qoi", (1, 8, 0, 4), np.uint8, "qoi carries images of 1 to 400000000 pixels a side, not 8x0"),
+    ("qoi", (1, 20001, 20000, 3), np.uint8, "qoi carries images of at most 400000000 pixels, not 20001x20000"),
+    ("jpeg", (1, 8, 8, 4), np.uint8, "jpeg carries images of 1 or 3 channels, not 4"),
+    ("qoi", (1, 8, 8, 1), np.uint8, "qoi carries images of 3 or 4 channels, not 1"),
+    ("jpeg", (1, 8, 8, 3), np.uint16, "jpeg carries uint8 images, not uint16"),
+    ("qoi", (8, 8, 3), np.uint8, "qoi carries [n, h, w, c] image batches, not 3-d arrays"),
+])
+def test_every_limit_of_a_codec_is_checked_in_one_place(codec, shape, dtype, words):
+    why = images.refusal(shape, dtype, codec)
+    assert why is not None and words in why
+    assert not images.encodable(shape, codec, dtype)
+
+
+@pytest.mark.parametrize("codec,shape", [("jpeg", (1, 1, 65500, 3)), ("jpeg", (1, 65500, 1, 1)), ("qoi", (1, 1, 1, 4))])
+def test_an_image_at_a_limit_is_carried(codec, shape):
+    assert images.refusal(shape, np.uint8, codec) is None
+    data = np.zeros(shape, np.uint8)
+    np.testing.assert_array_equal(images.decode(images.encode(data, codec), codec, shape), data)
+
+
+def test_the_libraries_refuse_what_refusal_refuses():
+    """The limits are the libraries' own: one pixel past each, the library raises."""
+    import qoi
+    import simplejpeg
+
+    with pytest.raises(ValueError, match="65500"):
+        simplejpeg.encode_jpeg(np.zeros((1, 65501, 3), np.uint8), colorspace="RGB")
+    with pytest.raises(RuntimeError):
+        qoi.encode(np.zeros((0, 4, 3), np.uint8))
+
+
+@pytest.mark.parametrize("codec,shape", [("jpeg", (1, 1, 65535, 3)), ("jpeg", (2, 4, 4, 4)), ("qoi", (1, 0, 4, 3))])
+def test_a_camera_past_a_limit_travels_raw(codec, shape):
+    """The wire map of an observation keeps such a camera as its array instead of failing the run."""
+    from plugrl_env_client.protocol import messages
+
+    class Obs:
+        images = {"wide": np.zeros(shape, np.uint8), "cam": np.zeros((shape[0], 8, 8, 3), np.uint8)}
+        states: dict = {}
+        text = np.array([""] * shape[0])
+
+    wire = messages.wire_observation(Obs(), codec)
+    assert wire["images"]["wide"] is Obs.images["wide"]
+    assert isinstance(wire["images"]["cam"], dict) and wire["images"]["cam"]["codec"] == codec
+
+
+def test_a_declared_shape_over_the_pixel_bound_is_refused_before_anything_is_read_or_allocated():
+    crafted = jpeg_claiming(6000, 6000)
+    tracemalloc.start()
+    try:
+        with pytest.raises(images.ImagesTooLarge) as info:
+            images.decode([crafted], "jpeg", (1, 6000, 6000, 3), field="images['cam']", max_pixels=1 << 20)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert str(info.value) == ("images['cam']: the declared shape [1, 6000, 6000, 3] is 36000000 pixels of encoded "
+                               "images, over the 1048576 pixels one message may declare here")
+    assert peak < 10_000_000
+    assert images.DEFAULT_MAX_PIXELS < 6000 * 6000, "the default bound refuses it too"
+    with pytest.raises(images.ImagesTooLarge):
+        images.decode([crafted], "jpeg", (1, 6000, 6000, 3))

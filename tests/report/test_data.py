@@ -278,3 +278,34 @@ def test_check_run_folder(tmp_path):
         check_run_folder(tmp_path)
     (tmp_path / "rollout").mkdir()
     check_run_folder(tmp_path)
+
+
+def test_a_line_over_the_bound_is_skipped_unread_with_a_note_naming_file_and_line(tmp_path):
+    """An episodes.jsonl with a 3 MiB line of garbage, an episode after it, and a 2 GiB hole at its end (sparse: no
+    disk used): the episodes around them are read, both over-long lines are skipped and named, and the reader never
+    holds more than a bounded line."""
+    import tracemalloc
+
+    write_episodes(tmp_path, 0, [ep(1.0, 10)], tail="x" * (3 << 20) + "\n" + json.dumps(ep(2.0, 12)) + "\n")
+    path = tmp_path / "rollout" / "proc_000" / "episodes.jsonl"
+    with open(path, "r+b") as f:
+        f.truncate(2 * 2**30)
+    tracemalloc.start()
+    try:
+        run = load_run(tmp_path)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    p = run.processes[0]
+    assert p.episodes.returns.tolist() == [1.0, 2.0] and p.skipped_lines == 2
+    assert f"{path}: lines 2, 4 longer than 1048576 bytes (an episode's line is a few hundred) skipped unread" in run.notes
+    assert peak < 16 << 20
+
+
+def test_a_summary_larger_than_a_run_writes_is_left_out_with_a_note(tmp_path):
+    write_episodes(tmp_path, 0, [ep(1.0, 10)])
+    with open(tmp_path / "summary.json", "wb") as f:
+        f.truncate(65 << 20)
+    run = load_run(tmp_path)
+    assert run.summary is None
+    assert any(n.startswith(f"{tmp_path / 'summary.json'} is {65 << 20} bytes") for n in run.notes), run.notes

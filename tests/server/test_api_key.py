@@ -4,6 +4,7 @@ other machines can reach without a key says so when it starts."""
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import signal
@@ -54,6 +55,19 @@ def test_a_handshake_without_the_key_gets_401(keyed_server, header):
     assert keyed_server.connections == 0
 
 
+@pytest.mark.parametrize("header,why", [(None, "no Authorization header"),
+                                        (f"Bearer {KEY}", "an Authorization header without the Api-Key scheme"),
+                                        (f"Api-Key {KEY}x", "an API key that is not this server's")])
+def test_each_refused_handshake_is_logged_with_the_peer_never_the_key(keyed_server, caplog, header, why):
+    with caplog.at_level(logging.WARNING), pytest.raises(InvalidStatus):
+        _handshake(keyed_server.url, header)
+    said = [r.getMessage() for r in caplog.records if "refused the WebSocket handshake" in r.getMessage()]
+    assert len(said) == 1 and said[0].endswith(f"with HTTP 401: {why}"), said
+    assert KEY not in caplog.text
+    if keyed_server._server.__class__.__name__ == "_WebsocketsListener":
+        assert said[0].startswith("refused the WebSocket handshake of ('127.0.0.1', "), said
+
+
 def test_a_handshake_with_the_key_is_served(keyed_server):
     with _handshake(keyed_server.url, f"Api-Key {KEY}") as ws:
         meta = messages.parse_metadata(codec.unpackb(ws.recv(timeout=10)))
@@ -70,9 +84,13 @@ def test_authorized_compares_the_whole_header():
     assert not authorized(KEY, ["Basic dXNlcjpwYXNz", "Api-Key wrong"])
 
 
-@pytest.mark.parametrize("value,words", [("", "--api-key is empty"),
-                                         ("two words", "--api-key holds a character that cannot travel"),
-                                         ("caf\u00e9", "--api-key holds a character that cannot travel")])
+@pytest.mark.parametrize("value,words", [
+    ("", "--api-key is empty"),
+    ("two words", "--api-key cannot travel in an HTTP header: it holds a space at character 4 of 9"),
+    ("caf\u00e9", "--api-key cannot travel in an HTTP header: it holds a character that is not ASCII at character 4"),
+    ("s3cret-key\r", "--api-key cannot travel in an HTTP header: it holds a carriage return (CR: a key file saved "
+                     "with CR LF line ends?) at character 11 of 11"),
+])
 def test_a_key_that_cannot_be_sent_is_a_one_line_error(value, words, capsys):
     with pytest.raises(SystemExit) as info:
         main(["--port", "0", "--api-key", value])

@@ -195,3 +195,58 @@ def test_the_parser_decodes_only_when_asked():
         messages.parse_infer(codec.unpackb(infer_frame(Batch([0, 1]), [0, 1], "jpeg")))
     request = messages.parse_infer(msg, decode_images=True)
     assert request.obs["images"]["front"].shape == (2, 24, 32, 3)
+
+
+def jpeg_claiming(height: int, width: int) -> bytes:
+    """A small JPEG whose header (its SOF0 segment) is patched to claim ``height`` x ``width``."""
+    data = bytearray(images.encode(np.zeros((1, 8, 8, 3), np.uint8), "jpeg")[0])
+    sof = data.index(b"\xff\xc0")
+    data[sof + 5:sof + 9] = height.to_bytes(2, "big") + width.to_bytes(2, "big")
+    return bytes(data)
+
+
+def test_a_small_frame_declaring_a_huge_image_is_refused_unread(server_factory, caplog):
+    """A frame of about a kilobyte whose header and declared shape agree on 6000x6000 (108 MB decoded) is over the
+    default bound: the connection is resynced with a log line saying why, and nothing of that size is allocated."""
+    import tracemalloc
+
+    server = server_factory()
+    seen = recording(server)
+    ws, _ = open_client(server)
+    port = ws.local_address[1]
+    msg = crafted(np.zeros((1, 8, 8, 3), np.uint8), (1, 6000, 6000, 3))
+    msg["data"]["images"]["front"]["rows"] = [jpeg_claiming(6000, 6000)]
+    frame = codec.packb(msg)
+    assert len(frame) < 2000
+    tracemalloc.start()
+    try:
+        ws.send(frame)
+        assert close_of(ws) == (1001, messages.REASON_RESYNC)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 20_000_000
+    said = violation_of(caplog, port)
+    assert (f"infer data['images']['front']: the declared shape [1, 6000, 6000, 3] is 36000000 pixels of encoded "
+            f"images, over the {images.DEFAULT_MAX_PIXELS} pixels one message may declare here (a server started "
+            "with a larger --max-image-pixels takes it)") in said
+    assert not seen
+    again, _ = open_client(server)  # the server goes on serving
+    again.close()
+
+
+def test_the_bound_counts_every_camera_of_a_message(server_factory, caplog):
+    """24x32 pixels a camera, 3 env rows: 2304 each; with a bound of 3000 the first camera fits, the second (its
+    pixels added) does not; raw cameras are not counted."""
+    server = server_factory(max_image_pixels=3000)
+    ws, _ = open_client(server)
+    port = ws.local_address[1]
+    ws.send(infer_frame(Batch([0, 1, 2]), [0, 1, 2], "jpeg"))
+    assert close_of(ws) == (1001, messages.REASON_RESYNC)
+    assert ("infer data['images']['depth']: the declared shape [3, 24, 32, 1] is 2304 pixels of encoded images "
+            "(4608 with the message's cameras before it), over the 3000 pixels") in violation_of(caplog, port)
+    roomy = server_factory(max_image_pixels=2 * 2304)
+    ws, _ = open_client(roomy)
+    ws.send(infer_frame(Batch([0, 1, 2]), [0, 1, 2], "jpeg"))
+    messages.parse_action(codec.unpackb(ws.recv(timeout=5)), np.array([0, 1, 2]))
+    ws.close()

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from plugrl_env_client.outputs.progress import BAR_LINE
+from plugrl_env_client.redaction import RedactingFormatter
 
 LOG_FORMAT = "%(asctime)s %(levelname)s [%(processName)s] %(name)s: %(message)s"
 PACKAGE = "plugrl_env_client"
@@ -97,10 +98,10 @@ def setup_logging(log_file: Path, console_level: int = logging.WARNING) -> None:
     """Everything (DEBUG and up for this package) to ``log_file``; warnings and errors to the console."""
     log_file.parent.mkdir(parents=True, exist_ok=True)
     file_handler = RunLogHandler(log_file)
-    file_handler.setFormatter(logging.Formatter(LOG_FORMAT))
+    file_handler.setFormatter(RedactingFormatter(LOG_FORMAT))
     file_handler.setLevel(logging.DEBUG)
     console = ConsoleHandler()
-    console.setFormatter(logging.Formatter("%(levelname)s: %(message)s"))
+    console.setFormatter(RedactingFormatter("%(levelname)s: %(message)s"))
     console.setLevel(console_level)
     _install(file_handler, console)
 

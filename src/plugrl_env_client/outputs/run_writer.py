@@ -62,7 +62,7 @@ from plugrl_env_client.outputs.run_dir import (
 )
 from plugrl_env_client.outputs.tracking import NoTracker, Tracker
 from plugrl_env_client.records import DEFAULT_METRIC_WINDOW, EpisodeRecord, EpisodeStats, ProcessResult, ProcessStatus
-from plugrl_env_client.redaction import redact_argv
+from plugrl_env_client.redaction import redact_argv, redact_text
 from plugrl_env_client.timing import Timing
 
 logger = logging.getLogger(__name__)
@@ -259,7 +259,8 @@ class RunWriter:
                 state.recorder = result.recorder
             if state.status is ProcessStatus.FAILED and state.error:
                 return
-            state.status, state.error = result.status, result.error
+            # An error's text may come from any library (a header it quotes, a URL): no secret reaches the files.
+            state.status, state.error = result.status, None if result.error is None else redact_text(result.error)
             if self._failure is not None and result.status is not ProcessStatus.FAILED:  # stopped by the failure
                 state.status, state.error = ProcessStatus.FAILED, self.failure_message()
 

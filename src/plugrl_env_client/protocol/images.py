@@ -8,14 +8,17 @@ row, in one of the :data:`CODECS`:
   areas, more at sharp edges);
 * ``qoi`` (the Quite OK Image format): lossless, for 3- and 4-channel images.
 
-An image a codec cannot carry (``jpeg`` of 4 channels, say) travels raw: :func:`encodable` says which do. The
+An image a codec cannot carry travels raw: :func:`refusal` says why not, in one place, from every limit of the
+codec (:data:`LIMITS`: channels, pixels a side, pixels an image; uint8 only), so nothing a library would refuse
+reaches it (``jpeg`` of 4 channels, or a side over libjpeg's 65500 pixels). The
 library behind each codec is chosen by ``bench/image_codecs.py`` (encode and decode time per batch of 16 envs'
 camera frames): simplejpeg (libjpeg-turbo in its wheel, no system library) for JPEG, ``qoi`` for QOI. Both are the
 extra ``images`` and are imported only when a codec is used.
 
-Decoding reads each row's header before anything is decompressed or allocated, and refuses an image whose size or
-channels differ from the declared shape with a :class:`~plugrl_env_client.errors.ProtocolError` naming the field
-and the row: a small message cannot make the receiver allocate a huge image (no decompression bombs).
+Decoding bounds the declared shape first (:class:`ImagesTooLarge` past the receiver's ``max_pixels``), then reads
+each row's header before anything is decompressed or allocated, and refuses an image whose size or channels differ
+from the declared shape with a :class:`~plugrl_env_client.errors.ProtocolError` naming the field and the row: a small
+message cannot make the receiver allocate a huge image (no decompression bombs).
 
 Pure functions; nothing here sends or receives. :data:`FEATURE` is the name a server offers in its metadata's
 ``features`` when it decodes images it receives this way (prefixed so it cannot clash with PlugRL's own names).
@@ -23,6 +26,7 @@ Pure functions; nothing here sends or receives. :data:`FEATURE` is the name a se
 
 from __future__ import annotations
 
+import dataclasses
 import struct
 from collections.abc import Sequence
 from types import ModuleType
@@ -40,6 +44,38 @@ CODECS: tuple[str, ...] = ("none", "jpeg", "qoi")
 CHANNELS: dict[str, tuple[int, ...]] = {"jpeg": (1, 3), "qoi": (3, 4)}
 """The channel counts each codec carries; other images travel raw."""
 DEFAULT_QUALITY = 90
+
+
+@dataclasses.dataclass(frozen=True)
+class Limits:
+    """What one codec carries: its channel counts, the longest side and the most pixels (height x width) of one
+    image; every side is at least 1 pixel."""
+
+    channels: tuple[int, ...]
+    max_side: int
+    max_pixels: int
+
+
+LIMITS: dict[str, Limits] = {
+    "jpeg": Limits(CHANNELS["jpeg"], max_side=65500, max_pixels=65500 * 65500),  # libjpeg's JPEG_MAX_DIMENSION
+    "qoi": Limits(CHANNELS["qoi"], max_side=400_000_000, max_pixels=400_000_000),  # the QOI format's pixel limit
+}
+"""Every limit of each codec's format and library; an image past one travels raw."""
+
+DEFAULT_MAX_PIXELS = 1 << 25
+"""Pixels (env rows x height x width, all cameras together) the encoded images of one message may declare before a
+receiver refuses it unread: 128 MiB decoded at 4 channels, 16 envs of 1448x1448 pixels."""
+
+
+class ImagesTooLarge(ProtocolError):
+    """A message's encoded images declare more pixels than the receiver takes (``max_pixels``): refused before
+    anything is decoded or allocated."""
+
+    def __init__(self, field: str, shape: Sequence[int], pixels: int, max_pixels: int, before: int = 0) -> None:
+        others = f" ({before + pixels} with the message's cameras before it)" if before else ""
+        super().__init__(f"{field}: the declared shape {list(shape)} is {pixels} pixels of encoded images{others}, "
+                         f"over the {max_pixels} pixels one message may declare here")
+        self.pixels, self.max_pixels = before + pixels, max_pixels
 
 _QOI_HEADER = struct.Struct(">4sIIBB")  # magic, width, height, channels, colorspace (the QOI specification)
 
@@ -79,18 +115,37 @@ def available() -> bool:
 _LIBRARIES = {"jpeg": "simplejpeg", "qoi": "qoi"}
 
 
-def encodable(shape: Sequence[int], codec: str) -> bool:
-    """Whether ``codec`` carries images of ``shape`` (``[n, h, w, c]`` or ``[h, w, c]``); otherwise they travel raw."""
-    return codec in CHANNELS and len(shape) in (3, 4) and shape[-1] in CHANNELS[codec]
+def refusal(shape: Sequence[int], dtype: Any, codec: str) -> str | None:
+    """Why ``codec`` cannot carry images of ``shape`` (``[n, h, w, c]``) and ``dtype``, or None when it can: the one
+    check of every limit in :data:`LIMITS`, made before anything is encoded (and of a declared shape before it is
+    decoded)."""
+    limits = LIMITS.get(codec)
+    if limits is None:
+        return f"{codec!r} is not an image codec (one of {', '.join(LIMITS)})"
+    if np.dtype(dtype) != np.uint8:
+        return f"{codec} carries uint8 images, not {np.dtype(dtype)}"
+    if len(shape) != 4:
+        return f"{codec} carries [n, h, w, c] image batches, not {len(shape)}-d arrays"
+    _, height, width, channels = (int(s) for s in shape)
+    if channels not in limits.channels:
+        return f"{codec} carries images of {' or '.join(map(str, limits.channels))} channels, not {channels}"
+    if not 1 <= height <= limits.max_side or not 1 <= width <= limits.max_side:
+        return f"{codec} carries images of 1 to {limits.max_side} pixels a side, not {height}x{width}"
+    if height * width > limits.max_pixels:
+        return f"{codec} carries images of at most {limits.max_pixels} pixels, not {height}x{width}"
+    return None
+
+
+def encodable(shape: Sequence[int], codec: str, dtype: Any = np.uint8) -> bool:
+    """Whether ``codec`` carries images of ``shape`` (``[n, h, w, c]``) and ``dtype``; otherwise they travel raw."""
+    return refusal(shape, dtype, codec) is None
 
 
 def encode(images: np.ndarray, codec: str, quality: int = DEFAULT_QUALITY, field: str = "images") -> list[bytes]:
     """``images`` (``[n, h, w, c]`` uint8) as ``n`` encoded rows. ``field`` names them in an error."""
-    if codec not in CHANNELS:
-        raise ValueError(f"unknown image codec {codec!r}; one of {', '.join(c for c in CODECS if c != 'none')}")
-    if images.dtype != np.uint8 or not encodable(images.shape, codec) or images.ndim != 4:
-        raise ValueError(f"{field}: {codec} encodes [n, h, w, c] uint8 images with c in {CHANNELS[codec]}, not "
-                         f"{images.dtype} {list(images.shape)}")
+    why = refusal(images.shape, images.dtype, codec)
+    if why is not None:
+        raise ValueError(f"{field}: {why} ({images.dtype} {list(images.shape)}); check refusal() first")
     if codec == "jpeg":
         if not 1 <= quality <= 100:
             raise ValueError(f"JPEG quality must be 1..100, got {quality}")
@@ -122,14 +177,23 @@ def header_shape(data: bytes, codec: str) -> tuple[int, int, int]:
     raise ValueError(f"unknown image codec {codec!r}")
 
 
-def decode(rows: Sequence[bytes], codec: str, shape: Sequence[int], field: str = "images") -> np.ndarray:
+def pixels(shape: Sequence[int]) -> int:
+    """The pixels of a declared ``[n, h, w, c]`` shape: env rows x height x width."""
+    return int(shape[0]) * int(shape[1]) * int(shape[2])
+
+
+def decode(rows: Sequence[bytes], codec: str, shape: Sequence[int], field: str = "images",
+           max_pixels: int = DEFAULT_MAX_PIXELS, before: int = 0) -> np.ndarray:
     """The ``[n, h, w, c]`` uint8 array of ``rows`` (one encoded image per env row), whose declared ``shape`` is
-    checked against every row's header before anything is decoded or allocated. A mismatch, a row count that
+    bounded by ``max_pixels`` with the ``before`` pixels of the message's other cameras (:class:`ImagesTooLarge`)
+    and checked against every row's header before anything is decoded or allocated. A mismatch, a row count that
     differs, or bytes that are not such an image raise a ProtocolError naming ``field`` and the row."""
     shape = tuple(int(s) for s in shape)
-    if len(shape) != 4 or not encodable(shape, codec):
-        raise ProtocolError(f"{field}: declared shape {list(shape)} cannot be {codec}-encoded images "
-                            f"([n, h, w, c] with c in {CHANNELS.get(codec, ())})")
+    why = refusal(shape, np.uint8, codec)
+    if why is not None:
+        raise ProtocolError(f"{field}: declared shape {list(shape)} cannot be {codec}-encoded images ({why})")
+    if before + pixels(shape) > max_pixels:
+        raise ImagesTooLarge(field, shape, pixels(shape), max_pixels, before)
     if len(rows) != shape[0]:
         raise ProtocolError(f"{field}: {len(rows)} encoded rows for a declared shape of {shape[0]} rows")
     for i, data in enumerate(rows):

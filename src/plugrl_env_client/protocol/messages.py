@@ -156,8 +156,9 @@ def wire_observation(obs: ObservationLike, image_codec: str = "none",
 
 def encoded_image(arr: np.ndarray, codec: str, quality: int, name: str = "images") -> np.ndarray | dict[str, Any]:
     """One camera's batch as it travels with the images feature: ``{"codec", "shape", "rows"}`` (one encoded image
-    per env row) when ``codec`` carries it, else the array itself (raw)."""
-    if arr.dtype != np.uint8 or arr.ndim != 4 or not image_codecs.encodable(arr.shape, codec):
+    per env row) when ``codec`` carries it, else the array itself (raw: :func:`~plugrl_env_client.protocol.images.refusal`
+    says why)."""
+    if not isinstance(arr, np.ndarray) or not image_codecs.encodable(arr.shape, codec, arr.dtype):
         return arr
     rows = image_codecs.encode(arr, codec, quality, field=f"images[{name!r}]")
     return {"codec": codec, "shape": list(arr.shape), "rows": rows}
@@ -277,14 +278,16 @@ def _text_chunk(rows: list[Any]) -> np.ndarray:
     return np.array(rows, dtype=str) if rows and rows[0] else np.zeros((len(rows), 0), dtype="<U1")
 
 
-def _observation(obs: Any, where: str, decode_images: bool = False) -> tuple[int, str]:
+def _observation(obs: Any, where: str, decode_images: bool = False,
+                 max_image_pixels: int = image_codecs.DEFAULT_MAX_PIXELS) -> tuple[int, str]:
     """Check an observation map's structure; returns its batch size (-1 when it has no arrays) and which arrays it
     read that from (for messages). With ``decode_images`` (a server that offered the images feature), an encoded
-    camera map is decoded in place into its array."""
+    camera map is decoded in place into its array, the cameras together declaring at most ``max_image_pixels``."""
     if not isinstance(obs, dict) or set(obs) != set(OBS_KEYS):
         keys = sorted(map(str, obs)) if isinstance(obs, dict) else type(obs).__name__
         raise ProtocolError(f"{where} must be a map with exactly the keys images, states, text; got {keys}")
     rows: dict[str, int] = {}
+    declared = 0  # pixels of the encoded cameras decoded so far
     for group in ("images", "states"):
         if not isinstance(obs[group], dict):
             raise ProtocolError(f"{where}[{group!r}] must be a map of arrays")
@@ -296,7 +299,9 @@ def _observation(obs: Any, where: str, decode_images: bool = False) -> tuple[int
                 if not decode_images:
                     raise ProtocolError(f"{where}['images'][{name!r}] is an encoded image map, but this server did "
                                         f"not offer {image_codecs.FEATURE}: send the array")
-                arr = obs["images"][name] = decoded_image(arr, f"{where}['images'][{name!r}]")
+                arr = obs["images"][name] = decoded_image(arr, f"{where}['images'][{name!r}]", max_image_pixels,
+                                                          declared)
+                declared += image_codecs.pixels(arr.shape)
             if not isinstance(arr, np.ndarray) or arr.ndim == 0:
                 raise ProtocolError(f"{where}[{group!r}][{name!r}] must be an array with the env batch leading")
             if group == "images" and arr.dtype != np.uint8:
@@ -323,9 +328,12 @@ def _observation(obs: Any, where: str, decode_images: bool = False) -> tuple[int
 ENCODED_IMAGE_KEYS = ("codec", "shape", "rows")
 
 
-def decoded_image(encoded: dict[Any, Any], field: str) -> np.ndarray:
-    """The array of one camera's :func:`encoded_image` map, each row's size checked against the declared shape
-    before anything is decoded or allocated; a ProtocolError naming ``field`` when the map or a row is not right."""
+def decoded_image(encoded: dict[Any, Any], field: str, max_pixels: int = image_codecs.DEFAULT_MAX_PIXELS,
+                  before: int = 0) -> np.ndarray:
+    """The array of one camera's :func:`encoded_image` map, its declared shape bounded by ``max_pixels`` (with the
+    ``before`` pixels of the message's cameras decoded already) and each
+    row's size checked against it before anything is decoded or allocated; a ProtocolError naming ``field`` when
+    the map or a row is not right (:class:`~plugrl_env_client.protocol.images.ImagesTooLarge` past the bound)."""
     if set(encoded) != set(ENCODED_IMAGE_KEYS):
         raise ProtocolError(f"{field} must be an array or a map with exactly the keys codec, shape, rows; got keys "
                             f"{sorted(map(str, encoded))}")
@@ -339,7 +347,7 @@ def decoded_image(encoded: dict[Any, Any], field: str) -> np.ndarray:
     if not isinstance(rows, (list, tuple)):
         raise ProtocolError(f"{field}['rows'] must be a list of bytes (one encoded image per env row), got "
                             f"{type(rows).__name__}")
-    return image_codecs.decode(rows, codec, shape, field=field)
+    return image_codecs.decode(rows, codec, shape, field=field, max_pixels=max_pixels, before=before)
 
 
 SMALL_BATCH = 256
@@ -356,8 +364,10 @@ def _unique(env_indices: np.ndarray, kind: str) -> None:
         raise ProtocolError(f"{kind} env_indices must be unique, got {env_indices.tolist()}")
 
 
-def parse_infer(msg: Any, decode_images: bool = False) -> InferRequest[dict[str, Any]]:
-    """An infer, checked; with ``decode_images`` (the images feature offered) its encoded cameras decoded."""
+def parse_infer(msg: Any, decode_images: bool = False,
+                max_image_pixels: int = image_codecs.DEFAULT_MAX_PIXELS) -> InferRequest[dict[str, Any]]:
+    """An infer, checked; with ``decode_images`` (the images feature offered) its encoded cameras decoded, when
+    they declare at most ``max_image_pixels`` together."""
     _expect_type(msg, INFER)
     env_indices = index_array(msg.get("env_indices"), "env_indices")
     step_ids = index_array(msg.get("step_ids"), "step_ids")
@@ -367,7 +377,7 @@ def parse_infer(msg: Any, decode_images: bool = False) -> InferRequest[dict[str,
     reuse = msg.get("reuse")
     if reuse is not None and (not isinstance(reuse, np.ndarray) or reuse.dtype != bool or reuse.shape != env_indices.shape):
         raise ProtocolError("infer 'reuse' must be a bool array with one entry per env index")
-    n, names = _observation(msg.get("data"), "infer data", decode_images)
+    n, names = _observation(msg.get("data"), "infer data", decode_images, max_image_pixels)
     expected = len(env_indices) if reuse is None else int((~reuse).sum())
     if n != expected and not (n == -1 and expected == 0):
         held = "no arrays" if n == -1 else f"{n} rows"
@@ -377,8 +387,10 @@ def parse_infer(msg: Any, decode_images: bool = False) -> InferRequest[dict[str,
     return InferRequest(obs=msg["data"], env_indices=env_indices, step_ids=step_ids, reuse=reuse)
 
 
-def parse_feedback(msg: Any, decode_images: bool = False) -> Feedback[dict[str, Any]]:
-    """A feedback, checked; with ``decode_images`` (the images feature offered) its encoded cameras decoded."""
+def parse_feedback(msg: Any, decode_images: bool = False,
+                   max_image_pixels: int = image_codecs.DEFAULT_MAX_PIXELS) -> Feedback[dict[str, Any]]:
+    """A feedback, checked; with ``decode_images`` (the images feature offered) its encoded cameras decoded, when
+    they declare at most ``max_image_pixels`` together."""
     _expect_type(msg, FEEDBACK)
     env_indices = index_array(msg.get("env_indices"), "env_indices")
     step_ids = index_array(msg.get("step_ids"), "step_ids")
@@ -388,7 +400,7 @@ def parse_feedback(msg: Any, decode_images: bool = False) -> Feedback[dict[str, 
         raise ProtocolError(f"feedback data must have exactly the keys {', '.join(FEEDBACK_KEYS)}; got {keys}")
     _unique(env_indices, "feedback")
     m = len(env_indices)
-    n, names = _observation(data["obs"], "feedback obs", decode_images)
+    n, names = _observation(data["obs"], "feedback obs", decode_images, max_image_pixels)
     if (n != m and not (n == -1 and m == 0)) or len(step_ids) != m:
         held = "no arrays" if n == -1 else f"{n} rows"
         raise ProtocolError(f"feedback obs has {held} and {len(step_ids)} step ids for {m} env indices (the rows "

@@ -27,8 +27,10 @@ Every wait for a reply is bounded or announced:
 
 With ``--image-codec`` other than none, a connection whose server offers
 :data:`~plugrl_env_client.protocol.images.FEATURE` carries the observations' cameras encoded per env row
-(:func:`~plugrl_env_client.protocol.messages.wire_observation`); one that does not gets raw arrays, and the session
-says so once.
+(:func:`~plugrl_env_client.protocol.messages.wire_observation`); one that does not gets raw arrays, and a camera the
+codec cannot carry (:func:`~plugrl_env_client.protocol.images.refusal`) travels raw. Which codec the server took,
+and each camera that travels raw, is said once per run: by the session of the run's first stream (process 0, env
+group 0), as every stream of a run talks to the same server with the same cameras.
 
 Counters and times go into the caller's :class:`~plugrl_env_client.timing.Timing`.
 """
@@ -179,7 +181,9 @@ class Session:
         self._feedback_packing = Stopwatch(self.timing, "pack_s")
         self._client: ws_client.WebSocketClient | None = None
         self._image_codec = "none"  # the codec of the current connection: --image-codec when its server offers it
-        self._warned_codec = False
+        self._speaks = config.stream in (None, (0, 0))  # the run's first stream says what holds for every stream
+        self._said_codec: str | None = None  # the codec the session said it uses (said again only when it changes)
+        self._said_raw: set[str] = set()  # cameras said to travel raw
         self._lost: Closed | None = None  # a feedback found the connection gone: the next infer raises it
         self._asked: np.ndarray | None = None  # env_indices of the infer in flight (None: none is)
         self._sent_at = 0.0  # perf_counter() when it went out (for timing.infer_wait_s)
@@ -218,6 +222,8 @@ class Session:
                 self._answers_no_infer(early)
             with self._infer_packing:
                 wire = messages.wire_observation(request.obs, self._image_codec, self.config.image_quality)
+                if self._image_codec != "none" and self._speaks:
+                    self._say_raw_cameras(wire["images"])
                 frame = self._packer.pack(request.message(wire), _payload_bytes(wire))
             self._sent_at = time.perf_counter()
             client.send_frame(frame)
@@ -397,16 +403,30 @@ class Session:
 
     def _codec_for(self, meta: ServerMetadata) -> str:
         """The image codec of a connection to a server that said ``meta``: --image-codec when the server offers the
-        images feature, else none (raw arrays), with one warning per session naming what the server offers."""
+        images feature, else none (raw arrays). The run's first stream says which, on its first connection and
+        whenever a reconnect changes it: a line in the log when the server took the codec, a warning naming what it
+        offers when it did not."""
         asked = self.config.image_codec
-        if asked == "none" or meta.supports(images.FEATURE):
-            return asked
-        if not self._warned_codec:
-            self._warned_codec = True
-            offered = ", ".join(meta.features) or "none"
-            logger.warning("--image-codec %s: the server does not offer %s (its features: %s); sending raw image "
-                           "arrays", asked, images.FEATURE, offered)
-        return "none"
+        used = asked if asked == "none" or meta.supports(images.FEATURE) else "none"
+        if asked != "none" and self._speaks and used != self._said_codec:
+            self._said_codec = used
+            if used == asked:
+                logger.info("image codec %s: the server offers %s, so camera images travel %s-encoded per env row",
+                            asked, images.FEATURE, asked)
+            else:
+                offered = ", ".join(meta.features) or "none"
+                logger.warning("--image-codec %s: the server does not offer %s (its features: %s); sending raw image "
+                               "arrays", asked, images.FEATURE, offered)
+        return used
+
+    def _say_raw_cameras(self, cameras: dict[str, Any]) -> None:
+        """Say once per camera that travels raw although a codec is in use, and why (a codec's limit)."""
+        for name, value in cameras.items():
+            if isinstance(value, np.ndarray) and name not in self._said_raw:
+                self._said_raw.add(name)
+                why = images.refusal(value.shape, value.dtype, self._image_codec)
+                logger.warning("--image-codec %s: camera %r (%s %s) travels raw: %s", self._image_codec, name,
+                               value.dtype, list(value.shape), why)
 
     def _drop(self) -> None:
         """Forget the current connection (its socket is closed, or about to be) and the infer in flight on it."""

@@ -33,8 +33,26 @@ __all__ = [
     "InvalidServerURL",
     "TransportClosed",
     "TransportError",
+    "api_key_problem",
     "retain_freed_memory",
 ]
+
+_NAMED = {"\r": "a carriage return (CR: a key file saved with CR LF line ends?)", "\n": "a line feed (LF)",
+          "\t": "a tab", " ": "a space"}
+
+
+def api_key_problem(key: str) -> str | None:
+    """What keeps ``key`` from travelling in an ``Authorization: Api-Key <key>`` header (empty, or a character
+    other than printable ASCII without spaces), named with its place but not the key itself; None when it can."""
+    if not key:
+        return "it is empty"
+    for i, c in enumerate(key):
+        if not "!" <= c <= "~":
+            what = _NAMED.get(c) or (f"the control character U+{ord(c):04X}" if ord(c) < 0x20 or ord(c) == 0x7F
+                                     else "a character that is not ASCII")
+            return f"it holds {what} at character {i + 1} of {len(key)}"
+    return None
+
 
 Data = bytes | bytearray | memoryview
 """One binary message: anything that exports a contiguous byte buffer."""

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from plugrl_env_client.errors import ConfigError
-from plugrl_env_client.outputs.results import read_episode_lines
+from plugrl_env_client.outputs.results import MAX_LINE_BYTES, read_episode_lines
 from plugrl_env_client.records import EpisodeRecord, finite_or_none
 
 PROC_DIR = re.compile(r"^proc_(\d+)$")
@@ -310,10 +310,19 @@ def _process_folders(root: Path, config: dict[str, Any] | None) -> list[tuple[in
     return sorted(found.items())
 
 
+MAX_JSON_BYTES = 64 << 20
+"""The largest summary or config file read (a run's are a few kB); a larger one is left out, with a note."""
+
+
 def _read_json(path: Path, notes: list[str]) -> dict[str, Any] | None:
     if not path.is_file():
         return None
     try:
+        size = path.stat().st_size
+        if size > MAX_JSON_BYTES:
+            notes.append(f"{path} is {size} bytes, more than a run writes (at most {MAX_JSON_BYTES} are read); it is "
+                         "left out")
+            return None
         data = json.loads(path.read_text())
     except (OSError, ValueError) as exc:
         notes.append(f"{path.name} in {path.parent} could not be read ({exc}); it is left out")
@@ -325,7 +334,7 @@ def _read_json(path: Path, notes: list[str]) -> dict[str, Any] | None:
 
 
 def _load_process(pid: int, folder: Path, notes: list[str]) -> ProcessRun:
-    rows, skipped = _read_episode_lines(folder / "episodes.jsonl")
+    rows, skipped = _read_episode_lines(folder / "episodes.jsonl", notes)
     wall_times = bool(rows) and all(r["wall_time_s"] is not None for r in rows)
     steps_recorded = bool(rows) and all(r["env_steps"] is not None for r in rows)
     if rows and not steps_recorded and any(r["env_steps"] is not None for r in rows):
@@ -337,11 +346,18 @@ def _load_process(pid: int, folder: Path, notes: list[str]) -> ProcessRun:
     return ProcessRun(pid, folder, episodes, summary, skipped, steps_recorded, wall_times, success)
 
 
-def _read_episode_lines(path: Path) -> tuple[list[dict[str, Any]], int]:
+def _read_episode_lines(path: Path, notes: list[str]) -> tuple[list[dict[str, Any]], int]:
     """The episodes of an ``episodes.jsonl`` (read by the one rule of what an episode line is,
     :func:`~plugrl_env_client.outputs.results.read_episode_lines`), normalized, and how many lines were skipped:
-    the whole lines that hold no episode and a torn last line (blank lines are no lines to skip)."""
+    the whole lines that hold no episode and a torn last line (blank lines are no lines to skip). A line over
+    :data:`~plugrl_env_client.outputs.results.MAX_LINE_BYTES` is skipped unread, with a note naming the file and
+    the line: no line makes the report hold more than that."""
     lines = read_episode_lines(path)
+    if lines.too_long:
+        shown = ", ".join(map(str, lines.too_long[:5])) + (
+            f" and {len(lines.too_long) - 5} more" if len(lines.too_long) > 5 else "")
+        notes.append(f"{path}: line{'s' if len(lines.too_long) > 1 else ''} {shown} longer than {MAX_LINE_BYTES} "
+                     "bytes (an episode's line is a few hundred) skipped unread")
     return [_episode_row(record) for record in lines.records], len(lines.not_episodes) + bool(lines.torn_bytes)
 
 

@@ -19,6 +19,8 @@ import tyro
 
 from plugrl_env_client.cli_support import cli, run_cli
 from plugrl_env_client.errors import ConfigError
+from plugrl_env_client.protocol.images import DEFAULT_MAX_PIXELS
+from plugrl_env_client.protocol.ws_common import api_key_problem
 from plugrl_env_client.server.log_sink import ServerLog
 from plugrl_env_client.server.policies import Policy
 from plugrl_env_client.server.registry import (
@@ -49,6 +51,10 @@ class ServerArgs:
     image_codecs: bool = True
     """Offer the x-plugrl-env-client-images feature (clients with --image-codec then send camera images encoded
     per env row; the server decodes them before the policy sees them). Offered only with the images extra."""
+    max_image_pixels: int = DEFAULT_MAX_PIXELS
+    """The most pixels (env rows x height x width, all cameras together) the encoded images of one message may
+    declare; a message declaring more is refused unread (its connection is closed with plugrl-server-resync and a
+    log line), so a few bytes cannot make the server allocate gigabytes. Raise it for larger batches of images."""
     transport: Literal["websockets", "picows"] = "websockets"
     """The WebSocket implementation: websockets, or picows (extra fast; the same bytes, faster for large frames)."""
     api_key: Annotated[str | None, tyro.conf.arg(help_behavior_hint="(default: $PLUGRL_SERVER_API_KEY if set)")] = None
@@ -75,9 +81,10 @@ def resolved_api_key(flag: str | None) -> str | None:
     source = "--api-key" if flag is not None else f"${API_KEY_ENV}"
     if not key:
         raise ConfigError(f"{source} is empty; give a key, or leave it out to serve without one")
-    if not all("!" <= c <= "~" for c in key):
-        raise ConfigError(f"{source} holds a character that cannot travel in an HTTP header (a space, a control "
-                          "character or a non-ASCII one); use printable ASCII characters only, e.g. a hex string")
+    problem = api_key_problem(key)
+    if problem is not None:
+        raise ConfigError(f"{source} cannot travel in an HTTP header: {problem}; use printable ASCII characters "
+                          "only, e.g. a hex string")
     return key
 
 
@@ -111,7 +118,7 @@ def _serve_logged(cfg: ServerArgs) -> int:
             server = PolicyServer(policy, host=cfg.host, port=cfg.port, max_episodes=cfg.max_episodes,
                                   reuse_feedback_obs=cfg.reuse_feedback_obs, seed=cfg.policy.seed,
                                   transport=cfg.transport, latency_ms=cfg.policy.latency_ms, api_key=api_key,
-                                  image_codecs=cfg.image_codecs)
+                                  image_codecs=cfg.image_codecs, max_image_pixels=cfg.max_image_pixels)
         except (TypeError, ValueError, OSError) as exc:  # a bad --policy.* value, the port is taken
             raise ConfigError(str(exc)) from exc
         shape = _shape_of(policy)

@@ -20,6 +20,8 @@ import threading
 import time
 from typing import IO, Any
 
+from plugrl_env_client.redaction import RedactingFormatter
+
 LOG_QUEUE_LINES = 1000
 """Records waiting for a slow sink beyond which new ones are dropped (and counted)."""
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -81,7 +83,7 @@ class ServerLog:
         self._queue: queue.Queue[Any] = queue.Queue(maxsize=capacity)
         self.handler = DroppingQueueHandler(self._queue)
         sink = logging.StreamHandler(sys.stderr if stream is None else stream)
-        sink.setFormatter(logging.Formatter(LOG_FORMAT))
+        sink.setFormatter(RedactingFormatter(LOG_FORMAT))
         self._listener = logging.handlers.QueueListener(self._queue, sink)
         self._level = level
         self._stopper: threading.Thread | None = None

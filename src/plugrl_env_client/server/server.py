@@ -10,8 +10,10 @@ Whatever a client sends, the server does not fail the connection for it: every f
 (``messages.parse_infer``/``parse_feedback``, :mod:`~plugrl_env_client.server.info` for ``info``), and a value the
 server cannot use is a resync whose log line names the field. ``1011 internal error`` is left for the server's own
 bugs (and a policy's). Camera images a client sends encoded (the ``x-plugrl-env-client-images`` feature, offered
-when the ``images`` extra is installed, SPEC 5a) are decoded while the message is parsed, each row's size checked
-against the declared shape first, so the policy and the rows held for reuse only ever see arrays. A malformed ``X-PlugRL-Stream`` header is ignored, with one warning: the header is optional
+when the ``images`` extra is installed, SPEC 5a) are decoded while the message is parsed, the declared shapes
+bounded first (``max_image_pixels`` for all cameras of a message together: a frame of a few bytes that declares
+more is refused unread, as a violation) and each row's size checked against them, so the policy and the rows held
+for reuse only ever see arrays. A malformed ``X-PlugRL-Stream`` header is ignored, with one warning: the header is optional
 (SPEC 1), so refusing the handshake would lock out a client that means something else by it.
 
 The policy sees each connection through ``policy.for_connection()``: every infer of it (with the env indices),
@@ -80,15 +82,20 @@ class PolicyServer:
     keepalive, how many, see :class:`~plugrl_env_client.server.ws_server.ServeLimits`); ``api_key``, when given, is
     the key every client's handshake must carry (``Authorization: Api-Key <key>``; others get HTTP 401);
     ``image_codecs`` offers the images feature (camera images encoded per env row, decoded here before any policy
-    sees them) when the ``images`` extra is installed.
+    sees them) when the ``images`` extra is installed, and ``max_image_pixels`` bounds the pixels (env rows x height
+    x width) the encoded images of one message may declare.
     """
 
     def __init__(self, policy: Policy, host: str = "127.0.0.1", port: int = 8000, max_episodes: int | None = None,
                  reuse_feedback_obs: bool = True, seed: int | None = None, transport: str = "websockets",
                  latency_ms: float = 0.0, episode_log: Path | None = None, limits: ServeLimits | None = None,
-                 api_key: str | None = None, image_codecs: bool = True) -> None:
+                 api_key: str | None = None, image_codecs: bool = True,
+                 max_image_pixels: int = images.DEFAULT_MAX_PIXELS) -> None:
         if not 0.0 <= latency_ms < float("inf"):
             raise ValueError(f"--policy.latency-ms must be a finite number >= 0, got {latency_ms}")
+        if max_image_pixels < 1:
+            raise ValueError(f"--max-image-pixels must be >= 1, got {max_image_pixels}")
+        self.max_image_pixels = max_image_pixels
         self.policy = policy
         self._worker = PolicyWorker(policy)
         self.latency_s = latency_ms / 1000.0
@@ -283,7 +290,7 @@ class PolicyServer:
             if kind != expect:
                 raise _Violation(f"expected a {expect!r} message, got {kind!r}")
             if kind == messages.INFER:
-                request = _parse(messages.parse_infer, msg, self.image_codecs)
+                request = _parse(messages.parse_infer, msg, self.image_codecs, self.max_image_pixels)
                 envs = request.env_indices.tolist()
                 stale = outstanding.intersection(envs)
                 if stale:
@@ -298,7 +305,7 @@ class PolicyServer:
                 seen.update(envs)
                 expect = messages.FEEDBACK
             else:
-                feedback = _parse(messages.parse_feedback, msg, self.image_codecs)
+                feedback = _parse(messages.parse_feedback, msg, self.image_codecs, self.max_image_pixels)
                 envs = feedback.env_indices.tolist()
                 info = _parse(read_info, feedback.info, len(envs))
                 stateless = [e for e in envs if e not in seen]
@@ -430,5 +437,7 @@ def _parse(parser: Any, *args: Any) -> Any:
     """``parser(*args)``, a :class:`ProtocolError` (the client's value cannot be used) turned into a violation."""
     try:
         return parser(*args)
+    except images.ImagesTooLarge as exc:
+        raise _Violation(f"{exc} (a server started with a larger --max-image-pixels takes it)") from None
     except ProtocolError as exc:
         raise _Violation(str(exc)) from None

@@ -19,7 +19,9 @@ What bounds a connection that never gets anywhere:
 
 Given an ``api_key``, a handshake whose ``Authorization`` header is not ``Api-Key <key>`` is refused with HTTP 401
 (PlugRL SPEC 1), by both libraries alike; the header is compared in constant time (:func:`authorized`), and the key
-is never logged nor sent back.
+is never logged nor sent back. Each refused handshake is a warning naming the peer's address (picows does not
+tell it before the handshake is answered: its line says so) and what was wrong (:func:`why_refused`), never the
+key a client sent.
 
 Two libraries, the same bytes on the wire (no compression, no size limit): websockets' asyncio server, or picows
 (extra ``fast``, imported only when chosen; a C frame parser that decodes straight from its read buffer). The server
@@ -72,6 +74,19 @@ def authorized(api_key: str | None, headers: Sequence[str]) -> bool:
     expected = f"{AUTH_SCHEME} {api_key}".encode()
     matches = [hmac.compare_digest(expected, str(h).encode("utf-8", "surrogateescape")) for h in headers]
     return any(matches)
+
+
+def why_refused(headers: Sequence[str]) -> str:
+    """What a refused handshake's ``Authorization`` header values lacked, for the log line (never their value)."""
+    if not headers:
+        return "no Authorization header"
+    if not any(str(h).startswith(f"{AUTH_SCHEME} ") for h in headers):
+        return f"an Authorization header without the {AUTH_SCHEME} scheme"
+    return "an API key that is not this server's"
+
+
+def log_refused(peer: Any, headers: Sequence[str]) -> None:
+    logger.warning("refused the WebSocket handshake of %s with HTTP 401: %s", peer, why_refused(headers))
 
 
 _T = TypeVar("_T")
@@ -298,6 +313,7 @@ class _WebsocketsListener(Listener):
         def admit(ws: WsConnection, request: Request) -> Response | None:
             assert self._server is not None
             if not authorized(self._api_key, request.headers.get_all(AUTH_HEADER)):
+                log_refused(ws.remote_address, request.headers.get_all(AUTH_HEADER))
                 refused = ws.respond(http.HTTPStatus.UNAUTHORIZED, UNAUTHORIZED)
                 refused.headers["WWW-Authenticate"] = AUTH_SCHEME
                 return refused
@@ -500,6 +516,7 @@ class _PicowsListener(Listener):
 
         def new_listener(request: Any) -> Any:
             if not authorized(self._api_key, request.headers.getall(AUTH_HEADER, [])):
+                log_refused("a client (picows does not give its address)", request.headers.getall(AUTH_HEADER, []))
                 return picows.WSUpgradeResponseWithListener(picows.WSUpgradeResponse.create_error_response(
                     http.HTTPStatus.UNAUTHORIZED, UNAUTHORIZED.encode(), {"WWW-Authenticate": AUTH_SCHEME}), None)
             if self._closing or len(self._open) >= limits.max_connections:
