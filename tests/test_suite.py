@@ -22,7 +22,7 @@ from plugrl_env_client.config import ClientConfig
 from plugrl_env_client.envs import discover_envs
 from plugrl_env_client.errors import ConfigError
 from plugrl_env_client.suite.cli import parse
-from plugrl_env_client.suite.runner import run_suite, split_env_flags, task_config
+from plugrl_env_client.suite.runner import REFRESH_S, run_suite, split_env_flags, task_config
 from plugrl_env_client.suite.spec import load_suite, parse_suite
 
 discover_envs()
@@ -342,6 +342,37 @@ def test_a_killed_suite_resumed_gives_the_table_of_an_uninterrupted_one(tmp_path
 
     again = run_module([str(path), *flags, "--exp-name", "cut"], tmp_path)
     assert again.returncode == 1 and "already exists; continue the suite there with --resume" in again.stderr
+
+
+@pytest.mark.slow
+def test_the_table_counts_a_running_task_s_episodes_as_they_land(tmp_path: Path) -> None:
+    """While a task runs, suite.json shows the episodes its run folder holds (refreshed every REFRESH_S seconds,
+    never more than are on disk); interrupted, the task's row is its run's."""
+    path = suite_of(tmp_path, 'episodes = 100000\n[[task]]\nname = "long"\nenv = "point-v1"\n')
+    root = tmp_path / "runs" / "live"
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    episodes = root / "long" / "rollout" / "proc_000" / "episodes.jsonl"
+
+    def running_count() -> int:
+        task = json.loads((root / "suite.json").read_text())["tasks"][0]
+        return task["episodes"] if task["status"] == "running" else -1
+
+    with subprocess.Popen([sys.executable, "-m", "plugrl_env_client.suite", str(path), "--local-policy", "zero",
+                           "--output-dir", str(tmp_path / "runs"), "--exp-name", "live", "--no-progress"],
+                          cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                          start_new_session=True) as proc:
+        try:
+            wait_until(lambda: episodes.exists() and episodes.read_bytes().count(b"\n") >= 3, 300,
+                       "three episodes on disk", proc)
+            wait_until(lambda: running_count() >= 3, 3 * REFRESH_S, "suite.json counting them", proc)
+            shown = running_count()
+            assert 3 <= shown <= episodes.read_bytes().count(b"\n")
+        finally:
+            os.killpg(proc.pid, signal.SIGINT)
+            proc.wait(timeout=120)
+    assert proc.returncode == 128 + signal.SIGINT
+    task = json.loads((root / "suite.json").read_text())["tasks"][0]
+    assert task["status"] == "interrupted" and task["episodes"] == episodes.read_bytes().count(b"\n") >= shown
 
 
 @pytest.mark.slow

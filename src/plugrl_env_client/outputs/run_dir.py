@@ -211,13 +211,7 @@ class RunDir:
 
     def whole_episode_lines(self, num_procs: int) -> int:
         """The whole lines (episodes) of every process's ``episodes.jsonl`` (a torn last line is not one)."""
-        total = 0
-        for process_id in range(num_procs):
-            try:
-                total += (self.proc_dir(process_id) / "episodes.jsonl").read_bytes().count(b"\n")
-            except FileNotFoundError:
-                pass
-        return total
+        return EpisodeLineCount(self, num_procs).count()
 
     def create(self) -> RunDir:
         """Make the run folder with its ``logs/`` and ``rollout/``. Its parents may exist, the folder itself must not
@@ -227,6 +221,36 @@ class RunDir:
         (self.root / "logs").mkdir()
         (self.root / "rollout").mkdir()
         return self
+
+
+class EpisodeLineCount:
+    """The whole episode lines of a run's processes, counted again and again while the run writes them: each count
+    reads only what was appended to each ``episodes.jsonl`` since the one before (a file that got shorter is read
+    again from its start), so counting a long run every few seconds costs what it wrote meanwhile."""
+
+    CHUNK = 1 << 20
+
+    def __init__(self, run_dir: RunDir, num_procs: int) -> None:
+        self._read = {run_dir.proc_dir(p) / "episodes.jsonl": (0, 0) for p in range(num_procs)}
+        """file -> (bytes counted, newlines in them)"""
+
+    def count(self) -> int:
+        """The whole lines now (a torn last line is not one)."""
+        total = 0
+        for path, (offset, lines) in self._read.items():
+            try:
+                with path.open("rb") as f:
+                    if os.fstat(f.fileno()).st_size < offset:
+                        offset, lines = 0, 0
+                    f.seek(offset)
+                    while chunk := f.read(self.CHUNK):
+                        lines += chunk.count(b"\n")
+                        offset += len(chunk)
+            except FileNotFoundError:
+                offset, lines = 0, 0
+            self._read[path] = (offset, lines)
+            total += lines
+        return total
 
 
 LOCK_NAME = ".plugrl-run.lock"

@@ -4,7 +4,8 @@ its own under the suite's folder, then one table of them all.
 The suite's folder, ``<output-dir>/<exp-name>/``::
 
     suite.toml        the suite file the suite was started with
-    suite.json        the table: a ``tasks`` list and the suite's means (rewritten after every task)
+    suite.json        the table: a ``tasks`` list and the suite's means (rewritten when a task starts, when it
+                      ends, and while it runs as its episodes land, every REFRESH_S seconds)
     suite.csv         the same table as CSV
     <task>/           each task's run folder (plugrl-report works on it alone)
 
@@ -37,6 +38,7 @@ import secrets
 import shutil
 import signal
 import sys
+import time
 import types
 import typing
 from collections.abc import Collection, Sequence
@@ -51,7 +53,8 @@ from plugrl_env_client.envs.discovery import EnvSources
 from plugrl_env_client.envs.registry import get_spec
 from plugrl_env_client.errors import ConfigError
 from plugrl_env_client.launch.lifeline import Lifeline
-from plugrl_env_client.outputs.run_dir import RunDir, write_json_atomic, write_text_atomic
+from plugrl_env_client.outputs.progress import Periodic
+from plugrl_env_client.outputs.run_dir import EpisodeLineCount, RunDir, write_json_atomic, write_text_atomic
 from plugrl_env_client.rollout.signals import interrupt_handlers, shielded
 from plugrl_env_client.suite.spec import NAME_MAX, Suite, Task, problem
 
@@ -61,6 +64,8 @@ DONE = ("finished", "stopped by server")
 """Statuses of a run folder whose task needs no new run."""
 INTERRUPTED_CODES = {128 + signal.SIGINT, 128 + signal.SIGTERM, 128 + signal.SIGHUP}
 COLUMNS = ("name", "env", "episodes", "mean_return", "success_rate", "mean_length", "status", "run")
+REFRESH_S = 5.0
+"""How often the table counts a running task's episodes from its run folder (and is rewritten when they changed)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -273,7 +278,13 @@ def run_suite(suite: Suite, suite_file: Path, base: ClientConfig, flags: Sequenc
               f"{'resumed in' if resumed else '->'} {root / folder}")
         rows[i] = {**rows[i], "status": "running", "run": folder}
         _write_table(root, suite, rows)
-        result = run_client(dataclasses.replace(config, exp_name=folder, resume=resumed), uid, sources)
+        live = LiveTable(root, suite, rows)
+        live.watch(i, root / folder, config.num_procs)
+        refresh = Periodic(REFRESH_S, live.refresh, "plugrl-suite-table").start()
+        try:
+            result = run_client(dataclasses.replace(config, exp_name=folder, resume=resumed), uid, sources)
+        finally:
+            refresh.stop()
         rows[i] = _row(task, uid, root / folder)
         _write_table(root, suite, rows)
         if result in INTERRUPTED_CODES:
@@ -314,6 +325,8 @@ def _run_side_by_side(root: Path, suite: Suite, plan: list[tuple[Task, tuple[str
     stop, and each writes its outputs)."""
     ctx = mp.get_context("spawn")
     running: dict[int, tuple[int, Any]] = {}  # sentinel -> (task index, process)
+    live = LiveTable(root, suite, rows)
+    refreshed = time.monotonic()
     code = 0
     with interrupt_handlers():
         try:
@@ -327,18 +340,23 @@ def _run_side_by_side(root: Path, suite: Suite, plan: list[tuple[Task, tuple[str
                 proc.start()
                 running[proc.sentinel] = (i, proc)
                 rows[i] = {**rows[i], "status": "running", "run": folder}
+                live.watch(i, root / folder, config.num_procs)
                 print(f"task {task.name} ({uid}, {config.num_episodes} episodes) started -> {root / folder}")
             _write_table(root, suite, rows)
             while running:
                 for sentinel in mp.connection.wait(list(running), timeout=1.0):
                     i, proc = running.pop(int(sentinel))  # type: ignore[arg-type]
                     proc.join()
+                    live.unwatch(i)
                     task, (uid, _) = plan[i]
                     rows[i] = _row(task, uid, root / rows[i]["run"])
                     _write_table(root, suite, rows)
                     print(f"task {task.name}: {rows[i]['status']} (exit code {proc.exitcode})")
                     if proc.exitcode != 0:
                         code = 1
+                if time.monotonic() - refreshed >= REFRESH_S:
+                    live.refresh()
+                    refreshed = time.monotonic()
         except KeyboardInterrupt as exc:
             code = 128 + getattr(exc, "signum", signal.SIGINT)
             with shielded():
@@ -352,6 +370,35 @@ def _run_side_by_side(root: Path, suite: Suite, plan: list[tuple[Task, tuple[str
                     task, (uid, _) = plan[i]
                     rows[i] = _row(task, uid, root / rows[i]["run"])
     return code
+
+
+class LiveTable:
+    """The table's running tasks counted from their run folders: :meth:`refresh` sets each one's ``episodes`` to
+    the whole episode lines its run has written (the rule the run counts them by) and rewrites the table when one
+    changed. Each count reads only what the run appended since the last (:class:`EpisodeLineCount`)."""
+
+    def __init__(self, root: Path, suite: Suite, rows: list[dict[str, Any]]) -> None:
+        self.root, self.suite, self.rows = root, suite, rows
+        self._counts: dict[int, EpisodeLineCount] = {}
+
+    def watch(self, i: int, folder: Path, num_procs: int) -> None:
+        self._counts[i] = EpisodeLineCount(RunDir(folder), num_procs)
+
+    def unwatch(self, i: int) -> None:
+        self._counts.pop(i, None)
+
+    def refresh(self) -> None:
+        changed = False
+        for i, lines in list(self._counts.items()):
+            count = lines.count()
+            if count != self.rows[i]["episodes"]:
+                self.rows[i] = {**self.rows[i], "episodes": count}
+                changed = True
+        if changed:
+            try:
+                _write_table(self.root, self.suite, self.rows)
+            except OSError as exc:  # the task's own outputs matter more; the table is written again at its end
+                logger.warning("could not refresh %s: %s", self.root / "suite.json", exc)
 
 
 def _task_main(name: str, job: bytes, sources: EnvSources) -> None:
