@@ -195,6 +195,18 @@ def test_a_task_names_any_registered_policy_and_an_unknown_one_lists_them(tmp_pa
         load_suite(suite_of(tmp_path, 'episodes = 1\n[[task]]\nenv = "point-v1"\nlocal_policy = "konstant"\n'))
 
 
+@pytest.mark.slow
+def test_a_suite_runs_a_task_with_the_policy_of_an_env_path_file(tmp_path: Path) -> None:
+    path = suite_of(tmp_path, 'episodes = 1\n[[task]]\nname = "still"\nenv = "point-v1"\nlocal_policy = "constant"\n')
+    done = run_module([str(path), "--env-path", str(CONSTANT_POLICY), "--local-policy", "random",
+                       "--runner.max-episode-steps", "5", "--output-dir", str(tmp_path / "runs"), "--exp-name", "c",
+                       "--no-progress"], tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert json.loads((tmp_path / "runs" / "c" / "still" / "client_config.json").read_text())["local_policy"] == \
+        "constant"
+    assert table(tmp_path / "runs" / "c")[0]["status"] == "finished"
+
+
 # ---------------------------------------------------------------------------------------------- task configs
 
 
