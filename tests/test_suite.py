@@ -5,9 +5,11 @@ from __future__ import annotations
 import csv
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,12 +23,13 @@ from plugrl_env_client.config import ClientConfig
 from plugrl_env_client.envs import discover_envs
 from plugrl_env_client.errors import ConfigError
 from plugrl_env_client.suite.cli import parse
-from plugrl_env_client.suite.runner import run_suite, split_env_flags, task_config
+from plugrl_env_client.suite.runner import REFRESH_S, run_suite, split_env_flags, task_config
 from plugrl_env_client.suite.spec import load_suite, parse_suite
 
 discover_envs()
 
 ROOT = Path(__file__).resolve().parents[1]
+CONSTANT_POLICY = ROOT / "docs" / "examples" / "constant_policy.py"
 TABLE_KEYS = ("name", "env", "episodes", "mean_return", "success_rate", "mean_length", "status")
 
 
@@ -58,14 +61,14 @@ def test_task_names_default_to_env_id_and_position_and_seeds_set_the_episodes(tm
 
 
 @pytest.mark.parametrize("text, message", [
-    ('episodes = 2\n[[task]]\nenv = "point-v1"\nenvs = 3\n', r"task 'point-v1-0': unknown key\(s\) envs; the keys"),
+    ('episodes = 2\n[[task]]\nenv = "point-v1"\nenvs = 3\n', r"task 'point-v1-0': unknown key\(s\) envs \(the keys"),
     ('episodes = 3\nseeds = [1, 2]\n[[task]]\nenv = "point-v1"\n', "episodes = 3 but seeds has 2"),
     ('seeds = [1, 2]\n[[task]]\nenv = "point-v1"\nepisodes = 4\n', "cannot be set per task when the suite has seeds"),
     ('episodes = 2\n[[task]]\nenv = "point-v1"\n[[task]]\nenv = "point-v1"\nname = "point-v1-0"\n',
      "point-v1-0 appear"),
     ('[[task]]\nenv = "point-v1"\n', "how many episodes"),
     ('episodes = 2\n', r"no \[\[task\]\] table"),
-    ('episodes = 2\n[[task]]\nenv = "point-v1"\nlocal_policy = "smart"\n', "local_policy must be one of"),
+    ('episodes = 2\n[[task]]\nenv = "point-v1"\nlocal_policy = "smart"\n', "local_policy: unknown policy 'smart'"),
     ('episodes = 2\n[[task]]\nenv = "point-v1"\nname = "a/b"\n', "name must be a folder name"),
     ('episodes = 2\n[[task]]\nenv = "point-v1"\nserver_url = "http://x"\n', "server_url must be ws://"),
     ('episodes = [2\n', "not valid TOML"),
@@ -78,6 +81,131 @@ def test_a_bad_suite_file_is_one_clear_error(tmp_path: Path, text: str, message:
 def test_a_missing_suite_file_says_so(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"suite file .*nope.toml: cannot read it"):
         load_suite(tmp_path / "nope.toml")
+
+
+@pytest.mark.parametrize("name, what", [
+    ('"point\\n"', r"name must be a folder name, got 'point\\n'"),
+    ('"point\\u00e9"', r"name must be a folder name, got 'point\u00e9'"),
+    (f'"{"p" * 243}"', r"name is 243 bytes long, more than a folder name can hold \(a task run again goes to "
+                       r"<name>-retry-<n>; a name is at most 255 bytes\) \(shorten it to 242 bytes or fewer\)"),
+    ('"p-retry-3"', "name must not end in -retry-<n>"),
+    ('"Suite.json"', "name 'Suite.json' is a file of the suite's folder"),
+])
+def test_a_task_name_is_a_whole_folder_name_with_room_for_its_retries(tmp_path: Path, name: str, what: str) -> None:
+    """A name is matched whole (a newline at its end is no folder name), and fits a folder name with the
+    -retry-<n> the runner may append: refused when the file is read, before the first task runs."""
+    path = suite_of(tmp_path, f'episodes = 1\n[[task]]\nenv = "point-v1"\n[[task]]\nname = {name}\nenv = "point-v1"\n')
+    with pytest.raises(ConfigError, match=rf"^suite file {path}: task .*: {what}"):
+        load_suite(path)
+    longest = load_suite(suite_of(tmp_path, f'episodes = 1\n[[task]]\nname = "{"p" * 242}"\nenv = "point-v1"\n'))
+    assert len(longest.tasks[0].name) == 242
+
+
+def test_a_suite_name_too_long_for_its_folder_and_names_one_case_apart_are_refused(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"name is 231 bytes long, .*\(shorten it to 230 bytes or fewer\)"):
+        load_suite(suite_of(tmp_path, f'name = "{"s" * 231}"\nepisodes = 1\n[[task]]\nenv = "point-v1"\n'))
+    with pytest.raises(ConfigError, match=r"task names 'Reach' and 'reach' differ only in case.*\(rename one of them\)"):
+        load_suite(suite_of(tmp_path, 'episodes = 1\n[[task]]\nname = "Reach"\nenv = "point-v1"\n'
+                                      '[[task]]\nname = "reach"\nenv = "point-v1"\n'))
+    with pytest.raises(ConfigError, match=r"--exp-name is 256 bytes long; a folder name is at most 255"):
+        run_suite(load_suite(suite_of(tmp_path, 'episodes = 1\n[[task]]\nenv = "point-v1"\n')), tmp_path / "s.toml",
+                  ClientConfig(output_dir=tmp_path / "runs", exp_name="e" * 256), [], resume=False)
+    assert not (tmp_path / "runs").exists()
+
+
+BAD_TASKS = [
+    ('env = "pointt-v1"', r"Unknown env id 'pointt-v1'\. Did you mean 'Point-v1'.*Registered envs: [^(]*Point-v1[^(]*",
+     r"name a registered env\. Envs outside this package are found through --env-path path/to/my_env\.py.*"),
+    ('env = "point-v1"\nenv_config = { speed = 1 }', "env point-v1 has no config field 'speed'",
+     "its fields are goal_radius, step_size"),
+    ('env = "point-v1"\nenv_config = { step_size = "far" }', "env_config step_size = 'far' is not a float",
+     r"give step_size a value of that type; plugrl-run-env-client point-v1 --help describes the field"),
+    ('env = "guessnumber-v1"\nenv_config = { high = 2.5 }', "env_config high = 2.5 is not an int", ".*"),
+    ('env = "point-v1"\nlocal_policy = "rndom"', r"local_policy: unknown policy 'rndom'\. Did you mean 'random'\? "
+     r"Registered policies: random, zero, text, ars", r"name a registered policy; .*--env-path"),
+    ('env = "point-v1"\nepisodes = 0', "episodes must be an integer >= 1, got 0", "e.g. episodes = 8"),
+]
+
+
+@pytest.mark.parametrize("body, what, fix", BAD_TASKS, ids=[b.split("\n")[-1] for b, _, _ in BAD_TASKS])
+def test_every_mistake_in_a_task_names_the_file_the_task_and_the_fix(tmp_path: Path, body: str, what: str,
+                                                                     fix: str) -> None:
+    """Whether the file's reader or the task's config finds it, the one error reads
+    ``<suite file>: task <name>: <what> (<fix>)``, and nothing is written."""
+    path = suite_of(tmp_path, f'episodes = 1\n[[task]]\nname = "bad"\n{body}\n[[task]]\nenv = "point-v1"\n')
+    base = ClientConfig(local_policy="zero", output_dir=tmp_path / "runs", progress=False)
+    with pytest.raises(ConfigError) as info:
+        run_suite(load_suite(path), path, base, [], resume=False)
+    assert re.fullmatch(rf"suite file {re.escape(str(path))}: task 'bad': {what} \({fix}\)", str(info.value),
+                        re.DOTALL), str(info.value)
+    assert not (tmp_path / "runs").exists()
+
+
+def test_a_check_of_the_client_run_is_made_for_every_task_before_the_first_runs(tmp_path: Path) -> None:
+    path = suite_of(tmp_path, 'episodes = 1\n[[task]]\nenv = "point-v1"\n'
+                              '[[task]]\nname = "nowhere"\nenv = "point-v1"\nserver_url = "ws://127.0.0.1:0"\n')
+    base = ClientConfig(output_dir=tmp_path / "runs", progress=False, server_url="ws://127.0.0.1:9")
+    with pytest.raises(ConfigError, match=rf"^suite file {re.escape(str(path))}: task 'nowhere': --server-url "
+                                          r"ws://127\.0\.0\.1:0: the server's port must be from 1 to 65535"):
+        run_suite(load_suite(path), path, base, [], resume=False)
+    assert not (tmp_path / "runs").exists()
+
+
+def test_thousands_of_tasks_are_checked_at_once_and_a_bad_last_one_is_named(tmp_path: Path) -> None:
+    """2,000 tasks of three envs with --env.* flags, the last one's env_config wrong: the error names it, and
+    nothing is written (each env's flags are parsed once, not once per task)."""
+    envs = [("point-v1", "{ step_size = 0.2 }"), ("guessnumber-v1", "{ high = 9 }"), ("dummy-v1", "{}")]
+    tasks = "".join(f'[[task]]\nname = "t{i}"\nenv = "{envs[i % 3][0]}"\nenv_config = {envs[i % 3][1]}\n'
+                    for i in range(1999))
+    path = suite_of(tmp_path, f'episodes = 2\n{tasks}[[task]]\nname = "last"\nenv = "point-v1"\n'
+                              'env_config = { goal_radius = "near" }\n')
+    suite = load_suite(path)
+    _, flags = split_env_flags(["--env.max-episode-steps", "20", "--env.max-turns", "3"])
+    base = ClientConfig(local_policy="random", output_dir=tmp_path / "runs", progress=False)
+    with pytest.raises(ConfigError, match=rf"^suite file {re.escape(str(path))}: task 'last': env_config "
+                                          r"goal_radius = 'near' is not a float \("):
+        run_suite(suite, path, base, flags, resume=False)
+    assert not (tmp_path / "runs").exists()
+
+
+@pytest.fixture
+def policies(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """The policy registry as it is now; what a test's files register (and the files) are gone after it."""
+    from plugrl_env_client.envs.discovery import USER_MODULE_PREFIX
+    from plugrl_env_client.server import registry
+
+    registry.registered_names()
+    monkeypatch.setattr(registry, "_POLICIES", dict(registry._POLICIES))
+    modules = set(sys.modules)
+    yield
+    for name in set(sys.modules) - modules:
+        if name.startswith(USER_MODULE_PREFIX + "."):
+            del sys.modules[name]
+
+
+def test_a_task_names_any_registered_policy_and_an_unknown_one_lists_them(tmp_path: Path, policies: None) -> None:
+    """The constant policy of docs/examples, registered by the --env-path file: a task may name it."""
+    path = suite_of(tmp_path, 'episodes = 1\n[[task]]\nenv = "point-v1"\nlocal_policy = "constant"\n')
+    _, base, flags = parse([str(path), "--env-path", str(CONSTANT_POLICY), "--local-policy", "random"])
+    suite = load_suite(path)
+    assert suite.tasks[0].local_policy == "constant"
+    _, config = task_config(base, suite.tasks[0], flags, (), tmp_path, "t")
+    assert config.local_policy == "constant"
+    with pytest.raises(ConfigError, match=r"local_policy: unknown policy 'konstant'\. Did you mean 'constant'\? "
+                                          r"Registered policies: random, zero, text, ars, constant \("):
+        load_suite(suite_of(tmp_path, 'episodes = 1\n[[task]]\nenv = "point-v1"\nlocal_policy = "konstant"\n'))
+
+
+@pytest.mark.slow
+def test_a_suite_runs_a_task_with_the_policy_of_an_env_path_file(tmp_path: Path) -> None:
+    path = suite_of(tmp_path, 'episodes = 1\n[[task]]\nname = "still"\nenv = "point-v1"\nlocal_policy = "constant"\n')
+    done = run_module([str(path), "--env-path", str(CONSTANT_POLICY), "--local-policy", "random",
+                       "--runner.max-episode-steps", "5", "--output-dir", str(tmp_path / "runs"), "--exp-name", "c",
+                       "--no-progress"], tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert json.loads((tmp_path / "runs" / "c" / "still" / "client_config.json").read_text())["local_policy"] == \
+        "constant"
+    assert table(tmp_path / "runs" / "c")[0]["status"] == "finished"
 
 
 # ---------------------------------------------------------------------------------------------- task configs
@@ -113,7 +241,7 @@ def test_seeds_reach_every_task_and_num_episodes_takes_the_first_ones(tmp_path: 
 
 def test_a_task_field_the_env_lacks_and_a_flag_no_task_has_are_refused(tmp_path: Path) -> None:
     suite = parse_suite({"episodes": 1, "task": [{"env": "point-v1", "env_config": {"speed": 1}}]}, tmp_path / "s")
-    with pytest.raises(ConfigError, match="env point-v1 has no config field 'speed'; its fields are goal_radius"):
+    with pytest.raises(ConfigError, match=r"env point-v1 has no config field 'speed' \(its fields are goal_radius"):
         task_config(ClientConfig(), suite.tasks[0], [], (), tmp_path, "t")
     good = parse_suite({"episodes": 1, "task": [{"env": "point-v1"}]}, tmp_path / "s")
     _, flags = split_env_flags(["--env.stepsize", "3"])
@@ -127,6 +255,27 @@ def test_a_table_for_a_text_field_is_its_json(tmp_path: Path) -> None:
         "id": "CartPole-v1", "kwargs": {"sutton_barto_reward": True}}}]}, tmp_path / "s")
     _, config = task_config(ClientConfig(), suite.tasks[0], [], (), tmp_path, "t")
     assert json.loads(config.env.kwargs) == {"sutton_barto_reward": True}  # type: ignore[attr-defined]
+
+
+def test_env_config_values_are_checked_against_their_fields_and_taken_as_the_field_holds_them(tmp_path: Path) -> None:
+    """An integer for a float field is a float, a choice must be one of the field's, an optional field takes its
+    type, a bool is no integer."""
+    suite = parse_suite({"episodes": 1, "task": [
+        {"env": "point-v1", "env_config": {"step_size": 1}},
+        {"env": "gym-v1", "name": "g", "env_config": {"id": "CartPole-v1", "vectorization": "async"}},
+        {"env": "dummy-v1", "name": "d", "env_config": {"img_width": 32, "terminated_prob": 0.5}}]}, tmp_path / "s")
+    point, gym_task, dummy = (task_config(ClientConfig(), t, [], (), tmp_path, t.name)[1].env for t in suite.tasks)
+    assert point.step_size == 1.0 and isinstance(point.step_size, float)  # type: ignore[attr-defined]
+    assert gym_task.vectorization == "async"  # type: ignore[attr-defined]
+    assert (dummy.img_width, dummy.terminated_prob) == (32, 0.5)  # type: ignore[attr-defined]
+    for env, config, what in [("gym-v1", {"vectorization": "threads"}, "is not one of 'sync', 'async'"),
+                              ("dummy-v1", {"img_width": "32"}, "is not an int or None"),
+                              ("dummy-v1", {"action_dim": True}, "is not an int"),
+                              ("gym-v1", {"render": "yes"}, "is not a bool")]:
+        bad = parse_suite({"episodes": 1, "task": [{"env": env, "name": "x", "env_config": config}]}, tmp_path / "s")
+        with pytest.raises(ConfigError, match=rf"^suite file {re.escape(str(tmp_path / 's'))}: task 'x': "
+                                              rf"env_config {next(iter(config))} = .* {what} \("):
+            task_config(ClientConfig(), bad.tasks[0], [], (), tmp_path, "x")
 
 
 def test_the_command_line_keeps_its_own_flags_from_the_tasks(tmp_path: Path) -> None:
@@ -206,6 +355,37 @@ def test_a_killed_suite_resumed_gives_the_table_of_an_uninterrupted_one(tmp_path
 
     again = run_module([str(path), *flags, "--exp-name", "cut"], tmp_path)
     assert again.returncode == 1 and "already exists; continue the suite there with --resume" in again.stderr
+
+
+@pytest.mark.slow
+def test_the_table_counts_a_running_task_s_episodes_as_they_land(tmp_path: Path) -> None:
+    """While a task runs, suite.json shows the episodes its run folder holds (refreshed every REFRESH_S seconds,
+    never more than are on disk); interrupted, the task's row is its run's."""
+    path = suite_of(tmp_path, 'episodes = 100000\n[[task]]\nname = "long"\nenv = "point-v1"\n')
+    root = tmp_path / "runs" / "live"
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    episodes = root / "long" / "rollout" / "proc_000" / "episodes.jsonl"
+
+    def running_count() -> int:
+        task = json.loads((root / "suite.json").read_text())["tasks"][0]
+        return task["episodes"] if task["status"] == "running" else -1
+
+    with subprocess.Popen([sys.executable, "-m", "plugrl_env_client.suite", str(path), "--local-policy", "zero",
+                           "--output-dir", str(tmp_path / "runs"), "--exp-name", "live", "--no-progress"],
+                          cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                          start_new_session=True) as proc:
+        try:
+            wait_until(lambda: episodes.exists() and episodes.read_bytes().count(b"\n") >= 3, 300,
+                       "three episodes on disk", proc)
+            wait_until(lambda: running_count() >= 3, 3 * REFRESH_S, "suite.json counting them", proc)
+            shown = running_count()
+            assert 3 <= shown <= episodes.read_bytes().count(b"\n")
+        finally:
+            os.killpg(proc.pid, signal.SIGINT)
+            proc.wait(timeout=120)
+    assert proc.returncode == 128 + signal.SIGINT
+    task = json.loads((root / "suite.json").read_text())["tasks"][0]
+    assert task["status"] == "interrupted" and task["episodes"] == episodes.read_bytes().count(b"\n") >= shown
 
 
 @pytest.mark.slow
@@ -366,7 +546,7 @@ def test_the_command_says_what_is_wrong_in_one_line(tmp_path: Path) -> None:
     missing = run_module([str(tmp_path / "nope.toml"), "--local-policy", "random"], tmp_path)
     assert missing.returncode == 1 and "Traceback" not in missing.stderr
     assert missing.stderr.strip() == (f"error: suite file {tmp_path / 'nope.toml'}: cannot read it (No such file or "
-                                      "directory); give the path of a suite file (e.g. suites/demo.toml)")
+                                      "directory) (give the path of a suite file, e.g. suites/demo.toml)")
     path = suite_of(tmp_path, 'episodes = 1\n[[task]]\nenv = "point-v1"\n')
     outside = run_module([str(path), "--exp-name", "../elsewhere"], tmp_path)
     assert outside.returncode == 1 and "--exp-name '../elsewhere' must be a folder name" in outside.stderr

@@ -78,7 +78,7 @@ def run_client(config: ClientConfig, env_id: str, sources: EnvSources | None = N
     if type(config.env) is BaseEnvConfig and spec.config_cls is not BaseEnvConfig:
         # A config built in code without `env=`: the env's own defaults, as the CLI gives them.
         config = dataclasses.replace(config, env=spec.config_cls())
-    _validate(config, spec.uid)
+    check_config(config, spec.uid)
     launcher = make_launcher(config.launcher, config)
     exp_name = config.exp_name or default_exp_name(spec.uid, config.num_envs)
     limit = spec.max_episode_steps if config.runner.max_episode_steps is None else config.runner.max_episode_steps
@@ -412,7 +412,9 @@ def _recorded_config(config: ClientConfig, env_id: str, env_kwargs: dict[str, An
     return {"env_id": env_id, "env_kwargs": env_kwargs, **flags}
 
 
-def _validate(config: ClientConfig, env_id: str) -> None:
+def check_config(config: ClientConfig, env_id: str) -> None:
+    """The checks of a run's flags that need nothing built yet (a ConfigError saying what to change): a suite makes
+    them for every task before the first one runs."""
     if config.exp_name is not None:
         _check_exp_name(config.exp_name)
     elif config.resume:
@@ -506,4 +508,4 @@ def _start_local_policy(config: ClientConfig, env_id: str, env: BaseEnv | None, 
     return server
 
 
-__all__ = ["run_client"]
+__all__ = ["check_config", "run_client"]

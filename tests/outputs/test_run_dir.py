@@ -11,7 +11,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from plugrl_env_client.outputs.run_dir import RunDir, default_exp_name, with_plugrl_config_keys, write_json_atomic
+from plugrl_env_client.outputs.run_dir import (
+    EpisodeLineCount,
+    RunDir,
+    default_exp_name,
+    with_plugrl_config_keys,
+    write_json_atomic,
+)
 
 
 def test_write_json_atomic_replaces_content_and_leaves_no_temp_files(tmp_path: Path) -> None:
@@ -65,6 +71,33 @@ def test_run_dir_layout(tmp_path: Path) -> None:
     assert run.summary == tmp_path / "exp" / "summary.json"
     assert run.client_config == tmp_path / "exp" / "client_config.json"
     assert run.log_file == tmp_path / "exp" / "logs" / "client.log"
+
+
+def test_episodes_are_counted_again_from_what_was_appended(tmp_path: Path) -> None:
+    """Episode lines by the one rule (blank and garbage lines are none, a torn last line counts once it ends), in
+    every process's file; each count reads only the bytes appended since the one before (a change before them goes
+    unseen), and a file that got shorter is read again from its start."""
+    run = RunDir(tmp_path / "exp").create()
+    for p in range(2):
+        run.proc_dir(p).mkdir()
+    first, second = (run.episodes_file(p) for p in range(2))
+
+    def line(env: int) -> bytes:
+        return f'{{"env_index": {env}, "return": 1.0, "length": 2}}\n'.encode()
+
+    counter = EpisodeLineCount(run, 3)  # process 2 has written nothing yet
+    assert counter.count() == 0
+    first.write_bytes(line(0) + b"\n" + b"garbage\n" + line(1) + b'{"env_index": 2, "ret')
+    second.write_bytes(line(5))
+    assert counter.count() == 3
+    with first.open("r+b") as f:
+        f.write(b" " * len(line(0)))  # a line the counter has read already, gone: a count from the start would see it
+        f.seek(0, os.SEEK_END)
+        f.write(b'urn": 1.0, "length": 3}\n')
+    assert counter.count() == 4
+    assert EpisodeLineCount(run, 3).count() == 3, "counted afresh: the blanked line is none"
+    first.write_bytes(line(0))  # shorter: counted again from its start
+    assert counter.count() == 2
 
 
 def test_write_json_atomic_never_writes_nan_or_infinity(tmp_path: Path) -> None:

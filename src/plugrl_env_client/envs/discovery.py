@@ -126,14 +126,17 @@ def _plugin_entry_points() -> list:
     return list(entry_points(group=ENTRY_POINT_GROUP))
 
 
-def unknown_id_help(uid: str) -> str:
+def unknown_id_help(uid: str, one_off: bool = True) -> str:
     """What to add to an unknown-id error: files that mention the id but failed to import, and the ways to make
-    envs outside this package visible."""
+    envs outside this package visible (``one_off``: with the command line's ``path/to/my_env.py:Env-Id`` form,
+    which only a command that takes an env id has)."""
     failed = "".join(f" {where} mentions {uid!r} but failed to import ({why}): fix it and run again."
                      for where, why in failed_sources_mentioning(uid))
-    return (f"{failed} Envs outside this package are found through --env-path path/to/my_env.py (or a folder of "
-            f"*_env.py files), ${ENV_PATH_VARIABLE}, an installed plugin (entry point group "
-            f"{ENTRY_POINT_GROUP!r}), or the one-off form `plugrl-run-env-client path/to/my_env.py:{uid}`.")
+    ways = (f"--env-path path/to/my_env.py (or a folder of *_env.py files), ${ENV_PATH_VARIABLE}"
+            f"{',' if one_off else ' or'} an installed plugin (entry point group {ENTRY_POINT_GROUP!r})")
+    if one_off:
+        ways += f", or the one-off form `plugrl-run-env-client path/to/my_env.py:{uid}`"
+    return f"{failed} Envs outside this package are found through {ways}."
 
 
 def _import_module(name: str, label: str | None = None) -> bool:

@@ -75,6 +75,28 @@ def read_episode_lines(path: Path, limit: int = MAX_LINE_BYTES) -> EpisodeLines:
     return EpisodeLines(tuple(episodes), tuple(not_episodes), torn, tuple(too_long))
 
 
+def count_episodes(path: Path, offset: int = 0, limit: int = MAX_LINE_BYTES) -> tuple[int, int]:
+    """The episodes, by the one rule, in the whole lines of ``path`` from byte ``offset`` (a line's start) on, and
+    the offset after the last whole line, where a later count of what was appended meanwhile starts (a missing
+    file: none, and 0)."""
+    count = 0
+    try:
+        f = open(path, "rb")
+    except FileNotFoundError:
+        return 0, 0
+    with f:
+        f.seek(offset)
+        for _, line, size, ended in _lines(f, limit):
+            if not ended:
+                break
+            offset += size
+            try:
+                count += line is not None and episode_of_line(line) is not None
+            except NotAnEpisode:
+                pass
+    return count, offset
+
+
 def bounded_lines(path: Path, limit: int = MAX_LINE_BYTES) -> Iterator[tuple[int, str | None]]:
     """(line number from 1, text) of every line of ``path``, read ``limit`` bytes at most at a time: a longer line
     (a file ending in a hole of zeros, a line of garbage) comes as None and is skipped without being held, so

@@ -24,6 +24,8 @@ import secrets
 from pathlib import Path
 from typing import Any
 
+from plugrl_env_client.outputs.results import count_episodes
+
 
 def default_exp_name(uid: str, num_envs: int) -> str:
     stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
@@ -212,6 +214,7 @@ class RunDir:
     def episodes_file(self, process_id: int) -> Path:
         return self.proc_dir(process_id) / "episodes.jsonl"
 
+
     def create(self) -> RunDir:
         """Make the run folder with its ``logs/`` and ``rollout/``. Its parents may exist, the folder itself must not
         (``FileExistsError``): made exclusively, so of two runs started at once with one name, one gets it."""
@@ -220,6 +223,31 @@ class RunDir:
         (self.root / "logs").mkdir()
         (self.root / "rollout").mkdir()
         return self
+
+
+class EpisodeLineCount:
+    """The episodes of a run's processes, counted again and again while the run writes them, by the one rule of
+    what an episode line is (:func:`~plugrl_env_client.outputs.results.count_episodes`): each count reads only the
+    whole lines appended to each ``episodes.jsonl`` since the one before (a file that got shorter is read again
+    from its start), so counting a long run every few seconds costs what it wrote meanwhile."""
+
+    def __init__(self, run_dir: RunDir, num_procs: int) -> None:
+        self._read = {run_dir.episodes_file(p): (0, 0) for p in range(num_procs)}
+        """file -> (bytes counted, episodes in them)"""
+
+    def count(self) -> int:
+        """The episodes now (a torn last line is none yet)."""
+        total = 0
+        for path, (offset, episodes) in self._read.items():
+            try:
+                if path.stat().st_size < offset:
+                    offset, episodes = 0, 0
+            except FileNotFoundError:
+                offset, episodes = 0, 0
+            more, offset = count_episodes(path, offset)
+            self._read[path] = (offset, episodes + more)
+            total += episodes + more
+        return total
 
 
 LOCK_NAME = ".plugrl-run.lock"

@@ -183,11 +183,17 @@ def get_spec(name: str) -> PolicySpec:
     spec = _POLICIES.get(name)
     if spec is not None:
         return spec
+    raise ConfigError(f"{unknown_policy(name)} A policy of your own is registered with @register_policy in a file "
+                      f"given as {POLICY_PATH_FLAG} (plugrl-run-policy-server) or --env-path (plugrl-run-env-client "
+                      "--local-policy)")
+
+
+def unknown_policy(name: str) -> str:
+    """What is wrong with the policy name ``name`` that nobody registered: close matches and the registered names."""
+    _builtins()
     close = difflib.get_close_matches(name, list(_POLICIES), n=3, cutoff=0.5)
     hint = f" Did you mean {', '.join(repr(c) for c in close)}?" if close else ""
-    raise ConfigError(f"unknown policy {name!r}.{hint} Registered policies: {', '.join(_POLICIES)}. A policy of "
-                      f"your own is registered with @register_policy in a file given as {POLICY_PATH_FLAG} "
-                      "(plugrl-run-policy-server) or --env-path (plugrl-run-env-client --local-policy)")
+    return f"unknown policy {name!r}.{hint} Registered policies: {', '.join(_POLICIES)}."
 
 
 def horizon_of(config: PolicyFlags) -> int:

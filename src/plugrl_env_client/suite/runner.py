@@ -4,7 +4,8 @@ its own under the suite's folder, then one table of them all.
 The suite's folder, ``<output-dir>/<exp-name>/``::
 
     suite.toml        the suite file the suite was started with
-    suite.json        the table: a ``tasks`` list and the suite's means (rewritten after every task)
+    suite.json        the table: a ``tasks`` list and the suite's means (rewritten when a task starts, when it
+                      ends, and while it runs as its episodes land, every REFRESH_S seconds)
     suite.csv         the same table as CSV
     <task>/           each task's run folder (plugrl-report works on it alone)
 
@@ -24,6 +25,7 @@ from __future__ import annotations
 import csv
 import dataclasses
 import datetime as dt
+import functools
 import io
 import json
 import logging
@@ -36,11 +38,14 @@ import secrets
 import shutil
 import signal
 import sys
-from collections.abc import Sequence
-from pathlib import Path
+import time
+import types
+import typing
+from collections.abc import Collection, Sequence
+from pathlib import Path, PurePath
 from typing import Any
 
-from plugrl_env_client.app import run_client
+from plugrl_env_client.app import check_config, run_client
 from plugrl_env_client.config import ClientConfig
 from plugrl_env_client.env_commands import parse_with, subcommand_name
 from plugrl_env_client.envs.base_env import BaseEnvConfig
@@ -48,9 +53,10 @@ from plugrl_env_client.envs.discovery import EnvSources
 from plugrl_env_client.envs.registry import get_spec
 from plugrl_env_client.errors import ConfigError
 from plugrl_env_client.launch.lifeline import Lifeline
-from plugrl_env_client.outputs.run_dir import RunDir, write_json_atomic, write_text_atomic
+from plugrl_env_client.outputs.progress import Periodic
+from plugrl_env_client.outputs.run_dir import EpisodeLineCount, RunDir, write_json_atomic, write_text_atomic
 from plugrl_env_client.rollout.signals import interrupt_handlers, shielded
-from plugrl_env_client.suite.spec import Suite, Task
+from plugrl_env_client.suite.spec import NAME_MAX, Suite, Task, problem
 
 logger = logging.getLogger(__name__)
 
@@ -58,6 +64,8 @@ DONE = ("finished", "stopped by server")
 """Statuses of a run folder whose task needs no new run."""
 INTERRUPTED_CODES = {128 + signal.SIGINT, 128 + signal.SIGTERM, 128 + signal.SIGHUP}
 COLUMNS = ("name", "env", "episodes", "mean_return", "success_rate", "mean_length", "status", "run")
+REFRESH_S = 5.0
+"""How often the table counts a running task's episodes from its run folder (and is rewritten when they changed)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,19 +97,24 @@ def split_env_flags(args: Sequence[str]) -> tuple[list[str], list[EnvFlag]]:
     return rest, flags
 
 
+ParsedEnvs = dict[tuple[str, tuple[str, ...]], tuple[BaseEnvConfig, "int | None"]]
+"""(env id, its ``--env.*`` tokens) -> (its env config, ``--env.max-episode-steps``): the command line's flags
+parsed once per env of a suite, not once per task."""
+
+
 def task_config(base: ClientConfig, task: Task, flags: Sequence[EnvFlag], seeds: tuple[int, ...], root: Path,
-                folder: str) -> tuple[str, ClientConfig]:
+                folder: str, parsed: ParsedEnvs | None = None) -> tuple[str, ClientConfig]:
     """(env id, the client config of ``task``): the command line's flags, the ``--env.*`` ones its env config has,
     then the task's own fields, which win; the run goes to ``root/folder``. ``--num-episodes`` given on the
-    command line replaces every task's episodes (with seeds: the first N seeds)."""
+    command line replaces every task's episodes (with seeds: the first N seeds). The config is checked as a client
+    run checks it before it starts; ``parsed`` keeps the parsed flags of each env for the next task of that env."""
     spec = get_spec(task.env)
-    fields = {f.name: f for f in dataclasses.fields(spec.config_cls)}
-    mine = [t for f in flags if _applies(f, fields) for t in f.tokens]
-    uid, parsed = parse_with(ClientConfig, [subcommand_name(spec.uid), *mine], "plugrl-run-suite",
-                             "The env flags of a suite's task.")
+    fields = {f.name for f in dataclasses.fields(spec.config_cls)}
+    mine = tuple(t for f in flags if _applies(f, fields) for t in f.tokens)
+    env, max_episode_steps = _parsed_env(spec.uid, mine, {} if parsed is None else parsed)
     runner = base.runner
-    if parsed.runner.max_episode_steps is not None:  # --env.max-episode-steps, for an env without that field
-        runner = dataclasses.replace(runner, max_episode_steps=parsed.runner.max_episode_steps)
+    if max_episode_steps is not None:  # --env.max-episode-steps, for an env without that field
+        runner = dataclasses.replace(runner, max_episode_steps=max_episode_steps)
     episodes = task.episodes if base.num_episodes is None else base.num_episodes
     if seeds:
         if episodes > len(seeds):
@@ -109,36 +122,118 @@ def task_config(base: ClientConfig, task: Task, flags: Sequence[EnvFlag], seeds:
                               f"at most {len(seeds)} (the first N seeds are used)")
         runner = dataclasses.replace(runner, start_seeds=seeds[:episodes], episode_split="static")
     config = dataclasses.replace(
-        base, env=_with_fields(parsed.env, task), runner=runner, num_episodes=episodes, exp_name=folder,
+        base, env=_with_fields(env, task), runner=runner, num_episodes=episodes, exp_name=folder,
         output_dir=root, local_policy=(task.local_policy or base.local_policy) if base.local_policy else None,
         local_policy_choices=task.local_policy_choices if task.local_policy_choices is not None
         else base.local_policy_choices,
         server_url=task.server_url or base.server_url,
     )
-    return uid, config
+    try:
+        check_config(config, spec.uid)
+    except ConfigError as exc:
+        raise ConfigError(f"{task.where}: {exc}") from None
+    return spec.uid, config
 
 
-def _applies(flag: EnvFlag, fields: dict[str, Any]) -> bool:
+def _parsed_env(uid: str, tokens: tuple[str, ...], parsed: ParsedEnvs) -> tuple[BaseEnvConfig, int | None]:
+    """(a fresh copy of env ``uid``'s config with the flags ``tokens``, ``--env.max-episode-steps``): the parser
+    is built and run once per env and flags (it costs a tenth of a second; a suite may have thousands of tasks)."""
+    key = (uid, tokens)
+    if key not in parsed:
+        _, config = parse_with(ClientConfig, [subcommand_name(uid), *tokens], "plugrl-run-suite",
+                               "The env flags of a suite's task.")
+        parsed[key] = (config.env, config.runner.max_episode_steps)
+    env, max_episode_steps = parsed[key]
+    return dataclasses.replace(env), max_episode_steps
+
+
+def _applies(flag: EnvFlag, fields: Collection[str]) -> bool:
     name = flag.field
     return name in fields or (name.startswith("no_") and name[3:] in fields) or name == "max_episode_steps"
 
 
+_REFUSED = object()
+"""What :func:`_as_field` answers for a value its field cannot take."""
+
+
 def _with_fields(env: BaseEnvConfig, task: Task) -> BaseEnvConfig:
-    """``env`` with the task's ``env_config``; a table or list for a text field (Gym-v1's ``kwargs``) is written
-    as its JSON, a list for a tuple field becomes a tuple."""
-    known = {f.name: f for f in dataclasses.fields(env)}
+    """``env`` with the task's ``env_config``, each value checked against its field's type: a table or list for a
+    text field (Gym-v1's ``kwargs``) is written as its JSON, a list for a tuple field becomes a tuple, an integer
+    for a float field a float."""
+    known = {f.name for f in dataclasses.fields(env)}
+    hints = _field_types(typing.cast(type, type(env)))
     values = {}
     for name, value in task.env_config.items():
         if name not in known:
-            raise ConfigError(f"task {task.name!r}: env {task.env} has no config field {name!r}; its fields are "
-                              f"{', '.join(sorted(known)) or '(none)'}")
-        current = getattr(env, name)
-        if isinstance(current, str) and isinstance(value, (dict, list)):
-            value = json.dumps(value)
-        elif isinstance(current, tuple) and isinstance(value, list):
-            value = tuple(value)
-        values[name] = value
+            raise problem(task.where, f"env {task.env} has no config field {name!r}",
+                          f"its fields are {', '.join(sorted(known)) or '(none)'}")
+        taken = _as_field(value, hints[name]) if name in hints else value
+        if taken is _REFUSED:
+            raise problem(task.where, f"env_config {name} = {value!r} is not {_type_name(hints[name])}",
+                          f"give {name} a value of that type; plugrl-run-env-client {task.env.lower()} --help "
+                          "describes the field")
+        values[name] = taken
     return dataclasses.replace(env, **values)
+
+
+@functools.cache
+def _field_types(cls: type) -> dict[str, Any]:
+    """The type of each field of the config dataclass ``cls`` (none for a class whose annotations do not resolve:
+    its values are then taken as they are)."""
+    try:
+        return typing.get_type_hints(cls)
+    except Exception:  # an env file's annotation that names nothing importable
+        return {}
+
+
+def _as_field(value: Any, hint: Any) -> Any:
+    """``value`` (from TOML) as a field of type ``hint`` holds it, or :data:`_REFUSED` when the field cannot hold
+    it; a type this does not know takes the value as it is."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if hint is Any or hint is object:
+        return value
+    if origin in (typing.Union, types.UnionType):
+        for arm in args:
+            taken = _as_field(value, arm)
+            if taken is not _REFUSED:
+                return taken
+        return _REFUSED
+    if origin is typing.Literal:
+        return value if any(value == a and type(value) is type(a) for a in args) else _REFUSED
+    if hint is type(None):
+        return _REFUSED  # TOML has no null
+    if hint is bool:
+        return value if isinstance(value, bool) else _REFUSED
+    if hint is int:
+        return value if isinstance(value, int) and not isinstance(value, bool) else _REFUSED
+    if hint is float:
+        return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else _REFUSED
+    if hint is str:
+        return value if isinstance(value, str) else json.dumps(value) if isinstance(value, (dict, list)) else _REFUSED
+    if isinstance(hint, type) and issubclass(hint, PurePath):
+        return hint(value) if isinstance(value, str) else _REFUSED
+    if origin in (tuple, list):
+        if not isinstance(value, list):
+            return _REFUSED
+        if origin is tuple and not (len(args) == 2 and args[1] is Ellipsis):
+            items = [_as_field(v, a) for v, a in zip(value, args)] if len(args) == len(value) else [_REFUSED]
+        else:
+            items = [_as_field(v, args[0]) if args else v for v in value]
+        return _REFUSED if any(i is _REFUSED for i in items) else origin(items)
+    return value
+
+
+def _type_name(hint: Any) -> str:
+    """A field's type as an error says it: ``a float``, ``an int or None``, ``one of 'sync', 'async'``."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        return " or ".join(_type_name(a) for a in args)
+    if origin is typing.Literal:
+        return f"one of {', '.join(repr(a) for a in args)}"
+    if hint is type(None):
+        return "None"
+    name = getattr(hint, "__name__", None) or str(hint)
+    return f"{'an' if name[:1] in 'aeiouAEIOU' else 'a'} {name}"
 
 
 def default_suite_name(suite: Suite) -> str:
@@ -156,15 +251,20 @@ def run_suite(suite: Suite, suite_file: Path, base: ClientConfig, flags: Sequenc
                                       or os.sep in base.exp_name):
         raise ConfigError(f"--exp-name {base.exp_name!r} must be a folder name, without '/' and other than '.' or "
                           "'..': the suite goes to --output-dir/<exp-name>; to write somewhere else, set --output-dir")
+    if base.exp_name is not None and len(base.exp_name.encode()) > NAME_MAX:
+        raise ConfigError(f"--exp-name is {len(base.exp_name.encode())} bytes long; a folder name is at most "
+                          f"{NAME_MAX} (give a shorter one)")
     # Absolute before any task's env runs: an env that changes the working folder does not move the suite.
     root = base.output_dir.absolute() / (base.exp_name or default_suite_name(suite))
-    unused = [f for f in flags if not any(_applies(f, {x.name: x for x in dataclasses.fields(get_spec(t.env).config_cls)})
-                                          for t in suite.tasks)]
+    fields = {uid: {f.name for f in dataclasses.fields(get_spec(uid).config_cls)}
+              for uid in {t.env for t in suite.tasks}}
+    unused = [f for f in flags if not any(_applies(f, names) for names in fields.values())]
     if unused:
         raise ConfigError(f"--env.{unused[0].field.replace('_', '-')}: no task's env has that config field; check "
                           "the spelling, or set it in a task's env_config")
-    # Every task's config is built (and so checked) before anything runs.
-    plan = [(task, task_config(base, task, flags, suite.seeds, root, task.name)) for task in suite.tasks]
+    # Every task's config is built (and so checked) before anything runs; each env's flags are parsed once.
+    parsed: ParsedEnvs = {}
+    plan = [(task, task_config(base, task, flags, suite.seeds, root, task.name, parsed)) for task in suite.tasks]
     _start_folder(root, suite_file, resume)
     rows = [_row(task, uid, None) for task, (uid, _) in plan]
     _write_table(root, suite, rows)
@@ -179,7 +279,13 @@ def run_suite(suite: Suite, suite_file: Path, base: ClientConfig, flags: Sequenc
               f"{'resumed in' if resumed else '->'} {root / folder}")
         rows[i] = {**rows[i], "status": "running", "run": folder}
         _write_table(root, suite, rows)
-        result = run_client(dataclasses.replace(config, exp_name=folder, resume=resumed), uid, sources)
+        live = LiveTable(root, suite, rows)
+        live.watch(i, root / folder, config.num_procs)
+        refresh = Periodic(REFRESH_S, live.refresh, "plugrl-suite-table").start()
+        try:
+            result = run_client(dataclasses.replace(config, exp_name=folder, resume=resumed), uid, sources)
+        finally:
+            refresh.stop()
         rows[i] = _row(task, uid, root / folder)
         _write_table(root, suite, rows)
         if result in INTERRUPTED_CODES:
@@ -220,6 +326,8 @@ def _run_side_by_side(root: Path, suite: Suite, plan: list[tuple[Task, tuple[str
     stop, and each writes its outputs)."""
     ctx = mp.get_context("spawn")
     running: dict[int, tuple[int, Any]] = {}  # sentinel -> (task index, process)
+    live = LiveTable(root, suite, rows)
+    refreshed = time.monotonic()
     code = 0
     with interrupt_handlers():
         try:
@@ -233,18 +341,23 @@ def _run_side_by_side(root: Path, suite: Suite, plan: list[tuple[Task, tuple[str
                 proc.start()
                 running[proc.sentinel] = (i, proc)
                 rows[i] = {**rows[i], "status": "running", "run": folder}
+                live.watch(i, root / folder, config.num_procs)
                 print(f"task {task.name} ({uid}, {config.num_episodes} episodes) started -> {root / folder}")
             _write_table(root, suite, rows)
             while running:
                 for sentinel in mp.connection.wait(list(running), timeout=1.0):
                     i, proc = running.pop(int(sentinel))  # type: ignore[arg-type]
                     proc.join()
+                    live.unwatch(i)
                     task, (uid, _) = plan[i]
                     rows[i] = _row(task, uid, root / rows[i]["run"])
                     _write_table(root, suite, rows)
                     print(f"task {task.name}: {rows[i]['status']} (exit code {proc.exitcode})")
                     if proc.exitcode != 0:
                         code = 1
+                if time.monotonic() - refreshed >= REFRESH_S:
+                    live.refresh()
+                    refreshed = time.monotonic()
         except KeyboardInterrupt as exc:
             code = 128 + getattr(exc, "signum", signal.SIGINT)
             with shielded():
@@ -258,6 +371,35 @@ def _run_side_by_side(root: Path, suite: Suite, plan: list[tuple[Task, tuple[str
                     task, (uid, _) = plan[i]
                     rows[i] = _row(task, uid, root / rows[i]["run"])
     return code
+
+
+class LiveTable:
+    """The table's running tasks counted from their run folders: :meth:`refresh` sets each one's ``episodes`` to
+    the whole episode lines its run has written (the rule the run counts them by) and rewrites the table when one
+    changed. Each count reads only what the run appended since the last (:class:`EpisodeLineCount`)."""
+
+    def __init__(self, root: Path, suite: Suite, rows: list[dict[str, Any]]) -> None:
+        self.root, self.suite, self.rows = root, suite, rows
+        self._counts: dict[int, EpisodeLineCount] = {}
+
+    def watch(self, i: int, folder: Path, num_procs: int) -> None:
+        self._counts[i] = EpisodeLineCount(RunDir(folder), num_procs)
+
+    def unwatch(self, i: int) -> None:
+        self._counts.pop(i, None)
+
+    def refresh(self) -> None:
+        changed = False
+        for i, lines in list(self._counts.items()):
+            count = lines.count()
+            if count != self.rows[i]["episodes"]:
+                self.rows[i] = {**self.rows[i], "episodes": count}
+                changed = True
+        if changed:
+            try:
+                _write_table(self.root, self.suite, self.rows)
+            except OSError as exc:  # the task's own outputs matter more; the table is written again at its end
+                logger.warning("could not refresh %s: %s", self.root / "suite.json", exc)
 
 
 def _task_main(name: str, job: bytes, sources: EnvSources) -> None:
