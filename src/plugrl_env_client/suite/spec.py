@@ -13,7 +13,7 @@ The format (docs/evaluation.md has it with examples)::
     episodes = 4                       # overrides the suite's (not with seeds)
     local_policy = "text"              # with --local-policy: this task's embedded policy
     local_policy_choices = ["<answer>3</answer>"]
-    server_url = "ws://host:8000"      # this task's policy server (instead of the command line's)
+    server_url = "ws://host:8000"      # this task's policy server (instead of the command line's), or a list of them
 
 Every mistake is a :class:`~plugrl_env_client.errors.ConfigError` naming the file, the task and what to change.
 """
@@ -50,7 +50,8 @@ class Task:
     episodes: int
     local_policy: LocalPolicy | None = None
     local_policy_choices: tuple[str, ...] | None = None
-    server_url: str | None = None
+    server_url: tuple[str, ...] = ()
+    """This task's policy servers (empty: the command line's)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -133,9 +134,11 @@ def _task(table: Any, index: int, episodes: Any, seeded: bool, where: str) -> Ta
     if choices is not None and (not isinstance(choices, list) or not all(isinstance(c, str) for c in choices)):
         raise ConfigError(f"{where}: local_policy_choices must be a list of strings")
     url = table.get("server_url")
-    if url is not None and (not isinstance(url, str) or not url.startswith(("ws://", "wss://"))):
-        raise ConfigError(f"{where}: server_url must be ws://host:port or wss://host:port, got {url!r}")
-    return Task(name, env, dict(env_config), count, cast("LocalPolicy | None", policy), tuple(choices) if choices is not None else None, url)
+    urls = tuple(url) if isinstance(url, list) else (url,) if url is not None else ()
+    if (url is not None and not urls) or not all(isinstance(u, str) and u.startswith(("ws://", "wss://")) for u in urls):
+        raise ConfigError(f"{where}: server_url must be ws://host:port or wss://host:port (or a list of them), got "
+                          f"{url!r}")
+    return Task(name, env, dict(env_config), count, cast("LocalPolicy | None", policy), tuple(choices) if choices is not None else None, urls)
 
 
 def _no_unknown_keys(table: dict[str, Any], known: set[str], where: str) -> None:
