@@ -27,7 +27,7 @@ import numpy as np
 from plugrl_env_client.errors import ConfigError, ProtocolError
 from plugrl_env_client.protocol.messages import ObservationLike
 
-__all__ = ["PRESETS", "KeyMap", "MissingKey", "Preset", "Source", "resize_with_pad"]
+__all__ = ["PRESETS", "KeyMap", "MissingKey", "Preset", "ObsPath", "resize_with_pad"]
 
 GROUPS = ("images", "states", "text")
 TEXT_KEY = ("prompt",)
@@ -35,14 +35,14 @@ TEXT_KEY = ("prompt",)
 
 
 @dataclasses.dataclass(frozen=True)
-class Source:
+class ObsPath:
     """Where a value of a request comes from: a camera, a state array, or the text."""
 
     group: str
     name: str = ""
 
     @classmethod
-    def parse(cls, path: str) -> Source:
+    def parse(cls, path: str) -> ObsPath:
         """``images.<name>``, ``states.<name>`` or ``text`` (a name may hold dots: ``images.pixels.top``)."""
         group, _, name = path.partition(".")
         if group not in GROUPS or (group == "text") != (name == ""):
@@ -80,7 +80,7 @@ PRESETS: dict[str, Preset | None] = {
 class MissingKey(ConfigError):
     """A key of the map comes from an array the env's observation does not have."""
 
-    def __init__(self, key: str, source: Source, obs: ObservationLike) -> None:
+    def __init__(self, key: str, source: ObsPath, obs: ObservationLike) -> None:
         self.key, self.source = key, source
         self.available = (f"images: {', '.join(sorted(obs.images)) or 'none'}; "
                           f"states: {', '.join(sorted(obs.states)) or 'none'}")
@@ -94,7 +94,7 @@ class KeyMap:
     (openpi key, source) pairs; ``as_is`` sends the observation's own maps besides them (no preset);
     ``image_size`` 0 sends images at their own size."""
 
-    keys: tuple[tuple[str, Source | None], ...]
+    keys: tuple[tuple[str, ObsPath | None], ...]
     as_is: bool = False
     channels_first: bool = False
     image_size: int = 224
@@ -108,13 +108,13 @@ class KeyMap:
         if image_size < 0:
             raise ValueError(f"an image size must be >= 0 pixels (0: as the env renders them), got {image_size}")
         chosen = PRESETS[preset]
-        keys: dict[str, Source | None] = {k: Source.parse(v) for k, v in (chosen.keys if chosen else {}).items()}
+        keys: dict[str, ObsPath | None] = {k: ObsPath.parse(v) for k, v in (chosen.keys if chosen else {}).items()}
         for item in overrides:
             key, sep, path = item.partition("=")
             key = key.strip()
             if not sep or not key or any(not part for part in key.split(".")):
                 raise ValueError(f"{item!r} is not openpi_key=observation_path (e.g. observation/image=images.front)")
-            keys[key] = Source.parse(path.strip()) if path.strip() else None
+            keys[key] = ObsPath.parse(path.strip()) if path.strip() else None
         return cls(tuple(keys.items()), as_is=chosen is None,
                    channels_first=chosen is not None and chosen.channels_first, image_size=image_size)
 
@@ -134,7 +134,7 @@ class KeyMap:
             for group in ("images", "states"):
                 if group not in dropped:
                     arrays = getattr(obs, group)
-                    out[group] = {name: self._value(Source(group, name), arrays[name], row) for name in arrays}
+                    out[group] = {name: self._value(ObsPath(group, name), arrays[name], row) for name in arrays}
             if "prompt" not in dropped:
                 _put_text(out, TEXT_KEY, obs.text[row])
         for key, source in self.keys:
@@ -147,7 +147,7 @@ class KeyMap:
                 _put(out, path, self._value(source, getattr(obs, source.group)[source.name], row))
         return out
 
-    def _value(self, source: Source, batch: np.ndarray, row: int) -> np.ndarray:
+    def _value(self, source: ObsPath, batch: np.ndarray, row: int) -> np.ndarray:
         value = batch[row]
         if source.group != "images":
             return value
