@@ -18,7 +18,7 @@ import pytest
 CLIENT_FLAGS = {
     "-h": "", "--help": "",
     "--num-envs": "INT", "--num-procs": "INT", "--num-episodes": "INT", "--exp-name": "STR",
-    "--output-dir": "PATH", "--resume": "", "--no-resume": "", "--server-host": "STR", "--server-port": "INT", "--server-url": "STR",
+    "--output-dir": "PATH", "--resume": "", "--no-resume": "", "--server-host": "STR", "--server-port": "INT", "--server-url": "[STR [STR ...]]",
     "--api-key": "STR", "--local-policy": "{random,zero,text,ars}", "--local-policy-choices": "[STR [STR ...]]",
     "--local-policy-horizon": "INT",
     "--reconnect-on-server-stop": "", "--no-reconnect-on-server-stop": "",
@@ -26,7 +26,9 @@ CLIENT_FLAGS = {
     "--infer-timeout": "FLOAT",
     "--reuse-feedback-obs": "", "--no-reuse-feedback-obs": "", "--progress": "", "--no-progress": "",
     "--env-path": "STR", "--launcher": "{local,ray}", "--transport": "{websockets,picows}",
-    "--image-codec": "{none,jpeg,qoi}", "--image-quality": "INT",
+    "--image-codec": "{none,jpeg,qoi}", "--image-quality": "INT", "--protocol": "{plugrl,openpi}",
+    "--openpi.preset": "{none,libero,droid,aloha}", "--openpi.key": "[STR [STR ...]]", "--openpi.image-size": "INT",
+    "--openpi.connections": "INT",
     "--runner.seed": "INT", "--runner.max-episode-steps": "INT",
     "--env.max-episode-steps": "INT",  # PlugRL's spelling of the one above (accepted before it was listed)
     "--runner.replan-steps": "INT",
@@ -54,7 +56,8 @@ CLIENT_FLAGS = {
 SERVER_FLAGS = {
     "-h": "", "--help": "", "--host": "STR", "--port": "INT", "--max-episodes": "INT", "--api-key": "STR",
     "--reuse-feedback-obs": "", "--no-reuse-feedback-obs": "", "--transport": "{websockets,picows}",
-    "--image-codecs": "", "--no-image-codecs": "", "--max-image-pixels": "INT",
+    "--image-codecs": "", "--no-image-codecs": "", "--max-image-pixels": "INT", "--protocol": "{plugrl,openpi}",
+    "--openpi.preset": "{none,libero,droid,aloha}", "--openpi.key": "[STR [STR ...]]",
     "--policy.name": "{random,zero,text,ars}", "--policy.action-dim": "INT", "--policy.action-horizon": "INT",
     "--policy.dtype": "STR", "--policy.low": "FLOAT", "--policy.high": "FLOAT", "--policy.seed": "INT",
     "--policy.choices": "[STR [STR ...]]", "--policy.latency-ms": "FLOAT",

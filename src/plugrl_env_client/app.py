@@ -54,6 +54,7 @@ from plugrl_env_client.outputs.run_dir import (
 from plugrl_env_client.outputs.run_writer import RunWriter, stopped_episodes
 from plugrl_env_client.outputs.tracking import make_tracker, require
 from plugrl_env_client.protocol import images, ws_common
+from plugrl_env_client.protocol.openpi_keys import KeyMap
 from plugrl_env_client.records import ProcessResult, ProcessStatus
 from plugrl_env_client.redaction import REDACTED, add_secret, redact_text, redact_url
 from plugrl_env_client.rollout.budget import EpisodeBudget
@@ -103,11 +104,12 @@ def run_client(config: ClientConfig, env_id: str, sources: EnvSources | None = N
             if config.num_procs == 1 and config.runner.pipeline in (1, "auto") and launcher.in_process:
                 env = build_env(jobs[0])
             server = _start_local_policy(config, spec.uid, env, run_dir) if config.local_policy else None
-            url = server.url if server is not None else config.resolved_url()
-            recorded = _served_at(config, url) if server is not None else config
+            urls = (server.url,) if server is not None else config.resolved_urls()
+            recorded = _served_at(config, urls[0]) if server is not None else config
             if server is not None:  # its port is known only now: the file says where the run's server really was
                 _write_client_config(run_dir, recorded, spec.uid, spec.kwargs, limit)
-            jobs = [dataclasses.replace(job, url=url) for job in jobs]
+            jobs = [dataclasses.replace(job, url=urls[0], urls=urls if len(urls) > 1 else ()) for job in jobs]
+            writer.notes["protocol"] = config.connection.protocol
             if config.runner.pipeline == "auto":
                 config, env = _choose_pipeline(jobs[0], env, writer)
                 _write_client_config(run_dir, recorded, spec.uid, spec.kwargs, limit,
@@ -148,8 +150,8 @@ def run_client(config: ClientConfig, env_id: str, sources: EnvSources | None = N
 
 def _run(config: ClientConfig, launcher: Launcher, uid: str, run_dir: RunDir, writer: RunWriter,
          jobs: list[ProcessJob], sources: EnvSources, env: BaseEnv | None) -> None:
-    logger.info("run %s: env %s, %d proc x %d envs, server %s", run_dir.root, uid, config.num_procs,
-                config.num_envs, redact_url(jobs[0].url))
+    logger.info("run %s: env %s, %d proc x %d envs, server %s (%s)", run_dir.root, uid, config.num_procs,
+                config.num_envs, ", ".join(map(redact_url, jobs[0].servers)), config.connection.protocol)
     if config.local_policy and episodes_of_run(config) is None:
         logger.warning("--local-policy without --num-episodes: collecting until Ctrl-C (the embedded server never "
                        "ends a run)")
@@ -396,7 +398,7 @@ def _choose_pipeline(job: ProcessJob, env: BaseEnv | None, writer: RunWriter) ->
 def _served_at(config: ClientConfig, url: str) -> ClientConfig:
     """``config`` with the server flags of the server at ``url`` (the embedded one, on a port of its own)."""
     parts = urlsplit(url)
-    return dataclasses.replace(config, server_url=url, server_host=parts.hostname or config.server_host,
+    return dataclasses.replace(config, server_url=(url,), server_host=parts.hostname or config.server_host,
                                server_port=parts.port or config.server_port)
 
 
@@ -407,8 +409,8 @@ def _recorded_config(config: ClientConfig, env_id: str, env_kwargs: dict[str, An
     flags["output_dir"] = str(config.output_dir)
     if flags["connection"].get("api_key"):
         flags["connection"]["api_key"] = REDACTED
-    if config.server_url is not None:
-        flags["server_url"] = redact_url(config.server_url)
+    urls = [redact_url(url) for url in config.server_url]
+    flags["server_url"] = (urls[0] if len(urls) == 1 else urls) if urls else None  # one URL as one string
     return {"env_id": env_id, "env_kwargs": env_kwargs, **flags}
 
 
@@ -421,7 +423,9 @@ def check_config(config: ClientConfig, env_id: str) -> None:
         raise ConfigError("--resume continues the run in --output-dir/<exp-name>: pass the stopped run's --exp-name "
                           "(its folder's name)")
     if not config.local_policy:
-        _check_server_port(config)
+        for url in config.server_url or (None,):
+            _check_server_port(config, url)
+    _check_openpi(config)
     for name in ("num_envs", "num_procs"):
         if getattr(config, name) < 1:
             raise ConfigError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(config, name)}")
@@ -468,14 +472,38 @@ def _check_exp_name(name: str) -> None:
         )
 
 
-def _check_server_port(config: ClientConfig) -> None:
+def _check_openpi(config: ClientConfig) -> None:
+    """The --openpi.* flags of a run with --protocol openpi, worded for the command line."""
+    if config.connection.protocol != "openpi":
+        return
+    openpi = config.openpi
+    if openpi.image_size < 0:
+        raise ConfigError(f"--openpi.image-size must be >= 0 pixels (0: as the env renders them), got "
+                          f"{openpi.image_size}")
+    for item in openpi.key:
+        try:
+            KeyMap.of("none", (item,))
+        except ValueError as exc:
+            raise ConfigError(f"--openpi.key: {exc}") from None
+    try:
+        KeyMap.of(openpi.preset, openpi.key, openpi.image_size)
+    except ValueError as exc:
+        raise ConfigError(f"--openpi.preset: {exc}") from None
+    if openpi.connections is not None and not 1 <= openpi.connections:
+        raise ConfigError(f"--openpi.connections must be >= 1 (default: one per env), got {openpi.connections}")
+    if config.connection.image_codec != "none":
+        raise ConfigError(f"--image-codec {config.connection.image_codec} is a PlugRL feature; openpi's protocol "
+                          "sends raw uint8 images (--openpi.image-size sets their size): leave --image-codec out")
+
+
+def _check_server_port(config: ClientConfig, url: str | None) -> None:
     """The port of an external server: 1..65535 (port 0 is "any free port" to a server, and no address to
     connect to: the client would wait for ever)."""
-    if config.server_url is not None:
+    if url is not None:
         try:
-            port, flag = urlsplit(config.server_url).port, f"--server-url {redact_url(config.server_url)}"
+            port, flag = urlsplit(url).port, f"--server-url {redact_url(url)}"
         except ValueError:  # a port that is no number, or out of range
-            port, flag = -1, f"--server-url {redact_url(config.server_url)}"
+            port, flag = -1, f"--server-url {redact_url(url)}"
     else:
         port, flag = config.server_port, f"--server-port {config.server_port}"
     if port is not None and not 1 <= port <= 65535:
@@ -501,9 +529,11 @@ def _start_local_policy(config: ClientConfig, env_id: str, env: BaseEnv | None, 
     if ended is not None:
         raise EnvExitError(ended)
     assert config.local_policy is not None
+    openpi = (KeyMap.of(config.openpi.preset, config.openpi.key) if config.connection.protocol == "openpi"
+              else None)
     server = start_local_server(config.local_policy, space, config.local_policy_horizon, seed=config.runner.seed,
                                 choices=config.local_policy_choices, transport=config.connection.transport,
-                                run_root=run_dir.root)
+                                run_root=run_dir.root, openpi=openpi)
     logger.info("embedded %s policy serving on %s", config.local_policy, server.url)
     return server
 

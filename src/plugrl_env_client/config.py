@@ -25,6 +25,7 @@ from plugrl_env_client.envs.base_env import BaseEnvConfig
 from plugrl_env_client.launch.launchers import LAUNCHERS
 from plugrl_env_client.launch.process import RunnerConfig
 from plugrl_env_client.launch.ray.config import RayConfig
+from plugrl_env_client.openpi_flags import OpenpiConfig
 from plugrl_env_client.outputs.recording.config import RecorderConfig
 from plugrl_env_client.outputs.tracking import TrackingKind
 from plugrl_env_client.protocol.session import ConnectionConfig
@@ -59,9 +60,11 @@ class ClientConfig:
     """Host of the policy server to connect to."""
     server_port: int = 8000
     """Port of the policy server to connect to."""
-    server_url: Annotated[str | None, tyro.conf.arg(
-        help_behavior_hint="(default: ws://<server-host>:<server-port>)")] = None
-    """ws://host:port or wss://host:port; overrides --server-host/--server-port."""
+    server_url: Annotated[tuple[str, ...], tyro.conf.arg(
+        help_behavior_hint="(default: ws://<server-host>:<server-port>)")] = ()
+    """ws://host:port or wss://host:port; overrides --server-host/--server-port. Several (one replica per GPU):
+    the processes and pipeline groups take them in turn, and with --protocol openpi each group spreads its
+    connections over all of them."""
     local_policy: Annotated[str | None, tyro.conf.arg(
         constructor_factory=optional_name_choice, help_behavior_hint="(default: none: connect to the server URL)")] = None
     """Start the reference policy server in this process (matched to the env's action space) and use it; text is
@@ -88,13 +91,25 @@ class ClientConfig:
     with tensorboard --logdir runs)."""
     connection: Annotated[ConnectionConfig, tyro.conf.OmitArgPrefixes] = dataclasses.field(
         default_factory=ConnectionConfig)
+    openpi: OpenpiConfig = dataclasses.field(default_factory=OpenpiConfig)
     runner: RunnerConfig = dataclasses.field(default_factory=RunnerConfig)
     recorder: RecorderConfig = dataclasses.field(default_factory=RecorderConfig)
     ray: RayConfig = dataclasses.field(default_factory=RayConfig)
     env: BaseEnvConfig = dataclasses.field(default_factory=BaseEnvConfig)
 
+    def __post_init__(self) -> None:
+        if isinstance(self.server_url, str):  # one URL given in code, as before several could be
+            self.server_url = (self.server_url,)
+        elif self.server_url is None:
+            self.server_url = ()
+
+    def resolved_urls(self) -> tuple[str, ...]:
+        """The policy servers' URLs: --server-url, else the one of --server-host and --server-port."""
+        return tuple(self.server_url) or (f"ws://{self.server_host}:{self.server_port}",)
+
     def resolved_url(self) -> str:
-        return self.server_url or f"ws://{self.server_host}:{self.server_port}"
+        """The first policy server's URL."""
+        return self.resolved_urls()[0]
 
 
 __all__ = ["ClientConfig", "ConnectionConfig", "LoopConfig", "RayConfig", "RecorderConfig", "RunnerConfig"]

@@ -53,6 +53,11 @@ class Timing:
     ``is_step_success``), msgpack encoding. Both parts are inside feedback_s and pack_s, so they are no stage."""
     pack_s: float = 0.0
     """msgpack encoding alone, infers and feedbacks together (part of infer_obs_pack_s and feedback_s)."""
+    server_infer_s: float = 0.0
+    """Of infer_wait_s: the inference time the servers reported with their replies (openpi's
+    ``server_timing.infer_ms``), over the ``server_timed_replies`` that carried it."""
+    server_timed_replies: int = 0
+    """Replies that reported their server's inference time (PlugRL's do not)."""
     collect_time_s: float = 0.0
     """Wall time of the collection, from the first connection attempt to the end (a run's: its longest process's)."""
     collect_time_sum_s: float = 0.0

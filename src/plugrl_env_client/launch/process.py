@@ -24,11 +24,14 @@ from plugrl_env_client.envs.base_env import BaseEnv, BaseEnvConfig
 from plugrl_env_client.envs.calls import call_env
 from plugrl_env_client.envs.registry import get_spec, make_env
 from plugrl_env_client.errors import ConfigError, EnvCrashedError, EnvExitError, PlugRLError
+from plugrl_env_client.openpi_flags import OpenpiConfig
 from plugrl_env_client.outputs.recording.config import RecorderConfig
 from plugrl_env_client.outputs.recording.recorder import EpisodeRecorder
 from plugrl_env_client.protocol.dialing import ServerUnreachable
 from plugrl_env_client.protocol.keepalive import Keepalive
-from plugrl_env_client.protocol.session import ConnectionConfig, Session, SessionConfig
+from plugrl_env_client.protocol.openpi_keys import MissingKey
+from plugrl_env_client.protocol.protocols import open_session
+from plugrl_env_client.protocol.session import ConnectionConfig, SessionConfig
 from plugrl_env_client.records import ProcessResult, ProcessStatus
 from plugrl_env_client.rollout.budget import Budget, env_shares
 from plugrl_env_client.rollout.group import EnvGroup
@@ -95,6 +98,8 @@ class RunConfig(Protocol):
     def recorder(self) -> RecorderConfig: ...
     @property
     def connection(self) -> ConnectionConfig: ...
+    @property
+    def openpi(self) -> OpenpiConfig: ...
 
 
 RunConfigT = TypeVar("RunConfigT", bound=RunConfig)
@@ -108,8 +113,16 @@ class ProcessJob:
     config: RunConfig
     process_id: int
     url: str
+    """The (first) policy server's URL."""
     first_episodes: tuple[int, ...] = ()
     """Per env: the episodes it completed in earlier segments of a resumed run (empty: none)."""
+    urls: tuple[str, ...] = ()
+    """Every policy server of the run, ``url`` first, when several were named; empty: ``url`` alone."""
+
+    @property
+    def servers(self) -> tuple[str, ...]:
+        """The URLs of the run's policy servers."""
+        return self.urls or (self.url,)
 
 
 def process_seed(seed: int | None, process_id: int, num_envs: int) -> int | None:
@@ -243,7 +256,7 @@ def _probe(job: ProcessJob, env: BaseEnv, stop: Any) -> Probe:
     timing = Timing()
     budget = ProbeBudget(timing, stop=stop, seed_group=job.config.runner.group_size)
     settings = loop_settings(job, with_shares=False)
-    session = Session(session_config(job, env, 0), should_stop=lambda: budget.finished(job.process_id), timing=timing)
+    session = open_session(session_config(job, env, 0), env.num_envs, lambda: budget.finished(job.process_id), timing)
     sink = ProbeSink()
     Rollout([EnvGroup(env, session, settings, budget, sink, timing)], settings, budget, sink).run()
     return budget.probe()
@@ -288,8 +301,8 @@ def run_process(job: ProcessJob, budget: Budget, sink: ResultSink, env_lock: Any
         groups = []
         for g, group_env in enumerate(envs):
             timings.append(Timing())
-            session = Session(session_config(job, group_env, g), should_stop=lambda: budget.finished(job.process_id),
-                              timing=timings[g], keepalive=keepalive)
+            session = open_session(session_config(job, group_env, g, len(envs)), group_env.num_envs,
+                                   lambda: budget.finished(job.process_id), timings[g], keepalive)
             groups.append(EnvGroup(group_env, session, settings, budget, sink, timings[g], g * sizes[0], hooks,
                                    guard=keepalive))
         rollout = Rollout(groups, settings, budget, sink)
@@ -322,14 +335,25 @@ def _per_env(counts: tuple[int, ...], num_envs: int) -> tuple[int, ...]:
     return (tuple(counts) + (0,) * num_envs)[:num_envs] if counts else ()
 
 
-def session_config(job: ProcessJob, env: BaseEnv, group: int) -> SessionConfig:
-    """How group ``group`` of the process connects: the run's server flags, and hints that fit the env."""
-    connection = job.config.connection
+def session_config(job: ProcessJob, env: BaseEnv, group: int, groups: int = 1) -> SessionConfig:
+    """How group ``group`` of ``groups`` of the process connects: the run's server flags, and hints that fit the
+    env. With several servers the groups of the run take them in turn (a PlugRL group connects to its one; an
+    openpi group spreads its connections over all of them, starting from it); with openpi's protocol the process's
+    ``--openpi.connections`` are shared out between its groups."""
+    connection, cfg = job.config.connection, job.config
     command, flag = server_hints(job, env)
+    servers = job.servers
+    openpi = None
+    if connection.protocol == "openpi":
+        openpi = cfg.openpi
+        if openpi.connections is not None:
+            openpi = dataclasses.replace(openpi, connections=max(1, openpi.connections // groups))
     return SessionConfig.of(
         connection,
         api_key=connection.api_key or os.environ.get("PLUGRL_API_KEY") or None,
-        url=job.url,
+        url=servers[(job.process_id * groups + group) % len(servers)],
+        urls=servers,
+        openpi=openpi,
         waiting_hint=f"Start one with `{command}`, or run with `{flag}` to use the embedded one.",
         stream=(job.process_id, group),
     )
@@ -343,6 +367,9 @@ def server_hints(job: ProcessJob, env: BaseEnv) -> tuple[str, str]:
 
 def said(exc: PlugRLError, job: ProcessJob, envs: list[BaseEnv]) -> str:
     """What the user reads of ``exc``: its message, and for a server that never answered, what to do about it."""
+    if isinstance(exc, MissingKey):
+        return (f"{exc}; map it with --openpi.key {exc.key}={exc.source.group}.<name> (or leave it out with "
+                f"--openpi.key {exc.key}=), or pick another --openpi.preset")
     if not isinstance(exc, ServerUnreachable) or not envs:
         return str(exc)
     if not exc.first:

@@ -30,7 +30,7 @@ from plugrl_env_client.timing import Timing
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["Dialer", "ReconnectsExhausted", "ServerUnreachable"]
+__all__ = ["Dialer", "ReconnectsExhausted", "ServerUnreachable", "plugrl_metadata"]
 
 STOPPED_LOCALLY = Closed(CloseAction.END, None, "the run was stopped locally")
 RETRYABLE_STATUS = (408, 429)  # request timeout, too many requests: worth another try
@@ -94,8 +94,12 @@ class Dialer:
     reconnects and tells whether a connection got an exchange done."""
 
     def __init__(self, config: DialSettings, timing: Timing, warn_s: float,
-                 should_stop: Callable[[], bool] = lambda: False) -> None:
+                 should_stop: Callable[[], bool] = lambda: False,
+                 metadata: Callable[[Any], ServerMetadata] | None = None,
+                 server_kind: str = "a PlugRL v1 policy server") -> None:
         self.config = config
+        self._parse_metadata = metadata if metadata is not None else plugrl_metadata
+        self._server_kind = server_kind
         self.shown_url = redact_url(config.url)  # the URL in messages: without its password
         self._timing = timing
         self._warn_s = warn_s
@@ -170,21 +174,15 @@ class Dialer:
         if frame is None:
             client.close(messages.CLOSE_NORMAL)
             raise ConfigError(f"the server at {self.shown_url} accepted the connection but sent no metadata within "
-                              f"{timeout_s:g} s ({flag}); is it a PlugRL v1 policy server?")
+                              f"{timeout_s:g} s ({flag}); is it {self._server_kind}?")
         try:
             if isinstance(frame, str):
                 raise ProtocolError(f"the server sent a text frame instead of a binary msgpack frame: {frame[:2000]!r}")
             self._timing.bytes_received += len(frame)
-            reply = codec.unpackb(frame)
-            if messages.message_type(reply) != messages.METADATA:
-                raise ProtocolError(
-                    f"the server's first message must be 'metadata', got {messages.message_type(reply)!r}; "
-                    "is this a PlugRL v1 policy server?"
-                )
+            meta = self._parse_metadata(codec.unpackb(frame))
         except ProtocolError:
             client.close(messages.CLOSE_NORMAL)
             raise
-        meta = messages.parse_metadata(reply)
         logger.info("connected to %s; server metadata: %s", self.shown_url, messages.short_repr(meta.raw, 400))
         return meta
 
@@ -257,6 +255,14 @@ class Dialer:
                            self.shown_url, seconds(now - self._stop_waits_since))
         else:
             logger.debug("the server at %s ended its run again (%s); reconnecting", self.shown_url, closed.describe())
+
+
+def plugrl_metadata(msg: Any) -> ServerMetadata:
+    """A PlugRL v1 server's first message, checked."""
+    if messages.message_type(msg) != messages.METADATA:
+        raise ProtocolError(f"the server's first message must be 'metadata', got {messages.message_type(msg)!r}; "
+                            "is this a PlugRL v1 policy server?")
+    return messages.parse_metadata(msg)
 
 
 def seconds(value: float) -> str:

@@ -60,6 +60,8 @@ class ActionReply:
 
     env_ids: np.ndarray
     actions: np.ndarray
+    server_infer_s: float | None = None
+    """The inference time the server reported with the reply (openpi's ``server_timing``), None when it did not."""
 
     def message(self) -> dict[str, Any]:
         """The message as it travels (the reference server's reply to an infer)."""

@@ -43,7 +43,7 @@ import logging
 import os
 import time
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Annotated, Any, Literal, NoReturn
+from typing import TYPE_CHECKING, Annotated, Any, Literal, NoReturn, Protocol
 
 import numpy as np
 import tyro
@@ -63,7 +63,7 @@ from plugrl_env_client.protocol.connection import (
     NotConnected,
     classify_close,
 )
-from plugrl_env_client.protocol.dialing import Dialer, seconds
+from plugrl_env_client.protocol.dialing import Dialer, plugrl_metadata, seconds
 from plugrl_env_client.protocol.frame_packer import FramePacker
 from plugrl_env_client.protocol.messages import ActionReply, Feedback, InferRequest, ObservationLike, ServerMetadata
 from plugrl_env_client.timing import Timing
@@ -73,7 +73,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["ConnectionConfig", "Session", "SessionConfig", "Stopwatch", "warning_period"]
+__all__ = ["PLUGRL", "ConnectionConfig", "PlugrlWire", "Session", "SessionConfig", "Stopwatch", "Wire", "warning_period"]
 
 WARNING_PERIOD_ENV = "PLUGRL_WAIT_WARNING_S"
 DEFAULT_WARNING_PERIOD_S = 30.0
@@ -132,6 +132,10 @@ class ConnectionConfig:
     transport: Literal["websockets", "picows"] = "websockets"
     """The WebSocket library of the embedded server (--local-policy): websockets, or picows (extra fast). The
     client always runs on the rollout's own thread (websockets' handshake, its own frames)."""
+    protocol: Literal["plugrl", "openpi"] = "plugrl"
+    """The wire protocol: plugrl (PlugRL v1, batched infers and feedback), or openpi (openpi's policy servers: one
+    env's observation per request over --openpi.connections connections, keys mapped by --openpi.preset; the
+    embedded server speaks it too)."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -146,6 +150,11 @@ class SessionConfig(ConnectionConfig):
     stream: tuple[int, int] | None = None
     """(process id, env group) of this connection, sent as the STREAM_HEADER handshake header: servers that know it
     (the reference server) give each stream its own reproducible random policy; others ignore it."""
+    urls: tuple[str, ...] = ()
+    """Every server of the run, ``url`` among them, for a session that spreads its connections over several (the
+    openpi session); empty: ``url`` alone."""
+    openpi: Any = None
+    """The openpi session's choices (:class:`~plugrl_env_client.protocol.openpi.OpenpiChoices`), None otherwise."""
 
     @classmethod
     def of(cls, config: ConnectionConfig, **added: Any) -> SessionConfig:
@@ -155,24 +164,85 @@ class SessionConfig(ConnectionConfig):
         return cls(**{**chosen, **added})
 
 
+class Wire(Protocol):
+    """What travels on a :class:`Session`'s connection: the messages of one wire protocol, built and parsed. The
+    session keeps everything else (dialing, the exchange's order, waits that end, closes)."""
+
+    server_kind: str
+    """What the server is, in messages ("a PlugRL v1 policy server")."""
+    feedback: bool
+    """Whether a feedback message answers each reply (PlugRL); without, a reply leaves the exchange idle."""
+
+    def metadata(self, msg: Any) -> ServerMetadata:
+        """The server's first message, checked (a ProtocolError when it is not this protocol's metadata)."""
+
+    def infer(self, request: InferRequest[Any], image_codec: str, quality: int) -> tuple[Any, int]:
+        """The message of an infer, and the bytes of its arrays (what makes laying the frame out worth it)."""
+
+    def reply(self, msg: Any, asked: np.ndarray) -> ActionReply:
+        """The reply to the infer for ``asked``, checked."""
+
+    def unexpected(self, msg: Any) -> str:
+        """What a message that answers no infer is, in words ("an action")."""
+
+    def text_frame(self, text: str) -> ProtocolError:
+        """The error for a text frame from the server."""
+
+    def close_error(self, code: int | None, reason: str) -> ProtocolError | None:
+        """The error a close ends the run with instead of a reconnect (None: the close table decides)."""
+
+
+class PlugrlWire:
+    """PlugRL v1's messages (:mod:`~plugrl_env_client.protocol.messages`)."""
+
+    server_kind = "a PlugRL v1 policy server"
+    feedback = True
+
+    def metadata(self, msg: Any) -> ServerMetadata:
+        return plugrl_metadata(msg)
+
+    def infer(self, request: InferRequest[Any], image_codec: str, quality: int) -> tuple[Any, int]:
+        wire = messages.wire_observation(request.obs, image_codec, quality)
+        return request.message(wire), _payload_bytes(wire)
+
+    def reply(self, msg: Any, asked: np.ndarray) -> ActionReply:
+        return messages.parse_action(msg, asked)
+
+    def unexpected(self, msg: Any) -> str:
+        kind = messages.message_type(msg)
+        return "an action" if kind == messages.ACTION else f"a {kind!r} message"
+
+    def text_frame(self, text: str) -> ProtocolError:
+        return ProtocolError(f"the server sent a text frame instead of a binary msgpack frame: {text[:2000]!r}")
+
+    def close_error(self, code: int | None, reason: str) -> ProtocolError | None:
+        return None
+
+
+PLUGRL: Wire = PlugrlWire()
+
+
 class Session:
     """The rollout's handle on the server (see the module docstring). Not thread-safe: one rollout thread drives
     it; a :class:`~plugrl_env_client.protocol.keepalive.Keepalive`, when given, services its socket during long
     env calls."""
 
     def __init__(self, config: SessionConfig, should_stop: Callable[[], bool] = lambda: False,
-                 timing: Timing | None = None, keepalive: Keepalive | None = None) -> None:
+                 timing: Timing | None = None, keepalive: Keepalive | None = None, wire: Wire = PLUGRL,
+                 times_waits: bool = True) -> None:
         if config.infer_timeout is not None and not config.infer_timeout > 0:
             raise ConfigError(f"--infer-timeout must be a positive number of seconds, got {config.infer_timeout}")
         images.check_choice(config.image_codec, config.image_quality)
         self.config = config
+        self.wire = wire
+        self._times_waits = times_waits  # False: a caller that waits on several sessions at once times its waits
         self.timing = timing if timing is not None else Timing()
         self.metadata: ServerMetadata | None = None
         self.state = Exchange.IDLE
         """Where the exchange on the current connection stands (idle after an open)."""
         self._keepalive = keepalive
         self._warn_s = warning_period()
-        self._dialer = Dialer(config, self.timing, self._warn_s, should_stop)
+        self._dialer = Dialer(config, self.timing, self._warn_s, should_stop, wire.metadata, wire.server_kind)
         self._packer = FramePacker()  # one frame buffer for the session's life, across reconnects
         # Where the seconds of each step go (one reused stopwatch per step: nothing made per message).
         self._infer_packing = Stopwatch(self.timing, "pack_s", "infer_obs_pack_s")
@@ -198,14 +268,14 @@ class Session:
         """An infer of this session is on the wire and its reply has not been taken."""
         return self.state is Exchange.AWAITING_REPLY
 
-    def infer(self, request: InferRequest[ObservationLike]) -> ActionReply:
+    def infer(self, request: InferRequest[Any]) -> ActionReply:
         """Send one infer and wait for its action chunk (raises :class:`ConnectionLost` when closed)."""
         self.send_infer(request)
         reply = self.receive_actions(None)
         assert reply is not None  # no timeout: a reply or an exception
         return reply
 
-    def send_infer(self, request: InferRequest[ObservationLike]) -> None:
+    def send_infer(self, request: InferRequest[Any]) -> None:
         """Send one infer without waiting for its reply (:meth:`receive_actions` collects it), so the caller can
         step other envs meanwhile. One infer is outstanding at most: the protocol answers them in order."""
         if self._lost is not None:
@@ -221,10 +291,10 @@ class Session:
             if early is not None:
                 self._answers_no_infer(early)
             with self._infer_packing:
-                wire = messages.wire_observation(request.obs, self._image_codec, self.config.image_quality)
+                message, size = self.wire.infer(request, self._image_codec, self.config.image_quality)
                 if self._image_codec != "none" and self._speaks:
-                    self._say_raw_cameras(wire["images"])
-                frame = self._packer.pack(request.message(wire), _payload_bytes(wire))
+                    self._say_raw_cameras(message["data"]["images"])
+                frame = self._packer.pack(message, size)
             self._sent_at = time.perf_counter()
             client.send_frame(frame)
         except ws_common.TransportClosed as exc:
@@ -259,20 +329,32 @@ class Session:
             raise ConnectionLost(self._closed(exc)) from None
         if frame is None:
             return None
-        self._asked, self.state = None, Exchange.FEEDBACK_DUE
-        reply = messages.parse_action(self._decode(frame), asked)
+        self._asked, self.state = None, (Exchange.FEEDBACK_DUE if self.wire.feedback else Exchange.IDLE)
+        reply = self.wire.reply(self._decode(frame), asked)
         timing = self.timing
-        timing.infer_wait_s += time.perf_counter() - self._sent_at
+        if self._times_waits:
+            timing.infer_wait_s += time.perf_counter() - self._sent_at
         timing.actions_received += 1
+        if reply.server_infer_s is not None:
+            timing.server_infer_s += reply.server_infer_s
+            timing.server_timed_replies += 1
         return reply
 
-    def wait(self, peers: Sequence[Session] = ()) -> None:
+    @property
+    def connected(self) -> bool:
+        """The session has a connection (opened, and not lost since)."""
+        return self._client is not None
+
+    def wait(self, peers: Sequence[Session] = (), timeout: float | None = None) -> None:
         """Block until the reply to this session's infer or to one of ``peers``' is in, or one of them is due for
-        a warning or its ``--infer-timeout`` (the caller then polls each with ``receive_actions(0)``). A pipelined
-        rollout waits here when no env group can step: on every connection at once, whichever answers first."""
+        a warning or its ``--infer-timeout``, or ``timeout`` s passed (the caller then polls each with
+        ``receive_actions(0)``). A pipelined rollout waits here when no env group can step: on every connection at
+        once, whichever answers first."""
         waiting = [s for s in (self, *peers) if s.state is Exchange.AWAITING_REPLY and s._client is not None]
         if waiting:
             due = min(s._next_check for s in waiting)
+            if timeout is not None:
+                due = min(due, time.monotonic() + timeout)
             ws_client.wait_any([s._client for s in waiting if s._client is not None],
                                max(0.0, due - time.monotonic()))
 
@@ -280,6 +362,8 @@ class Session:
         """Send one feedback (no reply). A connection found closed is reported by the next :meth:`send_infer`."""
         if self._lost is not None:
             return
+        if not self.wire.feedback:
+            raise NoFeedbackDue(f"{self.wire.server_kind} takes no feedback")
         if self.state is not Exchange.FEEDBACK_DUE:
             raise (AlreadyAwaitingReply("a feedback while an infer waits for its reply: receive_actions() first")
                    if self.state is Exchange.AWAITING_REPLY else
@@ -311,11 +395,15 @@ class Session:
 
     def _decode(self, frame: Any) -> Any:
         if isinstance(frame, str):
-            raise ProtocolError(f"the server sent a text frame instead of a binary msgpack frame: {frame[:2000]!r}")
+            raise self.wire.text_frame(frame)
         self.timing.bytes_received += len(frame)
         return codec.unpackb(frame)
 
     def _closed(self, exc: ws_common.TransportClosed) -> Closed:
+        error = self.wire.close_error(exc.code, exc.reason)
+        if error is not None:
+            self._drop()
+            raise error
         closed = classify_close(exc.code, exc.reason, self.config.reconnect_on_server_stop)
         logger.info("connection closed by the server (%s)", closed.describe())
         self._drop()
@@ -357,9 +445,7 @@ class Session:
 
     def _answers_no_infer(self, frame: Any) -> NoReturn:
         """A message came while no infer waited for one: what it is, and the resync that starts over."""
-        msg = self._decode(frame)
-        kind = messages.message_type(msg)
-        what = "an action" if kind == messages.ACTION else f"a {kind!r} message"
+        what = self.wire.unexpected(self._decode(frame))
         why = f"the server sent {what} that answers no infer (a reply after a feedback, or a second reply to one infer)"
         logger.warning("%s; closing the connection (%d %s) and reconnecting", why, messages.CLOSE_GOING_AWAY,
                        messages.REASON_RESYNC)

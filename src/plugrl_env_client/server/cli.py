@@ -19,7 +19,9 @@ import tyro
 
 from plugrl_env_client.cli_support import cli, run_cli
 from plugrl_env_client.errors import ConfigError
+from plugrl_env_client.openpi_flags import OpenpiKeysConfig
 from plugrl_env_client.protocol.images import DEFAULT_MAX_PIXELS
+from plugrl_env_client.protocol.openpi_keys import KeyMap
 from plugrl_env_client.protocol.ws_common import api_key_problem
 from plugrl_env_client.server.log_sink import ServerLog
 from plugrl_env_client.server.policies import Policy
@@ -37,7 +39,7 @@ logger = logging.getLogger(__name__)
 
 @dataclasses.dataclass
 class ServerArgs:
-    """Serve a reference policy over the PlugRL v1 protocol."""
+    """Serve a reference policy over the PlugRL v1 protocol (or openpi's)."""
 
     host: str = "127.0.0.1"
     """Address to bind: 127.0.0.1 serves this machine only; 0.0.0.0 accepts clients from other machines, and then
@@ -60,6 +62,11 @@ class ServerArgs:
     api_key: Annotated[str | None, tyro.conf.arg(help_behavior_hint="(default: $PLUGRL_SERVER_API_KEY if set)")] = None
     """Serve only clients whose handshake carries 'Authorization: Api-Key <key>' (the client's --api-key or
     $PLUGRL_API_KEY); others get HTTP 401. The environment variable keeps the key out of the process list."""
+    protocol: Literal["plugrl", "openpi"] = "plugrl"
+    """The wire protocol: plugrl (PlugRL v1), or openpi (openpi's policy servers' protocol: one env's observation
+    per request, its keys read back by --openpi.preset and --openpi.key; the requests of concurrent connections
+    are answered together when the policy batches). A policy that learns from feedback (ars) cannot serve openpi."""
+    openpi: OpenpiKeysConfig = dataclasses.field(default_factory=OpenpiKeysConfig)
     policy_path: Annotated[tuple[str, ...], tyro.conf.UseAppendAction] = ()
     """A Python file that registers a policy with @register_policy, imported before the command line is read: its
     name is then a choice of --policy.name and its config's fields are --policy.* flags."""
@@ -114,11 +121,16 @@ def _serve_logged(cfg: ServerArgs) -> int:
     try:
         api_key = resolved_api_key(cfg.api_key)
         try:
+            keys = KeyMap.of(cfg.openpi.preset, cfg.openpi.key) if cfg.protocol == "openpi" else None
+        except ValueError as exc:
+            raise ConfigError(f"--openpi.key / --openpi.preset: {exc}") from None
+        try:
             policy = make_policy(cfg.policy)
             server = PolicyServer(policy, host=cfg.host, port=cfg.port, max_episodes=cfg.max_episodes,
                                   reuse_feedback_obs=cfg.reuse_feedback_obs, seed=cfg.policy.seed,
                                   transport=cfg.transport, latency_ms=cfg.policy.latency_ms, api_key=api_key,
-                                  image_codecs=cfg.image_codecs, max_image_pixels=cfg.max_image_pixels)
+                                  image_codecs=cfg.image_codecs, max_image_pixels=cfg.max_image_pixels,
+                                  openpi=keys)
         except (TypeError, ValueError, OSError) as exc:  # a bad --policy.* value, the port is taken
             raise ConfigError(str(exc)) from exc
         shape = _shape_of(policy)
@@ -128,8 +140,9 @@ def _serve_logged(cfg: ServerArgs) -> int:
                            "give --api-key KEY (or $%s) and the clients the same --api-key", cfg.host, server.port,
                            API_KEY_ENV)
         keyed = ", API key required" if api_key is not None else ""
-        print(f"Policy server ({cfg.policy.name}, {shape}, horizon={policy.horizon}{latency}, {cfg.transport}{keyed}) "
-              f"listening on ws://{cfg.host}:{server.port}", flush=True)
+        wire = f", openpi protocol, preset {cfg.openpi.preset}" if keys is not None else ""
+        print(f"Policy server ({cfg.policy.name}, {shape}, horizon={policy.horizon}{latency}, {cfg.transport}{keyed}"
+              f"{wire}) listening on ws://{cfg.host}:{server.port}", flush=True)
         # A policy that cannot serve the clients' env ends the run; then this process ends too, with the reason.
         threading.Thread(target=_stop_on_failure, args=(server,), name="plugrl-failure-watch", daemon=True).start()
         server.serve_forever()

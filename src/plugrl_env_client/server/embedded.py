@@ -25,6 +25,7 @@ import numpy as np
 
 from plugrl_env_client.envs.base_env import describe_space
 from plugrl_env_client.errors import ConfigError
+from plugrl_env_client.protocol.openpi_keys import KeyMap
 from plugrl_env_client.server.policies import (
     DEFAULT_TEXT_CHOICES,
     DEFAULT_TEXT_LENGTH,
@@ -106,12 +107,16 @@ def local_policy_flag(space: gym.Space) -> str:
 
 def start_local_server(name: str, space: gym.Space, horizon: int | None, seed: int | None = None,
                        choices: Sequence[str] = (), transport: str = "websockets",
-                       run_root: Path | None = None) -> PolicyServer:
+                       run_root: Path | None = None, openpi: KeyMap | None = None) -> PolicyServer:
     """Start the reference server on a free loopback port, serving in a daemon thread (over the client's
     ``transport``, so ``--transport picows`` speeds up both ends). ``run_root``: the run folder, where ARS saves
-    its policy (:data:`LOCAL_ARS_POLICY`)."""
-    return PolicyServer(policy_for_space(name, space, horizon, seed, choices, run_root), host="127.0.0.1", port=0,
-                        seed=seed, transport=transport).start()
+    its policy (:data:`LOCAL_ARS_POLICY`); ``openpi``: speak openpi's protocol, reading requests by this key map
+    (None: PlugRL)."""
+    policy = policy_for_space(name, space, horizon, seed, choices, run_root)
+    if openpi is not None and policy.needs_feedback is not None:
+        raise ConfigError(f"--local-policy {name} {policy.needs_feedback}, so it cannot serve --protocol openpi, "
+                          "which has no feedback; use --local-policy random (or --protocol plugrl)")
+    return PolicyServer(policy, host="127.0.0.1", port=0, seed=seed, transport=transport, openpi=openpi).start()
 
 
 __all__ = ["DEFAULT_TEXT_CHOICES", "DEFAULT_TEXT_LENGTH", "LOCAL_ARS_POLICY", "default_text_choices",

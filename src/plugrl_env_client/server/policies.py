@@ -197,6 +197,7 @@ class ArsPolicy(Policy):
     --policy.save says where.
     """
 
+    needs_feedback = "learns from the episodes' returns, which only PlugRL's feedback messages report"
     off_loop = False  # numpy on a batch: microseconds
 
     def __init__(self, setup: PolicySetup, config: ArsConfig) -> None:

@@ -69,6 +69,10 @@ class Policy(abc.ABC):
     policy whose every call takes microseconds sets it False and is called on the event loop, saving the two thread
     hops of each call (the built-in policies do)."""
 
+    needs_feedback: ClassVar[str | None] = None
+    """Why this policy cannot serve without PlugRL's feedback messages (None: it can), e.g. a learner that needs the
+    episodes' returns: the reference server refuses to serve it over openpi's protocol, which has none."""
+
     batches: ClassVar[bool] = False
     """True: the server answers the infers of every connection waiting at one moment with one
     :meth:`infer_batch` call (a model that runs one forward pass for several clients)."""

@@ -42,6 +42,7 @@ import logging
 import re
 import threading
 import time
+import traceback
 from collections.abc import Awaitable
 from pathlib import Path
 from typing import Any
@@ -50,6 +51,7 @@ import numpy as np
 
 from plugrl_env_client.errors import ConfigError, ProtocolError
 from plugrl_env_client.protocol import codec, images, messages
+from plugrl_env_client.protocol.openpi_keys import KeyMap
 from plugrl_env_client.protocol.ws_common import TransportClosed
 from plugrl_env_client.server.delay import Delays
 from plugrl_env_client.server.episodes import EpisodeFile, EpisodeLog, Source, SuccessJudging
@@ -90,13 +92,18 @@ class PolicyServer:
                  reuse_feedback_obs: bool = True, seed: int | None = None, transport: str = "websockets",
                  latency_ms: float = 0.0, episode_log: Path | None = None, limits: ServeLimits | None = None,
                  api_key: str | None = None, image_codecs: bool = True,
-                 max_image_pixels: int = images.DEFAULT_MAX_PIXELS) -> None:
+                 max_image_pixels: int = images.DEFAULT_MAX_PIXELS, openpi: KeyMap | None = None) -> None:
         if not 0.0 <= latency_ms < float("inf"):
             raise ValueError(f"--policy.latency-ms must be a finite number >= 0, got {latency_ms}")
         if max_image_pixels < 1:
             raise ValueError(f"--max-image-pixels must be >= 1, got {max_image_pixels}")
         self.max_image_pixels = max_image_pixels
+        if openpi is not None and policy.needs_feedback is not None:
+            raise ConfigError(f"the {policy.metadata().get('policy', type(policy).__name__)} policy {policy.needs_feedback}, "
+                              "so it cannot serve openpi's protocol, which has no feedback")
         self.policy = policy
+        self.openpi = openpi
+        """The key map of openpi's protocol, which the server then speaks (None: PlugRL v1)."""
         self._worker = PolicyWorker(policy)
         self.latency_s = latency_ms / 1000.0
         self._delays = Delays()
@@ -157,6 +164,10 @@ class PolicyServer:
                 "server_version": __version__, **self.policy.metadata(),
                 "features": self.features()}
 
+    def openpi_metadata(self) -> dict[str, Any]:
+        """The first message of a connection in openpi's protocol: a plain map (the policy's action shape)."""
+        return {"server": "plugrl-env-client-reference", "server_version": __version__, **self.policy.metadata()}
+
     def features(self) -> list[str]:
         """The optional protocol features this server offers (metadata ``features``)."""
         return ([messages.FEATURE_REUSE_FEEDBACK_OBS] if self.reuse_feedback_obs else []) + (
@@ -207,10 +218,16 @@ class PolicyServer:
         number = self._connections
         policy: Policy | None = None
         try:
-            await ws.send(codec.packb(messages.metadata_message(self.metadata())))
+            if self.openpi is not None:
+                await ws.send(codec.packb(self.openpi_metadata()))
+            else:
+                await ws.send(codec.packb(messages.metadata_message(self.metadata())))
             key, stream = self._stream_of(ws)
             policy = await self._worker.call(self._connection_policy, key)
-            await self._serve_connection(ws, policy, Source(number, stream))
+            if self.openpi is not None:
+                await self._serve_openpi(ws, policy, self.openpi)
+            else:
+                await self._serve_connection(ws, policy, Source(number, stream))
         except ConfigError as exc:  # the policy cannot serve this env at all: no reconnect can help
             await self._fail(exc)
         except _Violation as exc:
@@ -328,6 +345,38 @@ class PolicyServer:
                     await ws.close(messages.CLOSE_GOING_AWAY, messages.REASON_STOP)
                     return
                 expect = messages.INFER
+
+    async def _serve_openpi(self, ws: Connection, policy: Policy, keys: KeyMap) -> None:
+        """One connection in openpi's protocol: each request is one env's observation, answered with its chunk
+        ``actions`` ``(H, D)`` and ``server_timing``. Requests of concurrent connections go to the worker together,
+        so a batching policy answers them in one call. What goes wrong in a request is said as openpi's server says
+        it: the traceback as a text frame, then a close with 1011."""
+        step = 0
+        env = np.zeros(1, np.int64)
+        while True:
+            try:
+                msg = await ws.recv()  # decoded by codec.unpackb (see __init__)
+                if self.stopping.is_set():
+                    await ws.close(messages.CLOSE_GOING_AWAY, messages.REASON_STOP)
+                    return
+                if isinstance(msg, str):
+                    raise ProtocolError("a text frame; openpi's protocol sends each request as a binary msgpack map")
+                obs = keys.observation(msg)
+                start = time.perf_counter()
+                actions = await self._worker.infer(policy, obs, env, np.array([step], np.int64))
+                infer_ms = (time.perf_counter() - start) * 1000.0
+            except (TransportClosed, ConfigError):
+                raise
+            except Exception:
+                logger.warning("openpi request from %s failed; sending the traceback and closing with 1011",
+                               ws.remote_address, exc_info=True)
+                await ws.send_text(traceback.format_exc())
+                await ws.close(messages.CLOSE_INTERNAL, "Internal server error. Traceback included in previous frame.")
+                return
+            if self.latency_s:
+                await self._delays.sleep(self.latency_s)
+            await ws.send(codec.packb({"actions": actions[:, 0], "server_timing": {"infer_ms": infer_ms}}))
+            step += 1
 
     def _with_reused_rows(self, request: messages.InferRequest[dict[str, Any]], held: dict[int, HeldRow]) -> dict[str, Any]:
         """The full observation batch of an infer, reused rows taken from the held feedback rows.

@@ -140,6 +140,11 @@ class Connection(abc.ABC):
         """Send one binary message. Raises :class:`TransportClosed` when the connection is closed."""
 
     @abc.abstractmethod
+    async def send_text(self, text: str) -> None:
+        """Send one text message (openpi's servers send a traceback so). Raises :class:`TransportClosed` when the
+        connection is closed."""
+
+    @abc.abstractmethod
     async def close(self, code: int = 1000, reason: str = "") -> None:
         """Send a close frame and wait (up to the close timeout) for the peer's; a no-op on a closed connection."""
 
@@ -287,6 +292,9 @@ class _WebsocketsConnection(Connection):
             await self._ws.send(data)
         except ConnectionClosed as exc:
             raise _closed(exc) from None
+
+    async def send_text(self, text: str) -> None:
+        await self.send(text)  # type: ignore[arg-type]  # websockets sends a str as a text frame
 
     async def close(self, code: int = 1000, reason: str = "") -> None:
         await self._ws.close(code, reason)
@@ -486,6 +494,11 @@ class _PicowsConnection(Connection):
         if self.gone.is_set() or transport.is_close_frame_sent:
             raise TransportClosed(self._close_code, self._close_reason)
         transport.send(self._binary, data)
+
+    async def send_text(self, text: str) -> None:
+        if self.gone.is_set() or self.transport.is_close_frame_sent:
+            raise TransportClosed(self._close_code, self._close_reason)
+        self.transport.send(self._text_type, text.encode("utf-8"))
 
     async def close(self, code: int = 1000, reason: str = "") -> None:
         transport = self.transport

@@ -13,7 +13,7 @@ The format (docs/evaluation.md has it with examples)::
     episodes = 4                       # overrides the suite's (not with seeds)
     local_policy = "text"              # with --local-policy: this task's embedded policy (any registered one)
     local_policy_choices = ["<answer>3</answer>"]
-    server_url = "ws://host:8000"      # this task's policy server (instead of the command line's)
+    server_url = "ws://host:8000"      # this task's policy server (instead of the command line's), or a list of them
 
 Every mistake is a :class:`~plugrl_env_client.errors.ConfigError` that reads ``<suite file>: task <name>: <what>
 (<fix>)``, found before anything runs: an env id is looked up in the env registry and a ``local_policy`` in the
@@ -67,7 +67,8 @@ class Task:
     episodes: int
     local_policy: str | None = None
     local_policy_choices: tuple[str, ...] | None = None
-    server_url: str | None = None
+    server_url: tuple[str, ...] = ()
+    """This task's policy servers (empty: the command line's)."""
     file: Path | None = dataclasses.field(default=None, compare=False, repr=False)
     """The suite file the task is read from (named in errors)."""
 
@@ -198,10 +199,11 @@ def _task(table: Any, index: int, episodes: Any, seeded: bool, path: Path) -> Ta
         raise problem(where, f"local_policy_choices must be a list of strings, got {choices!r}",
                       "e.g. local_policy_choices = [\"<answer>3</answer>\"]")
     url = table.get("server_url")
-    if url is not None and (not isinstance(url, str) or not url.startswith(("ws://", "wss://"))):
-        raise problem(where, f"server_url must be ws://host:port or wss://host:port, got {url!r}",
+    urls = tuple(url) if isinstance(url, list) else (url,) if url is not None else ()
+    if (url is not None and not urls) or not all(isinstance(u, str) and u.startswith(("ws://", "wss://")) for u in urls):
+        raise problem(where, f"server_url must be ws://host:port or wss://host:port (or a list of them), got {url!r}",
                       "e.g. server_url = \"ws://gpu-box:8000\"")
-    return Task(name, env, dict(env_config), count, policy, tuple(choices) if choices is not None else None, url,
+    return Task(name, env, dict(env_config), count, policy, tuple(choices) if choices is not None else None, urls,
                 path)
 
 
