@@ -314,7 +314,7 @@ def stack_cell(kind: str, n: int, durations: Durations) -> Cell:
     reuse_all = np.ones(n, bool)
     peer = policy_server(kind)
     try:
-        session = Session(SessionConfig(url=f"ws://127.0.0.1:{peer.port}", connect_timeout=30, transport=kind))
+        session = Session(SessionConfig(url=f"ws://127.0.0.1:{peer.port}", connect_timeout=30))
         session.open()
         session.infer(messages.InferRequest(obs, ids, steps))  # the server now expects this chunk's feedback
         try:

@@ -7,6 +7,7 @@ module that reaches upward, even only at call time, fails here with the line tha
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -121,3 +122,19 @@ def test_importing_the_config_tree_imports_no_heavy_extra() -> None:
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == []
+
+
+def test_the_protocol_takes_plain_values_and_names_no_flag() -> None:
+    """``protocol/`` knows nothing of the command line: it imports no tyro and names no flag (its messages name a
+    choice as its config's ``words`` say the user sets it)."""
+    found = []
+    for path in modules_under("protocol"):
+        text = path.read_text()
+        tree = ast.parse(text, str(path))
+        for node in ast.walk(tree):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            found += [f"{path.name}:{node.lineno} imports {n}" for n in names if n.split(".")[0] == "tyro"]
+        found += [f"{path.name}:{i} names {m.group()}" for i, line in enumerate(text.splitlines(), 1)
+                  for m in re.finditer(r"(?<![\w-])--[a-z][a-z0-9-]+", line)]
+    assert not found, found

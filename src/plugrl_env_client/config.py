@@ -6,7 +6,7 @@ reaches it without being copied field by field:
 * ``runner`` (``--runner.*``): :class:`~plugrl_env_client.launch.process.RunnerConfig`, the rollout loop's :class:`~plugrl_env_client.rollout.settings.LoopConfig`
   plus what the launcher reads (processes, pipeline groups, episode split);
 * ``connection`` (flags without a prefix: ``--connect-timeout``, ``--max-reconnects``, ...): the session's
-  :class:`~plugrl_env_client.protocol.session.ConnectionConfig`;
+  :class:`~plugrl_env_client.connection_flags.ConnectionConfig` (the protocol takes its plain values);
 * ``recorder`` (``--recorder.*``): :class:`~plugrl_env_client.outputs.recording.config.RecorderConfig`;
 * ``ray`` (``--ray.*``): :class:`~plugrl_env_client.launch.ray.config.RayConfig` (Ray itself is imported only by a
   run with ``--launcher ray``);
@@ -21,14 +21,13 @@ from typing import TYPE_CHECKING, Annotated, Literal
 
 import tyro
 
+from plugrl_env_client.connection_flags import ConnectionConfig, OpenpiConfig
 from plugrl_env_client.envs.base_env import BaseEnvConfig
 from plugrl_env_client.launch.launchers import LAUNCHERS
 from plugrl_env_client.launch.process import RunnerConfig
 from plugrl_env_client.launch.ray.config import RayConfig
-from plugrl_env_client.openpi_flags import OpenpiConfig
 from plugrl_env_client.outputs.recording.config import RecorderConfig
 from plugrl_env_client.outputs.tracking import TrackingKind
-from plugrl_env_client.protocol.session import ConnectionConfig
 from plugrl_env_client.rollout.settings import LoopConfig
 from plugrl_env_client.server.registry import optional_name_choice
 

@@ -11,7 +11,7 @@ from file_modules import imported
 
 from plugrl_env_client.app import run_client
 from plugrl_env_client.config import ClientConfig
-from plugrl_env_client.protocol.session import ConnectionConfig
+from plugrl_env_client.connection_flags import ConnectionConfig
 from plugrl_env_client.server.policies import PolicyConfig, make_policy
 from plugrl_env_client.server.server import PolicyServer
 

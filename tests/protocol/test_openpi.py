@@ -20,8 +20,8 @@ from waiting import wait_until
 
 from plugrl_env_client.app import run_client
 from plugrl_env_client.config import ClientConfig, ConnectionConfig, RunnerConfig
+from plugrl_env_client.connection_flags import OpenpiConfig
 from plugrl_env_client.envs import discover_envs
-from plugrl_env_client.openpi_flags import OpenpiConfig
 from plugrl_env_client.protocol import codec
 
 discover_envs()  # Point-v1

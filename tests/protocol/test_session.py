@@ -136,8 +136,11 @@ def test_http_4xx_handshake_is_an_error_that_says_so():
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
         session = Session(SessionConfig(url=f"ws://127.0.0.1:{server.socket.getsockname()[1]}"))
-        with pytest.raises(ConfigError, match="refused the WebSocket handshake with HTTP 403.*--api-key"):
+        with pytest.raises(ConfigError, match="refused the WebSocket handshake with HTTP 403.*api_key"):
             session.open()
+        named = Session(SessionConfig(url=session.config.url, words={"api_key": "--api-key / $PLUGRL_API_KEY"}))
+        with pytest.raises(ConfigError, match=r"refused .* check the URL and --api-key / \$PLUGRL_API_KEY$"):
+            named.open()
     finally:
         server.shutdown()
 
@@ -294,12 +297,13 @@ def _warnings(caplog, words: str) -> list[str]:
 
 @pytest.mark.slow
 def test_connect_timeout_counts_the_metadata_read(harness):
-    """A server that completes the handshake and never sends its metadata: --connect-timeout still holds."""
+    """A server that completes the handshake and never sends its metadata: connect_timeout still holds (named by
+    its field: the protocol names no flag; the app layer's words are tested in test_connection_faults.py)."""
     h = harness(lambda conn: conn.ws.recv())  # waits for the client, says nothing
     session = Session(SessionConfig(url=f"ws://127.0.0.1:{h.port}", connect_timeout=1.5))
     start = time.monotonic()
     with pytest.raises(ConfigError, match=r"accepted the connection but sent no metadata within 1.5 s "
-                                          r"\(--connect-timeout\)"):
+                                          r"\(connect_timeout\)"):
         session.open()
     assert 1.5 <= time.monotonic() - start < 2.5
 
@@ -350,7 +354,7 @@ def test_connect_timeout_holds_to_within_a_second(peer):
             port = silent.getsockname()[1]
         session = Session(SessionConfig(url=f"ws://127.0.0.1:{port}", connect_timeout=2.0))
         start = time.monotonic()
-        with pytest.raises(ServerUnreachable, match=r"no policy server answered at .* within 2 s \(--connect-timeout\)$"
+        with pytest.raises(ServerUnreachable, match=r"no policy server answered at .* within 2 s \(connect_timeout\)$"
                            ) as raised:
             session.open()
         assert 2.0 <= time.monotonic() - start < 3.0
@@ -376,7 +380,8 @@ def test_infer_timeout_closes_the_connection_names_the_infer_and_a_reconnect_goe
             raise
 
     h = harness(script)
-    session = Session(SessionConfig(url=f"ws://127.0.0.1:{h.port}", infer_timeout=1.0))
+    session = Session(SessionConfig(url=f"ws://127.0.0.1:{h.port}", infer_timeout=1.0,
+                                    words={"infer_timeout": "--infer-timeout"}))
     session.open()
     obs = Observation(states={"x": np.zeros((2, 1))}, text="a")
     ids, steps = np.arange(2), np.zeros(2, np.int64)
@@ -444,7 +449,7 @@ def test_a_server_that_stays_stopped_gets_one_line_and_a_reminder(harness, caplo
     session.close()
     assert session.timing.reconnects >= 6
     assert len(_warnings(caplog, "ended its run")) == 1
-    assert "waiting for its next run (--reconnect-on-server-stop)" in _warnings(caplog, "ended its run")[0]
+    assert "waiting for its next run (reconnect_on_server_stop)" in _warnings(caplog, "ended its run")[0]
     assert 1 <= len(_warnings(caplog, "still waiting for the next run")) <= 4
     assert _warnings(caplog, "reconnecting to") == []
 
@@ -496,7 +501,9 @@ def test_a_reply_that_answers_no_infer_is_a_resync(harness, caplog, extra):
 
 
 def test_reconnects_past_the_limit_are_a_typed_error_that_says_why():
-    session = Session(SessionConfig(url="ws://127.0.0.1:1", max_reconnects=0))
+    """Named as the app layer says the user sets the limit (the protocol itself names no flag)."""
+    session = Session(SessionConfig(url="ws://127.0.0.1:1", max_reconnects=0,
+                                    words={"max_reconnects": "--max-reconnects"}))
     closed = Closed(CloseAction.RECONNECT, messages.CLOSE_GOING_AWAY, messages.REASON_RESYNC)
     with pytest.raises(ReconnectsExhausted) as raised:
         session.reconnect(closed)

@@ -20,9 +20,9 @@ from openpi_site import install_openpi, python_path_with
 
 from plugrl_env_client.app import run_client
 from plugrl_env_client.config import ClientConfig, ConnectionConfig
+from plugrl_env_client.connection_flags import OpenpiConfig
 from plugrl_env_client.envs import discover_envs
 from plugrl_env_client.errors import ConfigError
-from plugrl_env_client.openpi_flags import OpenpiConfig
 from plugrl_env_client.protocol.messages import InferRequest
 from plugrl_env_client.protocol.openpi import OpenpiSession
 from plugrl_env_client.protocol.openpi_keys import KeyMap

@@ -19,19 +19,19 @@ import signal
 from typing import Any, ClassVar, Literal, Protocol, TypeVar
 from urllib.parse import urlsplit
 
+from plugrl_env_client.connection_flags import ConnectionConfig, OpenpiConfig
 from plugrl_env_client.envs import contract
 from plugrl_env_client.envs.base_env import BaseEnv, BaseEnvConfig
 from plugrl_env_client.envs.calls import call_env
 from plugrl_env_client.envs.registry import get_spec, make_env
 from plugrl_env_client.errors import ConfigError, EnvCrashedError, EnvExitError, PlugRLError
-from plugrl_env_client.openpi_flags import OpenpiConfig
 from plugrl_env_client.outputs.recording.config import RecorderConfig
 from plugrl_env_client.outputs.recording.recorder import EpisodeRecorder
 from plugrl_env_client.protocol.dialing import ServerUnreachable
 from plugrl_env_client.protocol.keepalive import Keepalive
 from plugrl_env_client.protocol.openpi_keys import MissingKey
 from plugrl_env_client.protocol.protocols import open_session
-from plugrl_env_client.protocol.session import ConnectionConfig, SessionConfig
+from plugrl_env_client.protocol.session import SessionConfig
 from plugrl_env_client.records import ProcessResult, ProcessStatus
 from plugrl_env_client.rollout.budget import Budget, env_shares
 from plugrl_env_client.rollout.group import EnvGroup
@@ -348,8 +348,7 @@ def session_config(job: ProcessJob, env: BaseEnv, group: int, groups: int = 1) -
         openpi = cfg.openpi
         if openpi.connections is not None:
             openpi = dataclasses.replace(openpi, connections=max(1, openpi.connections // groups))
-    return SessionConfig.of(
-        connection,
+    return connection.session(
         api_key=connection.api_key or os.environ.get("PLUGRL_API_KEY") or None,
         url=servers[(job.process_id * groups + group) % len(servers)],
         urls=servers,

@@ -3,14 +3,15 @@
 A :class:`Dialer` opens one connection at a time for one :class:`~plugrl_env_client.protocol.session.Session`
 and keeps what reconnecting needs from one attempt to the next (the backoff, whether the last connection got an
 exchange done, the reminder while a stopped server stays up). Every wait is bounded or announced:
-``--connect-timeout`` / ``--reconnect-timeout`` bound the whole of an opening, the metadata read included; each
+``connect_timeout`` / ``reconnect_timeout`` bound the whole of an opening, the metadata read included; each
 attempt's handshake and each backoff pause are cut to the time left.
 
 What ends an opening is a typed error: :class:`ServerUnreachable` (nobody answered in time),
-:class:`ReconnectsExhausted` (``--max-reconnects`` reached), a :class:`~plugrl_env_client.errors.ConfigError` for
+:class:`ReconnectsExhausted` (``max_reconnects`` reached), a :class:`~plugrl_env_client.errors.ConfigError` for
 what no retry can fix (a 4xx handshake answer other than 408/429, a TLS certificate that does not verify, a
 malformed URL), a :class:`~plugrl_env_client.protocol.connection.ConnectionLost` when the server closes before its
-metadata or the run is stopped locally. The app layer adds what a user can do about the first two.
+metadata or the run is stopped locally. Messages name each choice as the session's config says the user sets it
+(``config.word``); the app layer adds what a user can do about the first two.
 """
 
 from __future__ import annotations
@@ -37,29 +38,29 @@ RETRYABLE_STATUS = (408, 429)  # request timeout, too many requests: worth anoth
 STEADY_CONNECTION_S = 1.0  # a connection that lived this long and completed an exchange resets the backoff
 OPEN_TIMEOUT_S = 10.0
 """The longest one attempt's TCP connect, TLS and WebSocket handshake may take (less when a deadline is nearer)."""
-CONNECT_FLAG, RECONNECT_FLAG = "--connect-timeout", "--reconnect-timeout"
 
 
 class ServerUnreachable(ConfigError):
-    """No policy server answered at ``url`` within ``timeout_s`` (``flag`` says which opening: the first, or a
+    """No policy server answered at ``url`` within ``timeout_s`` (``knob``, ``connect_timeout`` or
+    ``reconnect_timeout``, says which opening: the first, or a
     reconnect)."""
 
-    def __init__(self, url: str, timeout_s: float, flag: str) -> None:
-        super().__init__(f"no policy server answered at {url} within {timeout_s:g} s ({flag})")
-        self.url, self.timeout_s, self.flag = url, timeout_s, flag
+    def __init__(self, url: str, timeout_s: float, knob: str, word: str) -> None:
+        super().__init__(f"no policy server answered at {url} within {timeout_s:g} s ({word})")
+        self.url, self.timeout_s, self.knob = url, timeout_s, knob
 
     @property
     def first(self) -> bool:
         """Whether no server answered the run's first connection (not a reconnect)."""
-        return self.flag == CONNECT_FLAG
+        return self.knob == "connect_timeout"
 
 
 class ReconnectsExhausted(ConfigError):
-    """The connection was lost (``closed``) more than ``--max-reconnects`` times."""
+    """The connection was lost (``closed``) more than ``max_reconnects`` times (``word``: how the user sets it)."""
 
-    def __init__(self, closed: Closed, limit: int) -> None:
+    def __init__(self, closed: Closed, limit: int, word: str = "max_reconnects") -> None:
         ended = closed.why if closed.why else f"the server closed the connection ({closed.describe()})"
-        super().__init__(f"{ended} more than --max-reconnects={limit} times; giving up")
+        super().__init__(f"{ended} more than {word}={limit} times; giving up")
         self.closed, self.limit = closed, limit
 
 
@@ -87,6 +88,8 @@ class DialSettings(Protocol):
     def reconnect_on_server_stop(self) -> bool: ...
     @property
     def waiting_hint(self) -> str: ...
+    def word(self, field: str) -> str:
+        """How messages name the choice ``field`` (the user's own knob)."""
 
 
 class Dialer:
@@ -112,15 +115,15 @@ class Dialer:
         self._stop_reminder_at = 0.0
 
     def open(self) -> tuple[ws_client.WebSocketClient, ServerMetadata]:
-        """The first connection: wait for the server (up to ``--connect-timeout``, if set) and read its metadata."""
-        return self._open(self.config.connect_timeout, CONNECT_FLAG)
+        """The first connection: wait for the server (up to ``connect_timeout``, if set) and read its metadata."""
+        return self._open(self.config.connect_timeout, "connect_timeout")
 
     def count_reconnect(self, closed: Closed) -> None:
         """A reconnect after ``closed`` is about to start: count it (raises :class:`ReconnectsExhausted` past
-        ``--max-reconnects``) and say so."""
+        ``max_reconnects``) and say so."""
         limit = self.config.max_reconnects
         if limit is not None and self._timing.reconnects >= limit:
-            raise ReconnectsExhausted(closed, limit)
+            raise ReconnectsExhausted(closed, limit, self.config.word("max_reconnects"))
         # Back off further while reconnects keep failing before a single exchange (a server that resyncs at once).
         progressed = (self._timing.actions_received > self._actions_at_open
                       and time.monotonic() - self._opened_at >= STEADY_CONNECTION_S)
@@ -130,9 +133,9 @@ class Dialer:
 
     def reopen(self) -> tuple[ws_client.WebSocketClient, ServerMetadata]:
         """A fresh connection after the backoff pause: a restarting server may take a while, so wait for it, up to
-        ``--reconnect-timeout`` if set."""
+        ``reconnect_timeout`` if set."""
         time.sleep(self.backoff(self._failed_reconnects))
-        return self._open(self.config.reconnect_timeout, RECONNECT_FLAG)
+        return self._open(self.config.reconnect_timeout, "reconnect_timeout")
 
     def backoff(self, attempt: int) -> float:
         """Seconds to pause before attempt ``attempt`` (from 1): doubling up to the cap, with jitter."""
@@ -141,7 +144,7 @@ class Dialer:
 
     # ------------------------------------------------------------------------------------------ one opening
 
-    def _open(self, timeout_s: float | None, flag: str) -> tuple[ws_client.WebSocketClient, ServerMetadata]:
+    def _open(self, timeout_s: float | None, knob: str) -> tuple[ws_client.WebSocketClient, ServerMetadata]:
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         attempt = 0
         while True:
@@ -150,12 +153,12 @@ class Dialer:
             left = None if deadline is None else deadline - time.monotonic()
             if left is not None and left <= 0 and attempt > 0:
                 assert timeout_s is not None
-                raise ServerUnreachable(self.shown_url, timeout_s, flag)
+                raise ServerUnreachable(self.shown_url, timeout_s, knob, self.config.word(knob))
             client = self._dial(attempt, OPEN_TIMEOUT_S if left is None else max(0.05, min(OPEN_TIMEOUT_S, left)))
             if client is not None:
                 self._actions_at_open = self._timing.actions_received
                 self._opened_at = time.monotonic()
-                return client, self._metadata(client, deadline, timeout_s, flag)
+                return client, self._metadata(client, deadline, timeout_s, knob)
             attempt += 1
             pause = self.backoff(attempt)
             if deadline is not None:
@@ -163,7 +166,7 @@ class Dialer:
             time.sleep(pause)
 
     def _metadata(self, client: ws_client.WebSocketClient, deadline: float | None, timeout_s: float | None,
-                  flag: str) -> ServerMetadata:
+                  knob: str) -> ServerMetadata:
         """The connection's first message, the metadata, read within the deadline."""
         try:
             frame = self._read_first(client, deadline)
@@ -174,7 +177,7 @@ class Dialer:
         if frame is None:
             client.close(messages.CLOSE_NORMAL)
             raise ConfigError(f"the server at {self.shown_url} accepted the connection but sent no metadata within "
-                              f"{timeout_s:g} s ({flag}); is it {self._server_kind}?")
+                              f"{timeout_s:g} s ({self.config.word(knob)}); is it {self._server_kind}?")
         try:
             if isinstance(frame, str):
                 raise ProtocolError(f"the server sent a text frame instead of a binary msgpack frame: {frame[:2000]!r}")
@@ -222,7 +225,7 @@ class Dialer:
             if 400 <= exc.status < 500 and exc.status not in RETRYABLE_STATUS:
                 raise ConfigError(
                     f"the server at {self.shown_url} refused the WebSocket handshake with HTTP {exc.status}; check the "
-                    "URL and --api-key / $PLUGRL_API_KEY"
+                    f"URL and {self.config.word('api_key')}"
                 ) from None
             self._say_waiting(attempt, exc)
             return None
@@ -247,12 +250,13 @@ class Dialer:
         now = time.monotonic()
         if self._stop_waits_since is None or progressed:
             self._stop_waits_since, self._stop_reminder_at = now, now + 2 * self._warn_s
-            logger.warning("the server at %s ended its run (%s); waiting for its next run (--reconnect-on-server-stop)",
-                           self.shown_url, closed.describe())
+            logger.warning("the server at %s ended its run (%s); waiting for its next run (%s)",
+                           self.shown_url, closed.describe(), self.config.word("reconnect_on_server_stop"))
         elif now >= self._stop_reminder_at:
             self._stop_reminder_at = now + 2 * self._warn_s
-            logger.warning("still waiting for the next run of the server at %s (for %s s; --reconnect-on-server-stop)",
-                           self.shown_url, seconds(now - self._stop_waits_since))
+            logger.warning("still waiting for the next run of the server at %s (for %s s; %s)",
+                           self.shown_url, seconds(now - self._stop_waits_since),
+                           self.config.word("reconnect_on_server_stop"))
         else:
             logger.debug("the server at %s ended its run again (%s); reconnecting", self.shown_url, closed.describe())
 

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import struct
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from types import ModuleType
 from typing import Any, Literal
 
@@ -80,7 +80,7 @@ class ImagesTooLarge(ProtocolError):
 _QOI_HEADER = struct.Struct(">4sIIBB")  # magic, width, height, channels, colorspace (the QOI specification)
 
 
-def _library(name: str, codec: str) -> ModuleType:
+def _library(name: str, codec: str, word: Callable[[str], str] = str) -> ModuleType:
     """The codec's library, imported on first use; a clear error when the extra is not installed."""
     import importlib
 
@@ -88,18 +88,19 @@ def _library(name: str, codec: str) -> ModuleType:
         return importlib.import_module(name)
     except ImportError:
         raise ConfigError(f"the {codec} image codec needs the {name} package: pip install "
-                          f"'plugrl-env-client[images]' (or pass --image-codec none)") from None
+                          f"'plugrl-env-client[images]' (or set {word('image_codec')} none)") from None
 
 
-def check_choice(codec: str, quality: int) -> None:
-    """A client's ``--image-codec`` / ``--image-quality``, checked before anything runs: a ConfigError saying what
-    is wrong (an unknown codec, a quality outside 1..100, the extra not installed)."""
+def check_choice(codec: str, quality: int, word: Callable[[str], str] = str) -> None:
+    """A client's ``image_codec`` and ``image_quality``, checked before anything runs: a ConfigError saying what is
+    wrong (an unknown codec, a quality outside 1..100, the extra not installed), naming each choice by ``word``
+    (how the user sets it)."""
     if codec not in CODECS:
-        raise ConfigError(f"--image-codec must be one of {', '.join(CODECS)}, got {codec!r}")
+        raise ConfigError(f"{word('image_codec')} must be one of {', '.join(CODECS)}, got {codec!r}")
     if not 1 <= quality <= 100:
-        raise ConfigError(f"--image-quality must be 1..100 (JPEG quality), got {quality}")
+        raise ConfigError(f"{word('image_quality')} must be 1..100 (JPEG quality), got {quality}")
     if codec != "none":
-        _library(_LIBRARIES[codec], codec)
+        _library(_LIBRARIES[codec], codec, word)
 
 
 def available() -> bool:

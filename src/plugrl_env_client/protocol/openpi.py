@@ -54,7 +54,7 @@ __all__ = ["OpenpiChoices", "OpenpiSession", "OpenpiWire"]
 
 
 class OpenpiChoices(Protocol):
-    """What an :class:`OpenpiSession` reads of the run's openpi choices (the command line's ``--openpi.*``)."""
+    """What an :class:`OpenpiSession` reads of the run's openpi choices (the app layer's openpi section)."""
 
     @property
     def preset(self) -> str: ...

@@ -29,7 +29,7 @@ def _plugrl(config: SessionConfig, num_envs: int, should_stop: Callable[[], bool
 
 
 PROTOCOLS: dict[str, SessionFactory] = {"plugrl": _plugrl, "openpi": OpenpiSession}
-"""Session makers by protocol name (the choices of ``ConnectionConfig.protocol``)."""
+"""Session makers by protocol name (the choices of ``SessionConfig.protocol``)."""
 
 
 def open_session(config: SessionConfig, num_envs: int, should_stop: Callable[[], bool] = lambda: False,

@@ -18,14 +18,14 @@ that finds it, and the caller decides, in one place, whether to :meth:`~Session.
 Every wait for a reply is bounded or announced:
 
 * after :func:`warning_period` seconds (30 unless ``$PLUGRL_WAIT_WARNING_S`` says otherwise) a warning names the
-  infer it waits for, then one every twice that; at ``--infer-timeout`` the session closes the connection
+  infer it waits for, then one every twice that; at ``infer_timeout`` the session closes the connection
   (``1001 Infer timeout``) and raises the close, so the caller reconnects under the usual rules (each time counts as
-  one of ``--max-reconnects``).
+  one of ``max_reconnects``).
 * A reply that answers no infer (an action after a feedback, a second reply to one infer) would be taken for the
   next chunk, and every later chunk would be one reply stale: the session closes the connection with the
   protocol's resync close (``1001 plugrl-server-resync``) and raises it, so the caller starts over.
 
-With ``--image-codec`` other than none, a connection whose server offers
+With an ``image_codec`` other than none, a connection whose server offers
 :data:`~plugrl_env_client.protocol.images.FEATURE` carries the observations' cameras encoded per env row
 (:func:`~plugrl_env_client.protocol.messages.wire_observation`); one that does not gets raw arrays, and a camera the
 codec cannot carry (:func:`~plugrl_env_client.protocol.images.refusal`) travels raw. Which codec the server took,
@@ -42,11 +42,10 @@ import datetime
 import logging
 import os
 import time
-from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Annotated, Any, Literal, NoReturn, Protocol
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, NoReturn, Protocol
 
 import numpy as np
-import tyro
 
 from plugrl_env_client.errors import ConfigError, ProtocolError
 from plugrl_env_client.protocol import codec, images, messages, ws_client, ws_common
@@ -73,7 +72,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["PLUGRL", "ConnectionConfig", "PlugrlWire", "Session", "SessionConfig", "Stopwatch", "Wire", "warning_period"]
+__all__ = ["PLUGRL", "PlugrlWire", "Session", "SessionConfig", "Stopwatch", "Wire", "warning_period"]
 
 WARNING_PERIOD_ENV = "PLUGRL_WAIT_WARNING_S"
 DEFAULT_WARNING_PERIOD_S = 30.0
@@ -96,53 +95,31 @@ def warning_period() -> float:
     return value
 
 
-@dataclasses.dataclass(frozen=True)
-class ConnectionConfig:
-    """How the client connects to its server, and what it does when the server goes away."""
-
-    # The user's choices: on the command line they are flags without a section prefix (--connect-timeout).
-
-    api_key: Annotated[str | None, tyro.conf.arg(help_behavior_hint="(default: $PLUGRL_API_KEY if set)")] = None
-    """Sent as 'Authorization: Api-Key <key>'."""
-    reconnect_on_server_stop: bool = False
-    """After the server ends a run, wait for its next run instead of exiting."""
-    max_reconnects: Annotated[int | None, tyro.conf.arg(
-        help_behavior_hint="(default: keep reconnecting while the server comes back)")] = None
-    """Give up after this many reconnects."""
-    connect_timeout: Annotated[float | None, tyro.conf.arg(help_behavior_hint="(default: wait until a server is up)")
-                               ] = None
-    """Seconds to wait for the first connection (the server's metadata included)."""
-    reconnect_timeout: Annotated[float | None, tyro.conf.arg(help_behavior_hint="(default: wait until it does)")
-                                 ] = None
-    """Seconds to wait for the server to come back after a lost connection."""
-    infer_timeout: Annotated[float | None, tyro.conf.arg(
-        help_behavior_hint="(default: no limit, as a first GPU compile can take minutes)")] = None
-    """Seconds to wait for the server's reply to an infer; then the connection is closed and opened again (each
-    time counts as one of --max-reconnects). A warning comes after 30 s without a reply, then every minute."""
-    reuse_feedback_obs: bool = True
-    """When the server offers reuse-feedback-obs, do not upload an observation the server already holds."""
-    image_codec: Literal["none", "jpeg", "qoi"] = "none"
-    """Send camera images ([n, h, w, c] uint8) encoded per env row when the server offers it
-    (x-plugrl-env-client-images; the reference server does), cutting the bytes of each step on a slow link: jpeg
-    (lossy: 1- and 3-channel images; others travel raw) or qoi (lossless: 3- and 4-channel images). none: raw
-    arrays, as every PlugRL server takes them. A server that does not offer it gets raw arrays, with one warning
-    (extra images)."""
-    image_quality: int = images.DEFAULT_QUALITY
-    """JPEG quality (1..100) of --image-codec jpeg."""
-    transport: Literal["websockets", "picows"] = "websockets"
-    """The WebSocket library of the embedded server (--local-policy): websockets, or picows (extra fast). The
-    client always runs on the rollout's own thread (websockets' handshake, its own frames)."""
-    protocol: Literal["plugrl", "openpi"] = "plugrl"
-    """The wire protocol: plugrl (PlugRL v1, batched infers and feedback), or openpi (openpi's policy servers: one
-    env's observation per request over --openpi.connections connections, keys mapped by --openpi.preset; the
-    embedded server speaks it too)."""
-
-
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class SessionConfig(ConnectionConfig):
-    """One connection's settings: the user's :class:`ConnectionConfig` and where and as whom it connects."""
+class SessionConfig:
+    """One connection's settings, as plain values: where and as whom it connects, how long it waits, and what it
+    does when the server goes away. The app layer builds it from the user's choices, and says in :attr:`words` how
+    the user sets each, so that messages name the user's own knob."""
 
     url: str
+    api_key: str | None = None
+    """Sent as 'Authorization: Api-Key <key>'."""
+    reconnect_on_server_stop: bool = False
+    """After the server ends a run, wait for its next run instead of ending."""
+    max_reconnects: int | None = None
+    """Give up after this many reconnects (None: keep reconnecting while the server comes back)."""
+    connect_timeout: float | None = None
+    """Seconds to wait for the first connection, the server's metadata included (None: until a server is up)."""
+    reconnect_timeout: float | None = None
+    """Seconds to wait for the server to come back after a lost connection (None: until it does)."""
+    infer_timeout: float | None = None
+    """Seconds to wait for a reply to an infer; then the connection is closed and opened again (None: no limit)."""
+    image_codec: str = "none"
+    """Camera images encoded per env row when the server offers :data:`~plugrl_env_client.protocol.images.FEATURE`
+    (none: raw arrays)."""
+    image_quality: int = images.DEFAULT_QUALITY
+    protocol: str = "plugrl"
+    """The wire protocol (:data:`~plugrl_env_client.protocol.protocols.PROTOCOLS`)."""
     backoff_initial_s: float = 0.1
     backoff_max_s: float = 5.0
     waiting_hint: str = ""
@@ -155,13 +132,13 @@ class SessionConfig(ConnectionConfig):
     openpi session); empty: ``url`` alone."""
     openpi: Any = None
     """The openpi session's choices (:class:`~plugrl_env_client.protocol.openpi.OpenpiChoices`), None otherwise."""
+    words: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    """How the user sets each choice, by field name (the app layer's words: a flag, an environment variable); a
+    choice without words is named by its field."""
 
-    @classmethod
-    def of(cls, config: ConnectionConfig, **added: Any) -> SessionConfig:
-        """``config``'s choices (every field of :class:`ConnectionConfig`), with ``added`` (``url`` and the hints
-        that fit the env, or a resolved ``api_key``)."""
-        chosen = {f.name: getattr(config, f.name) for f in dataclasses.fields(ConnectionConfig)}
-        return cls(**{**chosen, **added})
+    def word(self, field: str) -> str:
+        """How a message names the choice ``field``."""
+        return self.words.get(field, field)
 
 
 class Wire(Protocol):
@@ -231,8 +208,9 @@ class Session:
                  timing: Timing | None = None, keepalive: Keepalive | None = None, wire: Wire = PLUGRL,
                  times_waits: bool = True) -> None:
         if config.infer_timeout is not None and not config.infer_timeout > 0:
-            raise ConfigError(f"--infer-timeout must be a positive number of seconds, got {config.infer_timeout}")
-        images.check_choice(config.image_codec, config.image_quality)
+            raise ConfigError(f"{config.word('infer_timeout')} must be a positive number of seconds, got "
+                              f"{config.infer_timeout}")
+        images.check_choice(config.image_codec, config.image_quality, config.word)
         self.config = config
         self.wire = wire
         self._times_waits = times_waits  # False: a caller that waits on several sessions at once times its waits
@@ -250,7 +228,7 @@ class Session:
         self._feedback_building = Stopwatch(self.timing, "feedback_obs_pack_s")  # the observation's wire map
         self._feedback_packing = Stopwatch(self.timing, "pack_s")
         self._client: ws_client.WebSocketClient | None = None
-        self._image_codec = "none"  # the codec of the current connection: --image-codec when its server offers it
+        self._image_codec = "none"  # the codec of the current connection: image_codec when its server offers it
         self._speaks = config.stream in (None, (0, 0))  # the run's first stream says what holds for every stream
         self._said_codec: str | None = None  # the codec the session said it uses (said again only when it changes)
         self._said_raw: set[str] = set()  # cameras said to travel raw
@@ -259,7 +237,7 @@ class Session:
         self._sent_at = 0.0  # perf_counter() when it went out (for timing.infer_wait_s)
         self._sent_wall = 0.0  # time.time() when it went out (for the warnings)
         self._asked_since = 0.0  # monotonic() when it went out
-        self._next_check = float("inf")  # monotonic() of its next warning, or of its --infer-timeout
+        self._next_check = float("inf")  # monotonic() of its next warning, or of its infer_timeout
 
     # ------------------------------------------------------------------------------ the exchange
 
@@ -313,7 +291,7 @@ class Session:
     def receive_actions(self, timeout: float | None = None) -> ActionReply | None:
         """The action chunk answering the infer on the wire; None when it has not arrived within ``timeout``
         seconds (0: only look; None: wait for it). Raises :class:`ConnectionLost` when the connection closes, or
-        when the reply is ``--infer-timeout`` late."""
+        when the reply is ``infer_timeout`` late."""
         asked = self._asked
         if asked is None:
             raise NoReplyAwaited("no infer is waiting for its reply: send_infer() first")
@@ -347,7 +325,7 @@ class Session:
 
     def wait(self, peers: Sequence[Session] = (), timeout: float | None = None) -> None:
         """Block until the reply to this session's infer or to one of ``peers``' is in, or one of them is due for
-        a warning or its ``--infer-timeout``, or ``timeout`` s passed (the caller then polls each with
+        a warning or its ``infer_timeout``, or ``timeout`` s passed (the caller then polls each with
         ``receive_actions(0)``). A pipelined rollout waits here when no env group can step: on every connection at
         once, whichever answers first."""
         waiting = [s for s in (self, *peers) if s.state is Exchange.AWAITING_REPLY and s._client is not None]
@@ -426,7 +404,7 @@ class Session:
                 return None
 
     def _overdue(self) -> None:
-        """The reply is due for a warning, or past ``--infer-timeout`` (then the connection is given up)."""
+        """The reply is due for a warning, or past ``infer_timeout`` (then the connection is given up)."""
         assert self._asked is not None
         now = time.monotonic()
         waited = now - self._asked_since
@@ -434,12 +412,12 @@ class Session:
         n = len(self._asked)
         limit = self.config.infer_timeout
         if limit is not None and waited >= limit:
-            why = (f"no reply from the server to the infer for {n} envs sent at {sent} within --infer-timeout "
-                   f"{limit:g} s")
+            why = (f"no reply from the server to the infer for {n} envs sent at {sent} within "
+                   f"{self.config.word('infer_timeout')} {limit:g} s")
             logger.warning("%s; closing the connection and reconnecting", why)
             self._give_up(Closed(CloseAction.RECONNECT, messages.CLOSE_GOING_AWAY, INFER_TIMEOUT_REASON, why))
         logger.warning("no reply from the server for %s s to the infer for %d envs sent at %s%s", seconds(waited), n,
-                       sent, "" if limit is None else f" (--infer-timeout {limit:g} s)")
+                       sent, "" if limit is None else f" ({self.config.word('infer_timeout')} {limit:g} s)")
         self._next_check = now + 2 * self._warn_s if limit is None else min(now + 2 * self._warn_s,
                                                                             self._asked_since + limit)
 
@@ -488,7 +466,7 @@ class Session:
         return meta
 
     def _codec_for(self, meta: ServerMetadata) -> str:
-        """The image codec of a connection to a server that said ``meta``: --image-codec when the server offers the
+        """The image codec of a connection to a server that said ``meta``: image_codec when the server offers the
         images feature, else none (raw arrays). The run's first stream says which, on its first connection and
         whenever a reconnect changes it: a line in the log when the server took the codec, a warning naming what it
         offers when it did not."""
@@ -501,8 +479,8 @@ class Session:
                             asked, images.FEATURE, asked)
             else:
                 offered = ", ".join(meta.features) or "none"
-                logger.warning("--image-codec %s: the server does not offer %s (its features: %s); sending raw image "
-                               "arrays", asked, images.FEATURE, offered)
+                logger.warning("%s %s: the server does not offer %s (its features: %s); sending raw image arrays",
+                               self.config.word("image_codec"), asked, images.FEATURE, offered)
         return used
 
     def _say_raw_cameras(self, cameras: dict[str, Any]) -> None:
@@ -511,7 +489,8 @@ class Session:
             if isinstance(value, np.ndarray) and name not in self._said_raw:
                 self._said_raw.add(name)
                 why = images.refusal(value.shape, value.dtype, self._image_codec)
-                logger.warning("--image-codec %s: camera %r (%s %s) travels raw: %s", self._image_codec, name,
+                logger.warning("%s %s: camera %r (%s %s) travels raw: %s", self.config.word("image_codec"),
+                               self._image_codec, name,
                                value.dtype, list(value.shape), why)
 
     def _drop(self) -> None:

@@ -2,7 +2,7 @@
 setting that makes multi-MB messages cheap.
 
 "Transport" means one thing in this package: the WebSocket library a connection runs on (the client always runs
-its own frames after websockets' handshake; the reference server runs websockets or picows, ``--transport``), and
+its own frames after websockets' handshake; the reference server runs websockets or picows), and
 its errors are the ``Transport*`` ones below.
 
 The errors: the client (:class:`~plugrl_env_client.protocol.ws_client.WebSocketClient`, driven by the rollout's

@@ -18,8 +18,8 @@ from typing import Annotated, Literal
 import tyro
 
 from plugrl_env_client.cli_support import cli, run_cli
+from plugrl_env_client.connection_flags import OpenpiKeysConfig
 from plugrl_env_client.errors import ConfigError
-from plugrl_env_client.openpi_flags import OpenpiKeysConfig
 from plugrl_env_client.protocol.images import DEFAULT_MAX_PIXELS
 from plugrl_env_client.protocol.openpi_keys import KeyMap
 from plugrl_env_client.protocol.ws_common import api_key_problem
