@@ -65,7 +65,7 @@ from plugrl_env_client.envs.base_env import (
     observation_space,
 )
 from plugrl_env_client.envs.discovery import discover_envs
-from plugrl_env_client.envs.registry import get_spec, register_env, registered_ids
+from plugrl_env_client.envs.registry import get_spec, make_env, register_env, registered_ids
 from plugrl_env_client.launch.local import LocalLauncher
 from plugrl_env_client.launch.process import ProcessJob
 from plugrl_env_client.openpi_flags import OpenpiConfig
@@ -81,6 +81,7 @@ DEFAULT_SITE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / 
 ENV_ID = "OpenpiBench-v1"
 POLICY = "bench-batch-sleep"
 LIBERO_ID = "LIBERO-v1"
+COUNTED_LIBERO_ID = "OpenpiBenchLibero-v1"
 EPISODE_STEPS = 50
 HORIZON = 10
 REPLAN = 5
@@ -268,11 +269,15 @@ class OpenpiServer:
             self.proc.wait()
 
 
-def peer_cell(site: Path, url: str, seconds: float, step_ms: float, camera: int) -> float:
-    """Row (a): env-steps/s of openpi's loop, first step to last, in a child (on this process's CPUs)."""
-    res = subprocess.run([sys.executable, str(PEER), "loop", url, str(seconds), str(REPLAN), str(step_ms),
-                          str(camera), str(EPISODE_STEPS)], env=peer_env(site), capture_output=True, text=True,
-                         timeout=seconds + 120)
+def peer_cell(site: Path, url: str, seconds: float, step_ms: float, camera: int, env_id: str | None = None) -> float:
+    """Row (a): env-steps/s of openpi's loop, first step to last, in a child (on this process's CPUs); with
+    ``env_id``, on one env of that registered env, openpi's client then imported after the package's numpy."""
+    args = [sys.executable, str(PEER), "loop", url, str(seconds), str(REPLAN), str(step_ms), str(camera),
+            str(EPISODE_STEPS)]
+    if env_id is None:
+        res = subprocess.run(args, env=peer_env(site), capture_output=True, text=True, timeout=seconds + 120)
+    else:
+        res = subprocess.run([*args, env_id, str(site)], capture_output=True, text=True, timeout=seconds + 300)
     lines = res.stdout.strip().splitlines()
     if res.returncode != 0 or not lines:
         sys.exit(f"openpi's loop failed (exit {res.returncode}):\n{res.stderr[-3000:]}")
@@ -317,19 +322,21 @@ def client_cell(work: Workload, urls: tuple[str, ...], seconds: float) -> float:
     return CLOCK.rate()
 
 
-def raw_rate(env_config: OpenpiBenchConfig, num_envs: int, seconds: float) -> float:
-    """Env-steps/s of the env object alone (zero actions, finished envs reset): best of five slices."""
-    env = OpenpiBenchEnv(env_config, num_envs=num_envs)
+def raw_rate(work: Workload, num_envs: int, seconds: float) -> float:
+    """Env-steps/s of the workload's env object alone, ``num_envs`` of them (zero actions, finished envs reset):
+    best of five slices."""
+    env = make_env(work.env_id, num_envs, work.env)
     env.reset(seed=0)
-    actions = np.zeros((num_envs, ACTION_DIM), np.float32)
+    actions = np.zeros((env.num_envs, ACTION_DIM), np.float32)
     best = 0.0
     for _ in range(5):
         steps, started = 0, time.perf_counter()
         while time.perf_counter() - started < seconds / 5:
-            _, _, done, _, _ = env.step(actions)
+            _, _, terminated, truncated, _ = env.step(actions)
+            done = terminated | truncated
             if done.any():
                 env.reset(options={"reset_mask": done})
-            steps += num_envs
+            steps += env.num_envs
         best = max(best, steps / (time.perf_counter() - started))
     env.close()
     return best
@@ -364,7 +371,7 @@ def main() -> None:
     parser.add_argument("--openpi-site", type=Path, default=DEFAULT_SITE,
                         help=f"folder of openpi's packages, installed there if missing (default {DEFAULT_SITE})")
     parser.add_argument("--libero", action="store_true",
-                        help=f"rows (b)-(d) on {LIBERO_ID} (libero_spatial task 0, --env.render false)")
+                        help=f"every row on {LIBERO_ID} (its default task) with --env.render false, when it is installed")
     parser.add_argument("--no-pin", action="store_true", help="leave client and servers where the scheduler puts them")
     args = parser.parse_args()
     rounds = args.rounds or (2 if args.quick else 3)
@@ -386,9 +393,11 @@ def main() -> None:
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(BENCH), os.environ.get("PYTHONPATH", "")) if p)
     pins = (f"client and peer on CPU {cpus[0]}, servers on CPU {cpus[1]}" if client_cores and server_cores
             else "not pinned")
-    print(f"{work.env_id}: {args.step_ms:g} ms per env step (CPU), two 224x224 cameras, episodes of {EPISODE_STEPS} "
-          f"steps; policy {args.inference_ms:g} ms per call, chunks of {HORIZON}, {REPLAN} executed; rows (b)-(d) "
-          f"{args.envs} envs, pipeline {args.pipeline}; {pins}; {rounds} round(s) of {seconds:g} s cells, medians")
+    what = (f"{LIBERO_ID} (its default task), cameras off, an episode counted as {EPISODE_STEPS} steps" if args.libero
+            else f"{work.env_id}: {args.step_ms:g} ms per env step (CPU), two 224x224 cameras, episodes of "
+            f"{EPISODE_STEPS} steps")
+    print(f"{what}; policy {args.inference_ms:g} ms per call, chunks of {HORIZON}, {REPLAN} executed; rows (b)-(d) "
+          f"{args.envs} envs, pipeline {work.pipeline}; {pins}; {rounds} round(s) of {seconds:g} s cells, medians")
     started = time.perf_counter()
     bench_env = OpenpiBenchConfig(step_ms=args.step_ms)
     raw: dict[int, list[float]] = {1: [], args.envs: []}  # env-bound rates, measured every round (the load moves)
@@ -406,8 +415,9 @@ def main() -> None:
                 ReferenceServer(policy_flags, server_cores) as reference:
             for _ in range(rounds):
                 for n in raw:
-                    raw[n].append(raw_rate(bench_env, n, 0.5))
-                rates["a"].append(peer_cell(site, one.url, seconds, args.step_ms, bench_env.camera_size))
+                    raw[n].append(raw_rate(work, n, 0.5))
+                rates["a"].append(peer_cell(site, one.url, seconds, args.step_ms, bench_env.camera_size,
+                                            work.env_id if args.libero else None))
                 rates["b"].append(client_cell(work, (one.url,), seconds))
                 rates["c"].append(client_cell(work, (one.url, two.url), seconds))
                 calls_log.write_text("")
@@ -455,12 +465,30 @@ def site_versions(site: Path) -> str:
 
 
 def libero_workload(envs: int, pipeline: int) -> Workload:
-    """Rows (b)-(d) on LIBERO-v1 without cameras, when it is installed; else the bench stops saying so."""
+    """Rows (b)-(d) on LIBERO-v1 with its cameras off (the libero preset's image keys left out), through a subclass
+    that counts its steps; the bench stops saying so when LIBERO-v1 is not installed."""
     discover_envs()
     if LIBERO_ID not in registered_ids():
         sys.exit(f"--libero: {LIBERO_ID} is not installed here (it needs the package's libero extra: pip install "
-                 "'plugrl-env-client[libero]'); run without --libero for the bench's own env")
-    sys.exit(f"--libero: {LIBERO_ID} is installed, but this bench does not drive it yet ({get_spec(LIBERO_ID).uid})")
+                 "'plugrl-env-client[libero]'); without --libero the bench runs on its own env")
+    spec = get_spec(LIBERO_ID)
+    config = spec.config_cls()
+    if "render" not in {field.name for field in dataclasses.fields(config)}:
+        sys.exit(f"--libero: {LIBERO_ID}'s config has no 'render' field, so its cameras cannot be turned off")
+
+    def step(self: Any, actions: Action) -> Any:
+        out = spec.env_cls.step(self, actions)
+        CLOCK.tick(self.num_envs)
+        return out
+
+    if spec.single_instance and pipeline > 1:
+        print(f"--libero: {LIBERO_ID} exists once per process, so rows (b)-(d) run lockstep (--pipeline 1)")
+        pipeline = 1
+    counted = type("CountedLiberoEnv", (spec.env_cls,), {"step": step})
+    register_env(COUNTED_LIBERO_ID, config=spec.config_cls, single_instance=spec.single_instance,
+                 **spec.kwargs)(counted)
+    return Workload(COUNTED_LIBERO_ID, dataclasses.replace(config, render=False),
+                    ("observation/image=", "observation/wrist_image="), envs, pipeline)
 
 
 if __name__ == "__main__":

@@ -6,15 +6,18 @@
   the loop below one, so both sides do the same work per env step.
 * ``serve PORT INFERENCE_MS HORIZON``: openpi's ``WebsocketPolicyServer`` serving :class:`SleepPolicy`, whose every
   ``infer`` blocks for the inference time (the server runs it on its event loop: one request at a time).
-* ``loop URL SECONDS REPLAN STEP_MS CAMERA EPISODE``: the peer, openpi's ``WebsocketClientPolicy`` driven the way
+* ``loop URL SECONDS REPLAN STEP_MS CAMERA EPISODE [ENV_ID SITE]``: the peer, openpi's ``WebsocketClientPolicy`` driven the way
   openpi's LIBERO example drives it: one env, sequential; when the plan of actions is empty, one inference whose
   first ``REPLAN`` actions become the plan; every step waits for it. Prints one JSON line: env steps, the seconds
-  from the first step to the last, finished episodes.
+  from the first step to the last, finished episodes. With ``ENV_ID`` (``--libero``) it steps one env of that
+  registered env of the package instead (:class:`PackageSim`, cameras off), run with the package's numpy first and
+  openpi's client imported from ``SITE`` after it.
 """
 
 from __future__ import annotations
 
 import collections
+import dataclasses
 import json
 import sys
 import time
@@ -57,6 +60,30 @@ class CamsSim:
         return self.observe(), self.t >= self.episode
 
 
+class PackageSim:
+    """One env of the package's registered ``env_id`` (built with ``render=False``), stepped as :class:`CamsSim` is:
+    its ``states.state``, and the episode over after ``episode`` steps or when the env ends it."""
+
+    def __init__(self, env_id: str, episode: int) -> None:
+        from plugrl_env_client.envs.discovery import discover_envs
+        from plugrl_env_client.envs.registry import get_spec, make_env
+
+        discover_envs()
+        self.env = make_env(env_id, 1, dataclasses.replace(get_spec(env_id).config_cls(), render=False))
+        self.episode, self.t = episode, 0
+
+    def reset(self) -> dict[str, np.ndarray]:
+        self.t = 0
+        obs, _ = self.env.reset(seed=0)
+        return {"state": np.asarray(obs.states["state"][0], np.float32)}
+
+    def step(self, action: np.ndarray) -> tuple[dict[str, np.ndarray], bool]:
+        obs, _, terminated, truncated, _ = self.env.step(np.asarray(action, np.float32)[None])
+        self.t += 1
+        done = self.t >= self.episode or bool(terminated[0] or truncated[0])
+        return {"state": np.asarray(obs.states["state"][0], np.float32)}, done
+
+
 def serve(port: int, inference_ms: float, horizon: int) -> None:
     from openpi_client import base_policy
     from openpi_server import WebsocketPolicyServer
@@ -73,13 +100,14 @@ def serve(port: int, inference_ms: float, horizon: int) -> None:
     server.serve_forever()
 
 
-def loop(url: str, seconds: float, replan: int, step_ms: float, camera: int, episode: int) -> dict[str, float]:
+def loop(url: str, seconds: float, replan: int, step_ms: float, camera: int, episode: int,
+         env_id: str | None = None) -> dict[str, float]:
     """openpi's LIBERO example's loop structure around openpi's own client, for ``seconds`` of stepping."""
     from openpi_client import image_tools
     from openpi_client.websocket_client_policy import WebsocketClientPolicy
 
     client = WebsocketClientPolicy(host=url)
-    sim = CamsSim(step_ms, camera, episode)
+    sim = CamsSim(step_ms, camera, episode) if env_id is None else PackageSim(env_id, episode)
     steps = episodes = 0
     first = last = 0.0
     deadline = time.perf_counter() + seconds
@@ -87,11 +115,11 @@ def loop(url: str, seconds: float, replan: int, step_ms: float, camera: int, epi
         obs, done = sim.reset(), False
         plan: collections.deque[np.ndarray] = collections.deque()
         while not done and time.perf_counter() < deadline:
-            image = image_tools.convert_to_uint8(image_tools.resize_with_pad(obs["agentview"], 224, 224))
-            wrist = image_tools.convert_to_uint8(image_tools.resize_with_pad(obs["wrist"], 224, 224))
+            element = {key: image_tools.convert_to_uint8(image_tools.resize_with_pad(obs[name], 224, 224))
+                       for key, name in (("observation/image", "agentview"), ("observation/wrist_image", "wrist"))
+                       if name in obs}
             if not plan:
-                element = {"observation/image": image, "observation/wrist_image": wrist,
-                           "observation/state": obs["state"], "prompt": INSTRUCTION}
+                element.update({"observation/state": obs["state"], "prompt": INSTRUCTION})
                 chunk = client.infer(element)["actions"]
                 if len(chunk) < replan:
                     raise RuntimeError(f"the server returned {len(chunk)} actions; the loop executes {replan}")
@@ -107,12 +135,16 @@ def loop(url: str, seconds: float, replan: int, step_ms: float, camera: int, epi
 def main(argv: list[str]) -> None:
     if argv[:1] == ["serve"] and len(argv) == 4:
         serve(int(argv[1]), float(argv[2]), int(argv[3]))
-    elif argv[:1] == ["loop"] and len(argv) == 7:
-        print(json.dumps(loop(argv[1], float(argv[2]), int(argv[3]), float(argv[4]), int(argv[5]), int(argv[6]))),
-              flush=True)
+    elif argv[:1] == ["loop"] and len(argv) in (7, 9):
+        env_id = None
+        if len(argv) == 9:
+            env_id = argv[7]
+            sys.path.append(argv[8])  # openpi's client after the package's numpy
+        print(json.dumps(loop(argv[1], float(argv[2]), int(argv[3]), float(argv[4]), int(argv[5]), int(argv[6]),
+                              env_id)), flush=True)
     else:
         sys.exit("usage: openpi_peer.py serve PORT INFERENCE_MS HORIZON | "
-                 "loop URL SECONDS REPLAN STEP_MS CAMERA EPISODE")
+                 "loop URL SECONDS REPLAN STEP_MS CAMERA EPISODE [ENV_ID SITE]")
 
 
 if __name__ == "__main__":

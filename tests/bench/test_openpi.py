@@ -49,3 +49,10 @@ def test_the_bench_env_steps_every_copy_at_its_cost_and_ends_episodes_at_50_step
             assert done.all() == (t == 50) and not truncated.any()
         assert bench.CLOCK.steps == 150 and bench.CLOCK.last - bench.CLOCK.first >= 49 * 3 * 1e-3
         env.close()
+
+
+def test_libero_rows_without_libero_say_it_is_not_installed(registry, monkeypatch) -> None:
+    with bench_script("openpi") as bench:
+        monkeypatch.setattr(bench, "registered_ids", lambda: ["OpenpiBench-v1"])
+        with pytest.raises(SystemExit, match="LIBERO-v1 is not installed here .*plugrl-env-client\\[libero\\]"):
+            bench.libero_workload(8, 2)
