@@ -514,7 +514,7 @@ def test_tasks_run_side_by_side_on_a_ray_cluster_with_the_local_table(tmp_path: 
     need("ray")
     from ray.cluster_utils import Cluster
 
-    from plugrl_env_client.launch.ray.config import RayConfig
+    from plugrl_env_client.launch.config import RayConfig
 
     suite = load_suite(suite_of(tmp_path, 'seeds = [3, 1, 4, 15, 9]\n[[task]]\nenv = "point-v1"\n'
                                           '[[task]]\nname = "fast"\nenv = "point-v1"\n'

@@ -8,7 +8,7 @@ reaches it without being copied field by field:
 * ``connection`` (flags without a prefix: ``--connect-timeout``, ``--max-reconnects``, ...): the session's
   :class:`~plugrl_env_client.connection_flags.ConnectionConfig` (the protocol takes its plain values);
 * ``recorder`` (``--recorder.*``): :class:`~plugrl_env_client.outputs.recording.config.RecorderConfig`;
-* ``ray`` (``--ray.*``): :class:`~plugrl_env_client.launch.ray.config.RayConfig` (Ray itself is imported only by a
+* ``ray`` (``--ray.*``): :class:`~plugrl_env_client.launch.config.RayConfig` (Ray itself is imported only by a
   run with ``--launcher ray``);
 * ``env`` (``--env.*``): the env's own config dataclass, set per env by the CLI.
 """
@@ -23,9 +23,9 @@ import tyro
 
 from plugrl_env_client.connection_flags import ConnectionConfig, OpenpiConfig
 from plugrl_env_client.envs.base_env import BaseEnvConfig
+from plugrl_env_client.launch.config import RayConfig
 from plugrl_env_client.launch.launchers import LAUNCHERS
 from plugrl_env_client.launch.process import RunnerConfig
-from plugrl_env_client.launch.ray.config import RayConfig
 from plugrl_env_client.outputs.recording.config import RecorderConfig
 from plugrl_env_client.outputs.tracking import TrackingKind
 from plugrl_env_client.rollout.settings import LoopConfig

@@ -41,10 +41,10 @@ from plugrl_env_client.envs import discover_envs
 from plugrl_env_client.envs import registry as env_registry
 from plugrl_env_client.envs.discovery import EnvSources, user_module_name
 from plugrl_env_client.errors import ConfigError
+from plugrl_env_client.launch.config import RayConfig
 from plugrl_env_client.launch.process import ProcessJob
 from plugrl_env_client.launch.ray import sources as ray_sources
 from plugrl_env_client.launch.ray.budget import Grant, LeaseBook, LeasedBudget
-from plugrl_env_client.launch.ray.config import RayConfig
 
 ray = need("ray")
 from ray.cluster_utils import Cluster  # noqa: E402

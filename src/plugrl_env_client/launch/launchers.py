@@ -15,9 +15,9 @@ from typing import ClassVar, Protocol
 from plugrl_env_client.envs.base_env import BaseEnv
 from plugrl_env_client.envs.discovery import EnvSources
 from plugrl_env_client.errors import ConfigError
+from plugrl_env_client.launch.config import LaunchConfig
 from plugrl_env_client.launch.local import LocalLauncher
 from plugrl_env_client.launch.process import ProcessJob
-from plugrl_env_client.launch.ray.config import LaunchConfig
 from plugrl_env_client.outputs.run_writer import RunWriter
 from plugrl_env_client.rollout.budget import EpisodeBudget
 

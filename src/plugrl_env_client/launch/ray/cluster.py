@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from plugrl_env_client.errors import ConfigError
-from plugrl_env_client.launch.ray.config import RayConfig
+from plugrl_env_client.launch.config import RayConfig
 from plugrl_env_client.launch.ray.placement import Demand
 from plugrl_env_client.launch.ray.signals import handlers_kept
 from plugrl_env_client.launch.ray.sources import ShippedSources

@@ -8,10 +8,10 @@ from typing import ClassVar
 from plugrl_env_client.envs.base_env import BaseEnv
 from plugrl_env_client.envs.discovery import EnvSources
 from plugrl_env_client.envs.registry import get_spec
+from plugrl_env_client.launch.config import LaunchConfig
 from plugrl_env_client.launch.process import ProcessJob
 from plugrl_env_client.launch.ray import sources as ray_sources
 from plugrl_env_client.launch.ray.cluster import connected, import_ray
-from plugrl_env_client.launch.ray.config import LaunchConfig
 from plugrl_env_client.launch.ray.placement import Demand, Placement
 from plugrl_env_client.launch.ray.signals import signals_remembered
 from plugrl_env_client.launch.ray.supervisor import Supervisor

@@ -12,7 +12,7 @@ import time
 from typing import Any
 
 from plugrl_env_client.errors import ConfigError
-from plugrl_env_client.launch.ray.config import RayConfig
+from plugrl_env_client.launch.config import RayConfig
 from plugrl_env_client.rollout.signals import shielded
 
 logger = logging.getLogger(__name__)

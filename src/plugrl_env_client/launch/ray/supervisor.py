@@ -19,9 +19,9 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from plugrl_env_client.errors import OutputError
+from plugrl_env_client.launch.config import RayConfig
 from plugrl_env_client.launch.process import ProcessJob
 from plugrl_env_client.launch.ray.budget import Grant, LeaseBook
-from plugrl_env_client.launch.ray.config import RayConfig
 from plugrl_env_client.launch.ray.nodes import NODES_PERIOD_S, Epoch, write_nodes
 from plugrl_env_client.launch.ray.placement import PLACEMENT_WARNING_S, Demand, Placement
 from plugrl_env_client.launch.ray.sources import ShippedSources

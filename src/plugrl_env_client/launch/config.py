@@ -1,5 +1,6 @@
-"""The Ray launcher's section of the command line (``--ray.*``), apart from the launcher so that reading the
-command line never imports Ray: ``launch/ray.py`` imports it when a run asks for ``--launcher ray``."""
+"""What the launchers read of a run's config: :class:`LaunchConfig` (every launcher) and the Ray launcher's section
+of the command line (``--ray.*``, :class:`RayConfig`), apart from the launchers so that reading the command line
+never imports Ray (``launch/ray/`` is imported when a run asks for ``--launcher ray``)."""
 
 from __future__ import annotations
 
