@@ -46,7 +46,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeVar
 import numpy as np
 import tyro
 
-from plugrl_env_client.envs.discovery import USER_MODULE_PREFIX, user_module_name
+from plugrl_env_client.envs.discovery import USER_MODULE_PREFIX, failure_line, user_module_name
 from plugrl_env_client.errors import ConfigError
 from plugrl_env_client.server.policy import Policy, PolicySetup
 
@@ -422,6 +422,8 @@ def _import_file(path: Path, shown: str) -> str:
         del sys.modules[name]
         _POLICIES.clear()
         _POLICIES.update(before)
-        raise ConfigError(f"{POLICY_PATH_FLAG} {shown} failed to import ({type(exc).__name__}: {exc}); fix it and "
-                          "run again") from exc
+        line = failure_line(exc, path)
+        at = "" if line is None else f"{shown}:{line}: "
+        raise ConfigError(f"{POLICY_PATH_FLAG} {shown} failed to import ({at}{type(exc).__name__}: {exc}); fix it "
+                          "and run again") from exc
     return name
