@@ -50,6 +50,10 @@ CLIENT_FLAGS = {
     "--env.step-size": "FLOAT", "--env.goal-radius": "FLOAT",
     "--version": "",  # answered before parsing by every command; listed since its help shows it
     "--tracking": "{none,tensorboard}",
+    # the embedded policy's own options (--local-policy), as plugrl-run-policy-server has them
+    "--policy.choices": "[STR [STR ...]]", "--policy.directions": "INT", "--policy.top-directions": "INT",
+    "--policy.step-size": "FLOAT", "--policy.noise": "FLOAT", "--policy.save": "PATH", "--policy.load": "PATH",
+    "--policy.eval": "", "--policy.no-eval": "",
 }
 """``plugrl-run-env-client point-v1 --help``: the client's flags and Point-v1's ``--env.*`` ones."""
 

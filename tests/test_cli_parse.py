@@ -8,6 +8,7 @@ import pickle
 import subprocess
 import sys
 import textwrap
+from collections.abc import Iterator
 from pathlib import Path
 
 import gymnasium as gym
@@ -408,3 +409,98 @@ def test_ids_that_meet_in_one_subcommand_are_a_config_error(registry: None, firs
         cli.main([second.lower(), "--num-episodes", "1"])
     assert exited.value.code == 1
     assert "rename one" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------- the embedded policy's --policy.* flags
+
+POLICY_FILE = '''
+import dataclasses
+
+import numpy as np
+
+from plugrl_env_client.server import Policy, PolicySetup, register_policy
+
+
+@dataclasses.dataclass
+class LevelConfig:
+    level: float = 0.5
+    """Every component of every action."""
+
+
+@register_policy("level", config=LevelConfig)
+class LevelPolicy(Policy):
+    def __init__(self, setup: PolicySetup, config: LevelConfig) -> None:
+        super().__init__(setup)
+        self.level = config.level
+        if setup.run_dir is not None:  # what reached the embedded policy, for the test to read
+            (setup.run_dir / "level.txt").write_text(repr(config.level))
+
+    def act(self, obs, n):
+        return np.full((self.horizon, n, *self.action_shape), self.level, self.dtype)
+'''
+
+
+@pytest.fixture
+def level_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """A policy file with an option of its own (``--policy.level``); what it registers is gone after the test."""
+    from plugrl_env_client.envs.discovery import USER_MODULE_PREFIX
+    from plugrl_env_client.server import registry
+
+    monkeypatch.setattr(registry, "_POLICIES", dict(registry._POLICIES))
+    path = tmp_path / "level_policy.py"
+    path.write_text(POLICY_FILE)
+    modules = set(sys.modules)
+    yield path
+    for name in set(sys.modules) - modules:
+        if name.startswith(USER_MODULE_PREFIX + "."):
+            del sys.modules[name]
+
+
+def test_the_embedded_policy_takes_its_own_options_as_policy_flags(level_file: Path) -> None:
+    _, config, _line = cli.parse(["point-v1", "--env-path", str(level_file), "--local-policy", "level",
+                                  "--policy.level", "0.25"])
+    assert type(config) is ClientConfig and config.local_policy_options == {"level": 0.25}
+    pickle.loads(pickle.dumps(config))  # spawned processes get it: a plain config, no class built by the parser
+    _, config, _line = cli.parse(["point-v1", "--env-path", str(level_file), "--local-policy", "level"])
+    assert config.local_policy_options == {"level": 0.5}
+    _, config, _line = cli.parse(["point-v1", "--local-policy", "text", "--policy.choices", "a", "b"])
+    assert config.local_policy_options == {"choices": ("a", "b")}
+
+
+@pytest.mark.parametrize("args, said", [
+    (["--local-policy", "random", "--policy.level", "0.2"],
+     "--policy.level is for --local-policy level; --local-policy random ignores it (pass --local-policy level to "
+     "use it)"),
+    (["--policy.level", "0.2"],
+     "--policy.level is for --local-policy level; no --local-policy is given (pass --local-policy level to use it)"),
+])
+def test_an_option_of_another_policy_is_an_error_naming_the_policy_that_reads_it(level_file: Path, args: list[str],
+                                                                                  said: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        cli.parse(["point-v1", "--env-path", str(level_file), *args])
+    assert str(info.value) == said
+
+
+def test_the_client_help_lists_the_options_of_registered_policies(level_file: Path,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        cli.parse(["point-v1", "--env-path", str(level_file), "--help"])
+    out = capsys.readouterr().out
+    assert "--policy.level FLOAT" in out and "Every component of every action. (default: 0.5)" in out
+
+
+@pytest.mark.slow
+def test_a_run_hands_the_policy_flags_to_the_embedded_policy(level_file: Path, tmp_path: Path) -> None:
+    res = subprocess.run([sys.executable, "-m", "plugrl_env_client", "point-v1", "--env-path", str(level_file),
+                          "--local-policy", "level", "--policy.level", "0.2", "--num-episodes", "1", "--output-dir",
+                          str(tmp_path / "runs"), "--exp-name", "level", "--no-progress"],
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    run = tmp_path / "runs" / "level"
+    assert (run / "level.txt").read_text() == "0.2"
+    assert json.loads((run / "client_config.json").read_text())["local_policy_options"] == {"level": 0.2}
+    refused = subprocess.run([sys.executable, "-m", "plugrl_env_client", "point-v1", "--env-path", str(level_file),
+                              "--local-policy", "level", "--policy.level", "high", "--num-episodes", "1",
+                              "--output-dir", str(tmp_path / "runs"), "--no-progress"],
+                             capture_output=True, text=True, timeout=120)
+    assert refused.returncode == 2 and "Error parsing --policy.level" in refused.stderr, refused.stderr

@@ -1,7 +1,9 @@
 """Imports run one way: from the command fronts down to the plain records, never back up.
 
-Every import statement of the package is read (those inside functions too, which the lazy imports are), so a
-module that reaches upward, even only at call time, fails here with the line that does it.
+Every import statement of the package is read (those inside functions too, which the lazy imports are, and
+``importlib.import_module`` calls with a literal name), so a module that reaches upward, even only at call time,
+fails here with the line that does it; and no module of the package reaches, through any chain of imports, back to
+itself.
 """
 
 from __future__ import annotations
@@ -41,7 +43,69 @@ def imports_of(path: Path) -> list[tuple[int, str]]:
                 base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1] + ([base] if base else []))
             found += [(node.lineno, f"{base}.{alias.name}") for alias in node.names]
             found.append((node.lineno, base))
+        elif _is_import_module_call(node):
+            found.append((node.lineno, node.args[0].value))
     return [(line, name) for line, name in found if name == NAME or name.startswith(NAME + ".")]
+
+
+def _is_import_module_call(node: ast.AST) -> bool:
+    """``importlib.import_module("literal")`` (or ``import_module("literal")``): an import spelled as a call."""
+    if not (isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant)
+            and isinstance(node.args[0].value, str)):
+        return False
+    func = node.func
+    return (isinstance(func, ast.Attribute) and func.attr == "import_module") or \
+        (isinstance(func, ast.Name) and func.id == "import_module")
+
+
+def import_graph() -> dict[str, dict[str, int]]:
+    """Module -> {module it imports: line} over the package's own modules. ``from pkg import name`` reaches the
+    module ``pkg.name`` when there is one, else ``pkg``; any other name reaches its longest prefix that is a module."""
+    paths = {module_name(p): p for p in PACKAGE.rglob("*.py")}
+    graph: dict[str, dict[str, int]] = {}
+    for name, path in paths.items():
+        edges = graph.setdefault(name, {})
+        found = imports_of(path)
+        for line, target in found:
+            if any(at == line and n.startswith(target + ".") and n in paths for at, n in found):
+                continue  # ``from pkg import module``: the module is the edge, not the package around it
+            while target and target not in paths:
+                target = target.rpartition(".")[0]
+            if target and target != name:
+                edges.setdefault(target, line)
+    return graph
+
+
+def import_cycles(graph: dict[str, dict[str, int]]) -> list[list[str]]:
+    """Every strongly connected group of more than one module (Tarjan), each as a cycle through its members."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    groups: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for nxt in graph.get(node, {}):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            group = []
+            while True:
+                top = stack.pop()
+                group.append(top)
+                if top == node:
+                    break
+            if len(group) > 1:
+                groups.append(sorted(group))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return groups
 
 
 def modules_under(*parts: str) -> list[Path]:
@@ -112,6 +176,25 @@ def test_the_reader_of_imports_sees_lazy_and_relative_imports(tmp_path: Path) ->
     sample = tmp_path / "sample.py"
     sample.write_text(tree)
     assert imports_of(sample) == [(2, f"{NAME}.cli.main"), (2, f"{NAME}.cli")]
+
+
+def test_the_package_has_no_import_cycle() -> None:
+    """Imports are one-way inside the package too: no module reaches back to itself through others, not even
+    through an import made at call time (a registry that imports what registers into it, say)."""
+    graph = import_graph()
+    cycles = import_cycles(graph)
+    said = ["; ".join(f"{a} imports {b} (line {graph[a][b]})" for a in group for b in group if b in graph[a])
+            for group in cycles]
+    assert not cycles, "\n".join(said)
+
+
+def test_the_cycle_finder_sees_a_cycle_made_by_a_call_time_import(tmp_path: Path) -> None:
+    sample = tmp_path / "sample.py"
+    sample.write_text("import importlib\ndef f():\n    importlib.import_module('plugrl_env_client.server.x')\n")
+    assert imports_of(sample) == [(3, f"{NAME}.server.x")]
+    graph = {"a": {"b": 1}, "b": {"c": 2}, "c": {"a": 3}, "d": {"a": 4}}
+    assert import_cycles(graph) == [["a", "b", "c"]]
+    assert import_cycles({"a": {"b": 1}, "b": {}}) == []
 
 
 def test_importing_the_config_tree_imports_no_heavy_extra() -> None:

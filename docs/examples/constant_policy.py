@@ -2,7 +2,8 @@
 
 Serve it:   plugrl-run-policy-server --policy-path docs/examples/constant_policy.py --policy.name constant \
                 --policy.action-dim 2 --policy.value 0.25
-or embed it: plugrl-run-env-client point-v1 --env-path docs/examples/constant_policy.py --local-policy constant
+or embed it: plugrl-run-env-client point-v1 --env-path docs/examples/constant_policy.py --local-policy constant \
+                --policy.value 0.2
 """
 
 from __future__ import annotations

@@ -59,6 +59,7 @@ from plugrl_env_client.records import ProcessResult, ProcessStatus
 from plugrl_env_client.redaction import REDACTED, add_secret, redact_text, redact_url
 from plugrl_env_client.rollout.budget import EpisodeBudget
 from plugrl_env_client.rollout.signals import blocked, deferred_interrupts, interrupt_handlers, shielded
+from plugrl_env_client.server.registry import options_config
 from plugrl_env_client.server.server import PolicyServer
 
 logger = logging.getLogger(__name__)
@@ -249,8 +250,9 @@ tracking, the launcher, ...: :data:`MAY_CHANGE`) may change."""
 
 MAY_CHANGE: tuple[tuple[str, ...], ...] = (
     ("exp_name",), ("output_dir",), ("resume",), ("server_host",), ("server_port",), ("server_url",),
-    ("local_policy",), ("local_policy_choices",), ("local_policy_horizon",), ("progress",), ("env_path",),
-    ("launcher",), ("tracking",), ("connection",), ("recorder",), ("ray",), ("runner", "replan_steps"),
+    ("local_policy",), ("local_policy_choices",), ("local_policy_options",), ("local_policy_horizon",),
+    ("progress",), ("env_path",), ("launcher",), ("tracking",), ("connection",), ("openpi",), ("recorder",), ("ray",),
+    ("runner", "replan_steps"),
     ("runner", "non_finite_actions"), ("runner", "non_finite_rewards"), ("runner", "non_finite_observations"),
     ("runner", "check_partial_reset"), ("runner", "instruction"), ("runner", "align_chunks"),
     ("runner", "use_env_lock"), ("runner", "start_method"),
@@ -425,6 +427,11 @@ def check_config(config: ClientConfig, env_id: str) -> None:
     if not config.local_policy:
         for url in config.server_url or (None,):
             _check_server_port(config, url)
+    else:
+        try:  # the embedded policy's own options, as its config reads them
+            options_config(config.local_policy, config.embedded_options())
+        except ConfigError as exc:
+            raise ConfigError(f"--local-policy {config.local_policy}: {exc}") from None
     _check_openpi(config)
     for name in ("num_envs", "num_procs"):
         if getattr(config, name) < 1:
@@ -532,7 +539,7 @@ def _start_local_policy(config: ClientConfig, env_id: str, env: BaseEnv | None, 
     openpi = (KeyMap.of(config.openpi.preset, config.openpi.key) if config.connection.protocol == "openpi"
               else None)
     server = start_local_server(config.local_policy, space, config.local_policy_horizon, seed=config.runner.seed,
-                                choices=config.local_policy_choices, transport=config.connection.transport,
+                                options=config.embedded_options(), transport=config.connection.transport,
                                 run_root=run_dir.root, openpi=openpi)
     logger.info("embedded %s policy serving on %s", config.local_policy, server.url)
     return server

@@ -10,26 +10,29 @@ reaches it without being copied field by field:
 * ``recorder`` (``--recorder.*``): :class:`~plugrl_env_client.outputs.recording.config.RecorderConfig`;
 * ``ray`` (``--ray.*``): :class:`~plugrl_env_client.launch.config.RayConfig` (Ray itself is imported only by a
   run with ``--launcher ray``);
-* ``env`` (``--env.*``): the env's own config dataclass, set per env by the CLI.
+* ``env`` (``--env.*``): the env's own config dataclass, set per env by the CLI;
+* ``local_policy_options`` (``--policy.*``): the own options of the policy ``--local-policy`` names, by field
+  name; the client's command line (:mod:`plugrl_env_client.cli`) adds their flags from the registered policies.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import tyro
 
 from plugrl_env_client.connection_flags import ConnectionConfig, OpenpiConfig
 from plugrl_env_client.envs.base_env import BaseEnvConfig
+from plugrl_env_client.errors import ConfigError
 from plugrl_env_client.launch.config import RayConfig
 from plugrl_env_client.launch.launchers import LAUNCHERS
 from plugrl_env_client.launch.process import RunnerConfig
 from plugrl_env_client.outputs.recording.config import RecorderConfig
 from plugrl_env_client.outputs.tracking import TrackingKind
 from plugrl_env_client.rollout.settings import LoopConfig
-from plugrl_env_client.server.registry import optional_name_choice
+from plugrl_env_client.server.registry import get_spec, optional_name_choice
 
 if TYPE_CHECKING:
     LauncherName = str
@@ -69,11 +72,12 @@ class ClientConfig:
     """Start the reference policy server in this process (matched to the env's action space) and use it; text is
     for envs whose single_action_space is a gymnasium Text space; ars learns a linear policy (Augmented Random
     Search) from the episodes' returns, for envs with a float Box action space and state arrays. A policy of your
-    own (registered with @register_policy) is found in a file given as --env-path."""
+    own (registered with @register_policy) is found in a file given as --env-path. Its own options are the
+    --policy.<field> flags."""
     local_policy_choices: Annotated[tuple[str, ...], tyro.conf.arg(
         help_behavior_hint="(default: short strings made up from the Text space's characters)")] = ()
     """Strings --local-policy text answers with, one picked per env and step, e.g. --local-policy-choices
-    "<answer>3</answer>" "hello"."""
+    "<answer>3</answer>" "hello" (the same as --policy.choices; a policy without that option ignores it)."""
     local_policy_horizon: Annotated[int | None, tyro.conf.arg(
         help_behavior_hint="(default: the policy's own: 1 for ars, 4 for the others)")] = None
     """Action horizon of the embedded policy (with --local-policy)."""
@@ -95,6 +99,8 @@ class ClientConfig:
     recorder: RecorderConfig = dataclasses.field(default_factory=RecorderConfig)
     ray: RayConfig = dataclasses.field(default_factory=RayConfig)
     env: BaseEnvConfig = dataclasses.field(default_factory=BaseEnvConfig)
+    local_policy_options: Annotated[dict[str, Any], tyro.conf.Suppress] = dataclasses.field(default_factory=dict)
+    """The --local-policy policy's own options by field name (its --policy.<field> flags)."""
 
     def __post_init__(self) -> None:
         if isinstance(self.server_url, str):  # one URL given in code, as before several could be
@@ -105,6 +111,20 @@ class ClientConfig:
     def resolved_urls(self) -> tuple[str, ...]:
         """The policy servers' URLs: --server-url, else the one of --server-host and --server-port."""
         return tuple(self.server_url) or (f"ws://{self.server_host}:{self.server_port}",)
+
+    def embedded_options(self) -> dict[str, Any]:
+        """The own options the embedded policy is built with: :attr:`local_policy_options`, and
+        --local-policy-choices as the ``choices`` of a policy that has that option (the client's shorter spelling
+        of --policy.choices; giving both is an error)."""
+        options = dict(self.local_policy_options)
+        if not self.local_policy_choices or self.local_policy is None:
+            return options
+        config = get_spec(self.local_policy).config
+        if config is None or "choices" not in {f.name for f in dataclasses.fields(config)}:
+            return options
+        if options.get("choices"):
+            raise ConfigError("--local-policy-choices and --policy.choices say the same; give one of them")
+        return {**options, "choices": tuple(self.local_policy_choices)}
 
     def resolved_url(self) -> str:
         """The first policy server's URL."""

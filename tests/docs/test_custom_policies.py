@@ -1,5 +1,6 @@
 """docs/custom-policies.md stays true: its example is the file on disk, its code parses, and every message of its
-troubleshooting table comes out of a real run of plugrl-run-policy-server."""
+troubleshooting table comes out of a real run of plugrl-run-policy-server or, for --local-policy, of
+plugrl-run-env-client."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ ROOT = Path(__file__).resolve().parents[2]
 GUIDE = ROOT / "docs" / "custom-policies.md"
 EXAMPLE = "docs/examples/constant_policy.py"
 SERVER = [sys.executable, "-c", "from plugrl_env_client.server.cli import main; main()"]
+CLIENT = [sys.executable, "-m", "plugrl_env_client"]
 
 
 def test_code_blocks_are_the_files_on_disk_and_parse() -> None:
@@ -25,7 +27,8 @@ def test_code_blocks_are_the_files_on_disk_and_parse() -> None:
 
 
 def _run(args: list[str], cwd: Path) -> tuple[int, str]:
-    done = subprocess.run([*SERVER, *args], capture_output=True, text=True, timeout=120, cwd=cwd,
+    command = [*CLIENT, *args] if args[0] == "point-v1" else [*SERVER, *args]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=120, cwd=cwd,
                           env={**os.environ, "COLUMNS": "300"})
     return done.returncode, done.stdout + done.stderr
 
@@ -33,7 +36,8 @@ def _run(args: list[str], cwd: Path) -> tuple[int, str]:
 @pytest.mark.slow
 def test_troubleshooting_messages_are_real(tmp_path: Path) -> None:
     (tmp_path / "empty_policy.py").write_text("VALUE = 1\n")
-    (tmp_path / "broken_policy.py").write_text("import my_model_lib\n")
+    (tmp_path / "my_policy.py").write_text("import os\n\nimport my_model_lib\n\nfrom plugrl_env_client.server "
+                                            "import register_policy\n")
     (tmp_path / "clash_policy.py").write_text(
         "from plugrl_env_client.server import register_policy\n"
         "from plugrl_env_client.server.policies import ZeroPolicy\n\n\n"
@@ -43,7 +47,10 @@ def test_troubleshooting_messages_are_real(tmp_path: Path) -> None:
         "unknown name": (["--policy.name", "constant"], 2),
         "no such file": (["--policy-path", "nope.py"], 1),
         "registers nothing": (["--policy-path", "empty_policy.py"], 1),
-        "fails to import": (["--policy-path", "broken_policy.py"], 1),
+        "fails to import": (["--policy-path", "my_policy.py"], 1),
+        "fails to import (client)": (["point-v1", "--env-path", "my_policy.py", "--local-policy", "my"], 2),
+        "flag of another policy (client)": (["point-v1", "--env-path", example, "--local-policy", "random",
+                                             "--policy.value", "0.3"], 1),
         "flag of another policy": (["--policy-path", example, "--policy.value", "0.3"], 1),
         "name clash": (["--policy-path", "clash_policy.py"], 1),
     }

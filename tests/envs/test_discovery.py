@@ -343,3 +343,60 @@ def test_two_files_of_a_folder_that_register_one_id_are_both_named_by_path(
             "first one stays") in err
     assert "plugrl_user_envs" not in err, "no made-up module name"
     assert get_spec("Twice-v1").env_cls.__name__ == "FirstEnv"
+
+
+BROKEN_POLICY = '''"""A policy file with a mistake in it."""
+
+from plugrl_env_client.server import Policy, register_policy
+
+VALUE = undefined_name + 1
+
+
+@register_policy("never")
+class NeverPolicy(Policy):
+    def act(self, obs, n):
+        raise AssertionError
+'''
+
+
+def test_a_policy_file_that_fails_is_said_to_be_one_with_the_line_that_raised(
+        registry: None, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    broken = tmp_path / "broken_policy.py"
+    broken.write_text(BROKEN_POLICY)
+    discover_envs([str(broken)])
+    err = capsys.readouterr().err
+    assert "Skip loading env module" not in err
+    assert (f"Could not import policy file {broken.resolve()}:5: NameError: name 'undefined_name' is not defined (its "
+            "policies are not registered; fix it and run again)") in err, err
+    unparsable = tmp_path / "unparsable_policy.py"
+    unparsable.write_text("from plugrl_env_client.server import register_policy\n\n\ndef f(:\n    pass\n")
+    discover_envs([str(unparsable)])
+    assert f"Could not import policy file {unparsable.resolve()}:4: SyntaxError: " in capsys.readouterr().err
+
+
+def test_the_line_of_a_failure_is_the_file_s_own_line_that_called_what_raised(tmp_path: Path) -> None:
+    helper = tmp_path / "helper_mod.py"
+    helper.write_text("def boom():\n    raise ValueError('inside the helper')\n")
+    user = tmp_path / "user_policy.py"
+    user.write_text("import helper_mod\n\nhelper_mod.boom()\n")
+    sys.path.insert(0, str(tmp_path))
+    try:
+        with pytest.raises(ValueError) as info:
+            exec(compile(user.read_text(), str(user), "exec"), {})
+    finally:
+        sys.path.remove(str(tmp_path))
+        sys.modules.pop("helper_mod", None)
+    assert discovery.failure_line(info.value, user) == 3
+    assert discovery.failure_line(info.value, tmp_path / "elsewhere.py") is None
+
+
+@pytest.mark.slow
+def test_a_run_names_the_policy_file_that_failed_and_goes_on(tmp_path: Path) -> None:
+    broken = tmp_path / "broken_policy.py"
+    broken.write_text(BROKEN_POLICY)
+    res = run_cli("point-v1", "--env-path", str(broken), "--num-episodes", "1", "--local-policy", "random",
+                  "--no-progress", "--output-dir", str(tmp_path), "--exp-name", "p", cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    assert f"Could not import policy file {broken.resolve()}:5: NameError: name 'undefined_name' is not defined" \
+        in res.stderr, res.stderr
+    assert "Skip loading env module" not in res.stderr and "Traceback" not in res.stderr

@@ -10,8 +10,8 @@ import pytest
 
 from plugrl_env_client.errors import ConfigError
 from plugrl_env_client.server.cli import main
-from plugrl_env_client.server.embedded import LOCAL_ARS_POLICY, policy_for_space, start_local_server
-from plugrl_env_client.server.policies import ArsPolicy, PolicyConfig, horizon_of, make_policy
+from plugrl_env_client.server.embedded import policy_for_space, start_local_server
+from plugrl_env_client.server.policies import LOCAL_ARS_POLICY, ArsPolicy, PolicyConfig, horizon_of, make_policy
 from plugrl_env_client.server.registry import config_of
 
 

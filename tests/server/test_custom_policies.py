@@ -142,9 +142,9 @@ def test_policy_path_mistakes_are_one_line_errors(table, tmp_path, capsys):
     assert "registers no policy: decorate your Policy subclass with @register_policy('NAME')" in \
         _ends_with_error(["--policy-path", str(empty)], capsys)
     broken = tmp_path / "broken_policy.py"
-    broken.write_text("import no_such_module_here\n")
-    assert "failed to import (ModuleNotFoundError: No module named 'no_such_module_here'); fix it and run again" in \
-        _ends_with_error(["--policy-path", str(broken)], capsys)
+    broken.write_text("import os\nimport no_such_module_here\n")
+    assert (f"failed to import ({broken}:2: ModuleNotFoundError: No module named 'no_such_module_here'); "
+            "fix it and run again") in _ends_with_error(["--policy-path", str(broken)], capsys)
 
 
 def test_a_user_policy_answers_what_its_refuses_allows(table):

@@ -44,7 +44,8 @@ def check_registered_env(
     seed: int = 0, steps: int = DEFAULT_STEPS,
 ) -> CheckReport:
     """Build ``env_id`` from its default config (and from ``config``, when given: the CLI's ``--env.*``), run every
-    rule on it, and end with a short rollout against the embedded random policy (unless ``rollout`` is False).
+    rule on it, and end with a short rollout against the embedded policy offered for its action space (unless
+    ``rollout`` is False).
 
     The rules run on the env built from ``config`` when one is given. An unknown ``env_id`` raises ConfigError.
     """

@@ -28,7 +28,8 @@ class CheckArgs:
     steps: int = DEFAULT_STEPS
     """Steps the rules run the env for."""
     rollout: bool = True
-    """End with a short real rollout against the embedded random (or text) policy."""
+    """End with a short real rollout against the embedded policy offered for the env's action space (random, or text
+    for a Text space)."""
     details: bool = False
     """Show the env's tracebacks under the rules that caught them."""
     env_path: Annotated[tuple[str, ...], tyro.conf.UseAppendAction] = ()

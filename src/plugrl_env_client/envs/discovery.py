@@ -12,7 +12,9 @@ Discovery is explicit (the CLI calls it before building its parser) rather than 
 package stays cheap. A module that fails to import, for any reason (a missing optional dependency, or a bug), is
 skipped with one line on stderr and remembered, so that an unknown env id can point at the file that failed. A
 module that calls ``sys.exit`` or raises ``KeyboardInterrupt`` while imported fails the same way (only a real
-Ctrl-C or SIGTERM, :func:`~plugrl_env_client.envs.calls.is_signal`, goes through).
+Ctrl-C or SIGTERM, :func:`~plugrl_env_client.envs.calls.is_signal`, goes through). A file given as ``--env-path``
+may register policies instead (for ``--local-policy``): one whose source calls ``register_policy`` is said to be a
+policy file when it fails, with the line of it that raised (:func:`failure_line`).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import importlib
 import importlib.util
 import os
 import sys
+import traceback
 from collections.abc import Iterable
 from importlib.metadata import entry_points
 from pathlib import Path
@@ -34,6 +37,8 @@ from plugrl_env_client.errors import ConfigError
 ENTRY_POINT_GROUP = "plugrl_env_client.envs"
 ENV_PATH_VARIABLE = "PLUGRL_ENV_PATH"
 USER_MODULE_PREFIX = "plugrl_user_envs"
+POLICY_MARK = "register_policy"
+"""What the source of a policy file calls (the reference server's decorator); envs cannot import the server."""
 
 @dataclasses.dataclass(frozen=True)
 class EnvSources:
@@ -183,9 +188,30 @@ def _import_file(path: Path) -> str | None:
     return name
 
 
+def failure_line(exc: BaseException, source: Path) -> int | None:
+    """The line of ``source`` at which importing it raised ``exc``: a syntax error's own line, else the last frame
+    of the traceback in that file (the line that called what failed); None when no frame is in it."""
+    target = source.resolve()
+    if isinstance(exc, SyntaxError) and exc.filename and exc.lineno and Path(exc.filename).resolve() == target:
+        return exc.lineno
+    lines = [f.lineno for f in traceback.extract_tb(exc.__traceback__) if Path(f.filename).resolve() == target]
+    return lines[-1] if lines else None
+
+
+def _is_policy_file(source: Path | None) -> bool:
+    try:
+        return source is not None and POLICY_MARK in source.read_text(errors="replace")
+    except OSError:
+        return False
+
+
 def _skip(name: str, label: str, exc: BaseException, source: Path | None) -> None:
     why = f"{type(exc).__name__}: {exc}" if isinstance(exc, Exception) else f"it {what_it_did(exc)} while imported"
-    if name not in _failed:  # one line per module, however often discovery runs
+    if name not in _failed and source is not None and _is_policy_file(source):
+        line = failure_line(exc, source)
+        print(f"Could not import policy file {source}{'' if line is None else f':{line}'}: {why} (its policies are "
+              "not registered; fix it and run again)", file=sys.stderr)
+    elif name not in _failed:  # one line per module, however often discovery runs
         print(f"Skip loading env module {label}: {why}", file=sys.stderr)
     _failed[name] = (label, why)
     if source is not None:

@@ -14,7 +14,9 @@ resync. The server calls a policy from a worker thread of its own (:mod:`~plugrl
 slow policy delays the infers waiting for it but never the connections' pings and other frames.
 
 Every policy, these and a user's, registers by name in :mod:`~plugrl_env_client.server.registry`, with the
-config dataclass of its own ``--policy.*`` flags (:class:`TextConfig`, :class:`ArsConfig`).
+config dataclass of its own ``--policy.*`` flags (:class:`TextConfig`, :class:`ArsConfig`); ``random`` and
+``text`` register as the defaults of the action spaces they accept (numeric ones, and Text spaces). The package
+imports this module once, in ``plugrl_env_client/server/__init__.py``: that is what registers them.
 """
 
 from __future__ import annotations
@@ -82,7 +84,7 @@ DEFAULT_TEXT_CHOICES = 8
 """How many strings the text policy makes up for a Text action space when it is given none."""
 DEFAULT_TEXT_LENGTH = 16
 """Longest made-up string (a Text space's max_length can be huge; a smoke-test answer need not be)."""
-@register_policy("random")
+@register_policy("random", default=True)
 class RandomPolicy(Policy):
     """Uniform in [low, high] (integers for an integer dtype; infinite bounds draw from [-1, 1])."""
 
@@ -120,7 +122,7 @@ class ZeroPolicy(Policy):
         return np.zeros((self.horizon, n, *self.action_shape), dtype=self.dtype)
 
 
-@register_policy("text", config=TextConfig)
+@register_policy("text", config=TextConfig, default=True)
 class TextPolicy(Policy):
     """One of --policy.choices per env and step, for envs whose actions are text (a gymnasium Text space).
 
@@ -151,6 +153,10 @@ class TextPolicy(Policy):
     @classmethod
     def refuses(cls, space: gym.Space) -> str | None:
         return None if isinstance(space, gym.spaces.Text) else "answers with strings"
+
+    @classmethod
+    def server_flags(cls, space: gym.Space) -> str:
+        return '--policy.choices "<an answer>" "<another>"'
 
     def metadata(self) -> dict[str, Any]:
         """Text actions have no action_dim; the dtype says they are '<U' strings of at most this width."""

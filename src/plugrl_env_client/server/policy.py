@@ -97,6 +97,18 @@ class Policy(abc.ABC):
             return "cannot produce text actions"
         return "cannot produce actions for this space"
 
+    @classmethod
+    def server_flags(cls, space: gym.Space) -> str:
+        """The ``--policy.*`` flags (beside ``--policy.name``) with which ``plugrl-run-policy-server`` answers the
+        env action ``space`` with this policy: what the client's hint says when no server answers. Default: the
+        shared flags of a numeric space's actions (a Discrete space's bounds, a vector Box's length and dtype)."""
+        if isinstance(space, gym.spaces.Discrete):
+            return f"--policy.action-dim 0 --policy.dtype int64 --policy.low {space.start} " \
+                   f"--policy.high {space.start + space.n - 1}"
+        if isinstance(space, gym.spaces.Box) and len(space.shape) == 1:
+            return f"--policy.action-dim {space.shape[0]} --policy.dtype {np.dtype(space.dtype).name}"
+        return ""
+
     def metadata(self) -> dict[str, Any]:
         dim = self.action_shape[0] if len(self.action_shape) == 1 else (0 if not self.action_shape else None)
         meta = {"policy": type(self).__name__, "action_horizon": self.horizon, "action_dtype": self.dtype.str}

@@ -1,6 +1,6 @@
 """The policies of the reference server, by name: ``register_policy``, the ``--policy.*`` flags and ``make_policy``.
 
-Every policy the server can answer with, built-in (``random``, ``zero``, ``text``, ``ars``) or a user's, is a
+Every policy the server can answer with, built-in or a user's, is a
 :class:`~plugrl_env_client.server.policy.Policy` subclass registered here under a name, with the config dataclass
 of its own options and the action horizon it answers when ``--policy.action-horizon`` is not given::
 
@@ -20,26 +20,33 @@ space for the embedded server), ``config`` is the policy's own config, its field
 The command line (:func:`flags_class`) is built once the policies are registered: ``--policy-path`` files
 (:func:`load_policy_files`) are imported before the parser exists, as ``--env-path`` files are for envs, so a
 user's policy is a choice of ``--policy.name`` and its fields are flags like the built-ins' ones. A field of one
-policy's config given to another policy is an error that names the policy reading it.
+policy's config given to another policy is an error that names the policy reading it. The client's embedded
+server takes the same fields as its ``--policy.*`` section (:func:`options_class`, :func:`options_from_flags`).
+
+A policy registered with ``default=True`` is the one offered for the action spaces it accepts
+(:meth:`~plugrl_env_client.server.policy.Policy.refuses`): :func:`default_policy` is what the client's hints and
+``plugrl-check-env``'s rollout use, so no module outside the policies names one.
+
+This module knows no policy: the built-ins register themselves when :mod:`plugrl_env_client.server` (the package,
+which any import of this module runs first) imports :mod:`~plugrl_env_client.server.policies`.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import difflib
-import importlib
 import importlib.util
 import re
 import sys
 import types
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeVar
 
 import numpy as np
 import tyro
 
-from plugrl_env_client.envs.discovery import USER_MODULE_PREFIX, user_module_name
+from plugrl_env_client.envs.discovery import USER_MODULE_PREFIX, failure_line, user_module_name
 from plugrl_env_client.errors import ConfigError
 from plugrl_env_client.server.policy import Policy, PolicySetup
 
@@ -96,19 +103,22 @@ class PolicySpec:
     config: type | None
     horizon: int
     module: str
+    default: bool = False
+    """Offered for the action spaces the policy accepts (:func:`default_policy`)."""
 
 
 _POLICIES: dict[str, PolicySpec] = {}
 
 
 def register_policy(name: str, config: type | None = None, horizon: int = DEFAULT_HORIZON,
-                    override: bool = False) -> Callable[[PolicyT], PolicyT]:
+                    override: bool = False, default: bool = False) -> Callable[[PolicyT], PolicyT]:
     """Class decorator registering a :class:`~plugrl_env_client.server.policy.Policy` subclass under ``name``.
 
     ``config`` is the dataclass of the policy's own options (every field with a default; each is a
     ``--policy.<field>`` flag); the server builds the policy as ``cls(setup, config_instance)``. ``horizon`` is
-    its action horizon when --policy.action-horizon is not given. A name another module registered already is an
-    error unless ``override=True``.
+    its action horizon when --policy.action-horizon is not given. ``default``: offer it, with its options' defaults,
+    for the env action spaces it accepts (:func:`default_policy`), e.g. a policy for a kind of space no other
+    serves. A name another module registered already is an error unless ``override=True``.
     """
     if not _NAME.fullmatch(name):
         raise ConfigError(f"register_policy({name!r}): a policy name is letters, digits, '_', '-' and '.', starting "
@@ -127,7 +137,7 @@ def register_policy(name: str, config: type | None = None, horizon: int = DEFAUL
             raise ConfigError(f"policy name {name!r} is already registered by {_module_file(old.module)}, and "
                               f"{_module_file(cls.__module__)} registers it too; rename one of them, or pass "
                               "override=True to replace it")
-        _POLICIES[name] = PolicySpec(name, cls, config, horizon, cls.__module__)
+        _POLICIES[name] = PolicySpec(name, cls, config, horizon, cls.__module__, default)
         return cls
 
     return decorate
@@ -166,20 +176,24 @@ def _module_file(module: str) -> str:
     return module if path is None else str(path)
 
 
-def _builtins() -> None:
-    """Import the built-in policies (importing a policy module is what registers it)."""
-    importlib.import_module("plugrl_env_client.server.policies")
-
-
 def registered_names() -> list[str]:
     """Every registered policy name: the built-ins first, then the others in the order they registered."""
-    _builtins()
     return list(_POLICIES)
+
+
+def default_policy(space: gym.Space) -> str | None:
+    """The first policy registered with ``default=True`` that accepts the env action space ``space`` (the
+    built-ins first; None when none does): what a hint offers and ``plugrl-check-env``'s rollout runs."""
+    return next((s.name for s in _POLICIES.values() if s.default and s.policy_cls.refuses(space) is None), None)
+
+
+def able_policies(space: gym.Space) -> list[str]:
+    """Every registered policy that accepts the env action space ``space``, in registration order."""
+    return [s.name for s in _POLICIES.values() if s.policy_cls.refuses(space) is None]
 
 
 def get_spec(name: str) -> PolicySpec:
     """The spec of policy ``name``; an unknown name is a ConfigError with close matches and how to add one."""
-    _builtins()
     spec = _POLICIES.get(name)
     if spec is not None:
         return spec
@@ -190,7 +204,6 @@ def get_spec(name: str) -> PolicySpec:
 
 def unknown_policy(name: str) -> str:
     """What is wrong with the policy name ``name`` that nobody registered: close matches and the registered names."""
-    _builtins()
     close = difflib.get_close_matches(name, list(_POLICIES), n=3, cutoff=0.5)
     hint = f" Did you mean {', '.join(repr(c) for c in close)}?" if close else ""
     return f"unknown policy {name!r}.{hint} Registered policies: {', '.join(_POLICIES)}."
@@ -240,7 +253,56 @@ def config_from_flags(flags: PolicyFlags) -> PolicyConfig:
     policy's own config from its fields. A field only other policies read, given a value other than its default,
     is a ConfigError that names the policies reading it."""
     spec = get_spec(flags.name)
-    own = {f.name for f in dataclasses.fields(spec.config)} if spec.config is not None else set()
+    own = _own_fields(spec)
+    _refuse_strays(spec.name, flags, own, "--policy.name")
+    options = spec.config(**{k: getattr(flags, k) for k in own}) if spec.config is not None else None
+    shared = {f.name: getattr(flags, f.name) for f in dataclasses.fields(PolicyFlags)}
+    return PolicyConfig(**shared, options=options)
+
+
+def options_class() -> type:
+    """The client's ``--policy.*`` section: the own fields of every registered policy (a dataclass inheriting
+    their configs, so each field keeps its docstring as its help), read by the policy ``--local-policy`` names. The
+    shared flags are not among them: the embedded server takes the actions' shape, dtype and bounds from the env's
+    action space, the seed from ``--runner.seed`` and the horizon from ``--local-policy-horizon``."""
+    configs = list(dict.fromkeys(s.config for s in _POLICIES.values() if s.config is not None))
+    cls = dataclasses.make_dataclass("PolicyOptions", [], bases=tuple(reversed(configs)))
+    cls.__doc__ = ("The own options of the embedded policy named by --local-policy: the fields of every "
+                   "registered policy, as plugrl-run-policy-server takes them.")
+    return cls
+
+
+def options_from_flags(name: str | None, flags: Any, flag: str = "--local-policy") -> dict[str, Any]:
+    """The own options of policy ``name`` (None: no policy) in a parsed :func:`options_class` instance, by field
+    name. A field only other policies read, given a value other than its default, is a ConfigError naming them
+    (``flag`` is how the command line names the policy)."""
+    spec = get_spec(name) if name is not None else None
+    own = _own_fields(spec) if spec is not None else set()
+    _refuse_strays(name, flags, own, flag)
+    return {k: getattr(flags, k) for k in sorted(own)}
+
+
+def options_config(name: str, options: Mapping[str, Any] | None) -> Any:
+    """An instance of policy ``name``'s config from ``options`` (its own fields by name, the others at their
+    defaults; None for a policy without a config). A name its config lacks is a ConfigError listing those it has."""
+    spec = get_spec(name)
+    options = dict(options or {})
+    own = _own_fields(spec)
+    unknown = sorted(set(options) - own)
+    if unknown:
+        has = f"its options are {', '.join(sorted(own))}" if own else "it has no options of its own"
+        raise ConfigError(f"the {name} policy has no option{'s' if len(unknown) > 1 else ''} "
+                          f"{', '.join(unknown)}: {has}")
+    return spec.config(**options) if spec.config is not None else None
+
+
+def _own_fields(spec: PolicySpec) -> set[str]:
+    return {f.name for f in dataclasses.fields(spec.config)} if spec.config is not None else set()
+
+
+def _refuse_strays(name: str | None, flags: Any, own: set[str], flag: str) -> None:
+    """A ConfigError when ``flags`` gives a field that policy ``name`` does not read (only others do) a value
+    other than its default, naming the policies reading it and how ``flag`` picks one of them."""
     readers: dict[str, list[str]] = {}
     for other in _POLICIES.values():
         if other.config is None:
@@ -248,16 +310,15 @@ def config_from_flags(flags: PolicyFlags) -> PolicyConfig:
         for field in dataclasses.fields(other.config):
             if field.name not in own and hasattr(flags, field.name) and getattr(flags, field.name) != _default(field):
                 readers.setdefault(field.name, []).append(other.name)
-    if readers:
-        given = ", ".join(f"--policy.{k.replace('_', '-')}" for k in readers)
-        users = sorted({n for names in readers.values() for n in names})
-        one = len(readers) == 1
-        raise ConfigError(f"{given} {'is' if one else 'are'} for --policy.name {' or '.join(users)}; --policy.name "
-                          f"{spec.name} ignores {'it' if one else 'them'} (pass --policy.name {users[0]} to use "
-                          f"{'it' if one else 'them'})")
-    options = spec.config(**{k: getattr(flags, k) for k in own}) if spec.config is not None else None
-    shared = {f.name: getattr(flags, f.name) for f in dataclasses.fields(PolicyFlags)}
-    return PolicyConfig(**shared, options=options)
+    if not readers:
+        return
+    given = ", ".join(f"--policy.{k.replace('_', '-')}" for k in readers)
+    users = sorted({n for names in readers.values() for n in names})
+    one = len(readers) == 1
+    it = "it" if one else "them"
+    ignored = f"{flag} {name} ignores {it}" if name is not None else f"no {flag} is given"
+    raise ConfigError(f"{given} {'is' if one else 'are'} for {flag} {' or '.join(users)}; {ignored} (pass {flag} "
+                      f"{users[0]} to use {it})")
 
 
 def config_of(**flags: Any) -> PolicyConfig:
@@ -361,6 +422,8 @@ def _import_file(path: Path, shown: str) -> str:
         del sys.modules[name]
         _POLICIES.clear()
         _POLICIES.update(before)
-        raise ConfigError(f"{POLICY_PATH_FLAG} {shown} failed to import ({type(exc).__name__}: {exc}); fix it and "
-                          "run again") from exc
+        line = failure_line(exc, path)
+        at = "" if line is None else f"{shown}:{line}: "
+        raise ConfigError(f"{POLICY_PATH_FLAG} {shown} failed to import ({at}{type(exc).__name__}: {exc}); fix it "
+                          "and run again") from exc
     return name

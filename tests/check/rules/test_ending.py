@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import broken_envs as b
 import pytest
 
 from plugrl_env_client.check import check_env, check_registered_env
 from plugrl_env_client.envs import discover_envs
+from plugrl_env_client.server.registry import _POLICIES
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -40,3 +43,21 @@ def test_rule14_skipped_after_a_failure(registry) -> None:
     assert report.result(14).seen == ("rules [6] failed; the rollout runs once every rule passes (a real run stops "
                                       "at most such failures, a reset() inside step() included, and collects wrong "
                                       "data at the others)")
+
+
+def test_rule14_is_skipped_when_no_registered_policy_is_offered_for_the_space(monkeypatch) -> None:
+    """The rollout's policy is the registry's default for the env's action space, not a name kept here."""
+    monkeypatch.setitem(_POLICIES, "random", dataclasses.replace(_POLICIES["random"], default=False))
+    report = check_registered_env("Point-v1")
+    assert report.result(14).status == "skip"
+    assert report.result(14).seen.startswith("no registered policy is offered for the action space Box(")
+    assert "@register_policy(NAME, default=True)" in report.result(14).seen
+
+
+@pytest.mark.slow
+def test_rule14_rolls_out_the_policy_the_registry_offers(monkeypatch) -> None:
+    monkeypatch.setitem(_POLICIES, "random", dataclasses.replace(_POLICIES["random"], default=False))
+    monkeypatch.setitem(_POLICIES, "zero", dataclasses.replace(_POLICIES["zero"], default=True))
+    report = check_registered_env("Point-v1")
+    assert report.result(14).status == "pass"
+    assert report.result(14).seen.startswith("2 episodes against the embedded zero policy"), report.result(14).seen

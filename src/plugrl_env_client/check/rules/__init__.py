@@ -31,7 +31,7 @@ RULES: tuple[Rule, ...] = (
     Rule(11, "info values are per-env arrays (leading dim n) or documented keys", rule_info, (2, 3, 5)),
     Rule(12, "info['metrics'] has the same keys on every step", rule_metric_keys, (2, 3, 5)),
     Rule(13, "close() twice is harmless", rule_close),
-    Rule(14, "a short rollout against the embedded random (or text) policy completes", rule_rollout),
+    Rule(14, "a short rollout against the embedded policy offered for its action space completes", rule_rollout),
 )
 """The checklist, in order."""
 

@@ -13,12 +13,11 @@ import tempfile
 import traceback
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
-
-import gymnasium as gym
 
 from plugrl_env_client.check.harness import Context, Outcome, Skip, passed
+from plugrl_env_client.envs.base_env import describe_space
 from plugrl_env_client.outputs.logs import logging_restored
+from plugrl_env_client.server.registry import default_policy
 
 ROLLOUT_STEP_CAP = 50
 """Time limit of the rollout rule's episodes: the registered one, but at most this many steps."""
@@ -34,8 +33,9 @@ def rule_close(ctx: Context) -> Outcome:
 
 
 def rule_rollout(ctx: Context) -> Outcome:
-    """14. A short rollout with the real client and the embedded random policy (the text policy for a Text action
-    space) completes: 2 episodes of at most ``ROLLOUT_STEP_CAP`` steps. It runs only for a registered env, and only
+    """14. A short rollout with the real client and the embedded policy offered for the env's action space (the
+    registry's :func:`~plugrl_env_client.server.registry.default_policy`: random for numeric spaces, text for a
+    Text space) completes: 2 episodes of at most ``ROLLOUT_STEP_CAP`` steps. It runs only for a registered env, and only
     when no earlier rule failed: a real run stops at most such failures (a reset() inside step() included) and
     collects wrong data at the others, so the rollout would only repeat them."""
     if ctx.env_id is None or ctx.spec is None:
@@ -46,11 +46,17 @@ def rule_rollout(ctx: Context) -> Outcome:
     if failed:
         raise Skip(f"rules {failed} failed; the rollout runs once every rule passes (a real run stops at most such "
                    "failures, a reset() inside step() included, and collects wrong data at the others)")
+    if ctx.space is None:
+        raise Skip("the env has no usable single_action_space (rule 2)")
+    policy = default_policy(ctx.space)
+    if policy is None:
+        raise Skip(f"no registered policy is offered for the action space {describe_space(ctx.space)}; register "
+                   "one that answers it with @register_policy(NAME, default=True) in a file given as --env-path "
+                   "(docs/custom-policies.md)")
     from plugrl_env_client.app import run_client
     from plugrl_env_client.config import ClientConfig, RunnerConfig
 
     cap = min(ctx.spec.max_episode_steps or ROLLOUT_STEP_CAP, ROLLOUT_STEP_CAP)
-    policy: Any = "text" if isinstance(ctx.space, gym.spaces.Text) else "random"
     env_config = ctx.config if ctx.config is not None else ctx.spec.config_cls()
     with tempfile.TemporaryDirectory(prefix="plugrl-check-") as tmp, _captured_run() as (out, err):
         config = ClientConfig(num_envs=ctx.n, num_episodes=2, local_policy=policy, output_dir=Path(tmp),
