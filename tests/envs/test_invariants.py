@@ -26,7 +26,7 @@ from plugrl_env_client.app import run_client
 from plugrl_env_client.check import check_env
 from plugrl_env_client.config import ClientConfig, RunnerConfig
 from plugrl_env_client.envs.base_env import BaseEnv, BaseEnvConfig, Observation
-from plugrl_env_client.envs.invariants import ObservationSignature, PartialResetCheck, partial_reset_problem
+from plugrl_env_client.envs.contract import ObservationSignature, PartialResetCheck, partial_reset_problem
 from plugrl_env_client.envs.registry import register_env
 from plugrl_env_client.errors import EnvContractError
 from plugrl_env_client.records import ProcessStatus
@@ -399,7 +399,7 @@ def test_a_run_whose_env_rerandomises_every_row_fails_unless_told_not_to_check(
 
 
 def test_text_without_a_lone_surrogate_is_left_as_it_is(caplog) -> None:
-    from plugrl_env_client.envs.invariants import TextCheck
+    from plugrl_env_client.envs.contract import TextCheck
 
     check = TextCheck("E-v1")
     obs = Observation(states={"x": np.zeros((2, 1))}, text=["plain", "\U0001f600 and \ud7ff and \ue000"])
@@ -410,7 +410,7 @@ def test_text_without_a_lone_surrogate_is_left_as_it_is(caplog) -> None:
 
 
 def test_lone_surrogates_become_u_fffd_with_one_warning_per_field(caplog) -> None:
-    from plugrl_env_client.envs.invariants import TextCheck
+    from plugrl_env_client.envs.contract import TextCheck
 
     check = TextCheck("E-v1")
     env_text = np.array(["a\ud800b", "ok"])
@@ -435,7 +435,7 @@ def test_lone_surrogates_become_u_fffd_with_one_warning_per_field(caplog) -> Non
 def test_lone_surrogates_are_found_in_small_and_big_batches_of_either_byte_order(rows, width, order) -> None:
     """Small batches are checked by decoding them, big ones by a reduction; a byte-swapped '>U' array is read as
     code points, not as its raw bytes."""
-    from plugrl_env_client.envs.invariants import TextCheck
+    from plugrl_env_client.envs.contract import TextCheck
 
     text = np.array(["x" * (width - 1)] * rows, dtype=f"{order}U{width}")
     text[rows // 2] = "y\ud800"
@@ -451,7 +451,7 @@ def test_lone_surrogates_are_found_in_small_and_big_batches_of_either_byte_order
 def test_a_text_seen_clean_is_passed_over_and_a_new_one_is_still_fixed(caplog) -> None:
     """Short str values that come back step after step (a metric's mode) are looked at once; a new value, or the
     same key with another value, is checked again, also deep in the info, and named by its path."""
-    from plugrl_env_client.envs.invariants import TextCheck
+    from plugrl_env_client.envs.contract import TextCheck
 
     check = TextCheck("E-v1")
     info = {"metrics_agg_mode": {"score": "mean"}, "tag": "t"}

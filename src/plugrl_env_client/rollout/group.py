@@ -3,10 +3,13 @@
 An :class:`EnvGroup` owns one env object (``num_envs`` copies), one session, the envs' action plans and episode
 totals. Its steps, in the order a rollout calls them::
 
-    request_actions(obs) -> step_envs() -> send_feedback(step) -> finish_episodes(step) -> obs
+    request_actions(obs) -> step() -> finish_episodes(step) -> obs
 
-``send_feedback`` runs before ``finish_episodes`` resets anything, so a finished episode's feedback carries its
-terminal observation. A lockstep rollout drives one group; a pipelined one drives several, each with its own env
+``step`` is a pipe: ``step_envs`` calls ``env.step``, hands what it returned to the env contract's one pass
+(:class:`~plugrl_env_client.envs.contract.EnvChecks`) and does the step's accounting, then ``send_feedback`` cuts
+the feedback's rows and hands it to the session, which writes it to the socket; the observation does not go back
+to the loop on the way. ``send_feedback`` runs before ``finish_episodes`` resets anything, so a finished episode's
+feedback carries its terminal observation. A lockstep rollout drives one group; a pipelined one drives several, each with its own env
 object and connection, so one group's stepping overlaps the others' inference (``request_actions`` is then split
 in two: ``ask_for_actions`` sends the infer, ``take_actions`` picks its reply up).
 
@@ -56,9 +59,8 @@ import numpy as np
 
 from plugrl_env_client.envs import contract
 from plugrl_env_client.envs.base_env import BaseEnv, Observation, observation_space_of
-from plugrl_env_client.envs.calls import call_env
-from plugrl_env_client.envs.contract import slice_info
-from plugrl_env_client.envs.invariants import EnvChecks, undeclared_dtypes
+from plugrl_env_client.envs.calls import call_env, env_failure, is_signal
+from plugrl_env_client.envs.contract import EnvChecks, slice_info, undeclared_dtypes
 from plugrl_env_client.errors import ConfigError, EnvContractError
 from plugrl_env_client.protocol.connection import CloseAction, ConnectionLost
 from plugrl_env_client.protocol.messages import (
@@ -149,7 +151,9 @@ class EnvGroup:
         self.plans = ActionPlans(n, tuple(self.space.shape or ()), _plan_dtype(self.space), settings.replan_steps,
                                  self.idle)
         self.tracker = EpisodeTracker(n, settings.success_threshold, self.idle)
-        self.env_checks = EnvChecks(settings.env_id, n, settings.check_partial_reset)
+        self.checks = EnvChecks(settings.env_id, n, settings.check_partial_reset, settings.non_finite_rewards,
+                                settings.non_finite_observations)
+        """The env contract, each value and across calls, applied to every reset and step in one pass."""
         self.held = HeldRows(n, settings.reuse_feedback_obs)
         self.seed_groups = SeedGroups(GroupSeeds(settings.seed, settings.process_id, offset, n, settings.group_size,
                                                  bool(env.metadata.get("per_env_seeds", False)),
@@ -256,6 +260,13 @@ class EnvGroup:
         self._load(reply)
         return True
 
+    def step(self) -> StepResult:
+        """One batched env step (:meth:`step_envs`) and its feedback (:meth:`send_feedback`): the step's
+        observation goes from the env to the socket without coming back to the loop."""
+        step = self.step_envs()
+        self.send_feedback(step)
+        return step
+
     def step_envs(self) -> StepResult:
         """One batched env step with the planned actions; applies the time limit and chunk accounting."""
         actions = self.plans.next_actions()
@@ -264,7 +275,13 @@ class EnvGroup:
         env = self.env
         env.in_step = True  # the env's own reset() notices it is called inside step()
         try:
-            result = self._call_env("step", env.step, actions)
+            with self.guard:
+                try:
+                    result = env.step(actions)
+                except BaseException as exc:  # the env's failure, as call_env words it (a real signal passes)
+                    if is_signal(exc):
+                        raise
+                    raise env_failure(self.settings.env_id, "step", exc) from exc
         finally:
             env.in_step = False
         timing = self.timing
@@ -275,9 +292,8 @@ class EnvGroup:
         timing.idle_env_steps += self.n - steps
         if getattr(env, "reset_in_step", False):
             raise EnvContractError(f"env {self.settings.env_id}: {contract.RESET_IN_STEP.message}")
-        out = self._checked(contract.check_step, result, self.settings.non_finite_rewards,
-                            self.settings.non_finite_observations)
-        info = self.env_checks.after_step(out.obs, out.info)
+        out = self.checks.step(result)
+        info = out.info
         if out.zeroed_rewards.size:
             logger.warning("env %s returned %s for envs %s; replaced by 0 (--runner.non-finite-rewards zero)",
                            self.settings.env_id, out.zeroed_why, (self.offset + out.zeroed_rewards).tolist())
@@ -288,7 +304,8 @@ class EnvGroup:
             truncated = truncated | idle.only((self.tracker.lengths >= limit) & ~terminated)
         done = terminated | truncated
         chunk_ended = self.plans.advance(rewards, done)
-        self.hooks.on_step(out.obs, actions, rewards, self.ids)
+        if self.hooks is not NO_HOOKS:
+            self.hooks.on_step(out.obs, actions, rewards, self.ids)
         return StepResult(out.obs, rewards, terminated, truncated, done, info, chunk_ended, idle_ended)
 
     def send_feedback(self, step: StepResult) -> None:
@@ -318,9 +335,11 @@ class EnvGroup:
         if not self._infer_follows(rows, done):
             self.pending.hold(feedback)
             return
-        merged = self.pending.take(feedback)
-        assert merged is not None
-        self.session.feedback(merged)
+        if self.pending.held is not None:
+            merged = self.pending.take(feedback)
+            assert merged is not None
+            feedback = merged
+        self.session.feedback(feedback)
 
     def finish_episodes(self, step: StepResult) -> Observation:
         """Record finished episodes and start the next ones (unless the run needs no more episodes); returns the
@@ -420,19 +439,11 @@ class EnvGroup:
 
     def _reset(self, seed: int | list[int | None] | None, options: dict[str, Any] | None
                ) -> tuple[Observation, dict[str, Any]]:
-        self.env_checks.before_reset(options)
+        self.checks.before_reset(options)
         start = time.perf_counter()
         result = self._call_env("reset", lambda: self.env.reset(seed=seed, options=options))  # type: ignore[arg-type]
         self.timing.reset_s += time.perf_counter() - start
-        obs, info = self._checked(contract.check_reset, result, self.settings.non_finite_observations)
-        return obs, self.env_checks.after_reset(obs, info)
-
-    def _checked(self, check: Any, result: Any, *modes: str) -> Any:
-        """An env's return value through its contract check; a violation names the env."""
-        try:
-            return check(self.n, result, *modes)
-        except EnvContractError as exc:
-            raise EnvContractError(f"env {self.settings.env_id}: {exc}") from None
+        return self.checks.reset(result)
 
     def _call_env(self, name: str, fn: Any, *args: Any) -> Any:
         """Every env call goes through here: inside the guard (the keepalive), its failure the env's (also a

@@ -1,9 +1,9 @@
 """The rollout loop of one process: ask for chunks, step the envs, send feedback, reset finished envs.
 
 Lockstep (``--runner.pipeline 1``): one :class:`EnvGroup` holds every env of the process, and each iteration is
-its four named steps::
+its three named steps (``step`` steps the envs and sends their feedback)::
 
-    request_actions(obs) -> step_envs() -> send_feedback(step) -> finish_episodes(step) -> obs
+    request_actions(obs) -> step() -> finish_episodes(step) -> obs
 
 Pipelined (``--runner.pipeline K``): the envs are split into K groups, each with its own env object and its own
 connection. One thread does everything: a group that needs actions sends its infer and the loop goes on stepping
@@ -106,8 +106,7 @@ class Rollout:
             # The step's observation replaces this one: let go of it first, so at most one batch of each is alive
             # (a batch of camera images is tens of MB).
             del obs
-            step = group.step_envs()
-            group.send_feedback(step)
+            step = group.step()
             obs = group.finish_episodes(step)
             del step
             self._report_progress()
@@ -142,8 +141,7 @@ class Rollout:
             if group.awaiting_actions:
                 self._guarded(group.take_actions, g, 0.0)
             if not group.awaiting_actions and group.can_step() and not self._done():
-                step = group.step_envs()
-                group.send_feedback(step)
+                step = group.step()
                 obs[g] = group.finish_episodes(step)
                 stepped = True
                 if not self._done():
