@@ -85,6 +85,7 @@ logger = logging.getLogger(__name__)
 
 
 _NO_ROWS = np.zeros(0, np.intp)
+_NONE = slice(0, 0)
 _TAKEN = Observation(states={"taken": np.zeros((0, 0), np.float32)})
 """What a :class:`StepResult` holds once its observation was taken: an empty batch (a use after the hand-over shows
 as a batch of 0 envs rather than as stale rows)."""
@@ -241,7 +242,8 @@ class EnvGroup:
         one blocking exchange)."""
         request = self._infer_request(obs)
         if request is not None:
-            self.flush_feedback()
+            if self.pending.held is not None:
+                self.flush_feedback()
             self._load(self.session.infer(request))
 
     def ask_for_actions(self, obs: Observation) -> None:
@@ -318,7 +320,8 @@ class EnvGroup:
             return
         done = step.done
         info = slice_info(step.info, _run_or_rows(rows), self.n)  # views when the rows form a run (no copies)
-        if done[rows].any() or self.pending:  # (a held feedback's rows are done: merged, every row says its own)
+        # (a held feedback's rows are done: merged with it, every row says its own)
+        if done[rows].any() or self.pending.held is not None:
             info["episode"] = self.tracker.episode_info(rows, done)
             if self.tracker.judges_success:  # as PlugRL's client does: a server cannot tell a False "s" from no rule
                 info.setdefault("is_step_success", self.tracker.success[rows].copy())
@@ -455,7 +458,7 @@ class EnvGroup:
 def _run_or_rows(rows: np.ndarray) -> np.ndarray | slice:
     """Ascending, unique ``rows`` as a slice when they form one run (indexing by it makes views, not copies)."""
     if rows.size == 0:  # (every row reused by the server)
-        return rows
+        return _NONE
     first, last = int(rows[0]), int(rows[-1])
     return slice(first, last + 1) if last - first + 1 == rows.size else rows
 

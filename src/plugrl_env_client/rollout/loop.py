@@ -109,7 +109,8 @@ class Rollout:
             step = group.step()
             obs = group.finish_episodes(step)
             del step
-            self._report_progress()
+            if time.monotonic() >= self._tell_at:
+                self._report_progress()
 
     def _pipelined(self, obs: list[Observation]) -> None:
         while not self._done():
@@ -182,7 +183,8 @@ class Rollout:
 
     def _report_progress(self) -> None:
         """Add the env steps taken to the budget every :data:`ENV_STEPS_TELL_S`, and hand the run's writer this
-        process's timing every ``progress_period_s`` (so a crash loses little)."""
+        process's timing every ``progress_period_s`` (so a crash loses little). The lockstep loop calls it only once
+        that time has come."""
         now = time.monotonic()
         if now < self._tell_at:
             return
