@@ -236,6 +236,7 @@ class HeldRows:
         """The ``reuse`` mask of an infer for the envs ``need``; None without the feature."""
         return self.held[need] if self.enabled else None
 
-    def fed_back(self, rows: np.ndarray, done: np.ndarray) -> None:
-        """A feedback went out for ``rows``: those not done are held from now on."""
-        self.held[rows] = ~done[rows]
+    def fed_back(self, feedback: Feedback[Observation]) -> None:
+        """``feedback`` goes out (or is held to go out before the next infer): its rows whose episode goes on are
+        held from now on."""
+        self.held[feedback.env_indices] = ~(feedback.terminated | feedback.truncated)

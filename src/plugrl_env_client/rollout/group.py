@@ -325,7 +325,6 @@ class EnvGroup:
             info["episode"] = self.tracker.episode_info(rows, done)
             if self.tracker.judges_success:  # as PlugRL's client does: a server cannot tell a False "s" from no rule
                 info.setdefault("is_step_success", self.tracker.success[rows].copy())
-        self.held.fed_back(rows, done)
         feedback = Feedback(
             env_indices=rows,
             step_ids=self.plans.finish_chunks(rows, done),
@@ -335,6 +334,7 @@ class EnvGroup:
             truncated=step.truncated[rows],
             info=info,
         )
+        self.held.fed_back(feedback)
         if not self._infer_follows(rows, done):
             self.pending.hold(feedback)
             return
