@@ -716,6 +716,16 @@ def _str_fixed(text: str) -> str | None:
     return None
 
 
+def _utf32_clean(text: np.ndarray) -> bool:
+    """A native, C-contiguous '<U' array of at most :data:`_DECODE_MAX` bytes holds no surrogate: the UTF-32 codec
+    refuses surrogates (and only those, in a numpy '<U' array)."""
+    try:
+        _UTF32_DECODE(text, "strict", True)  # type: ignore[arg-type]  # an ndarray is a buffer
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
 class TextCheck:
     """Lone surrogates in an env's text replaced by U+FFFD, with a warning once per field (see the module
     docstring)."""
@@ -733,11 +743,8 @@ class TextCheck:
         text = obs.text
         if text.dtype.byteorder == "=" and text.flags.c_contiguous:  # the common case, in one pass
             if text.nbytes <= _DECODE_MAX:
-                try:  # a small batch: the UTF-32 codec refuses surrogates (and only those, in a numpy '<U' array)
-                    _UTF32_DECODE(text, "strict", True)  # type: ignore[arg-type]  # an ndarray is a buffer
+                if _utf32_clean(text):  # a small batch: one decode
                     return
-                except UnicodeDecodeError:
-                    pass
             elif int(text.view(np.uint32).max()) < _SURROGATE_CODES[0]:  # a big one: a reduction is cheaper
                 return
         fixed = _text_array_fixed(text)
@@ -883,7 +890,10 @@ class EnvChecks:
                         layout.check(obs, "step()")
                     if self.rows is not None:
                         self.rows.latest = obs.states
-                    self.text.observation(obs)
+                    text = obs.text
+                    if not (text.dtype.byteorder == "=" and text.flags.c_contiguous and text.nbytes <= _DECODE_MAX
+                            and _utf32_clean(text)):
+                        self.text.observation(obs)
                     return StepOutput(obs, rewards, terminated, truncated, self.text.info(info) if info else info,
                                       _NO_ROWS)
         return self._step_rule_by_rule(result)

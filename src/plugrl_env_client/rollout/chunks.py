@@ -236,7 +236,8 @@ class HeldRows:
         """The ``reuse`` mask of an infer for the envs ``need``; None without the feature."""
         return self.held[need] if self.enabled else None
 
-    def fed_back(self, feedback: Feedback[Observation]) -> None:
-        """``feedback`` goes out (or is held to go out before the next infer): its rows whose episode goes on are
-        held from now on."""
-        self.held[feedback.env_indices] = ~(feedback.terminated | feedback.truncated)
+    def fed_back(self, rows: np.ndarray, done: np.ndarray) -> None:
+        """A feedback goes out for ``rows`` (or is held to go out before the next infer): those whose episode goes
+        on (not ``done``) are held from now on. Rows and flags rather than the feedback: the observation it carries
+        is none of this object's business, and stays on its way from the env to the socket."""
+        self.held[rows] = ~done[rows]

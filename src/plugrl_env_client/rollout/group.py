@@ -319,7 +319,8 @@ class EnvGroup:
         if rows.size == 0:
             return
         done = step.done
-        info = slice_info(step.info, _run_or_rows(rows), self.n)  # views when the rows form a run (no copies)
+        index = _run_or_rows(rows)  # a slice when the rows form a run: views of the arrays, no copies
+        info = slice_info(step.info, index, self.n)
         # (a held feedback's rows are done: merged with it, every row says its own)
         if done[rows].any() or self.pending.held is not None:
             info["episode"] = self.tracker.episode_info(rows, done)
@@ -328,13 +329,13 @@ class EnvGroup:
         feedback = Feedback(
             env_indices=rows,
             step_ids=self.plans.finish_chunks(rows, done),
-            obs=self._rows(step.obs, rows),
+            obs=step.obs if rows.size == self.n else step.obs.select(index),
             rewards=self.plans.chunk_reward[rows].astype(np.float32),
             terminated=step.terminated[rows],
             truncated=step.truncated[rows],
             info=info,
         )
-        self.held.fed_back(feedback)
+        self.held.fed_back(rows, done)
         if not self._infer_follows(rows, done):
             self.pending.hold(feedback)
             return
@@ -388,7 +389,8 @@ class EnvGroup:
             return None
         reuse = self.held.reuse(need)
         sent = need if reuse is None else need[~reuse]
-        return InferRequest(self._rows(obs, sent), need, self.plans.chunk_index[need], reuse)
+        rows = obs if sent.size == self.n else obs.select(_run_or_rows(sent))  # (no copy: the whole batch, a run)
+        return InferRequest(rows, need, self.plans.chunk_index[need], reuse)
 
     def _load(self, reply: ActionReply) -> None:
         """Queue a reply's chunks for the envs it names (the session checked they are the infer's)."""
@@ -421,12 +423,6 @@ class EnvGroup:
         if started.size:
             self.hooks.on_reset(obs, self.ids[started], started)
         return obs
-
-    def _rows(self, obs: Observation, rows: np.ndarray) -> Observation:
-        """The observation's ``rows`` (no copy when that is the whole batch, in order, or a run of it)."""
-        if rows.size == self.n:
-            return obs
-        return obs.select(_run_or_rows(rows))
 
     def _check_metadata(self, meta: ServerMetadata) -> None:
         """What the server says about itself, checked before any env step on this connection."""
