@@ -323,9 +323,7 @@ class EnvGroup:
         info = slice_info(step.info, index, self.n)
         # (a held feedback's rows are done: merged with it, every row says its own)
         if done[rows].any() or self.pending.held is not None:
-            info["episode"] = self.tracker.episode_info(rows, done)
-            if self.tracker.judges_success:  # as PlugRL's client does: a server cannot tell a False "s" from no rule
-                info.setdefault("is_step_success", self.tracker.success[rows].copy())
+            self.tracker.add_to_feedback(info, rows, done)
         feedback = Feedback(
             env_indices=rows,
             step_ids=self.plans.finish_chunks(rows, done),
