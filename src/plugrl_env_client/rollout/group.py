@@ -7,11 +7,15 @@ totals. Its steps, in the order a rollout calls them::
 
 ``step`` is a pipe: ``step_envs`` calls ``env.step``, hands what it returned to the env contract's one pass
 (:class:`~plugrl_env_client.envs.contract.EnvChecks`) and does the step's accounting, then ``send_feedback`` cuts
-the feedback's rows and hands it to the session, which writes it to the socket; the observation does not go back
-to the loop on the way. ``send_feedback`` runs before ``finish_episodes`` resets anything, so a finished episode's
-feedback carries its terminal observation. A lockstep rollout drives one group; a pipelined one drives several, each with its own env
-object and connection, so one group's stepping overlaps the others' inference (``request_actions`` is then split
-in two: ``ask_for_actions`` sends the infer, ``take_actions`` picks its reply up).
+the feedback's rows and hands it to the session, which writes it to the socket. From ``env.step``'s return to the
+socket the observation crosses this module, ``envs/contract.py`` and then the wire's (``protocol/``): it does not go
+back to the loop on the way, and the helpers below get index arrays and masks, never the observation (the hooks,
+a recorder, get it when there are any; ``bench/walk.py`` lists the walk). ``send_feedback`` runs before
+``finish_episodes`` resets anything, so a finished episode's feedback carries its terminal observation.
+
+A lockstep rollout drives one group; a pipelined one drives several, each with its own env object and connection, so
+one group's stepping overlaps the others' inference (``request_actions`` is then split in two: ``ask_for_actions``
+sends the infer, ``take_actions`` picks its reply up).
 
 The steps hold no feature flags: each optional feature is a small object they call at one point, and does nothing
 when it is off. Seed groups (:class:`~plugrl_env_client.rollout.seeds.SeedGroups`), retirement
