@@ -44,15 +44,16 @@ among them), and warns once per env and field. Text without one costs one decode
 a short str seen clean before costs a set lookup or two; a text is only copied when it holds one.
 
 One set of rules with two callers, as Gymnasium's passive checker (on every call) and its env checker (once, in
-full) share theirs. The rollout hands every reset and step result to its :class:`EnvChecks`, which makes one pass
-over the observation for the rules of each value and those across calls together, and goes back over the result
-rule by rule, in the order below, only when something in that pass is wrong or new: the first broken rule is an
-:class:`EnvContractError` naming the env, and the values come back as the client uses them. The rules one by one
-are :func:`check_reset` and :func:`check_step` (each value), then :class:`ObservationSignature`,
-:class:`PartialResetCheck` and :class:`TextCheck` (across calls). ``plugrl-check-env`` calls the functions those are
-made of, :func:`read_reset`, :func:`read_step`, :func:`observation_problems`, :func:`action_space_problem` and
-:func:`partial_reset_problem`, which list every broken rule as a :class:`Problem` (what came, what to change), and
-adds checks of its own that need more than one call (seeding, time limits).
+full) share theirs. The rollout hands every reset and step result to its :class:`EnvChecks`. A step's gets one pass
+over the observation for the rules of each value and those across calls together, and is gone over rule by rule, in
+the order below, only when something in that pass is wrong or new; a reset's, which is rarer, is gone over rule by
+rule. The first broken rule is an :class:`EnvContractError` naming the env, and the values come back as the client
+uses them. The rules one by one are :func:`check_reset` and :func:`check_step` (each value), then
+:class:`ObservationSignature`, :class:`PartialResetCheck` and :class:`TextCheck` (across calls).
+``plugrl-check-env`` calls the functions those are made of, :func:`read_reset`, :func:`read_step`,
+:func:`observation_problems`, :func:`action_space_problem` and :func:`partial_reset_problem`, which list every
+broken rule as a :class:`Problem` (what came, what to change), and adds checks of its own that need more than one
+call (seeding, time limits).
 
 The checks run on every env step, so they look at types, shapes and dtypes, and make one vectorised
 ``np.isfinite(...).all()`` pass per float array; which rows are wrong is worked out only once something is.
