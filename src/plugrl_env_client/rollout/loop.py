@@ -166,7 +166,13 @@ class Rollout:
         return group.reset_all()
 
     def _done(self) -> bool:
-        return self.budget.finished(self.settings.process_id) or self._all_retired()
+        """The budget is spent or every env is retired (asked on every iteration: :meth:`_all_retired` in place)."""
+        if self.budget.finished(self.settings.process_id):
+            return True
+        for group in self.groups:
+            if not group.all_retired:
+                return False
+        return True
 
     def _all_retired(self) -> bool:
         for group in self.groups:  # (a loop, not all(...): this is asked several times per group step)
