@@ -344,7 +344,10 @@ def profile(port: int, seconds: float, pipeline: int = 2, align: int = 4) -> Non
     """Wall time of each named step of the rollout per group step, for one pipelined run in this process (the
     steps are wrapped with timers; the timers themselves cost about a microsecond per call). Steps a version of
     the package does not have are left out."""
-    from plugrl_env_client.envs.invariants import EnvChecks
+    try:
+        from plugrl_env_client.envs.contract import EnvChecks
+    except ImportError:  # a tree that kept the checks across calls apart
+        from plugrl_env_client.envs.invariants import EnvChecks  # type: ignore[no-redef]
     from plugrl_env_client.envs.mujoco.mujoco_env import MujocoEnv
     from plugrl_env_client.outputs.run_writer import RunWriter
     from plugrl_env_client.protocol.session import Session
@@ -354,12 +357,13 @@ def profile(port: int, seconds: float, pipeline: int = 2, align: int = 4) -> Non
 
     spent: dict[str, float] = collections.defaultdict(float)
     calls: collections.Counter[str] = collections.Counter()
-    wrapped = [(EnvGroup, "step_envs"), (EnvGroup, "send_feedback"), (EnvGroup, "finish_episodes"),
+    wrapped = [(EnvGroup, "step"), (EnvGroup, "step_envs"), (EnvGroup, "send_feedback"), (EnvGroup, "finish_episodes"),
                (EnvGroup, "request_actions"), (EnvGroup, "ask_for_actions"), (EnvGroup, "take_actions"),
                (EnvGroup, "_reset"), (Rollout, "_done"), (Session, "send_infer"), (Session, "receive_actions"),
                (Session, "feedback"),
                # what an episode's end costs: the env's own reset, the checks around it, the record, the seeds
-               (MujocoEnv, "reset"), (EnvChecks, "before_reset"), (EnvChecks, "after_reset"), (EnvGroup, "_record"),
+               (MujocoEnv, "reset"), (EnvChecks, "before_reset"), (EnvChecks, "after_reset"),
+               (EnvChecks, "reset"), (EnvGroup, "_record"),
                (RunWriter, "episode"), (SeedGroups, "restart")]
     originals = [(cls, name, getattr(cls, name)) for cls, name in wrapped if name in vars(cls)]
 

@@ -11,10 +11,14 @@ import gymnasium as gym
 import numpy as np
 import pytest
 from agent_envs import CountingConfig
+from fake_server import FakeServer, MemoryBudget, MemorySink, loop_settings
+from scripted_env import ScriptedEnv, by_env
 
 from plugrl_env_client.app import run_client
 from plugrl_env_client.config import ClientConfig, RunnerConfig
 from plugrl_env_client.envs import discover_envs
+from plugrl_env_client.rollout.group import EnvGroup
+from plugrl_env_client.timing import Timing
 
 discover_envs()
 from plugrl_env_client.envs.guess_number.guess_number_env import GuessNumberConfig  # noqa: E402
@@ -234,3 +238,22 @@ def test_the_step_observation_is_let_go_before_the_reset(tmp_path: Path, registr
     assert run_client(cfg, "Freed-v1") == 0
     resets = [alive for env in built for alive in env.alive_at_reset]
     assert resets and not any(resets), resets
+
+
+def test_a_step_sends_its_feedback_before_it_returns() -> None:
+    """``EnvGroup.step`` is the pipe from the env to the socket: the feedback of the chunks that ended on a step is
+    with the server when the step comes back, carrying that step's (terminal) observation, before anything resets."""
+    server = FakeServer(horizon=1)
+    env = ScriptedEnv(2, by_env([1, 3]))
+    group = EnvGroup(env, server.session(), loop_settings(), MemoryBudget(4), MemorySink(), Timing())
+    group.connect()
+    group.request_actions(group.reset_all())
+    conn = server.sessions[0].connections[0]
+    step = group.step()
+    assert [m.kind for m in conn.received] == ["infer", "feedback"]
+    feedback = conn.feedbacks[0]
+    assert feedback.env_indices.tolist() == [0, 1] == step.chunk_ended.tolist()
+    assert feedback.terminated.tolist() == [True, False] == step.terminated.tolist()
+    for key, sent in feedback.obs.states.items():
+        assert np.array_equal(sent, step.obs.states[key])
+    group.close()

@@ -280,11 +280,9 @@ class _ScriptedGroup:
     def can_step(self) -> bool:
         return self.has_actions
 
-    def step_envs(self) -> None:
+    def step(self) -> None:
         self.has_actions = False
         self.steps += 1
-
-    def send_feedback(self, step: None) -> None: ...
 
     def finish_episodes(self, step: None) -> Observation:
         return self.reset_all()

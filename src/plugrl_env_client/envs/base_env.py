@@ -78,15 +78,27 @@ class Observation:
         states: Mapping[str, np.ndarray] | None = None,
         text: TextLike = None,
     ) -> None:
-        self.images = {str(k): np.asarray(v) for k, v in (images or {}).items()}
-        self.states = {str(k): np.asarray(v) for k, v in (states or {}).items()}
-        sizes = {f"images[{k!r}]": _leading(v, f"images[{k!r}]") for k, v in self.images.items()}
-        sizes.update({f"states[{k!r}]": _leading(v, f"states[{k!r}]") for k, v in self.states.items()})
-        distinct = set(sizes.values())
-        if len(distinct) > 1:
-            listing = ", ".join(f"{k}: {v}" for k, v in sizes.items())
+        # Plain loops rather than comprehensions: every env builds one of these on every step.
+        self.images, self.states = {}, {}
+        for given, arrays in ((images, self.images), (states, self.states)):
+            if given:
+                for k, v in given.items():
+                    arrays[str(k)] = np.asarray(v)
+        n: int | None = None
+        mixed = False
+        for kind, arrays in (("images", self.images), ("states", self.states)):
+            for k, arr in arrays.items():
+                if arr.ndim == 0:
+                    raise ValueError(f"Observation {kind}[{k!r}] is a scalar; every array needs the env batch as its "
+                                     "leading axis")
+                if n is None:
+                    n = int(arr.shape[0])
+                elif arr.shape[0] != n:
+                    mixed = True
+        if mixed:
+            listing = ", ".join(f"{kind}[{k!r}]: {int(arr.shape[0])}" for kind, arrays in
+                                (("images", self.images), ("states", self.states)) for k, arr in arrays.items())
             raise ValueError(f"Observation arrays must share the leading batch dimension; got {listing}")
-        n = distinct.pop() if distinct else None
         self.text = _as_text_array(text, n)
 
     @property
@@ -159,12 +171,6 @@ def _row_index(indices: np.ndarray | Sequence[int] | Sequence[bool]) -> np.ndarr
     """An index for the batch axis: a bool mask stays a mask (casting it to int would pick rows 0 and 1)."""
     idx = np.asarray(indices)
     return idx if idx.dtype == np.bool_ else idx.astype(np.intp)
-
-
-def _leading(arr: np.ndarray, name: str) -> int:
-    if arr.ndim == 0:
-        raise ValueError(f"Observation {name} is a scalar; every array needs the env batch as its leading axis")
-    return int(arr.shape[0])
 
 
 TEXT_SPACE_LENGTH = 1 << 20

@@ -5,7 +5,9 @@ not control: simulator bindings, a library that parses ``sys.argv`` with argpars
 it dislikes the client's flags), an env that calls ``sys.exit(0)`` when its episodes run out. Left alone, such a
 ``SystemExit`` ends the client as if it had succeeded, with no summary, and a ``KeyboardInterrupt`` raised by env
 code passes for the user's Ctrl-C. So every env call goes through :func:`call_env`, which turns anything but a
-real signal into :class:`~plugrl_env_client.errors.EnvCrashedError` naming the env, the call and what it raised.
+real signal into :class:`~plugrl_env_client.errors.EnvCrashedError` naming the env, the call and what it raised
+(the rollout's ``env.step``, whose return goes straight on to the env contract's checks, applies the same two
+functions, :func:`is_signal` and :func:`env_failure`, in place).
 
 A real SIGINT / SIGTERM is told apart by its mark: the client's signal handler raises a ``KeyboardInterrupt`` that
 carries the signal's number as ``signum`` (``rollout/signals.py``); a ``KeyboardInterrupt`` that env code raises

@@ -66,7 +66,7 @@ def check_actions(actions: np.ndarray, space: gym.Space, replan_steps: int | Non
                 f"the server sent NaN or infinite actions (for the infer's envs at positions "
                 f"{rows_text(_bad_action_positions(actions))}) for the integer action space {space}; fix the policy"
             )
-        bounds = _discrete_bounds(space)
+        bounds = None if type(space) is gym.spaces.Box else _discrete_bounds(space)
         if bounds is not None:
             _check_discrete(actions, space, *bounds)
         elif target.kind in "iu" and actions.dtype != target:

@@ -143,5 +143,8 @@ class EpisodeBudget:
         return int(self._env_steps.value)
 
     def finished(self, process_id: int = 0) -> bool:
-        """True when ``process_id`` should stop collecting: it needs no more episodes, or a stop was requested."""
+        """True when ``process_id`` should stop collecting: it needs no more episodes (:meth:`exhausted`), or a stop
+        was requested. Asked on every loop iteration, so a run without a target reads the stop flag in place."""
+        if self.target is None:
+            return bool(self.stop._value.value)  # the flag's is_set(), one memory load
         return self.exhausted(process_id) or self.stop.is_set()

@@ -237,5 +237,7 @@ class HeldRows:
         return self.held[need] if self.enabled else None
 
     def fed_back(self, rows: np.ndarray, done: np.ndarray) -> None:
-        """A feedback went out for ``rows``: those not done are held from now on."""
+        """A feedback goes out for ``rows`` (or is held to go out before the next infer): those whose episode goes
+        on (not ``done``) are held from now on. Rows and flags rather than the feedback: the observation it carries
+        is none of this object's business, and stays on its way from the env to the socket."""
         self.held[rows] = ~done[rows]

@@ -200,6 +200,14 @@ class EpisodeTracker:
             "mask": done[rows].copy(),
         }
 
+    def add_to_feedback(self, info: dict[str, Any], rows: np.ndarray, done: np.ndarray) -> None:
+        """What a feedback on ``rows`` whose info is ``info`` says of their episodes: ``info["episode"]``
+        (:meth:`episode_info`), and ``info["is_step_success"]`` when success is judged and the env did not say it
+        (as PlugRL's client does: a server cannot tell a False ``"s"`` from no rule)."""
+        info["episode"] = self.episode_info(rows, done)
+        if self.judges_success:
+            info.setdefault("is_step_success", self.success[rows].copy())
+
 
 class Instructions:
     """``info["env_instruction"]`` of a reset: the instruction of each episode it starts, for its record, and (mode

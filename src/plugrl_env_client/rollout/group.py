@@ -3,12 +3,19 @@
 An :class:`EnvGroup` owns one env object (``num_envs`` copies), one session, the envs' action plans and episode
 totals. Its steps, in the order a rollout calls them::
 
-    request_actions(obs) -> step_envs() -> send_feedback(step) -> finish_episodes(step) -> obs
+    request_actions(obs) -> step() -> finish_episodes(step) -> obs
 
-``send_feedback`` runs before ``finish_episodes`` resets anything, so a finished episode's feedback carries its
-terminal observation. A lockstep rollout drives one group; a pipelined one drives several, each with its own env
-object and connection, so one group's stepping overlaps the others' inference (``request_actions`` is then split
-in two: ``ask_for_actions`` sends the infer, ``take_actions`` picks its reply up).
+``step`` is a pipe: ``step_envs`` calls ``env.step``, hands what it returned to the env contract's one pass
+(:class:`~plugrl_env_client.envs.contract.EnvChecks`) and does the step's accounting, then ``send_feedback`` cuts
+the feedback's rows and hands it to the session, which writes it to the socket. From ``env.step``'s return to the
+socket the observation crosses this module, ``envs/contract.py`` and then the wire's (``protocol/``): it does not go
+back to the loop on the way, and the helpers below get index arrays and masks, never the observation (the hooks,
+a recorder, get it when there are any; ``bench/walk.py`` lists the walk). ``send_feedback`` runs before
+``finish_episodes`` resets anything, so a finished episode's feedback carries its terminal observation.
+
+A lockstep rollout drives one group; a pipelined one drives several, each with its own env object and connection, so
+one group's stepping overlaps the others' inference (``request_actions`` is then split in two: ``ask_for_actions``
+sends the infer, ``take_actions`` picks its reply up).
 
 The steps hold no feature flags: each optional feature is a small object they call at one point, and does nothing
 when it is off. Seed groups (:class:`~plugrl_env_client.rollout.seeds.SeedGroups`), retirement
@@ -56,9 +63,8 @@ import numpy as np
 
 from plugrl_env_client.envs import contract
 from plugrl_env_client.envs.base_env import BaseEnv, Observation, observation_space_of
-from plugrl_env_client.envs.calls import call_env
-from plugrl_env_client.envs.contract import slice_info
-from plugrl_env_client.envs.invariants import EnvChecks, undeclared_dtypes
+from plugrl_env_client.envs.calls import call_env, env_failure, is_signal
+from plugrl_env_client.envs.contract import EnvChecks, slice_info, undeclared_dtypes
 from plugrl_env_client.errors import ConfigError, EnvContractError
 from plugrl_env_client.protocol.connection import CloseAction, ConnectionLost
 from plugrl_env_client.protocol.messages import (
@@ -83,6 +89,7 @@ logger = logging.getLogger(__name__)
 
 
 _NO_ROWS = np.zeros(0, np.intp)
+_NONE = slice(0, 0)
 _TAKEN = Observation(states={"taken": np.zeros((0, 0), np.float32)})
 """What a :class:`StepResult` holds once its observation was taken: an empty batch (a use after the hand-over shows
 as a batch of 0 envs rather than as stale rows)."""
@@ -149,7 +156,9 @@ class EnvGroup:
         self.plans = ActionPlans(n, tuple(self.space.shape or ()), _plan_dtype(self.space), settings.replan_steps,
                                  self.idle)
         self.tracker = EpisodeTracker(n, settings.success_threshold, self.idle)
-        self.env_checks = EnvChecks(settings.env_id, n, settings.check_partial_reset)
+        self.checks = EnvChecks(settings.env_id, n, settings.check_partial_reset, settings.non_finite_rewards,
+                                settings.non_finite_observations)
+        """The env contract, each value and across calls, applied to every reset and step in one pass."""
         self.held = HeldRows(n, settings.reuse_feedback_obs)
         self.seed_groups = SeedGroups(GroupSeeds(settings.seed, settings.process_id, offset, n, settings.group_size,
                                                  bool(env.metadata.get("per_env_seeds", False)),
@@ -237,7 +246,8 @@ class EnvGroup:
         one blocking exchange)."""
         request = self._infer_request(obs)
         if request is not None:
-            self.flush_feedback()
+            if self.pending.held is not None:
+                self.flush_feedback()
             self._load(self.session.infer(request))
 
     def ask_for_actions(self, obs: Observation) -> None:
@@ -256,6 +266,13 @@ class EnvGroup:
         self._load(reply)
         return True
 
+    def step(self) -> StepResult:
+        """One batched env step (:meth:`step_envs`) and its feedback (:meth:`send_feedback`): the step's
+        observation goes from the env to the socket without coming back to the loop."""
+        step = self.step_envs()
+        self.send_feedback(step)
+        return step
+
     def step_envs(self) -> StepResult:
         """One batched env step with the planned actions; applies the time limit and chunk accounting."""
         actions = self.plans.next_actions()
@@ -264,7 +281,13 @@ class EnvGroup:
         env = self.env
         env.in_step = True  # the env's own reset() notices it is called inside step()
         try:
-            result = self._call_env("step", env.step, actions)
+            with self.guard:
+                try:
+                    result = env.step(actions)
+                except BaseException as exc:  # the env's failure, as call_env words it (a real signal passes)
+                    if is_signal(exc):
+                        raise
+                    raise env_failure(self.settings.env_id, "step", exc) from exc
         finally:
             env.in_step = False
         timing = self.timing
@@ -275,9 +298,8 @@ class EnvGroup:
         timing.idle_env_steps += self.n - steps
         if getattr(env, "reset_in_step", False):
             raise EnvContractError(f"env {self.settings.env_id}: {contract.RESET_IN_STEP.message}")
-        out = self._checked(contract.check_step, result, self.settings.non_finite_rewards,
-                            self.settings.non_finite_observations)
-        info = self.env_checks.after_step(out.obs, out.info)
+        out = self.checks.step(result)
+        info = out.info
         if out.zeroed_rewards.size:
             logger.warning("env %s returned %s for envs %s; replaced by 0 (--runner.non-finite-rewards zero)",
                            self.settings.env_id, out.zeroed_why, (self.offset + out.zeroed_rewards).tolist())
@@ -288,7 +310,8 @@ class EnvGroup:
             truncated = truncated | idle.only((self.tracker.lengths >= limit) & ~terminated)
         done = terminated | truncated
         chunk_ended = self.plans.advance(rewards, done)
-        self.hooks.on_step(out.obs, actions, rewards, self.ids)
+        if self.hooks is not NO_HOOKS:
+            self.hooks.on_step(out.obs, actions, rewards, self.ids)
         return StepResult(out.obs, rewards, terminated, truncated, done, info, chunk_ended, idle_ended)
 
     def send_feedback(self, step: StepResult) -> None:
@@ -300,27 +323,29 @@ class EnvGroup:
         if rows.size == 0:
             return
         done = step.done
-        info = slice_info(step.info, _run_or_rows(rows), self.n)  # views when the rows form a run (no copies)
-        if done[rows].any() or self.pending:  # (a held feedback's rows are done: merged, every row says its own)
-            info["episode"] = self.tracker.episode_info(rows, done)
-            if self.tracker.judges_success:  # as PlugRL's client does: a server cannot tell a False "s" from no rule
-                info.setdefault("is_step_success", self.tracker.success[rows].copy())
-        self.held.fed_back(rows, done)
+        index = _run_or_rows(rows)  # a slice when the rows form a run: views of the arrays, no copies
+        info = slice_info(step.info, index, self.n)
+        # (a held feedback's rows are done: merged with it, every row says its own)
+        if done[rows].any() or self.pending.held is not None:
+            self.tracker.add_to_feedback(info, rows, done)
         feedback = Feedback(
             env_indices=rows,
             step_ids=self.plans.finish_chunks(rows, done),
-            obs=self._rows(step.obs, rows),
+            obs=step.obs if rows.size == self.n else step.obs.select(index),
             rewards=self.plans.chunk_reward[rows].astype(np.float32),
             terminated=step.terminated[rows],
             truncated=step.truncated[rows],
             info=info,
         )
+        self.held.fed_back(rows, done)
         if not self._infer_follows(rows, done):
             self.pending.hold(feedback)
             return
-        merged = self.pending.take(feedback)
-        assert merged is not None
-        self.session.feedback(merged)
+        if self.pending.held is not None:
+            merged = self.pending.take(feedback)
+            assert merged is not None
+            feedback = merged
+        self.session.feedback(feedback)
 
     def finish_episodes(self, step: StepResult) -> Observation:
         """Record finished episodes and start the next ones (unless the run needs no more episodes); returns the
@@ -366,7 +391,8 @@ class EnvGroup:
             return None
         reuse = self.held.reuse(need)
         sent = need if reuse is None else need[~reuse]
-        return InferRequest(self._rows(obs, sent), need, self.plans.chunk_index[need], reuse)
+        rows = obs if sent.size == self.n else obs.select(_run_or_rows(sent))  # (no copy: the whole batch, a run)
+        return InferRequest(rows, need, self.plans.chunk_index[need], reuse)
 
     def _load(self, reply: ActionReply) -> None:
         """Queue a reply's chunks for the envs it names (the session checked they are the infer's)."""
@@ -400,12 +426,6 @@ class EnvGroup:
             self.hooks.on_reset(obs, self.ids[started], started)
         return obs
 
-    def _rows(self, obs: Observation, rows: np.ndarray) -> Observation:
-        """The observation's ``rows`` (no copy when that is the whole batch, in order, or a run of it)."""
-        if rows.size == self.n:
-            return obs
-        return obs.select(_run_or_rows(rows))
-
     def _check_metadata(self, meta: ServerMetadata) -> None:
         """What the server says about itself, checked before any env step on this connection."""
         self.held.connected(meta.supports(FEATURE_REUSE_FEEDBACK_OBS))
@@ -420,19 +440,11 @@ class EnvGroup:
 
     def _reset(self, seed: int | list[int | None] | None, options: dict[str, Any] | None
                ) -> tuple[Observation, dict[str, Any]]:
-        self.env_checks.before_reset(options)
+        self.checks.before_reset(options)
         start = time.perf_counter()
         result = self._call_env("reset", lambda: self.env.reset(seed=seed, options=options))  # type: ignore[arg-type]
         self.timing.reset_s += time.perf_counter() - start
-        obs, info = self._checked(contract.check_reset, result, self.settings.non_finite_observations)
-        return obs, self.env_checks.after_reset(obs, info)
-
-    def _checked(self, check: Any, result: Any, *modes: str) -> Any:
-        """An env's return value through its contract check; a violation names the env."""
-        try:
-            return check(self.n, result, *modes)
-        except EnvContractError as exc:
-            raise EnvContractError(f"env {self.settings.env_id}: {exc}") from None
+        return self.checks.reset(result)
 
     def _call_env(self, name: str, fn: Any, *args: Any) -> Any:
         """Every env call goes through here: inside the guard (the keepalive), its failure the env's (also a
@@ -444,7 +456,7 @@ class EnvGroup:
 def _run_or_rows(rows: np.ndarray) -> np.ndarray | slice:
     """Ascending, unique ``rows`` as a slice when they form one run (indexing by it makes views, not copies)."""
     if rows.size == 0:  # (every row reused by the server)
-        return rows
+        return _NONE
     first, last = int(rows[0]), int(rows[-1])
     return slice(first, last + 1) if last - first + 1 == rows.size else rows
 

@@ -1,9 +1,9 @@
 """The rollout loop of one process: ask for chunks, step the envs, send feedback, reset finished envs.
 
 Lockstep (``--runner.pipeline 1``): one :class:`EnvGroup` holds every env of the process, and each iteration is
-its four named steps::
+its three named steps (``step`` steps the envs and sends their feedback)::
 
-    request_actions(obs) -> step_envs() -> send_feedback(step) -> finish_episodes(step) -> obs
+    request_actions(obs) -> step() -> finish_episodes(step) -> obs
 
 Pipelined (``--runner.pipeline K``): the envs are split into K groups, each with its own env object and its own
 connection. One thread does everything: a group that needs actions sends its infer and the loop goes on stepping
@@ -106,11 +106,11 @@ class Rollout:
             # The step's observation replaces this one: let go of it first, so at most one batch of each is alive
             # (a batch of camera images is tens of MB).
             del obs
-            step = group.step_envs()
-            group.send_feedback(step)
+            step = group.step()
             obs = group.finish_episodes(step)
             del step
-            self._report_progress()
+            if time.monotonic() >= self._tell_at:
+                self._report_progress()
 
     def _pipelined(self, obs: list[Observation]) -> None:
         while not self._done():
@@ -142,8 +142,7 @@ class Rollout:
             if group.awaiting_actions:
                 self._guarded(group.take_actions, g, 0.0)
             if not group.awaiting_actions and group.can_step() and not self._done():
-                step = group.step_envs()
-                group.send_feedback(step)
+                step = group.step()
                 obs[g] = group.finish_episodes(step)
                 stepped = True
                 if not self._done():
@@ -167,7 +166,13 @@ class Rollout:
         return group.reset_all()
 
     def _done(self) -> bool:
-        return self.budget.finished(self.settings.process_id) or self._all_retired()
+        """The budget is spent or every env is retired (asked on every iteration: :meth:`_all_retired` in place)."""
+        if self.budget.finished(self.settings.process_id):
+            return True
+        for group in self.groups:
+            if not group.all_retired:
+                return False
+        return True
 
     def _all_retired(self) -> bool:
         for group in self.groups:  # (a loop, not all(...): this is asked several times per group step)
@@ -184,7 +189,8 @@ class Rollout:
 
     def _report_progress(self) -> None:
         """Add the env steps taken to the budget every :data:`ENV_STEPS_TELL_S`, and hand the run's writer this
-        process's timing every ``progress_period_s`` (so a crash loses little)."""
+        process's timing every ``progress_period_s`` (so a crash loses little). The lockstep loop calls it only once
+        that time has come."""
         now = time.monotonic()
         if now < self._tell_at:
             return

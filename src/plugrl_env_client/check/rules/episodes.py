@@ -23,8 +23,7 @@ from plugrl_env_client.check.harness import (
     steps_text,
 )
 from plugrl_env_client.check.rules.rows import differences, row_equal
-from plugrl_env_client.envs.contract import RESET_IN_STEP, read_reset, rows_text
-from plugrl_env_client.envs.invariants import partial_reset_problem
+from plugrl_env_client.envs.contract import RESET_IN_STEP, partial_reset_problem, read_reset, rows_text
 
 GENEROUS_STEPS = 1000
 """Batch steps after which an env with no registered time limit that never ended an episode gets a warning."""
@@ -43,7 +42,7 @@ def rule_partial_reset(ctx: Context) -> Outcome:
     The odd rows are reset after one step from ``reset(seed)``, so that an env resetting the first k rows instead of
     the listed ones is caught as well as one ignoring the mask. A run checks the same after every partial reset
     (state arrays only) and stops with the same words
-    (:func:`~plugrl_env_client.envs.invariants.partial_reset_problem`).
+    (:func:`~plugrl_env_client.envs.contract.partial_reset_problem`).
     """
     n = ctx.n
     if n < 2:
