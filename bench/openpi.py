@@ -68,7 +68,7 @@ from plugrl_env_client.envs.discovery import discover_envs
 from plugrl_env_client.envs.registry import get_spec, make_env, register_env, registered_ids
 from plugrl_env_client.launch.local import LocalLauncher
 from plugrl_env_client.launch.process import ProcessJob
-from plugrl_env_client.openpi_flags import OpenpiConfig
+from plugrl_env_client.connection_flags import OpenpiConfig
 from plugrl_env_client.outputs.run_dir import RunDir
 from plugrl_env_client.outputs.run_writer import RunWriter
 from plugrl_env_client.rollout.budget import EpisodeBudget
