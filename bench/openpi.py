@@ -55,6 +55,7 @@ from machine import ReferenceServer, free_port, load_avg, machine_line
 from openpi_peer import ACTION_DIM, INSTRUCTION, STATE_DIM, CamsSim
 
 from plugrl_env_client.config import ClientConfig, ConnectionConfig, RunnerConfig
+from plugrl_env_client.connection_flags import OpenpiConfig
 from plugrl_env_client.envs.base_env import (
     Action,
     BaseEnv,
@@ -68,7 +69,6 @@ from plugrl_env_client.envs.discovery import discover_envs
 from plugrl_env_client.envs.registry import get_spec, make_env, register_env, registered_ids
 from plugrl_env_client.launch.local import LocalLauncher
 from plugrl_env_client.launch.process import ProcessJob
-from plugrl_env_client.connection_flags import OpenpiConfig
 from plugrl_env_client.outputs.run_dir import RunDir
 from plugrl_env_client.outputs.run_writer import RunWriter
 from plugrl_env_client.rollout.budget import EpisodeBudget
