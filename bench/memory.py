@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from machine import machine_line
 from pipeline import free_port
 
-from plugrl_env_client.config import ClientConfig, ConnectionConfig, RunnerConfig
+from plugrl_env_client.config import ClientConfig, RunnerConfig
 from plugrl_env_client.envs import discover_envs
 from plugrl_env_client.envs.dummy.dummy_env import DummyEnvConfig
 from plugrl_env_client.launch.process import ProcessJob, run_process
@@ -70,7 +70,7 @@ def measure(transport: str, steps: int) -> tuple[float, float, int]:
         frame = sum(a.nbytes for a in obs.images.values()) + sum(a.nbytes for a in obs.states.values())
         del obs  # the run holds its own
         config = ClientConfig(num_envs=NUM_ENVS, server_port=port, progress=False, env=env_config,
-                              connection=ConnectionConfig(transport=transport),  # type: ignore[arg-type]
+                              transport=transport,  # type: ignore[arg-type]
                               runner=RunnerConfig(seed=0))
         budget = EpisodeBudget(None)
         with tempfile.TemporaryDirectory(prefix="plugrl-bench-") as tmp:

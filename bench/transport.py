@@ -135,7 +135,7 @@ def serve(role: str) -> None:
         server = ws_serve(bare, "127.0.0.1", 0, compression=None, max_size=None)
         print(f"ready {server.socket.getsockname()[1]}", flush=True)
         server.serve_forever()
-    from plugrl_env_client.protocol.ws_common import TransportClosed
+    from plugrl_env_client.protocol.ws_common import WebSocketClosed
     from plugrl_env_client.server import ws_server
 
     async def handler(conn: ws_server.Connection) -> None:
@@ -143,7 +143,7 @@ def serve(role: str) -> None:
             while True:
                 await conn.recv()
                 await conn.send(reply)
-        except TransportClosed:
+        except WebSocketClosed:
             pass
 
     tserver = ws_server.serve(handler, "127.0.0.1", 0, kind=role)

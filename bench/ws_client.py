@@ -105,7 +105,7 @@ def serve(kind: str) -> None:
             while True:
                 await conn.recv()
                 await conn.send(reply)
-        except ws_common.TransportClosed:
+        except ws_common.WebSocketClosed:
             pass
 
     server = ws_server.serve(handler, "127.0.0.1", 0, kind=kind)  # its loop runs in a thread of its own

@@ -250,7 +250,7 @@ tracking, the launcher, ...: :data:`MAY_CHANGE`) may change."""
 
 MAY_CHANGE: tuple[tuple[str, ...], ...] = (
     ("exp_name",), ("output_dir",), ("resume",), ("server_host",), ("server_port",), ("server_url",),
-    ("local_policy",), ("local_policy_choices",), ("local_policy_options",), ("local_policy_horizon",),
+    ("local_policy",), ("local_policy_choices",), ("local_policy_options",), ("local_policy_horizon",), ("transport",),
     ("progress",), ("env_path",), ("launcher",), ("tracking",), ("connection",), ("openpi",), ("recorder",), ("ray",),
     ("runner", "replan_steps"),
     ("runner", "non_finite_actions"), ("runner", "non_finite_rewards"), ("runner", "non_finite_observations"),
@@ -539,7 +539,7 @@ def _start_local_policy(config: ClientConfig, env_id: str, env: BaseEnv | None, 
     openpi = (KeyMap.of(config.openpi.preset, config.openpi.key) if config.connection.protocol == "openpi"
               else None)
     server = start_local_server(config.local_policy, space, config.local_policy_horizon, seed=config.runner.seed,
-                                options=config.embedded_options(), transport=config.connection.transport,
+                                options=config.embedded_options(), transport=config.transport,
                                 run_root=run_dir.root, openpi=openpi)
     logger.info("embedded %s policy serving on %s", config.local_policy, server.url)
     return server

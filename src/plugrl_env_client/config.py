@@ -81,6 +81,9 @@ class ClientConfig:
     local_policy_horizon: Annotated[int | None, tyro.conf.arg(
         help_behavior_hint="(default: the policy's own: 1 for ars, 4 for the others)")] = None
     """Action horizon of the embedded policy (with --local-policy)."""
+    transport: Literal["websockets", "picows"] = "websockets"
+    """The WebSocket library of the embedded server (--local-policy): websockets, or picows (extra fast). The
+    client always runs on the rollout's own thread (websockets' handshake, its own frames)."""
     progress: bool = True
     """Show progress (a bar on a terminal, periodic lines otherwise)."""
     env_path: Annotated[tuple[str, ...], tyro.conf.UseAppendAction] = ()

@@ -77,9 +77,6 @@ class ConnectionConfig:
     (extra images)."""
     image_quality: int = DEFAULT_QUALITY
     """JPEG quality (1..100) of --image-codec jpeg."""
-    transport: Literal["websockets", "picows"] = "websockets"
-    """The WebSocket library of the embedded server (--local-policy): websockets, or picows (extra fast). The
-    client always runs on the rollout's own thread (websockets' handshake, its own frames)."""
     protocol: Literal["plugrl", "openpi"] = "plugrl"
     """The wire protocol: plugrl (PlugRL v1, batched infers and feedback), or openpi (openpi's policy servers: one
     env's observation per request over --openpi.connections connections, keys mapped by --openpi.preset; the

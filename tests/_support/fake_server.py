@@ -33,7 +33,7 @@ import numpy as np
 
 from plugrl_env_client.envs.base_env import Observation
 from plugrl_env_client.protocol import messages
-from plugrl_env_client.protocol.connection import CloseAction, Closed, ConnectionLost
+from plugrl_env_client.protocol.exchange import CloseAction, Closed, ConnectionLost
 from plugrl_env_client.protocol.messages import (
     CLOSE_GOING_AWAY,
     FEATURE_REUSE_FEEDBACK_OBS,

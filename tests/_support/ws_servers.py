@@ -78,15 +78,15 @@ class Servers:
 
     def reference(self, handler: Callable[[Any], Awaitable[None]], kind: str, **kwargs: Any) -> Running:
         """The reference server's transport of library ``kind`` (``kwargs`` go to its ``serve``: ``parse``,
-        ``limits``). A :class:`~plugrl_env_client.protocol.ws_common.TransportClosed` ends up in ``seen``, other
+        ``limits``). A :class:`~plugrl_env_client.protocol.ws_common.WebSocketClosed` ends up in ``seen``, other
         errors in ``errors`` (the connection then closes normally: the test says what it expected)."""
-        from plugrl_env_client.protocol.ws_common import TransportClosed
+        from plugrl_env_client.protocol.ws_common import WebSocketClosed
         from plugrl_env_client.server import ws_server
 
         async def guarded(conn: ws_server.Connection) -> None:
             try:
                 await handler(conn)
-            except TransportClosed as exc:
+            except WebSocketClosed as exc:
                 running.seen.append(exc)
             except BaseException as exc:  # surfaced by the test
                 running.errors.append(exc)

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from plugrl_env_client.outputs.recording.report import RecorderReport
+from plugrl_env_client.outputs.recording.summary import RecorderSummary
 from plugrl_env_client.outputs.run_dir import RunDir
 from plugrl_env_client.outputs.run_writer import RunWriter
 from plugrl_env_client.records import EpisodeRecord, ProcessResult, ProcessStatus
@@ -119,8 +119,8 @@ def test_recorder_drops_are_in_each_summary_and_summed_in_the_aggregate(tmp_path
     writer = _writer(tmp_path, procs=3)
     writer.write_summaries()
     assert _read(tmp_path, 0)["recorder"] is None and _read(tmp_path)["recorder"] is None, "nothing reported yet"
-    reports = {0: RecorderReport(files=("sampled/a.png",), episodes_recorded=4, episodes_dropped=3, frames_dropped=90),
-               1: RecorderReport(episodes_recorded=2, episodes_dropped=1, frames_dropped=11, errors=("x: full",))}
+    reports = {0: RecorderSummary(files=("sampled/a.png",), episodes_recorded=4, episodes_dropped=3, frames_dropped=90),
+               1: RecorderSummary(episodes_recorded=2, episodes_dropped=1, frames_dropped=11, errors=("x: full",))}
     for pid, report in reports.items():
         writer.result(ProcessResult(pid, ProcessStatus.FINISHED, recorder=report.to_json()))
     writer.result(ProcessResult(2, ProcessStatus.FINISHED))  # recorded nothing

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from plugrl_env_client.protocol import messages
-from plugrl_env_client.protocol.connection import CloseAction, Closed, classify_close
+from plugrl_env_client.protocol.exchange import CloseAction, Closed, classify_close
 
 END, RECONNECT = CloseAction.END, CloseAction.RECONNECT
 

@@ -12,7 +12,7 @@ from ws_servers import binary_frame, echo
 
 from plugrl_env_client.protocol import ws_client
 from plugrl_env_client.protocol.keepalive import Keepalive
-from plugrl_env_client.protocol.ws_common import TransportClosed
+from plugrl_env_client.protocol.ws_common import WebSocketClosed
 
 PINGS = {"ping_interval": 0.5, "ping_timeout": 0.5}
 """A server that closes (1011) a connection whose pong is more than 0.5 s late; a long call below lasts 2.5 s."""
@@ -33,7 +33,7 @@ def test_without_the_keepalive_a_long_call_loses_the_connection(bare):
     client = ws_client.connect(bare(echo, **PINGS))
     try:
         time.sleep(2.5)  # an env call that does not return for longer than the ping interval plus its timeout
-        with pytest.raises(TransportClosed) as info:
+        with pytest.raises(WebSocketClosed) as info:
             client.send_frame(binary_frame(b"still there?"))
             client.recv(timeout=10)
         assert info.value.code == 1011  # websockets: "keepalive ping timeout"
@@ -115,7 +115,7 @@ def test_a_close_during_a_long_call_is_raised_after_it(bare):
         client.send_frame(binary_frame(b"x"))
         with keepalive:
             assert wait_for(lambda: keepalive.takeovers == 1 and client.closed)
-        with pytest.raises(TransportClosed) as info:
+        with pytest.raises(WebSocketClosed) as info:
             client.recv(timeout=10)
         assert (info.value.code, info.value.reason) == (1001, "plugrl-server-stop")
     finally:

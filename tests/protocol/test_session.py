@@ -20,7 +20,8 @@ from websockets.exceptions import ConnectionClosed
 from plugrl_env_client.envs.base_env import Observation
 from plugrl_env_client.errors import ConfigError
 from plugrl_env_client.protocol import messages, ws_client
-from plugrl_env_client.protocol.connection import (
+from plugrl_env_client.protocol.dialing import ReconnectsExhausted, ServerUnreachable
+from plugrl_env_client.protocol.exchange import (
     AlreadyAwaitingReply,
     CloseAction,
     Closed,
@@ -32,7 +33,6 @@ from plugrl_env_client.protocol.connection import (
     NoReplyAwaited,
     NotConnected,
 )
-from plugrl_env_client.protocol.dialing import ReconnectsExhausted, ServerUnreachable
 from plugrl_env_client.protocol.messages import ServerMetadata
 from plugrl_env_client.protocol.session import Session, SessionConfig, Stopwatch
 from plugrl_env_client.timing import Timing
@@ -261,7 +261,7 @@ def test_run_client_with_transport_picows_against_the_picows_reference_server(tm
     import json
 
     from plugrl_env_client.app import run_client
-    from plugrl_env_client.config import ClientConfig, ConnectionConfig
+    from plugrl_env_client.config import ClientConfig
     from plugrl_env_client.envs import discover_envs
     from plugrl_env_client.server.policies import PolicyConfig, make_policy
     from plugrl_env_client.server.server import PolicyServer
@@ -272,7 +272,7 @@ def test_run_client_with_transport_picows_against_the_picows_reference_server(tm
     server = PolicyServer(make_policy(PolicyConfig(action_dim=2, action_horizon=4)), port=0, transport="picows").start()
     try:
         cfg = ClientConfig(server_port=server.port, num_envs=3, num_episodes=5, output_dir=tmp_path, exp_name="run",
-                           progress=False, connection=ConnectionConfig(transport="picows"),
+                           progress=False, transport="picows",
                            env=PointEnvConfig())
         assert run_client(cfg, "Point-v1") == 0
     finally:

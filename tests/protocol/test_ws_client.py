@@ -21,7 +21,7 @@ from ws_servers import binary_frame, echo
 
 from plugrl_env_client.envs.base_env import Observation
 from plugrl_env_client.protocol import codec, messages, ws_client
-from plugrl_env_client.protocol.connection import ConnectionLost
+from plugrl_env_client.protocol.exchange import ConnectionLost
 from plugrl_env_client.protocol.frame_packer import FramePacker
 from plugrl_env_client.protocol.session import Session, SessionConfig
 from plugrl_env_client.protocol.ws_common import (
@@ -29,7 +29,7 @@ from plugrl_env_client.protocol.ws_common import (
     ConnectFailed,
     HandshakeRefused,
     InvalidServerURL,
-    TransportClosed,
+    WebSocketClosed,
 )
 from plugrl_env_client.server.policies import PolicyConfig, make_policy
 from plugrl_env_client.server.server import PolicyServer
@@ -317,7 +317,7 @@ def test_a_frame_that_breaks_the_protocol_fails_the_connection_after_the_message
                                                                                             words):
     """RFC 6455's checks of a client on what a server sends: the server gets a close with 1002 (1007: a close reason
     that is not UTF-8),
-    the caller a TransportClosed without a code once the messages before the bad frame are out, and the log says
+    the caller a WebSocketClosed without a code once the messages before the bad frame are out, and the log says
     what the server sent."""
     seen: list[Any] = []
 
@@ -333,7 +333,7 @@ def test_a_frame_that_breaks_the_protocol_fails_the_connection_after_the_message
     client.send_frame(binary_frame(b"go"))
     with caplog.at_level("INFO", logger=ws_client.__name__):
         assert client.recv(timeout=10) == b"ok"
-        with pytest.raises(TransportClosed) as info:
+        with pytest.raises(WebSocketClosed) as info:
             client.recv(timeout=10)
     assert info.value.code is None
     assert words in caplog.text
@@ -454,10 +454,10 @@ def test_a_close_comes_out_as_transport_closed_with_its_code_and_reason_after_th
     client = ws_client.connect(bare(handler))
     client.send_frame(binary_frame(b"bye"))
     assert client.recv(timeout=10) == b"last words"
-    with pytest.raises(TransportClosed) as info:
+    with pytest.raises(WebSocketClosed) as info:
         client.recv(timeout=10)
     assert (info.value.code, info.value.reason) == (code, reason)
-    with pytest.raises(TransportClosed) as again:  # it stays closed, and says so the same way
+    with pytest.raises(WebSocketClosed) as again:  # it stays closed, and says so the same way
         client.send_frame(binary_frame(b"more"))
     assert again.value.code == code
     assert client.closed and client.has_message  # recv would raise at once
@@ -472,7 +472,7 @@ def test_a_dropped_socket_is_transport_closed_without_a_code(bare):
 
     client = ws_client.connect(bare(handler))
     client.send_frame(binary_frame(b"x"))
-    with pytest.raises(TransportClosed) as info:
+    with pytest.raises(WebSocketClosed) as info:
         client.recv(timeout=10)
     assert info.value.code is None and "without a close frame" in str(info.value)
     client.close()
@@ -493,7 +493,7 @@ def test_the_clients_close_reaches_the_server_with_its_code(bare):
     client.close(4001, "done here")
     assert closed.wait(10)
     assert seen == [(4001, "done here")]
-    with pytest.raises(TransportClosed):
+    with pytest.raises(WebSocketClosed):
         client.send_frame(binary_frame(b"after close"))
 
 
@@ -528,9 +528,9 @@ def test_an_interrupt_while_a_frame_is_handled_abandons_the_connection_and_close
     client.close()  # no close handshake on a stream whose place is lost
     assert time.monotonic() - started < 1.0
     assert client.recv(timeout=0) == b"y" * 1000  # it was whole before the interrupt: it is handed out
-    with pytest.raises(TransportClosed):
+    with pytest.raises(WebSocketClosed):
         client.recv(timeout=0)
-    with pytest.raises(TransportClosed):
+    with pytest.raises(WebSocketClosed):
         client.send_frame(binary_frame(b"after"))
 
 
@@ -571,7 +571,7 @@ def test_an_interrupt_in_the_middle_of_a_frame_abandons_the_connection_instead_o
     started = time.monotonic()
     client.close()  # at once: no close handshake after half a frame
     assert time.monotonic() - started < 1.0
-    with pytest.raises(TransportClosed):
+    with pytest.raises(WebSocketClosed):
         client.send_frame(binary_frame(b"after"))
     assert done.wait(20)
     assert seen == ["ConnectionClosedError"], seen  # the server sees the stream end, never a whole or fake message

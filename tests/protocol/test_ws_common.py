@@ -1,6 +1,6 @@
 """What the package's WebSockets share, over real loopback sockets: the client (:func:`ws_client.connect`) against
 the reference server's transport on both libraries (websockets, picows) moves every byte, and both ends report
-closes and drops as the same :class:`TransportClosed`; the server side knows its client and parses with its hook;
+closes and drops as the same :class:`WebSocketClosed`; the server side knows its client and parses with its hook;
 the allocator setting keeps multi-MB buffers in the process.
 
 The client's own behaviour against peers that misbehave on purpose (handshake refusals, TLS, fragments, pings) is
@@ -25,7 +25,7 @@ from ws_servers import binary_frame, echo_async
 
 from plugrl_env_client.errors import ConfigError, ProtocolError
 from plugrl_env_client.protocol import codec, ws_client, ws_common
-from plugrl_env_client.protocol.ws_common import TransportClosed
+from plugrl_env_client.protocol.ws_common import WebSocketClosed
 from plugrl_env_client.server import ws_server
 
 _NO_PICOWS = pytest.mark.skipif(importlib.util.find_spec("picows") is None, reason="needs the fast extra (picows)")
@@ -129,10 +129,10 @@ def test_server_close_code_and_reason_reach_the_client(served, server_kind, code
     s = served(handler, server_kind)
     conn = ws_client.connect(s.url)
     conn.send_frame(binary_frame(b"bye"))
-    with pytest.raises(TransportClosed) as info:
+    with pytest.raises(WebSocketClosed) as info:
         conn.recv(timeout=10)
     assert (info.value.code, info.value.reason) == (code, reason)
-    with pytest.raises(TransportClosed) as again:  # it stays closed, and says so the same way
+    with pytest.raises(WebSocketClosed) as again:  # it stays closed, and says so the same way
         conn.send_frame(binary_frame(b"more"))
         conn.recv(timeout=10)
     assert again.value.code == code
@@ -241,7 +241,7 @@ def test_server_shutdown_closes_open_connections_as_going_away(served, server_ki
     conn.send_frame(binary_frame(b"x"))
     assert conn.recv(timeout=10) == b"x"
     s.stop()
-    with pytest.raises(TransportClosed) as info:
+    with pytest.raises(WebSocketClosed) as info:
         conn.recv(timeout=10)
     assert info.value.code == 1001
     conn.close()

@@ -9,7 +9,7 @@ attempt's handshake and each backoff pause are cut to the time left.
 What ends an opening is a typed error: :class:`ServerUnreachable` (nobody answered in time),
 :class:`ReconnectsExhausted` (``max_reconnects`` reached), a :class:`~plugrl_env_client.errors.ConfigError` for
 what no retry can fix (a 4xx handshake answer other than 408/429, a TLS certificate that does not verify, a
-malformed URL), a :class:`~plugrl_env_client.protocol.connection.ConnectionLost` when the server closes before its
+malformed URL), a :class:`~plugrl_env_client.protocol.exchange.ConnectionLost` when the server closes before its
 metadata or the run is stopped locally. Messages name each choice as the session's config says the user sets it
 (``config.word``); the app layer adds what a user can do about the first two.
 """
@@ -24,7 +24,7 @@ from typing import Any, Protocol
 
 from plugrl_env_client.errors import ConfigError, ProtocolError
 from plugrl_env_client.protocol import codec, messages, ws_client, ws_common
-from plugrl_env_client.protocol.connection import CloseAction, Closed, ConnectionLost, classify_close
+from plugrl_env_client.protocol.exchange import CloseAction, Closed, ConnectionLost, classify_close
 from plugrl_env_client.protocol.messages import ServerMetadata
 from plugrl_env_client.redaction import redact_text, redact_url
 from plugrl_env_client.timing import Timing
@@ -170,7 +170,7 @@ class Dialer:
         """The connection's first message, the metadata, read within the deadline."""
         try:
             frame = self._read_first(client, deadline)
-        except ws_common.TransportClosed as exc:
+        except ws_common.WebSocketClosed as exc:
             closed = classify_close(exc.code, exc.reason, self.config.reconnect_on_server_stop)
             logger.info("connection closed by the server (%s)", closed.describe())
             raise ConnectionLost(closed) from None

@@ -44,10 +44,8 @@ import threading
 import time
 from collections.abc import Iterable
 from types import TracebackType
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:  # the client module uses this one (its Transport adapter keeps a Keepalive): no import back
-    from plugrl_env_client.protocol.ws_client import WebSocketClient
+from plugrl_env_client.protocol.ws_client import WebSocketClient
 
 logger = logging.getLogger(__name__)
 

@@ -31,7 +31,7 @@ import numpy as np
 
 from plugrl_env_client.errors import ProtocolError
 from plugrl_env_client.protocol import messages
-from plugrl_env_client.protocol.connection import (
+from plugrl_env_client.protocol.exchange import (
     AlreadyAwaitingReply,
     Closed,
     ConnectionLost,

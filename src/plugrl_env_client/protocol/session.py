@@ -3,14 +3,14 @@
 A :class:`Session` gets its connections from a :class:`~plugrl_env_client.protocol.dialing.Dialer` (dialing with
 backoff, the handshake and the server's metadata, each bounded), then carries the exchange: ``infer`` (or its
 halves, ``send_infer`` and ``receive_actions``, for a pipelined rollout that steps other envs meanwhile) and
-``feedback``. The exchange is an explicit state machine (:class:`~plugrl_env_client.protocol.connection.Exchange`:
+``feedback``. The exchange is an explicit state machine (:class:`~plugrl_env_client.protocol.exchange.Exchange`:
 idle, awaiting a reply, feedback due) and a call out of its order raises a named
-:class:`~plugrl_env_client.protocol.connection.ExchangeMisuse`, as Gymnasium's vector envs do for
+:class:`~plugrl_env_client.protocol.exchange.ExchangeMisuse`, as Gymnasium's vector envs do for
 ``step_async``/``step_wait``. Every message is packed straight into its frame by one
 :class:`~plugrl_env_client.protocol.frame_packer.FramePacker` kept for the session's life, and sent through the
 client's one write loop.
 
-Whatever ends a connection surfaces as :class:`~plugrl_env_client.protocol.connection.ConnectionLost` from the call
+Whatever ends a connection surfaces as :class:`~plugrl_env_client.protocol.exchange.ConnectionLost` from the call
 that finds it, and the caller decides, in one place, whether to :meth:`~Session.reconnect` or end the run.
 ``feedback`` has no reply, so a feedback that finds the connection gone is not an error of its own: the next
 ``send_infer`` raises the close, exactly as if the server had closed right after the feedback.
@@ -50,7 +50,8 @@ import numpy as np
 from plugrl_env_client.errors import ConfigError, ProtocolError
 from plugrl_env_client.protocol import codec, images, messages, ws_client, ws_common
 from plugrl_env_client.protocol.codec import Timed
-from plugrl_env_client.protocol.connection import (
+from plugrl_env_client.protocol.dialing import Dialer, plugrl_metadata, seconds
+from plugrl_env_client.protocol.exchange import (
     AlreadyAwaitingReply,
     CloseAction,
     Closed,
@@ -62,7 +63,6 @@ from plugrl_env_client.protocol.connection import (
     NotConnected,
     classify_close,
 )
-from plugrl_env_client.protocol.dialing import Dialer, plugrl_metadata, seconds
 from plugrl_env_client.protocol.frame_packer import FramePacker
 from plugrl_env_client.protocol.messages import ActionReply, Feedback, InferRequest, ObservationLike, ServerMetadata
 from plugrl_env_client.timing import Timing
@@ -275,7 +275,7 @@ class Session:
                 frame = self._packer.pack(message, size)
             self._sent_at = time.perf_counter()
             client.send_frame(frame)
-        except ws_common.TransportClosed as exc:
+        except ws_common.WebSocketClosed as exc:
             raise ConnectionLost(self._closed(exc)) from None
         timing = self.timing
         timing.infer_calls += 1
@@ -303,7 +303,7 @@ class Session:
                     self._overdue()
             else:
                 frame = self._wait_for_reply(client, timeout)
-        except ws_common.TransportClosed as exc:
+        except ws_common.WebSocketClosed as exc:
             raise ConnectionLost(self._closed(exc)) from None
         if frame is None:
             return None
@@ -359,7 +359,7 @@ class Session:
             timing.feedback_info_pack_s += info.seconds
             try:
                 client.send_frame(frame)
-            except ws_common.TransportClosed as exc:
+            except ws_common.WebSocketClosed as exc:
                 self._lost = self._closed(exc)
                 return
         self.state = Exchange.IDLE
@@ -377,7 +377,7 @@ class Session:
         self.timing.bytes_received += len(frame)
         return codec.unpackb(frame)
 
-    def _closed(self, exc: ws_common.TransportClosed) -> Closed:
+    def _closed(self, exc: ws_common.WebSocketClosed) -> Closed:
         error = self.wire.close_error(exc.code, exc.reason)
         if error is not None:
             self._drop()

@@ -32,7 +32,7 @@ echoed and the TCP connection ended at once. Reading a frame here costs a fracti
 generator parser, which a reply per env step would pay, with cold caches, after every simulator step.
 
 Failures are the exceptions of :mod:`~plugrl_env_client.protocol.ws_common` (the callers handle them once,
-whatever the library): :class:`TransportClosed` with the peer's close code and reason, or ``code=None`` when the
+whatever the library): :class:`WebSocketClosed` with the peer's close code and reason, or ``code=None`` when the
 socket dropped without one (or the server broke the protocol); :class:`HandshakeRefused`,
 :class:`CertificateNotVerified`, :class:`InvalidServerURL`, :class:`ConnectFailed` when opening.
 
@@ -66,7 +66,7 @@ from plugrl_env_client.protocol.ws_common import (
     Data,
     HandshakeRefused,
     InvalidServerURL,
-    TransportClosed,
+    WebSocketClosed,
     retain_freed_memory,
 )
 
@@ -107,7 +107,7 @@ class WebSocketClient:
         self._messages: collections.deque[Received] = collections.deque()
         self._parts: list[bytes] | None = None  # a fragmented message being assembled
         self._text = False
-        self._closed: TransportClosed | None = None  # set once nothing more can be read
+        self._closed: WebSocketClosed | None = None  # set once nothing more can be read
         self._close_sent = False
         self._released = False  # the socket is gone
         self.lent = False
@@ -142,12 +142,12 @@ class WebSocketClient:
         if self.lent:  # (the checks inline on the common path: a frame or two per env step)
             self._check_owner()
         if self._closed is not None or self._close_sent:
-            raise self._closed if self._closed is not None else TransportClosed(None)
+            raise self._closed if self._closed is not None else WebSocketClosed(None)
         self._write(frame)
 
     def recv(self, timeout: float | None = None) -> Received | None:
         """The next message, or None when none arrived within ``timeout`` seconds (0: only look at what is
-        there; None: wait for one). Answers the server's pings on the way. Raises :class:`TransportClosed` once
+        there; None: wait for one). Answers the server's pings on the way. Raises :class:`WebSocketClosed` once
         the connection is closed and every message received before the close was returned."""
         if self.lent:
             self._check_owner()
@@ -196,12 +196,12 @@ class WebSocketClient:
                 if left <= 0 or not self._wait(self._readable if _HAS_POLL else None, left):
                     break
                 self._take_in()
-        except TransportClosed:
+        except WebSocketClosed:
             pass  # the socket broke while closing: nothing left to say
         finally:
             self._release()
             if self._closed is None:
-                self._closed = TransportClosed(None)
+                self._closed = WebSocketClosed(None)
 
     def tls_pending(self) -> bool:
         """Whether TLS holds decrypted bytes not read yet (a select on the socket does not see them)."""
@@ -224,8 +224,8 @@ class WebSocketClient:
                 self._buffer += data
                 self._frames()
             else:
-                self._end(TransportClosed(None))  # the stream ended (after a close frame, or without one)
-        except TransportClosed:
+                self._end(WebSocketClosed(None))  # the stream ended (after a close frame, or without one)
+        except WebSocketClosed:
             pass  # a pong or a close's echo could not be written: _closed says so, the next recv or send raises
         except BaseException:
             self._abandon()  # an interrupt while reading or handling frames: the stream's place is lost
@@ -313,7 +313,7 @@ class WebSocketClient:
         except FrameError as exc:  # too short, or a code no endpoint may send
             self._fail(_PROTOCOL_ERROR, f"a bad close frame ({exc})")
             return
-        self._closed = TransportClosed(int(close.code), close.reason)
+        self._closed = WebSocketClosed(int(close.code), close.reason)
         try:
             if not self._close_sent:
                 self._close_sent = True
@@ -333,7 +333,7 @@ class WebSocketClient:
                 self._close_sent = True
                 self._write(control_frame(_CLOSE, Close(code, why).serialize()))
         finally:
-            self._end(TransportClosed(None))
+            self._end(WebSocketClosed(None))
 
     # ------------------------------------------------------------------------------------------ writing
 
@@ -345,7 +345,7 @@ class WebSocketClient:
     def _write(self, data: Data) -> None:
         """The one write loop: everything sent goes through here, whole, in order."""
         if self._released:
-            raise self._closed if self._closed is not None else TransportClosed(None)
+            raise self._closed if self._closed is not None else WebSocketClosed(None)
         view = memoryview(data)
         if view.itemsize != 1 or view.ndim != 1:
             view = view.cast("B")
@@ -381,7 +381,7 @@ class WebSocketClient:
                 self._abandon()
             raise
 
-    def _end(self, closed: TransportClosed) -> None:
+    def _end(self, closed: WebSocketClosed) -> None:
         """Nothing more is read or written: the first reason given stays the connection's."""
         if self._closed is None:
             self._closed = closed
@@ -390,12 +390,12 @@ class WebSocketClient:
     def _abandon(self) -> None:
         """End the connection without a close handshake: an interrupt or error left the stream unusable (a frame's
         place in the buffer lost, or a frame sent in part), so nothing more is read or written on it."""
-        self._end(TransportClosed(None))
+        self._end(WebSocketClosed(None))
 
     def _broken(self, why: str) -> NoReturn:
         logger.info("%s", why)
-        self._end(TransportClosed(None))
-        raise self._closed if self._closed is not None else TransportClosed(None)
+        self._end(WebSocketClosed(None))
+        raise self._closed if self._closed is not None else WebSocketClosed(None)
 
     # ------------------------------------------------------------------------------------------ waiting
 
@@ -504,7 +504,7 @@ def connect(url: str, headers: Mapping[str, str] | None = None, open_timeout: fl
         for data in protocol.data_to_send():
             client._write(data)
         _read_handshake(client, protocol, deadline, open_timeout)
-    except TransportClosed:
+    except WebSocketClosed:
         sock.close()
         raise ConnectFailed("the connection broke during the WebSocket handshake") from None
     except BaseException:
@@ -576,7 +576,7 @@ def _read_handshake(client: WebSocketClient, protocol: ClientProtocol, deadline:
         if events and protocol.state is State.OPEN:  # the response (101): the connection is open
             try:
                 client._frames()  # the frames that came with it
-            except TransportClosed:
+            except WebSocketClosed:
                 pass  # a close among them could not be answered: the first recv raises it
             return
         if not data:

@@ -8,7 +8,7 @@ its errors are the ``Transport*`` ones below.
 The errors: the client (:class:`~plugrl_env_client.protocol.ws_client.WebSocketClient`, driven by the rollout's
 own thread) and the reference server's WebSocket layer
 (:mod:`plugrl_env_client.server.ws_server`, one event loop, websockets or picows) raise the same ones, so callers
-handle them once, whatever the library: a closed connection is :class:`TransportClosed` (with the close code and
+handle them once, whatever the library: a closed connection is :class:`WebSocketClosed` (with the close code and
 reason the peer sent, or ``None`` when the socket dropped without a close frame); opening one fails with
 :class:`HandshakeRefused` (an HTTP status), :class:`CertificateNotVerified`, :class:`InvalidServerURL`, or
 :class:`ConnectFailed` (nobody answered, or the handshake broke: worth another try).
@@ -31,8 +31,8 @@ __all__ = [
     "Data",
     "HandshakeRefused",
     "InvalidServerURL",
-    "TransportClosed",
-    "TransportError",
+    "WebSocketClosed",
+    "WebSocketError",
     "api_key_problem",
     "retain_freed_memory",
 ]
@@ -60,11 +60,11 @@ Data = bytes | bytearray | memoryview
 # ------------------------------------------------------------------------------------------------------ errors
 
 
-class TransportError(Exception):
+class WebSocketError(Exception):
     """Base of the transport's errors; the protocol layer turns each into what it means for a run."""
 
 
-class TransportClosed(TransportError):
+class WebSocketClosed(WebSocketError):
     """The connection is closed. ``code``/``reason`` are those of the close frame the peer sent; ``code`` is None
     when the connection ended without one (the socket dropped)."""
 
@@ -75,7 +75,7 @@ class TransportClosed(TransportError):
         self.reason = reason
 
 
-class HandshakeRefused(TransportError):
+class HandshakeRefused(WebSocketError):
     """The server answered the opening handshake with an HTTP status other than 101."""
 
     def __init__(self, status: int, detail: str = "") -> None:
@@ -83,7 +83,7 @@ class HandshakeRefused(TransportError):
         self.status = status
 
 
-class CertificateNotVerified(TransportError):
+class CertificateNotVerified(WebSocketError):
     """The server's TLS certificate did not verify against the trust store."""
 
     def __init__(self, verify_message: str) -> None:
@@ -91,11 +91,11 @@ class CertificateNotVerified(TransportError):
         self.verify_message = verify_message
 
 
-class InvalidServerURL(TransportError):
+class InvalidServerURL(WebSocketError):
     """The URL cannot name a WebSocket server (wrong scheme, bad port, malformed host, ...)."""
 
 
-class ConnectFailed(TransportError):
+class ConnectFailed(WebSocketError):
     """Nobody answered, the connection timed out, or the handshake broke off: another try may work."""
 
 

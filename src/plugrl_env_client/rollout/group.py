@@ -66,7 +66,7 @@ from plugrl_env_client.envs.base_env import BaseEnv, Observation, observation_sp
 from plugrl_env_client.envs.calls import call_env, env_failure, is_signal
 from plugrl_env_client.envs.contract import EnvChecks, slice_info, undeclared_dtypes
 from plugrl_env_client.errors import ConfigError, EnvContractError
-from plugrl_env_client.protocol.connection import CloseAction, ConnectionLost
+from plugrl_env_client.protocol.exchange import CloseAction, ConnectionLost
 from plugrl_env_client.protocol.messages import (
     FEATURE_REUSE_FEEDBACK_OBS,
     ActionReply,

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 
 from plugrl_env_client.envs.base_env import Observation
-from plugrl_env_client.protocol.connection import Closed
+from plugrl_env_client.protocol.exchange import Closed
 from plugrl_env_client.protocol.messages import ActionReply, Feedback, InferRequest, ServerMetadata
 from plugrl_env_client.records import EpisodeRecord, ProcessResult, ProcessStatus
 from plugrl_env_client.timing import Timing
@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 
 class ServerSession(Protocol):
     """The rollout's server connection (a :class:`~plugrl_env_client.protocol.session.Session` over a WebSocket,
-    or an in-memory fake). Every call may raise :class:`~plugrl_env_client.protocol.connection.ConnectionLost`,
+    or an in-memory fake). Every call may raise :class:`~plugrl_env_client.protocol.exchange.ConnectionLost`,
     except :meth:`wait`."""
 
     def open(self) -> ServerMetadata: ...

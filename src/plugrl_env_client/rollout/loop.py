@@ -29,7 +29,7 @@ from collections.abc import Callable
 from typing import Any
 
 from plugrl_env_client.envs.base_env import Observation
-from plugrl_env_client.protocol.connection import ConnectionLost
+from plugrl_env_client.protocol.exchange import ConnectionLost
 from plugrl_env_client.records import ProcessStatus
 from plugrl_env_client.rollout.budget import Budget
 from plugrl_env_client.rollout.group import EnvGroup, RunEnded, StepResult

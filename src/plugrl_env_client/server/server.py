@@ -52,7 +52,7 @@ import numpy as np
 from plugrl_env_client.errors import ConfigError, ProtocolError
 from plugrl_env_client.protocol import codec, images, messages
 from plugrl_env_client.protocol.openpi_keys import KeyMap
-from plugrl_env_client.protocol.ws_common import TransportClosed
+from plugrl_env_client.protocol.ws_common import WebSocketClosed
 from plugrl_env_client.server.delay import Delays
 from plugrl_env_client.server.episodes import EpisodeFile, EpisodeLog, Source, SuccessJudging
 from plugrl_env_client.server.info import FinishedEpisodes, read_info
@@ -233,7 +233,7 @@ class PolicyServer:
         except _Violation as exc:
             logger.warning("protocol violation by %s, closing with %s: %s", peer, messages.REASON_RESYNC, exc)
             await ws.close(messages.CLOSE_GOING_AWAY, messages.REASON_RESYNC)
-        except TransportClosed as exc:
+        except WebSocketClosed as exc:
             if exc.code is None:  # not an error of ours or theirs; PlugRL SPEC 7.5 asks clients for a close frame
                 logger.debug("client disconnected: %s (note: it dropped the socket without a close frame)", peer)
             else:
@@ -365,7 +365,7 @@ class PolicyServer:
                 start = time.perf_counter()
                 actions = await self._worker.infer(policy, obs, env, np.array([step], np.int64))
                 infer_ms = (time.perf_counter() - start) * 1000.0
-            except (TransportClosed, ConfigError):
+            except (WebSocketClosed, ConfigError):
                 raise
             except Exception:
                 logger.warning("openpi request from %s failed; sending the traceback and closing with 1011",

@@ -50,7 +50,7 @@ from websockets.exceptions import ConnectionClosed
 from websockets.http11 import Request, Response
 
 from plugrl_env_client.errors import ConfigError
-from plugrl_env_client.protocol.ws_common import TransportClosed, retain_freed_memory
+from plugrl_env_client.protocol.ws_common import WebSocketClosed, retain_freed_memory
 
 logger = logging.getLogger(__name__)
 
@@ -133,15 +133,15 @@ class Connection(abc.ABC):
     @abc.abstractmethod
     async def recv(self) -> Any:
         """The next message: ``parse(frame)`` for a binary one (see :func:`serve`; what ``parse`` raises comes out
-        of here), a str for a text one. Raises :class:`TransportClosed` once the connection is closed."""
+        of here), a str for a text one. Raises :class:`WebSocketClosed` once the connection is closed."""
 
     @abc.abstractmethod
     async def send(self, data: bytes) -> None:
-        """Send one binary message. Raises :class:`TransportClosed` when the connection is closed."""
+        """Send one binary message. Raises :class:`WebSocketClosed` when the connection is closed."""
 
     @abc.abstractmethod
     async def send_text(self, text: str) -> None:
-        """Send one text message (openpi's servers send a traceback so). Raises :class:`TransportClosed` when the
+        """Send one text message (openpi's servers send a traceback so). Raises :class:`WebSocketClosed` when the
         connection is closed."""
 
     @abc.abstractmethod
@@ -300,9 +300,9 @@ class _WebsocketsConnection(Connection):
         await self._ws.close(code, reason)
 
 
-def _closed(exc: ConnectionClosed) -> TransportClosed:
+def _closed(exc: ConnectionClosed) -> WebSocketClosed:
     frame = exc.rcvd
-    return TransportClosed(None, "") if frame is None else TransportClosed(frame.code, frame.reason)
+    return WebSocketClosed(None, "") if frame is None else WebSocketClosed(frame.code, frame.reason)
 
 
 class _WebsocketsListener(Listener):
@@ -476,7 +476,7 @@ class _PicowsConnection(Connection):
     async def recv(self) -> Any:
         while not self._messages:
             if self.gone.is_set():
-                raise TransportClosed(self._close_code, self._close_reason)
+                raise WebSocketClosed(self._close_code, self._close_reason)
             self._waiter = self._loop.create_future()
             try:
                 await self._waiter
@@ -492,12 +492,12 @@ class _PicowsConnection(Connection):
             await self._writable.wait()  # the socket is behind: let it drain before queueing more
         transport = self.transport
         if self.gone.is_set() or transport.is_close_frame_sent:
-            raise TransportClosed(self._close_code, self._close_reason)
+            raise WebSocketClosed(self._close_code, self._close_reason)
         transport.send(self._binary, data)
 
     async def send_text(self, text: str) -> None:
         if self.gone.is_set() or self.transport.is_close_frame_sent:
-            raise TransportClosed(self._close_code, self._close_reason)
+            raise WebSocketClosed(self._close_code, self._close_reason)
         self.transport.send(self._text_type, text.encode("utf-8"))
 
     async def close(self, code: int = 1000, reason: str = "") -> None:

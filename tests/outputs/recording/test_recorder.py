@@ -34,7 +34,7 @@ from plugrl_env_client.envs.base_env import Observation
 from plugrl_env_client.errors import ConfigError
 from plugrl_env_client.outputs.recording.config import RecorderConfig
 from plugrl_env_client.outputs.recording.recorder import EpisodeRecorder
-from plugrl_env_client.outputs.recording.report import RecorderReport
+from plugrl_env_client.outputs.recording.summary import RecorderSummary
 from plugrl_env_client.records import EpisodeRecord
 
 
@@ -79,7 +79,7 @@ def test_thread0_only_records_in_process_zero_only() -> None:
     assert not off.enabled and on.enabled
     scenario(off)
     scenario(on)
-    assert off.close() == RecorderReport() and quiet.files == {}
+    assert off.close() == RecorderSummary() and quiet.files == {}
     assert on.close().episodes_recorded == 7 and len(recorded(loud.files)) == 7
     other = recorder(MemorySink(), k=1, process_id=1, thread0_only=False)
     assert other.enabled  # --recorder.no-thread0-only: every process records
@@ -148,7 +148,7 @@ def test_a_disabled_recorder_keeps_and_copies_nothing() -> None:
     assert grown < big[0].nbytes // 4  # not one row was copied
     del obs, big
     assert big_ref() is None  # and nothing was kept
-    assert rec.close() == RecorderReport() and sink.files == {}
+    assert rec.close() == RecorderSummary() and sink.files == {}
 
 
 def test_steps_of_envs_not_recorded_copy_nothing_and_steps_of_recorded_ones_do() -> None:

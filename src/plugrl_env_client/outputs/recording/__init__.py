@@ -25,5 +25,5 @@ One module per concept: :mod:`.config` (the ``--recorder.*`` flags), :mod:`.reco
 episodes, copying their observations), :mod:`.episode` (a recorded episode's data, as handed from one side to the
 other), :mod:`.writer` (the hand-off and the writer thread that writes the files), :mod:`.sinks` (where files go),
 :mod:`.encoders` (PNG, MP4, NPY), :mod:`.statistics` (the per-key statistics of ``obs_stats.jsonl``) and
-:mod:`.report` (what the recorder did over a run).
+:mod:`.summary` (what the recorder did over a run).
 """

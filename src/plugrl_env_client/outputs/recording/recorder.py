@@ -43,8 +43,8 @@ from plugrl_env_client.errors import ConfigError
 from plugrl_env_client.outputs.recording.config import RecorderConfig, warn_inert_flags
 from plugrl_env_client.outputs.recording.encoders import require_video
 from plugrl_env_client.outputs.recording.episode import FinishedEpisode, Frame, RecordedEpisode, copy_row
-from plugrl_env_client.outputs.recording.report import RecorderReport
 from plugrl_env_client.outputs.recording.sinks import ArtifactSink
+from plugrl_env_client.outputs.recording.summary import RecorderSummary
 from plugrl_env_client.outputs.recording.writer import QUEUE_BYTES, QUEUE_EPISODES, EpisodeWriter
 from plugrl_env_client.outputs.run_dir import PLUGRL_FLOATS, finite_json, with_plugrl_types
 from plugrl_env_client.records import EpisodeRecord, EpisodeStats
@@ -106,7 +106,7 @@ class EpisodeRecorder:
         self._lock = threading.Lock()
         self._close_lock = threading.Lock()
         self._closed = False
-        self._report: RecorderReport | None = None
+        self._report: RecorderSummary | None = None
         # Counters of the rollout side (under _lock); the writer keeps its own (its thread's only until joined).
         self._dropped = self._frames_dropped = self._truncated = self._unfinished = 0
         self._warned_cap = False
@@ -240,7 +240,7 @@ class EpisodeRecorder:
                            "recorded. Record fewer episodes with a larger --recorder.episode-freq.",
                            waiting, nbytes / 1e6, episode.completed, episode.env_id)
 
-    def close(self) -> RecorderReport:
+    def close(self) -> RecorderSummary:
         """Stop recording, write every episode already handed over, stop the writer, and report. Idempotent."""
         with self._close_lock:
             if self._report is not None:
@@ -253,7 +253,7 @@ class EpisodeRecorder:
                 self._running.clear()
             self._writer.close()
             written = self._writer  # its counters are final once its thread has ended
-            report = RecorderReport(
+            report = RecorderSummary(
                 files=tuple(written.files), episodes_recorded=written.written, episodes_dropped=self._dropped,
                 frames_dropped=self._frames_dropped, frames_truncated=self._truncated,
                 episodes_unfinished=self._unfinished, errors=tuple(written.errors),

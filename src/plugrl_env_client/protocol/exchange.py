@@ -1,4 +1,7 @@
-"""How a connection ends, and what the client does about it.
+"""The exchange on one connection: the order its calls must come in, and how a connection ends.
+
+:class:`Exchange` is where the exchange stands (idle, awaiting a reply, feedback due); a call out of its order raises
+a named :class:`ExchangeMisuse`, as Gymnasium's vector envs do for ``step_async``/``step_wait``.
 
 A close is an ordinary event of a long run. Whatever ended the connection (the server's close frame, a dropped
 socket, the client giving up on a reply, a server that broke the exchange), the client sees one

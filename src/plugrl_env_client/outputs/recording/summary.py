@@ -1,4 +1,4 @@
-"""What the recorder did over a run: the files it wrote, the episodes it recorded, dropped or could not write."""
+"""The recorder's summary of a run: the files it wrote, the episodes it recorded, dropped or could not write."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Any
 
 
 @dataclasses.dataclass(frozen=True)
-class RecorderReport:
+class RecorderSummary:
     """What the recorder did over a run (returned by :meth:`~.recorder.EpisodeRecorder.close`)."""
 
     files: tuple[str, ...] = ()
