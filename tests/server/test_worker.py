@@ -185,6 +185,34 @@ def test_the_worker_batches_what_waits_and_keeps_every_callers_order():
     assert policy.sizes == [1, 2]
 
 
+@pytest.mark.parametrize("gather_s", [0.0, 0.25])
+def test_with_gather_a_burst_of_infers_is_one_call(gather_s: float):
+    """Infers submitted one after another while no call runs: without gathering the first one runs at once, alone
+    (the others take the next call); with it, those that come less than ``gather_s`` apart join the first. (The
+    gap here is generous: a loaded machine may pause the submitting thread for milliseconds.)"""
+    policy = Batching()
+
+    async def run() -> list[np.ndarray]:
+        worker = PolicyWorker(policy, gather_s=gather_s, gather_max_s=WAIT_S)
+        conns = [policy.for_connection() for _ in range(3)]
+        calls = []
+        for k in range(3):
+            obs = {"images": {}, "states": {"x": np.full((1, 1), 1.0 if k == 0 else 0.0)}, "text": None}
+            calls.append(asyncio.ensure_future(worker.infer(conns[k], obs, np.array([10 * k]), np.zeros(1, np.int64))))
+            await asyncio.sleep(0)  # submitted
+            if k == 0 and not gather_s:
+                assert await asyncio.to_thread(policy.started.wait, WAIT_S), "the first runs at once"
+        policy.release.set()
+        try:
+            return list(await asyncio.wait_for(asyncio.gather(*calls), WAIT_S))
+        finally:
+            worker.close()
+
+    replies = asyncio.run(run())
+    assert [r[0, 0, 0] for r in replies] == [0, 10, 20]
+    assert policy.sizes == ([3] if gather_s else [1, 2])
+
+
 def test_a_policy_that_raises_fails_its_caller_and_the_worker_goes_on():
     class Exiting(Held):
         def act(self, obs: dict[str, Any], n: int) -> np.ndarray:

@@ -64,6 +64,10 @@ from plugrl_env_client.version import __version__
 logger = logging.getLogger(__name__)
 
 LOG_PERIOD_S = 5.0
+OPENPI_GATHER_S = 0.001
+"""In openpi's protocol, how far apart the requests of one burst may come for a batching policy to take them in one
+call (:class:`~plugrl_env_client.server.worker.PolicyWorker`): a client sends its env group's requests back to
+back."""
 MAX_STREAMS = 1 << 16
 """Client streams whose connections the server counts (to seed each stream's generator); a server that has seen
 more gives further new streams the shared generator, so the table stays bounded however many clients come."""
@@ -104,7 +108,8 @@ class PolicyServer:
         self.policy = policy
         self.openpi = openpi
         """The key map of openpi's protocol, which the server then speaks (None: PlugRL v1)."""
-        self._worker = PolicyWorker(policy)
+        # openpi's protocol: one connection per env stream, so a client's group of envs asks as a burst to gather
+        self._worker = PolicyWorker(policy, gather_s=OPENPI_GATHER_S if openpi is not None else 0.0)
         self.latency_s = latency_ms / 1000.0
         self._delays = Delays()
         self.seed = seed if seed is not None else int(np.random.SeedSequence().entropy % (1 << 63))  # type: ignore[operator]

@@ -8,7 +8,10 @@ connections. One thread, so a policy is never called from two threads at once an
 
 A policy whose :attr:`~plugrl_env_client.server.policies.Policy.batches` is True answers the infers of every
 connection waiting at one moment in one :meth:`~plugrl_env_client.server.policies.Policy.infer_batch` call: the
-calls that came in while the previous one ran are taken together (a GPU server's batching across clients).
+calls that came in while the previous one ran are taken together (a GPU server's batching across clients). With
+``gather_s``, an infer that finds no call running waits for the others of its burst: requests that come in less
+than ``gather_s`` apart join it (openpi's protocol sends one request per env, so a client's env group arrives as a
+burst of requests a few microseconds apart), for at most ``gather_max_s`` (:data:`GATHER_MAX_S`) in all.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import asyncio
 import logging
 import queue
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -26,6 +30,8 @@ from plugrl_env_client.server.policies import InferCall, Policy
 
 logger = logging.getLogger(__name__)
 
+GATHER_MAX_S = 0.005
+"""The longest an infer waits for the rest of its burst (with ``gather_s``)."""
 CLOSE_TIMEOUT_S = 5.0
 """How long :meth:`PolicyWorker.close` waits for a policy call that is still running."""
 
@@ -63,8 +69,9 @@ def _settle(future: asyncio.Future[Any], result: Any, error: BaseException | Non
 class PolicyWorker:
     """Runs the calls of ``policy`` (the policy the server serves) in one daemon thread, started on first use."""
 
-    def __init__(self, policy: Policy) -> None:
+    def __init__(self, policy: Policy, gather_s: float = 0.0, gather_max_s: float = GATHER_MAX_S) -> None:
         self.policy = policy
+        self.gather_s, self.gather_max_s = gather_s, gather_max_s
         self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
@@ -138,9 +145,12 @@ class PolicyWorker:
             if job is None:
                 return
             jobs = [job]
-            while True:  # everything submitted while the last call ran, to batch the infers among it
+            gather = self.gather_s if job.infer is not None and self.policy.batches else 0.0
+            until = time.monotonic() + self.gather_max_s
+            while True:  # everything submitted while the last call ran (or in the burst), to batch its infers
                 try:
-                    more = self._jobs.get_nowait()
+                    wait = min(gather, until - time.monotonic())
+                    more = self._jobs.get(timeout=wait) if wait > 0 else self._jobs.get_nowait()
                 except queue.Empty:
                     break
                 if more is None:
