@@ -48,7 +48,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 from link_proxy import LinkProxy
-from machine import ReferenceServer, load_avg, machine_line
+from machine import ReferenceServer, StepClock, load_avg, machine_line
 
 from plugrl_env_client.config import ClientConfig, ConnectionConfig, RunnerConfig
 from plugrl_env_client.envs.base_env import (
@@ -83,23 +83,6 @@ JPEG_TARGET = 5.0
 class LinkFramesConfig(BaseEnvConfig):
     frames: str = str(FRAMES)
     """The .npz of camera frames to play back (cam224 [F, 224, 224, 3], cam112 [F, 112, 112, 3])."""
-
-
-class StepClock:
-    """Env steps and the wall clock of the first and the last one, for the rate of one run."""
-
-    def __init__(self) -> None:
-        self.steps, self.first, self.last = 0, 0.0, 0.0
-
-    def tick(self, num_envs: int) -> None:
-        now = time.perf_counter()
-        if not self.steps:
-            self.first = now
-        self.steps += num_envs
-        self.last = now
-
-    def rate(self) -> float:
-        return self.steps / (self.last - self.first) if self.last > self.first else 0.0
 
 
 CLOCK = StepClock()

@@ -10,6 +10,7 @@ import platform
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Sequence
 
 import numpy as np
@@ -83,9 +84,31 @@ class ReferenceServer:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+        stop(self.proc)
+
+
+def stop(proc: subprocess.Popen) -> None:
+    """End a server process: SIGTERM, then SIGKILL if it has not ended within 10 s."""
+    proc.terminate()
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+class StepClock:
+    """Env steps and the wall clock of the first and the last one, for the rate of one run."""
+
+    def __init__(self) -> None:
+        self.steps, self.first, self.last = 0, 0.0, 0.0
+
+    def tick(self, num_envs: int) -> None:
+        now = time.perf_counter()
+        if not self.steps:
+            self.first = now
+        self.steps += num_envs
+        self.last = now
+
+    def rate(self) -> float:
+        return self.steps / (self.last - self.first) if self.last > self.first else 0.0

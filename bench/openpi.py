@@ -51,7 +51,7 @@ from typing import Any
 
 import gymnasium as gym
 import numpy as np
-from machine import ReferenceServer, free_port, load_avg, machine_line
+from machine import ReferenceServer, StepClock, free_port, load_avg, machine_line, stop
 from openpi_peer import ACTION_DIM, INSTRUCTION, STATE_DIM, CamsSim
 
 from plugrl_env_client.config import ClientConfig, ConnectionConfig, RunnerConfig
@@ -104,23 +104,6 @@ class OpenpiBenchConfig(BaseEnvConfig):
     """Height and width of both cameras."""
     episode_steps: int = EPISODE_STEPS
     """Steps of every episode."""
-
-
-class StepClock:
-    """Env steps and the wall clock of the first and the last one, for the rate of one run."""
-
-    def __init__(self) -> None:
-        self.steps, self.first, self.last = 0, 0.0, 0.0
-
-    def tick(self, num_envs: int) -> None:
-        now = time.perf_counter()
-        if not self.steps:
-            self.first = now
-        self.steps += num_envs
-        self.last = now
-
-    def rate(self) -> float:
-        return self.steps / (self.last - self.first) if self.last > self.first else 0.0
 
 
 CLOCK = StepClock()
@@ -261,12 +244,7 @@ class OpenpiServer:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+        stop(self.proc)
 
 
 def peer_cell(site: Path, url: str, seconds: float, step_ms: float, camera: int, env_id: str | None = None) -> float:
