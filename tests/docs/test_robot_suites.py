@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 from doc_commands import Block, DocShell, bash_blocks
-from metaworld_site import install_metaworld, python_path_with
+from pip_sites import METAWORLD, installed, python_path_with
 
 ROOT = Path(__file__).resolve().parents[2]
 GUIDE = ROOT / "docs" / "robot-suites.md"
@@ -63,8 +63,8 @@ def _anchor(heading: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def metaworld_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return install_metaworld(tmp_path_factory.mktemp("metaworld-site"))
+def metaworld_site() -> Path:
+    return installed(METAWORLD)
 
 
 @pytest.mark.slow
