@@ -43,10 +43,11 @@ import math
 import os
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import gymnasium as gym
 import numpy as np
+import tyro
 
 from plugrl_env_client.envs.base_env import (
     Action,
@@ -98,9 +99,10 @@ class LiberoEnvConfig(BaseEnvConfig):
     """Render the two cameras; false leaves the images out of the observations (for state-only policies)."""
     settle_steps: int = 10
     """Steps of [0, 0, 0, 0, 0, 0, -1] after every reset, for the objects to fall into place; not episode steps."""
-    max_episode_steps: int | None = None
-    """Steps of an episode (default: openpi's figure for the suite: 220, 280, 300, 520 and 400 for spatial, object,
-    goal, 10 and 90)."""
+    max_episode_steps: Annotated[int | None, tyro.conf.arg(
+        help_behavior_hint="(default: openpi's figure for the suite: 220, 280, 300, 520, 400 for spatial, object, "
+                           "goal, 10, 90)")] = None
+    """Steps of an episode, settle steps not counted."""
 
 
 @register_env("LIBERO-v1", best_reward_threshold_for_success=1.0)
