@@ -127,6 +127,8 @@ def test_copies_start_from_the_benchmarks_initial_states_and_keep_their_own_rand
     assert found["state_is_the_concatenation"] and found["eef_pos_is_robosuite's"]
     assert found["text"] == [found["instruction"]] * 2
     assert found["step"] == {"rewards": [0.0], "terminated": [False], "truncated": [False], "success": [False]}
+    assert found["blind_observation"] == {"images": [], "states": [
+        "robot0_eef_axis_angle", "robot0_eef_pos", "robot0_gripper_qpos", "state"]}, "--env.render false: no cameras"
 
 
 @pytest.mark.slow

@@ -107,8 +107,9 @@ class LiberoEnvConfig(BaseEnvConfig):
 
 @register_env("LIBERO-v1", best_reward_threshold_for_success=1.0)
 class LiberoEnv(BaseEnv[LiberoEnvConfig]):
-    """One task of a LIBERO suite (--env.suite, --env.task-id) as a batch of copies; the module docstring says how
-    observations, initial states, settle steps and step limits follow openpi's LIBERO example."""
+    """One task of a LIBERO suite (--env.suite, --env.task-id) as a batch of copies, in openpi's LIBERO protocol.
+
+    The module docstring says how the observations, initial states, settle steps and step limits follow it."""
 
     metadata = {**BaseEnv.metadata, "per_env_seeds": True}
 
