@@ -2,8 +2,9 @@
 
 ``plugrl-run-env-client libero-v1 --env.suite libero_spatial --env.task-id 0 --num-envs 4 --local-policy random``
 
-Each copy is LIBERO's own ``OffScreenRenderEnv`` of the task (robosuite's Panda arm with its OSC_POSE controller);
-the copies are stepped one after another in this process. The protocol is openpi's LIBERO example's:
+Each copy is LIBERO's own env of the task (its ``ControlEnv``, made as its ``OffScreenRenderEnv`` makes it when there
+are cameras: robosuite's Panda arm with its OSC_POSE controller); the copies are stepped one after another in this
+process. The protocol is openpi's LIBERO example's:
 
 * Observation: ``images["agentview"]`` and ``images["wrist"]`` (robosuite's ``agentview_image`` and
   ``robot0_eye_in_hand_image``), uint8 ``(H, W, 3)`` at ``--env.camera-size``, turned upright (LIBERO renders them
@@ -236,7 +237,8 @@ class LiberoEnv(BaseEnv[LiberoEnvConfig]):
         states = {k: v.copy() for k, v in self._states.items()}
         for i in idx:
             obs = rows[i]
-            values = {"robot0_eef_pos": obs["robot0_eef_pos"], "robot0_eef_axis_angle": axis_angle(obs["robot0_eef_quat"]),
+            values = {"robot0_eef_pos": obs["robot0_eef_pos"],
+                      "robot0_eef_axis_angle": axis_angle(obs["robot0_eef_quat"]),
                       "robot0_gripper_qpos": obs["robot0_gripper_qpos"]}
             for key, value in values.items():
                 states[key][i] = value
