@@ -42,6 +42,7 @@ import io
 import logging
 import math
 import os
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -85,6 +86,9 @@ OPENGL_PACKAGES = {"egl": "libegl1 libegl-mesa0 libgl1-mesa-dri", "osmesa": "lib
 """MUJOCO_GL value -> the Debian packages that provide it (Mesa's software renderers)."""
 
 _OPENGL_LIBRARIES = {"egl": "EGL", "osmesa": "OSMesa"}
+
+_GLOBAL_RNG_LOCK = threading.Lock()
+"""Held while a copy's state is in numpy's global generator."""
 
 
 @register_env_config("LIBERO-v1")
@@ -168,14 +172,16 @@ class LiberoEnv(BaseEnv[LiberoEnvConfig]):
 
     @contextlib.contextmanager
     def _own_numpy_rng(self, i: int) -> Iterator[None]:
-        """Copy ``i``'s saved state in numpy's global generator for the block; the process's own state after it."""
-        outer = np.random.get_state()
-        np.random.set_state(self._rng_states[i])
-        try:
-            yield
-        finally:
-            self._rng_states[i] = np.random.get_state()
-            np.random.set_state(outer)
+        """Copy ``i``'s saved state in numpy's global generator for the block; the process's own state after it.
+        One block at a time in the process: the generator is the process's, whichever thread steps which env."""
+        with _GLOBAL_RNG_LOCK:
+            outer = np.random.get_state()
+            np.random.set_state(self._rng_states[i])
+            try:
+                yield
+            finally:
+                self._rng_states[i] = np.random.get_state()
+                np.random.set_state(outer)
 
     def reset(self, *, seed: int | list[int | None] | None = None,
               options: dict[str, Any] | None = None) -> tuple[Observation, dict[str, Any]]:
