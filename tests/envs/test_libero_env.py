@@ -167,3 +167,20 @@ def test_without_a_working_opengl_the_run_stops_at_once_naming_what_to_install(l
     assert "MUJOCO_GL=osmesa but no OSMesa library" in res.stderr, res.stderr[-3000:]
     assert "libegl1 libegl-mesa0 libgl1-mesa-dri" in res.stderr and "libosmesa6" in res.stderr
     assert "robosuite" not in res.stderr, "it stopped before LIBERO was imported"
+
+
+@pytest.mark.slow
+def test_an_egl_without_a_driver_stops_the_run_at_once_naming_what_to_install(libero_site: Path,
+                                                                             tmp_path: Path) -> None:
+    """libglvnd's libEGL with no vendor library to hand the calls to (what libegl1 without libegl-mesa0 gives):
+    the library is found, yet no context can be made."""
+    no_vendor = {"MUJOCO_GL": "egl", "__EGL_VENDOR_LIBRARY_FILENAMES": str(tmp_path / "no-vendor.json")}
+    res = subprocess.run([sys.executable, "-m", "plugrl_env_client", "libero-v1", "--local-policy", "random",
+                          "--num-episodes", "1", "--output-dir", str(tmp_path), "--no-progress"],
+                         capture_output=True, text=True, timeout=300, env=_child_env(libero_site, **no_vendor))
+    assert res.returncode != 0
+    assert "LIBERO-v1 cannot render with MUJOCO_GL=egl" in res.stderr, res.stderr[-3000:]
+    assert "libegl1 libegl-mesa0 libgl1-mesa-dri" in res.stderr and "libosmesa6" in res.stderr
+    (run,) = tmp_path.glob("libero-v1-*")
+    assert json.loads((run / "summary.json").read_text())["timing"]["env_steps"] == 0
+
