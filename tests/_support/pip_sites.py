@@ -62,7 +62,8 @@ def folder_of(site: Site) -> Path:
 
 
 def installed(site: Site) -> Path:
-    """``site``'s folder, installed first when it is not there yet."""
+    """``site``'s folder, installed first when it is not there yet. A test process that finds another one
+    installing it waits for that install, which pip's timeout (``site.timeout_s``) bounds."""
     folder = folder_of(site)
     if folder.is_dir():
         return folder
@@ -70,8 +71,9 @@ def installed(site: Site) -> Path:
     with _locked(folder.with_name(folder.name + ".lock")):
         if folder.is_dir():  # another test process installed it meanwhile
             return folder
+        for stale in folder.parent.glob(f"{folder.name}.partial-*"):  # left by an install that was killed
+            shutil.rmtree(stale, ignore_errors=True)
         partial = folder.with_name(f"{folder.name}.partial-{os.getpid()}")
-        shutil.rmtree(partial, ignore_errors=True)
         try:
             res = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps",
                                   "--disable-pip-version-check", "--no-input", "--target", str(partial),
