@@ -310,6 +310,7 @@ def libero_site() -> Path:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)  # the first test with LIBERO installs it (about 1.7 GB) first
 def test_the_shipped_libero_spatial_suite_prints_the_success_table_of_its_ten_tasks(libero_site: Path,
                                                                                     tmp_path: Path) -> None:
     """suites/libero_spatial.toml as shipped, with LIBERO installed as tests/_support/pip_sites.py installs it: one

@@ -104,11 +104,16 @@ def libero_site() -> Path:
     return installed(LIBERO)
 
 
+SITE_TIMEOUT = pytest.mark.timeout(900)
+"""For the tests with LIBERO: the first one installs it (about 1.7 GB, a minute or more) before it runs."""
+
+
 def _child_env(site: Path, **extra: str) -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": python_path_with(site), **extra}
 
 
 @pytest.mark.slow
+@SITE_TIMEOUT
 def test_copies_start_from_the_benchmarks_initial_states_and_keep_their_own_randomness(libero_site: Path) -> None:
     res = subprocess.run([sys.executable, str(SUPPORT / "libero_copies.py")], capture_output=True, text=True,
                          timeout=600, env=_child_env(libero_site))
@@ -132,6 +137,7 @@ def test_copies_start_from_the_benchmarks_initial_states_and_keep_their_own_rand
 
 
 @pytest.mark.slow
+@SITE_TIMEOUT
 @pytest.mark.parametrize("protocol", PROTOCOLS)
 def test_a_client_runs_a_libero_task_against_the_embedded_server(libero_site: Path, tmp_path: Path,
                                                                  protocol: str) -> None:
@@ -157,6 +163,7 @@ def test_a_client_runs_a_libero_task_against_the_embedded_server(libero_site: Pa
 
 
 @pytest.mark.slow
+@SITE_TIMEOUT
 @pytest.mark.skipif(libero_env.ctypes.util.find_library("OSMesa") is not None, reason="OSMesa is installed here")
 def test_without_a_working_opengl_the_run_stops_at_once_naming_what_to_install(libero_site: Path,
                                                                                tmp_path: Path) -> None:
@@ -170,6 +177,7 @@ def test_without_a_working_opengl_the_run_stops_at_once_naming_what_to_install(l
 
 
 @pytest.mark.slow
+@SITE_TIMEOUT
 def test_an_egl_without_a_driver_stops_the_run_at_once_naming_what_to_install(libero_site: Path,
                                                                              tmp_path: Path) -> None:
     """libglvnd's libEGL with no vendor library to hand the calls to (what libegl1 without libegl-mesa0 gives):
