@@ -17,6 +17,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 from extras import need
+from pip_sites import LIBERO, METAWORLD, installed, python_path_with
 from waiting import wait_until
 
 from plugrl_env_client.config import ClientConfig
@@ -440,19 +441,15 @@ def test_a_task_whose_action_dim_the_server_does_not_serve_fails_alone(tmp_path:
 
 
 @pytest.fixture(scope="module")
-def metaworld_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from metaworld_site import install_metaworld
-
-    return install_metaworld(tmp_path_factory.mktemp("metaworld-site"))
+def metaworld_site() -> Path:
+    return installed(METAWORLD)
 
 
 @pytest.mark.slow
 def test_the_shipped_mt10_suite_runs_its_ten_tasks(metaworld_site: Path, tmp_path: Path) -> None:
-    """suites/mt10.toml as shipped, with Meta-World installed as tests/docs/test_robot_suites.py installs it: two
+    """suites/mt10.toml as shipped, with Meta-World installed as tests/_support/pip_sites.py installs it: two
     short episodes per task (40 steps instead of Meta-World's 500), from the suite's first two seeds."""
-    from metaworld_site import python_path_with
-
-    env = {**os.environ, "PYTHONPATH": python_path_with(metaworld_site) + os.pathsep + str(ROOT / "src")}
+    env = {**os.environ, "PYTHONPATH": python_path_with(metaworld_site)}
     done = subprocess.run([sys.executable, "-m", "plugrl_env_client.suite", str(ROOT / "suites" / "mt10.toml"),
                            "--local-policy", "random", "--num-episodes", "2", "--num-envs", "2",
                            "--runner.max-episode-steps", "40", "--output-dir", str(tmp_path), "--exp-name", "mt10",
@@ -472,6 +469,51 @@ def test_the_shipped_mt10_suite_runs_its_ten_tasks(metaworld_site: Path, tmp_pat
         assert seeds == [0, 1]
     assert len({t["mean_return"] for t in suite["tasks"]}) == 10, "ten different tasks"
     assert "suite mt10: 10 tasks" in done.stdout
+
+
+# ---------------------------------------------------------------------------------------------- LIBERO's suites
+
+LIBERO_SUITES = ("libero_spatial", "libero_object", "libero_goal", "libero_10")
+
+
+@pytest.mark.parametrize("name", LIBERO_SUITES)
+def test_a_libero_suite_file_runs_every_task_of_its_suite_from_each_of_its_50_initial_states(name: str) -> None:
+    suite = load_suite(ROOT / "suites" / f"{name}.toml")
+    assert suite.name == name and suite.seeds == tuple(range(50))
+    assert [t.env for t in suite.tasks] == ["libero-v1"] * 10
+    assert [t.env_config for t in suite.tasks] == [{"suite": name, "task_id": i} for i in range(10)]
+    assert len({t.name for t in suite.tasks}) == 10 and all(t.episodes == 50 for t in suite.tasks)
+
+
+@pytest.fixture(scope="module")
+def libero_site() -> Path:
+    return installed(LIBERO)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)  # the first test with LIBERO installs it (about 1.7 GB) first
+def test_the_shipped_libero_spatial_suite_prints_the_success_table_of_its_ten_tasks(libero_site: Path,
+                                                                                    tmp_path: Path) -> None:
+    """suites/libero_spatial.toml as shipped, with LIBERO installed as tests/_support/pip_sites.py installs it: one
+    episode of 2 steps per task, without cameras (a step with them costs a quarter of a second here)."""
+    env = {**os.environ, "PYTHONPATH": python_path_with(libero_site)}
+    done = subprocess.run([sys.executable, "-m", "plugrl_env_client.suite", str(ROOT / "suites" / "libero_spatial.toml"),
+                           "--local-policy", "random", "--num-episodes", "1", "--env.render", "false",
+                           "--env.settle-steps", "0", "--env.max-episode-steps", "2", "--output-dir", str(tmp_path),
+                           "--exp-name", "spatial", "--no-progress"], cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=1200)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    suite = json.loads((tmp_path / "spatial" / "suite.json").read_text())
+    assert len(suite["tasks"]) == 10 and suite["tasks"][0]["name"].startswith("pick_up_the_black_bowl_between")
+    for task in suite["tasks"]:
+        assert (task["env"], task["status"], task["episodes"], task["mean_length"]) == ("LIBERO-v1", "finished", 1, 2)
+        assert task["success_rate"] == 0.0, "LIBERO's success check judged the episode"
+        run = tmp_path / "spatial" / task["run"]
+        (episode,) = [json.loads(line) for line in (run / "rollout" / "proc_000" / "episodes.jsonl").open()]
+        assert episode["seed"] == 0 and episode["truncated"]
+    assert [json.loads((tmp_path / "spatial" / t["run"] / "client_config.json").read_text())["env"]["task_id"]
+            for t in suite["tasks"]] == list(range(10))
+    assert "suite libero_spatial: 10 tasks" in done.stdout
 
 
 # ---------------------------------------------------------------------------------------------- the report

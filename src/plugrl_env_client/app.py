@@ -443,7 +443,8 @@ def check_config(config: ClientConfig, env_id: str) -> None:
                         ("--local-policy-horizon", config.local_policy_horizon)):
         if value is not None and value < 1:
             raise ConfigError(f"{flag} must be >= 1, got {value}")
-    images.check_choice(config.connection.image_codec, config.connection.image_quality)  # and its extra
+    connection = config.connection
+    images.check_choice(connection.image_codec, connection.image_quality, connection.word)  # and its extra
     _check_api_key(config)
     group_sizes(config, env_id)  # pipeline and seed groups must split the envs evenly
     require(config.tracking)  # its library, before the run folder exists

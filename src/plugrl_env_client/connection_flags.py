@@ -87,7 +87,12 @@ class ConnectionConfig:
         ``added`` (``url`` and the hints that fit the env, or a resolved ``api_key``), naming each choice by its flag."""
         taken = {f.name for f in dataclasses.fields(SessionConfig)}
         chosen = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name in taken}
-        words = {f.name: "--" + f.name.replace("_", "-") for f in dataclasses.fields(self)}
-        words["api_key"] = "--api-key / $PLUGRL_API_KEY"
+        words = {f.name: self.word(f.name) for f in dataclasses.fields(self)}
         return SessionConfig(**{**chosen, "words": words, **added})
+
+    @staticmethod
+    def word(field: str) -> str:
+        """How the user sets the choice ``field``: its flag (the key also from ``$PLUGRL_API_KEY``)."""
+        flag = "--" + field.replace("_", "-")
+        return f"{flag} / $PLUGRL_API_KEY" if field == "api_key" else flag
 

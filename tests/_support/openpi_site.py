@@ -1,7 +1,7 @@
 """openpi's client and server for the tests: ``openpi-client`` requires numpy below 2 (and imports
 ``typing_extensions`` without declaring it) while the test venv has numpy 2, so both are pip-installed with their
 dependencies into a folder of their own (``pip install --target``) that goes first on the import path of the
-children a test starts, and of nothing else (see :mod:`metaworld_site`)."""
+children a test starts, and of nothing else (see :mod:`pip_sites`)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from metaworld_site import python_path_with
+from pip_sites import python_path_with
 
 OPENPI_SITE = ("openpi-client==0.1.2", "openpi-server==0.1.0", "numpy<2", "typing_extensions")
 """openpi's client and server as published, the numpy they need, and what the client imports undeclared."""

@@ -5,7 +5,8 @@ Meta-World pins MuJoCo 3.3.0 and the venv the tests run in has MuJoCo 4 (the ``m
 its MuJoCo and the one dependency the venv lacks (scipy) are pip-installed into a folder of their own (``pip
 install --target --no-deps``) that goes first on the import path of the client the test runs, and of nothing
 else. The other suites (gym-aloha, dm_control) render a camera every step or need MuJoCo 3 as well; they were run
-by hand, each in a venv of its own (the page says so).
+by hand, each in a venv of its own (the page says so). LIBERO, a family of its own, is run for real by
+tests/envs/test_libero_env.py and tests/test_suite.py.
 """
 
 from __future__ import annotations
@@ -19,13 +20,15 @@ from pathlib import Path
 
 import pytest
 from doc_commands import Block, DocShell, bash_blocks
-from metaworld_site import install_metaworld, python_path_with
+from pip_sites import METAWORLD, installed, python_path_with
 
 ROOT = Path(__file__).resolve().parents[2]
 GUIDE = ROOT / "docs" / "robot-suites.md"
 SUITES = {"Meta-World": ("metaworld", "metaworld:Meta-World/MT1"), "gym-aloha": ("aloha", "gym_aloha/AlohaInsertion-v0"),
           "dm_control through Shimmy": ("dm-control", "shimmy:dm_control/cartpole-swingup-v0")}
-"""Section heading -> (extra, --env.id) of each suite the page documents."""
+"""Section heading -> (extra, --env.id) of each Gym-v1 suite the page documents."""
+LIBERO_RUN = "plugrl-run-env-client libero-v1 --env.suite libero_spatial --num-episodes 2 --local-policy random"
+"""The LIBERO section's client run (tests/envs/test_libero_env.py runs a short one for real)."""
 
 
 def suite_blocks() -> dict[str, Block]:
@@ -42,9 +45,9 @@ def test_each_suite_installs_an_extra_of_the_project_and_runs_the_id_its_row_nam
     tomllib = pytest.importorskip("tomllib")  # Python 3.11+
     extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
     blocks = suite_blocks()
-    assert set(blocks) == set(SUITES)
+    assert set(blocks) == {*SUITES, "LIBERO"}
     rows = [line for line in GUIDE.read_text().splitlines() if line.startswith("| ") and "](#" in line]
-    assert len(rows) == len(SUITES)
+    assert len(rows) == len(SUITES) + 1
     for name, (extra, env_id) in SUITES.items():
         texts = [c.text for c in blocks[name].commands]
         assert any(t.startswith("python3 -m venv ") for t in texts), f"{name}: a venv of its own"
@@ -58,13 +61,27 @@ def test_each_suite_installs_an_extra_of_the_project_and_runs_the_id_its_row_nam
         assert f"`{extra}`" in row and f"(#{_anchor(name)})" in row, row
 
 
+def test_the_libero_section_installs_its_extra_and_runs_libero_v1_and_a_shipped_suite() -> None:
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    texts = [c.text for c in suite_blocks()["LIBERO"].commands]
+    assert any(t.startswith("python3 -m venv ") for t in texts), "a venv of its own"
+    assert 'pip install -e ".[libero]"' in texts and "libero" in extras
+    assert "libero" not in " ".join(extras["test"]), "LIBERO pins MuJoCo 3: not in the test extra"
+    assert LIBERO_RUN in texts
+    (suite,) = [t for t in texts if t.startswith("plugrl-run-suite ")]
+    assert (ROOT / suite.split()[1]).is_file(), suite
+    row = next(r for r in GUIDE.read_text().splitlines() if r.startswith("| LIBERO"))
+    assert "`libero`" in row and "(#libero)" in row, row
+
+
 def _anchor(heading: str) -> str:
     return re.sub(r"[^a-z0-9_ -]", "", heading.lower()).replace(" ", "-")
 
 
 @pytest.fixture(scope="module")
-def metaworld_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return install_metaworld(tmp_path_factory.mktemp("metaworld-site"))
+def metaworld_site() -> Path:
+    return installed(METAWORLD)
 
 
 @pytest.mark.slow

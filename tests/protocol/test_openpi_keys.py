@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from PIL import Image
+from extras import need
 
 from plugrl_env_client.errors import ProtocolError
 from plugrl_env_client.protocol.openpi_keys import KeyMap, MissingKey, resize_with_pad
+
+Image = need("PIL.Image")
 
 
 class Obs:

@@ -88,7 +88,7 @@ def _library(name: str, codec: str, word: Callable[[str], str] = str) -> ModuleT
         return importlib.import_module(name)
     except ImportError:
         raise ConfigError(f"the {codec} image codec needs the {name} package: pip install "
-                          f"'plugrl-env-client[images]' (or set {word('image_codec')} none)") from None
+                          f"'plugrl-env-client[images]' (or pass {word('image_codec')} none)") from None
 
 
 def check_choice(codec: str, quality: int, word: Callable[[str], str] = str) -> None:
