@@ -190,12 +190,11 @@ def test_frames_from_the_packer_reach_the_server_as_the_codecs_bytes(bare):
             ws.send(b"ok")
 
     client = ws_client.connect(bare(handler))
-    packer = FramePacker()
     images = np.arange(16 * 64 * 64 * 3, dtype=np.uint8).reshape(16, 64, 64, 3)
     msg = {"small": np.arange(3), "images": {"cam": images}, "text": "über"}
     try:
-        for hint in (0, images.nbytes):  # packed whole, and laid out around the array
-            client.send_frame(packer.pack(msg, size_hint=hint))
+        for compiled in (True, False):  # both routes to the frame
+            client.send_frame(FramePacker(compiled).pack(msg))
             assert client.recv(timeout=10) == b"ok"
     finally:
         client.close()
@@ -590,7 +589,7 @@ def test_the_reference_server_over_the_client_directly(reference):
         obs = {"images": {"cam": np.zeros((2, 96, 96, 3), np.uint8)}, "states": {"x": np.zeros((2, 3))},
                "text": np.array(["", ""])}
         message = messages.InferRequest(obs, ids, np.zeros(2, np.int64)).message()
-        client.send_frame(packer.pack(message, 2 * 96 * 96 * 3))
+        client.send_frame(packer.pack(message))
         reply = messages.parse_action(codec.unpackb(client.recv(timeout=10)), ids)
         assert reply.actions.shape == (4, 2, 2)
     finally:

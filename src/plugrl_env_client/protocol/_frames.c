@@ -1,7 +1,8 @@
-/* The compiled path of frame_packer.FramePacker for a small message: its msgpack bytes written, masked and framed in
- * one call, byte for byte what MessageWriter, apply_mask and frame_header make of it.
+/* The compiled route of frame_packer.FramePacker: a message's msgpack bytes written straight into its frame, masked
+ * as they are written (each array's data read once), byte for byte what MessageWriter, apply_mask and frame_header
+ * make of it.
  *
- * frame(msg, key, layouts, miss, ndarray, timed, clock) -> bytes | None
+ * frame(msg, key, layouts, miss, ndarray, timed, clock) -> bytes | memoryview | None
  *
  * It lays out what the rollout's messages hold: maps of exact dict type with str, int or bytes keys; str, int, float,
  * bool, None and bytes values; plain ndarrays (exact type, C-contiguous, exporting their buffer) through the writer's
@@ -19,14 +20,17 @@
 
 #define MAX_DEPTH 32 /* codec.MAX_DEPTH */
 
-/* The payload being written: in a buffer on the C stack, moved to the heap if it outgrows it (each call has its own:
- * a callback may let another thread frame a message meanwhile). */
+/* The frame being written, each call's own (a callback may let another thread frame a message meanwhile): the room
+ * for the header and the key first, then the payload, masked as it is written. On the C stack while it fits (a small
+ * message's frame is then copied out whole), else in a bytearray that becomes the frame (a big one is not copied). */
 typedef struct {
     unsigned char *data;
-    Py_ssize_t len, cap;
-    int on_heap;
+    Py_ssize_t len, cap; /* len counts the head room */
+    PyObject *buf;       /* the bytearray, once the frame outgrew the stack (NULL before) */
+    unsigned char key[4];
 } Out;
 
+#define HEAD_ROOM 14 /* the longest header (10 bytes) and the key */
 #define STACK_BYTES 8192
 static PyObject *s_dtype, *s_shape, *s_value, *s_seconds; /* attribute names, made once */
 
@@ -37,25 +41,44 @@ typedef struct {
 enum { OK = 0, FALLBACK = 1, ERROR = -1 };
 
 static int grow(Out *out, Py_ssize_t more) {
+    if (more > PY_SSIZE_T_MAX / 2 - out->len) {
+        PyErr_NoMemory();
+        return ERROR;
+    }
     Py_ssize_t need = out->len + more;
     if (need <= out->cap) return OK;
     Py_ssize_t cap = out->cap;
     while (cap < need) cap *= 2;
-    unsigned char *data = out->on_heap ? PyMem_Realloc(out->data, cap) : PyMem_Malloc(cap);
-    if (data == NULL) {
-        PyErr_NoMemory();
-        return ERROR;
+    if (out->buf == NULL) {
+        out->buf = PyByteArray_FromStringAndSize((const char *)out->data, out->len);
+        if (out->buf == NULL) return ERROR;
     }
-    if (!out->on_heap) memcpy(data, out->data, out->len);
-    out->data = data;
+    if (PyByteArray_Resize(out->buf, cap) < 0) return ERROR;
+    out->data = (unsigned char *)PyByteArray_AS_STRING(out->buf);
     out->cap = cap;
-    out->on_heap = 1;
     return OK;
 }
 
+/* ``n`` bytes appended, masked: payload byte i is XORed with key[i % 4] (RFC 6455), eight bytes at a time. */
 static int put(Out *out, const void *bytes, Py_ssize_t n) {
     if (grow(out, n) != OK) return ERROR;
-    memcpy(out->data + out->len, bytes, n);
+    const unsigned char *src = (const unsigned char *)bytes;
+    unsigned char *dst = out->data + out->len;
+    Py_ssize_t phase = out->len - HEAD_ROOM, i = 0;
+    for (; i < n && ((phase + i) & 3); i++) dst[i] = src[i] ^ out->key[(phase + i) & 3];
+    if (n - i >= 8) {
+        uint64_t word_key;
+        unsigned char eight[8];
+        for (int k = 0; k < 8; k++) eight[k] = out->key[k & 3];
+        memcpy(&word_key, eight, 8);
+        for (; i + 8 <= n; i += 8) {
+            uint64_t word;
+            memcpy(&word, src + i, 8);
+            word ^= word_key;
+            memcpy(dst + i, &word, 8);
+        }
+    }
+    for (; i < n; i++) dst[i] = src[i] ^ out->key[(phase + i) & 3];
     out->len += n;
     return OK;
 }
@@ -247,8 +270,10 @@ static int pack_value(Out *out, PyObject *obj, Ctx *ctx, int depth) {
     return FALLBACK;
 }
 
-/* RFC 6455 framing: FIN and the binary opcode, the masked length in its shortest form, the key, the masked payload. */
-static PyObject *masked_frame(const unsigned char *payload, Py_ssize_t n, const unsigned char *key) {
+/* RFC 6455 framing: FIN and the binary opcode, the masked length in its shortest form, the key, in the head room
+ * right before the payload; returns where the frame starts. */
+static Py_ssize_t put_header(Out *out) {
+    Py_ssize_t n = out->len - HEAD_ROOM;
     unsigned char header[10];
     Py_ssize_t h = 2;
     header[0] = 0x82;
@@ -264,25 +289,10 @@ static PyObject *masked_frame(const unsigned char *payload, Py_ssize_t n, const 
         for (int i = 0; i < 8; i++) header[2 + i] = (unsigned char)((uint64_t)n >> (8 * (7 - i)));
         h = 10;
     }
-    PyObject *frame = PyBytes_FromStringAndSize(NULL, h + 4 + n);
-    if (frame == NULL) return NULL;
-    unsigned char *dst = (unsigned char *)PyBytes_AS_STRING(frame);
-    memcpy(dst, header, h);
-    memcpy(dst + h, key, 4);
-    dst += h + 4;
-    uint64_t word_key;
-    unsigned char eight[8];
-    for (int i = 0; i < 8; i++) eight[i] = key[i & 3];
-    memcpy(&word_key, eight, 8);
-    Py_ssize_t i = 0;
-    for (; i + 8 <= n; i += 8) {
-        uint64_t word;
-        memcpy(&word, payload + i, 8);
-        word ^= word_key;
-        memcpy(dst + i, &word, 8);
-    }
-    for (; i < n; i++) dst[i] = payload[i] ^ key[i & 3];
-    return frame;
+    Py_ssize_t start = HEAD_ROOM - 4 - h;
+    memcpy(out->data + start, header, h);
+    memcpy(out->data + HEAD_ROOM - 4, out->key, 4);
+    return start;
 }
 
 static PyObject *frame(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
@@ -300,22 +310,36 @@ static PyObject *frame(PyObject *module, PyObject *const *args, Py_ssize_t nargs
     if (!PyDict_CheckExact(msg)) Py_RETURN_NONE;
     Ctx ctx = {args[2], args[3], args[4], args[5], args[6]};
     unsigned char stack[STACK_BYTES];
-    Out out = {stack, 0, STACK_BYTES, 0};
-    PyObject *framed = NULL;
+    Out out = {stack, HEAD_ROOM, STACK_BYTES, NULL, {0, 0, 0, 0}};
+    memcpy(out.key, PyBytes_AS_STRING(key), 4);
     int result = pack_map(&out, msg, &ctx, 0);
+    PyObject *framed = NULL;
     if (result == OK) {
-        framed = masked_frame(out.data, out.len, (const unsigned char *)PyBytes_AS_STRING(key));
+        Py_ssize_t start = put_header(&out);
+        if (out.buf == NULL) {
+            framed = PyBytes_FromStringAndSize((const char *)out.data + start, out.len - start);
+        } else {
+            PyObject *view = PyMemoryView_FromObject(out.buf);
+            PyObject *first = PyLong_FromSsize_t(start), *end = PyLong_FromSsize_t(out.len);
+            PyObject *range = (view && first && end) ? PySlice_New(first, end, NULL) : NULL;
+            framed = range ? PyObject_GetItem(view, range) : NULL;
+            Py_XDECREF(range);
+            Py_XDECREF(end);
+            Py_XDECREF(first);
+            Py_XDECREF(view);
+        }
     } else if (result == FALLBACK) {
         framed = Py_None;
         Py_INCREF(framed);
     }
-    if (out.on_heap) PyMem_Free(out.data);
+    Py_XDECREF(out.buf);
     return framed;
 }
 
 static PyMethodDef methods[] = {
     {"frame", (PyCFunction)(void (*)(void))frame, METH_FASTCALL,
-     "frame(msg, key, layouts, miss, ndarray, timed, clock) -> the masked WebSocket frame of msg, or None."},
+     "frame(msg, key, layouts, miss, ndarray, timed, clock) -> the masked WebSocket frame of msg (bytes, or a "
+     "memoryview of a bytearray), or None."},
     {NULL, NULL, 0, NULL},
 };
 

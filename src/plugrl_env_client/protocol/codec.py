@@ -18,7 +18,7 @@ subclass), or maps nested deeper than :data:`MAX_DEPTH`, is packed by that packe
 nesting limit counts every level (PlugRL's infer and feedback messages hold neither outside ``info``); a
 :class:`Timed` part that holds one is packed whole on its own, its cost measured where it stands. The bytes
 are msgpack-python's with the hook, which the tests hold them to. :func:`packb` is the writer's bytes (the
-reference server's replies); the client's frames take its pieces (:mod:`~plugrl_env_client.protocol.frame_packer`).
+reference server's replies) and the client's frames (:mod:`~plugrl_env_client.protocol.frame_packer`).
 
 Decoding validates every array (dtype, shape, data length) so a broken peer produces one ``ProtocolError`` with a
 message, never a numpy exception from deep inside a rollout. msgpack copies each array's bytes out of the frame

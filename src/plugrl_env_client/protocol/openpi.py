@@ -86,8 +86,8 @@ class OpenpiWire:
         parsed = messages.parse_metadata({"message_type": messages.METADATA, "data": msg})
         return dataclasses.replace(parsed, features=())  # openpi has no optional features
 
-    def infer(self, request: InferRequest[Any], image_codec: str, quality: int) -> tuple[Any, int]:
-        return request.obs, _array_bytes(request.obs)
+    def infer(self, request: InferRequest[Any], image_codec: str, quality: int) -> Any:
+        return request.obs
 
     def reply(self, msg: Any, asked: np.ndarray) -> ActionReply:
         if not isinstance(msg, dict) or "actions" not in msg:
@@ -124,14 +124,6 @@ class OpenpiWire:
         why = f" ({reason})" if reason else ""
         ends = f"; its last traceback ends: {self.last_traceback!r}" if self.last_traceback else ""
         return ProtocolError(f"the openpi server closed the connection with 1011, an internal error{why}{ends}")
-
-
-def _array_bytes(value: Any) -> int:
-    if isinstance(value, np.ndarray):
-        return int(value.nbytes)
-    if isinstance(value, dict):
-        return sum(_array_bytes(v) for v in value.values())
-    return 0
 
 
 class OpenpiSession:

@@ -153,8 +153,8 @@ class Wire(Protocol):
     def metadata(self, msg: Any) -> ServerMetadata:
         """The server's first message, checked (a ProtocolError when it is not this protocol's metadata)."""
 
-    def infer(self, request: InferRequest[Any], image_codec: str, quality: int) -> tuple[Any, int]:
-        """The message of an infer, and the bytes of its arrays (what makes laying the frame out worth it)."""
+    def infer(self, request: InferRequest[Any], image_codec: str, quality: int) -> Any:
+        """The message of an infer."""
 
     def reply(self, msg: Any, asked: np.ndarray) -> ActionReply:
         """The reply to the infer for ``asked``, checked."""
@@ -178,9 +178,8 @@ class PlugrlWire:
     def metadata(self, msg: Any) -> ServerMetadata:
         return plugrl_metadata(msg)
 
-    def infer(self, request: InferRequest[Any], image_codec: str, quality: int) -> tuple[Any, int]:
-        wire = messages.wire_observation(request.obs, image_codec, quality)
-        return request.message(wire), _payload_bytes(wire)
+    def infer(self, request: InferRequest[Any], image_codec: str, quality: int) -> Any:
+        return request.message(messages.wire_observation(request.obs, image_codec, quality))
 
     def reply(self, msg: Any, asked: np.ndarray) -> ActionReply:
         return messages.parse_action(msg, asked)
@@ -269,10 +268,10 @@ class Session:
             if early is not None:
                 self._answers_no_infer(early)
             with self._infer_packing:
-                message, size = self.wire.infer(request, self._image_codec, self.config.image_quality)
+                message = self.wire.infer(request, self._image_codec, self.config.image_quality)
                 if self._image_codec != "none" and self._speaks:
                     self._say_raw_cameras(message["data"]["images"])
-                frame = self._packer.pack(message, size)
+                frame = self._packer.pack(message)
             self._sent_at = time.perf_counter()
             client.send_frame(frame)
         except ws_common.WebSocketClosed as exc:
@@ -354,7 +353,7 @@ class Session:
                 obs, info = Timed(wire), Timed(feedback.info)
                 message = feedback.message(obs, info)
             with self._feedback_packing:
-                frame = self._packer.pack(message, _payload_bytes(wire))
+                frame = self._packer.pack(message)
             timing.feedback_obs_pack_s += obs.seconds
             timing.feedback_info_pack_s += info.seconds
             try:
@@ -519,13 +518,3 @@ class Stopwatch:
         timing = self._timing
         for field in self._fields:
             setattr(timing, field, getattr(timing, field) + elapsed)
-
-
-def _payload_bytes(wire: dict[str, Any]) -> int:
-    """Bytes of an observation's arrays (images, states, text): the bulk of its frame."""
-    total = int(wire["text"].nbytes)
-    for arr in wire["images"].values():
-        total += arr.nbytes if isinstance(arr, np.ndarray) else sum(map(len, arr["rows"]))
-    for arr in wire["states"].values():
-        total += arr.nbytes
-    return total
