@@ -271,7 +271,10 @@ def _dtype(value: Any) -> np.dtype:
 
 
 def _decode_ndarray(obj: dict) -> np.ndarray:
-    dtype = _dtype(obj.get(_DTYPE))
+    typestr = obj.get(_DTYPE)
+    dtype = _KNOWN_DTYPES.get(typestr) if type(typestr) is str else None  # (a call less for the usual ones)
+    if dtype is None:
+        dtype = _dtype(typestr)
     shape, data = obj.get(_SHAPE), obj.get(_DATA)
     if not isinstance(shape, (list, tuple)):
         raise ProtocolError(f"array shape must be a list of non-negative ints, got {shape!r}")

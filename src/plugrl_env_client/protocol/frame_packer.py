@@ -70,16 +70,15 @@ class FramePacker:
         self._compiled = (_frames.frame if compiled and _frames is not None else None)
         self._compiled_args = (writer.layouts, writer.layout_of, np.ndarray, Timed, time.perf_counter)
 
-    def _key(self) -> bytes:
-        if self._next_key >= len(self._keys):
-            self._keys, self._next_key = os.urandom(4 * 1024), 0  # one system call per 1024 frames
-        self._next_key += 4
-        return self._keys[self._next_key - 4:self._next_key]
-
     def pack(self, msg: Any, key: bytes | None = None) -> memoryview:
         """The whole frame (header, key, masked payload) of ``msg``; ``key`` is for tests. Raises
         :class:`~plugrl_env_client.protocol.codec.ProtocolError` for what the codec cannot carry."""
-        key = self._key() if key is None else key
+        if key is None:
+            at = self._next_key
+            if at >= len(self._keys):
+                self._keys, at = os.urandom(4 * 1024), 0  # one system call per 1024 frames
+            self._next_key = at + 4
+            key = self._keys[at:at + 4]
         try:
             if self._compiled is not None:
                 frame = self._compiled(msg, key, *self._compiled_args)

@@ -222,10 +222,6 @@ class Session:
         self._dialer = Dialer(config, self.timing, self._warn_s, should_stop, wire.metadata, wire.server_kind)
         self._packer = FramePacker()  # one frame buffer for the session's life, across reconnects
         # Where the seconds of each step go (one reused stopwatch per step: nothing made per message).
-        self._infer_packing = Stopwatch(self.timing, "pack_s", "infer_obs_pack_s")
-        self._feedback_sending = Stopwatch(self.timing, "feedback_s")
-        self._feedback_building = Stopwatch(self.timing, "feedback_obs_pack_s")  # the observation's wire map
-        self._feedback_packing = Stopwatch(self.timing, "pack_s")
         self._client: ws_client.WebSocketClient | None = None
         self._image_codec = "none"  # the codec of the current connection: image_codec when its server offers it
         self._speaks = config.stream in (None, (0, 0))  # the run's first stream says what holds for every stream
@@ -262,21 +258,25 @@ class Session:
         if self.state is Exchange.FEEDBACK_DUE:
             raise FeedbackStillDue("an infer while the feedback on the last action is still due: feedback() first "
                                    "(one feedback answers each action, SPEC §2)")
-        client = self._current()
+        client = self._client
+        if client is None:
+            raise NotConnected("the session has no connection: call open() first")
+        timing = self.timing
         try:
             early = client.recv(0)  # nothing may wait here: every reply answered the infer before it
             if early is not None:
                 self._answers_no_infer(early)
-            with self._infer_packing:
-                message = self.wire.infer(request, self._image_codec, self.config.image_quality)
-                if self._image_codec != "none" and self._speaks:
-                    self._say_raw_cameras(message["data"]["images"])
-                frame = self._packer.pack(message)
-            self._sent_at = time.perf_counter()
+            start = time.perf_counter()
+            message = self.wire.infer(request, self._image_codec, self.config.image_quality)
+            if self._image_codec != "none" and self._speaks:
+                self._say_raw_cameras(message["data"]["images"])
+            frame = self._packer.pack(message)
+            self._sent_at = sent = time.perf_counter()
+            timing.pack_s += sent - start
+            timing.infer_obs_pack_s += sent - start
             client.send_frame(frame)
         except ws_common.WebSocketClosed as exc:
             raise ConnectionLost(self._closed(exc)) from None
-        timing = self.timing
         timing.infer_calls += 1
         timing.infer_rows += len(request.env_indices)
         timing.bytes_sent += frame.nbytes
@@ -294,7 +294,8 @@ class Session:
         asked = self._asked
         if asked is None:
             raise NoReplyAwaited("no infer is waiting for its reply: send_infer() first")
-        client = self._current()
+        client = self._client
+        assert client is not None  # an infer is on the wire: on this connection
         try:
             if timeout == 0:  # the pipelined poll: one poll(2), and a clock reading only when nothing came
                 frame = client.recv(0)
@@ -345,30 +346,29 @@ class Session:
             raise (AlreadyAwaitingReply("a feedback while an infer waits for its reply: receive_actions() first")
                    if self.state is Exchange.AWAITING_REPLY else
                    NoFeedbackDue("a feedback that answers no reply: send_infer() and receive_actions() first"))
-        client = self._current()
+        client = self._client
+        assert client is not None  # feedback is due: on this connection
         timing = self.timing
-        with self._feedback_sending:
-            with self._feedback_building:
-                wire = messages.wire_observation(feedback.obs, self._image_codec, self.config.image_quality)
-                obs, info = Timed(wire), Timed(feedback.info)
-                message = feedback.message(obs, info)
-            with self._feedback_packing:
-                frame = self._packer.pack(message)
-            timing.feedback_obs_pack_s += obs.seconds
-            timing.feedback_info_pack_s += info.seconds
-            try:
-                client.send_frame(frame)
-            except ws_common.WebSocketClosed as exc:
-                self._lost = self._closed(exc)
-                return
+        start = time.perf_counter()
+        wire = messages.wire_observation(feedback.obs, self._image_codec, self.config.image_quality)
+        obs, info = Timed(wire), Timed(feedback.info)
+        message = feedback.message(obs, info)
+        built = time.perf_counter()
+        frame = self._packer.pack(message)
+        packed = time.perf_counter()
+        timing.feedback_obs_pack_s += built - start + obs.seconds
+        timing.feedback_info_pack_s += info.seconds
+        timing.pack_s += packed - built
+        try:
+            client.send_frame(frame)
+        except ws_common.WebSocketClosed as exc:
+            self._lost = self._closed(exc)
+            return
+        finally:
+            timing.feedback_s += time.perf_counter() - start
         self.state = Exchange.IDLE
         timing.feedback_calls += 1
         timing.bytes_sent += frame.nbytes
-
-    def _current(self) -> ws_client.WebSocketClient:
-        if self._client is None:
-            raise NotConnected("the session has no connection: call open() first")
-        return self._client
 
     def _decode(self, frame: Any) -> Any:
         if isinstance(frame, str):
