@@ -103,7 +103,7 @@ def run_client(config: ClientConfig, env_id: str, sources: EnvSources | None = N
             # build theirs where they run).
             jobs = [ProcessJob(spec.uid, config, p, "", writer.episodes_per_env(p)) for p in range(config.num_procs)]
             if config.num_procs == 1 and config.runner.pipeline in (1, "auto") and launcher.in_process:
-                env = build_env(jobs[0])
+                env = build_env(jobs[0], spec)
             server = _start_local_policy(config, spec.uid, env, run_dir) if config.local_policy else None
             urls = (server.url,) if server is not None else config.resolved_urls()
             recorded = _served_at(config, urls[0]) if server is not None else config
@@ -446,7 +446,7 @@ def check_config(config: ClientConfig, env_id: str) -> None:
     connection = config.connection
     images.check_choice(connection.image_codec, connection.image_quality, connection.word)  # and its extra
     _check_api_key(config)
-    group_sizes(config, env_id)  # pipeline and seed groups must split the envs evenly
+    group_sizes(config, get_spec(env_id))  # pipeline and seed groups must split the envs evenly
     require(config.tracking)  # its library, before the run folder exists
 
 
@@ -529,7 +529,8 @@ def _start_local_policy(config: ClientConfig, env_id: str, env: BaseEnv | None, 
     flag's default, 4, is the other policies' horizon)."""
     from plugrl_env_client.server.embedded import start_local_server
 
-    probe = env if env is not None else build_env(ProcessJob(env_id, dataclasses.replace(config, num_envs=1), 0, ""))
+    probe = env if env is not None else build_env(ProcessJob(env_id, dataclasses.replace(config, num_envs=1), 0, ""),
+                                                       get_spec(env_id))
     try:
         space = contract.action_space_of(probe)
     finally:

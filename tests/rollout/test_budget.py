@@ -208,14 +208,15 @@ def test_a_process_resumed_with_an_env_past_its_share_is_ended_by_its_budget_alo
     no env has a share of its own, and a warning says so."""
     from plugrl_env_client.config import ClientConfig, RunnerConfig
     from plugrl_env_client.envs import discover_envs
+    from plugrl_env_client.envs.registry import get_spec
     from plugrl_env_client.launch.process import ProcessJob, loop_settings
 
     discover_envs()
     cfg = ClientConfig(num_procs=2, num_envs=4, num_episodes=23, runner=RunnerConfig(episode_split="static"))
-    fits = loop_settings(ProcessJob("Point-v1", cfg, 1, "", (1, 2, 0, 1)))
+    fits = loop_settings(ProcessJob("Point-v1", cfg, 1, "", (1, 2, 0, 1)), get_spec("Point-v1"))
     assert fits.env_shares == (3, 3, 3, 2) and fits.first_episodes == (1, 2, 0, 1)
     assert not caplog.records
-    off = loop_settings(ProcessJob("Point-v1", cfg, 1, "", (4, 2, 0, 1)))
+    off = loop_settings(ProcessJob("Point-v1", cfg, 1, "", (4, 2, 0, 1)), get_spec("Point-v1"))
     assert off.env_shares == () and off.first_episodes == (4, 2, 0, 1)
     assert "process 1: its episodes on disk ([4, 2, 0, 1] per env) do not follow" in caplog.text
-    assert loop_settings(ProcessJob("Point-v1", cfg, 1, ""), with_shares=False).env_shares == ()
+    assert loop_settings(ProcessJob("Point-v1", cfg, 1, ""), get_spec("Point-v1"), with_shares=False).env_shares == ()

@@ -254,8 +254,8 @@ def test_single_instance_is_a_registration_flag(single):
 def test_a_single_instance_env_split_by_hand_is_a_clear_error(single):
     config = ClientConfig(num_envs=4, runner=RunnerConfig(pipeline=2))
     with pytest.raises(ConfigError, match=r"OnlyOnce-v1 can exist only once per process .* --runner.pipeline 1"):
-        group_sizes(config, single)
-    assert group_sizes(ClientConfig(num_envs=4, runner=RunnerConfig(pipeline="auto")), single) == [4]
+        group_sizes(config, get_spec(single))
+    assert group_sizes(ClientConfig(num_envs=4, runner=RunnerConfig(pipeline="auto")), get_spec(single)) == [4]
 
 
 def test_auto_keeps_a_single_instance_env_whole_without_probing(single):
@@ -305,32 +305,20 @@ def test_auto_splits_against_a_slow_server_and_records_its_choice(tmp_path: Path
     assert f"--runner.pipeline auto: {groups} group(s) of {16 // groups} envs" in (run / "logs" / "client.log").read_text()
 
 
-@pytest.mark.slow
-def test_a_process_given_auto_resolves_it_itself(registry, tmp_path: Path, caplog):
-    """A caller that runs a process with ``auto`` still unresolved (the client's run resolves it first): the
-    process probes, logs its choice and collects its episodes with it."""
-    import logging
-
-    import gymnasium as gym
-
+def test_auto_is_chosen_once_per_run_before_its_processes_start(registry, tmp_path: Path):
+    """A process takes the number of groups the run chose: one given ``auto`` still unresolved fails at once, with
+    nothing built and nothing asked of a server (there is none at this URL), saying who resolves it."""
     from plugrl_env_client.launch.process import run_process
     from plugrl_env_client.outputs.run_dir import RunDir
     from plugrl_env_client.outputs.run_writer import RunWriter
     from plugrl_env_client.records import ProcessStatus
     from plugrl_env_client.rollout.budget import EpisodeBudget
-    from plugrl_env_client.server.embedded import start_local_server
 
-    server = start_local_server("random", gym.spaces.Box(-1.0, 1.0, (2,)), 4, seed=0)
+    writer = RunWriter(RunDir(tmp_path / "run").create(), "run", 1)
+    config = ClientConfig(num_envs=4, progress=False, runner=RunnerConfig(pipeline="auto"))
     try:
-        writer = RunWriter(RunDir(tmp_path / "run").create(), "run", 1)
-        from plugrl_env_client.envs.point.point_env import PointEnvConfig
-
-        config = ClientConfig(num_envs=4, progress=False, env=PointEnvConfig(), runner=RunnerConfig(pipeline="auto"))
-        with caplog.at_level(logging.INFO, logger="plugrl_env_client.launch.process"):
-            result = run_process(ProcessJob("Point-v1", config, 0, server.url), EpisodeBudget(4), writer)
-        summary = writer.close()
+        result = run_process(ProcessJob("Point-v1", config, 0, "ws://127.0.0.1:1"), EpisodeBudget(4), writer)
     finally:
-        server.shutdown()
-    assert result.status is ProcessStatus.FINISHED, result.error
-    assert summary["completed_episodes"] == 4
-    assert "process 0: --runner.pipeline auto chose" in caplog.text
+        writer.close()
+    assert result.status is ProcessStatus.FAILED
+    assert "choose_pipeline() picks the number of groups once per run" in (result.error or "")

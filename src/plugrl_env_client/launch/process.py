@@ -23,7 +23,7 @@ from plugrl_env_client.connection_flags import ConnectionConfig, OpenpiConfig
 from plugrl_env_client.envs import contract
 from plugrl_env_client.envs.base_env import BaseEnv, BaseEnvConfig
 from plugrl_env_client.envs.calls import call_env
-from plugrl_env_client.envs.registry import get_spec, make_env
+from plugrl_env_client.envs.registry import EnvSpec, get_spec, make_env
 from plugrl_env_client.errors import ConfigError, EnvCrashedError, EnvExitError, PlugRLError
 from plugrl_env_client.outputs.recording.config import RecorderConfig
 from plugrl_env_client.outputs.recording.recorder import EpisodeRecorder
@@ -129,25 +129,25 @@ def process_seed(seed: int | None, process_id: int, num_envs: int) -> int | None
     return None if seed is None else seed + process_id * num_envs
 
 
-def build_env(job: ProcessJob, env_lock: Any = None, num_envs: int | None = None) -> BaseEnv:
-    """The process's env batch (``num_envs`` of them: a pipelined process builds one batch per group); an
-    exception in the env's constructor names the env and the call."""
-    cfg, spec = job.config, get_spec(job.env_id)
+def build_env(job: ProcessJob, spec: EnvSpec, env_lock: Any = None, num_envs: int | None = None) -> BaseEnv:
+    """The process's env batch (``num_envs`` of them: a pipelined process builds one batch per group) of the env
+    ``spec``; an exception in the env's constructor names the env and the call."""
+    cfg = job.config
     ids = {"process_id": job.process_id, "total_processes": cfg.num_procs} if cfg.runner.pass_proc_id else {}
     with env_lock if (env_lock is not None and cfg.runner.use_env_lock) else contextlib.nullcontext():
         return call_env(spec.uid, "__init__", lambda: make_env(spec.uid, num_envs=num_envs or cfg.num_envs,
                                                                config=cfg.env, **ids), passthrough=(PlugRLError,))
 
 
-def group_sizes(config: RunConfig, env_id: str | None = None) -> list[int]:
+def group_sizes(config: RunConfig, spec: EnvSpec | None = None) -> list[int]:
     """Envs per pipeline group: ``--num-envs`` split into ``--runner.pipeline`` equal groups, each a whole number
     of ``--runner.group-size`` seed groups (otherwise a clear error). ``auto`` is checked as lockstep (the probe
-    picks only splits that fit); a single-instance ``env_id`` takes only one group."""
+    picks only splits that fit); an env registered single-instance (``spec``) takes only one group."""
     n, k, g = config.num_envs, config.runner.pipeline, config.runner.group_size
     if k == "auto":
         k = 1
-    if k > 1 and env_id is not None and get_spec(env_id).single_instance:
-        raise ConfigError(f"{get_spec(env_id).uid} can exist only once per process (registered single_instance=True), "
+    if k > 1 and spec is not None and spec.single_instance:
+        raise ConfigError(f"{spec.uid} can exist only once per process (registered single_instance=True), "
                           f"so it cannot be split into --runner.pipeline {k} groups; use --runner.pipeline 1 (or auto)")
     if k < 1:
         raise ConfigError(f"--runner.pipeline must be >= 1, got {k}")
@@ -162,11 +162,11 @@ def group_sizes(config: RunConfig, env_id: str | None = None) -> list[int]:
     return [n // k] * k
 
 
-def loop_settings(job: ProcessJob, with_shares: bool = True) -> LoopSettings:
-    """The rollout settings of ``job``'s process: the runner's choices, with its seed, time limit and env.
-    ``with_shares``: each env runs its share of the run's episodes (:func:`shares_of_envs`); False for a probe,
-    whose episodes are not the run's."""
-    cfg, spec = job.config, get_spec(job.env_id)
+def loop_settings(job: ProcessJob, spec: EnvSpec, with_shares: bool = True) -> LoopSettings:
+    """The rollout settings of ``job``'s process: the runner's choices, with its seed, time limit and env (its
+    ``spec``). ``with_shares``: each env runs its share of the run's episodes (:func:`shares_of_envs`); False for a
+    probe, whose episodes are not the run's."""
+    cfg = job.config
     first = _per_env(job.first_episodes, cfg.num_envs)
     per_env = shares_of_envs(cfg, job.process_id) if with_shares else ()
     if per_env and any(done > share for done, share in zip(first, per_env)):
@@ -241,9 +241,9 @@ def choose_pipeline(job: ProcessJob, stop: Any = None, env: BaseEnv | None = Non
         why = ("the env can exist only once per process" if spec.single_instance
                else f"--num-envs {cfg.num_envs} allows no other split")
         return PipelineChoice(1, why)
-    probed = env if env is not None else build_env(job, num_envs=cfg.num_envs)
+    probed = env if env is not None else build_env(job, spec, num_envs=cfg.num_envs)
     try:
-        probe = _probe(job, probed, stop)
+        probe = _probe(job, probed, stop, spec)
     finally:
         if probed is not env:
             close_env(probed, spec.uid)
@@ -251,11 +251,11 @@ def choose_pipeline(job: ProcessJob, stop: Any = None, env: BaseEnv | None = Non
     return PipelineChoice(groups, why, probe)
 
 
-def _probe(job: ProcessJob, env: BaseEnv, stop: Any) -> Probe:
+def _probe(job: ProcessJob, env: BaseEnv, stop: Any, spec: EnvSpec) -> Probe:
     """A lockstep probe of ``env`` against ``job``'s server: its figures."""
     timing = Timing()
     budget = ProbeBudget(timing, stop=stop, seed_group=job.config.runner.group_size)
-    settings = loop_settings(job, with_shares=False)
+    settings = loop_settings(job, spec, with_shares=False)
     session = open_session(session_config(job, env, 0), env.num_envs, lambda: budget.finished(job.process_id), timing)
     sink = ProbeSink()
     Rollout([EnvGroup(env, session, settings, budget, sink, timing)], settings, budget, sink).run()
@@ -270,7 +270,9 @@ def with_pipeline(config: RunConfigT, groups: int) -> RunConfigT:
 def run_process(job: ProcessJob, budget: Budget, sink: ResultSink, env_lock: Any = None,
                 env: BaseEnv | None = None) -> ProcessResult:
     """Run one process's rollout to its end (with ``env`` when the caller built it already, in lockstep); never
-    raises for user errors or interrupts: they become the result."""
+    raises for user errors or interrupts: they become the result. The env's spec is resolved here, once, and
+    handed to what needs it; ``--runner.pipeline auto`` is chosen once per run, before its processes start
+    (:func:`choose_pipeline`, by the client's run), so a process takes the chosen number."""
     cfg, spec = job.config, get_spec(job.env_id)
     if cfg.runner.start_seeds and not listed_share(cfg.runner.start_seeds, job.process_id, cfg.num_procs):
         return ProcessResult(job.process_id, ProcessStatus.FINISHED)  # more processes than listed seeds: none here
@@ -281,22 +283,17 @@ def run_process(job: ProcessJob, budget: Budget, sink: ResultSink, env_lock: Any
     rollout: Rollout | None = None
     keepalive: Keepalive | None = None
     try:
-        if cfg.runner.pipeline == "auto":  # a caller that did not resolve it first (the client's run does)
-            choice = choose_pipeline(job, budget.stop, env)
-            logger.info("process %d: --runner.pipeline auto chose %d group(s): %s", job.process_id, choice.groups,
-                        choice.why)
-            if choice.groups > 1 and envs:  # each group builds its own env
-                close_env(envs.pop(), spec.uid)
-            cfg = with_pipeline(cfg, choice.groups)
-            job = dataclasses.replace(job, config=cfg)
-        sizes = group_sizes(cfg, job.env_id)
+        if cfg.runner.pipeline == "auto":
+            raise ValueError("--runner.pipeline auto reached a process unresolved: choose_pipeline() picks the "
+                             "number of groups once per run, before its processes start")
+        sizes = group_sizes(cfg, spec)
         recorder = EpisodeRecorder(cfg.recorder, job.process_id, cfg.num_envs, sink.artifacts(job.process_id),
                                    first_episodes=_per_env(job.first_episodes, cfg.num_envs))
         hooks = recorder if recorder.enabled else None
         while len(envs) < len(sizes):
-            envs.append(build_env(job, env_lock, sizes[len(envs)]))
+            envs.append(build_env(job, spec, env_lock, sizes[len(envs)]))
         recorder.render_for(envs)  # envs that render only the recorded episodes' frames, when asked for them
-        settings = loop_settings(job)
+        settings = loop_settings(job, spec)
         keepalive = Keepalive()  # answers the server's pings while an env call of any group runs long (SPEC C2)
         groups = []
         for g, group_env in enumerate(envs):
