@@ -287,13 +287,13 @@ def run_process(job: ProcessJob, budget: Budget, sink: ResultSink, env_lock: Any
             raise ValueError("--runner.pipeline auto reached a process unresolved: choose_pipeline() picks the "
                              "number of groups once per run, before its processes start")
         sizes = group_sizes(cfg, spec)
+        settings = loop_settings(job, spec)
+        while len(envs) < len(sizes):
+            envs.append(build_env(job, spec, env_lock, sizes[len(envs)]))
         recorder = EpisodeRecorder(cfg.recorder, job.process_id, cfg.num_envs, sink.artifacts(job.process_id),
                                    first_episodes=_per_env(job.first_episodes, cfg.num_envs))
         hooks = recorder if recorder.enabled else None
-        while len(envs) < len(sizes):
-            envs.append(build_env(job, spec, env_lock, sizes[len(envs)]))
         recorder.render_for(envs)  # envs that render only the recorded episodes' frames, when asked for them
-        settings = loop_settings(job, spec)
         keepalive = Keepalive()  # answers the server's pings while an env call of any group runs long (SPEC C2)
         groups = []
         for g, group_env in enumerate(envs):
