@@ -110,15 +110,18 @@ def harness() -> Iterator[Callable[[Callable[[HarnessConnection], None]], Harnes
 
 @pytest.fixture
 def registry() -> Iterator[None]:
-    """Built-ins discovered first (their modules import once per session), then the env registries restored after."""
+    """Built-ins discovered first (their modules import once per session), then the env and policy registries
+    restored after."""
     import gymnasium as gym
 
     from plugrl_env_client.envs import discover_envs
     from plugrl_env_client.envs import registry as registration
+    from plugrl_env_client.server import registry as policies
 
     discover_envs()
-    before, gym_registry = registration.snapshot(), dict(gym.registry)
+    before, gym_registry, policies_before = registration.snapshot(), dict(gym.registry), policies.snapshot()
     yield
+    policies.restore(policies_before)
     registration.restore(before)
     gym.registry.clear()
     gym.registry.update(gym_registry)

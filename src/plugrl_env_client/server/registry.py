@@ -110,6 +110,17 @@ class PolicySpec:
 _POLICIES: dict[str, PolicySpec] = {}
 
 
+def snapshot() -> dict[str, PolicySpec]:
+    """The registrations now, for :func:`restore` (tests that register policies of their own)."""
+    return dict(_POLICIES)
+
+
+def restore(snap: dict[str, PolicySpec]) -> None:
+    """Forget every registration made since ``snap``."""
+    _POLICIES.clear()
+    _POLICIES.update(snap)
+
+
 def register_policy(name: str, config: type | None = None, horizon: int = DEFAULT_HORIZON,
                     override: bool = False, default: bool = False) -> Callable[[PolicyT], PolicyT]:
     """Class decorator registering a :class:`~plugrl_env_client.server.policy.Policy` subclass under ``name``.
