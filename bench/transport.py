@@ -14,7 +14,7 @@ as a rollout with H=8 and reuse-feedback-obs sends one observation per env and c
 * ``websockets, defaults``: websockets' threading client and server as the library ships them (64 KiB reads, no
   allocator setting), the bare baseline.
 * ``sansio -> websockets``, ``sansio -> picows``: the client's one-thread WebSocket
-  (:func:`plugrl_env_client.protocol.ws_client.connect`) against :func:`plugrl_env_client.server.ws_server.serve`
+  (:func:`plugrl_env_client.websocket.client.connect`) against :func:`plugrl_env_client.server.ws_server.serve`
   on either library (the server's handler a coroutine on its one event loop, as the reference server's are).
 * ``stack``: a real :class:`~plugrl_env_client.protocol.session.Session` (encoder, connection, transport) against
   ``plugrl-run-policy-server``: each round is a feedback for all n envs, then an infer that reuses every row,
@@ -135,8 +135,8 @@ def serve(role: str) -> None:
         server = ws_serve(bare, "127.0.0.1", 0, compression=None, max_size=None)
         print(f"ready {server.socket.getsockname()[1]}", flush=True)
         server.serve_forever()
-    from plugrl_env_client.protocol.ws_common import WebSocketClosed
     from plugrl_env_client.server import ws_server
+    from plugrl_env_client.websocket.common import WebSocketClosed
 
     async def handler(conn: ws_server.Connection) -> None:
         try:
@@ -294,7 +294,7 @@ def _raw_client(kind: str, port: int) -> tuple[Callable[[bytes], None], Callable
         return ws.send, ws.recv, ws.close
     from websockets.frames import Frame, Opcode
 
-    from plugrl_env_client.protocol import ws_client
+    from plugrl_env_client.websocket import client as ws_client
 
     conn = ws_client.connect(f"ws://127.0.0.1:{port}")  # the client of every PlugRL connection: one thread
 

@@ -43,9 +43,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from machine import load_avg, machine_line, usable_cpus
 
-from plugrl_env_client.protocol import codec, messages, ws_client, ws_common
+from plugrl_env_client.protocol import codec, messages
 from plugrl_env_client.protocol.frame_packer import FramePacker
 from plugrl_env_client.server import ws_server
+from plugrl_env_client.websocket import client as ws_client
+from plugrl_env_client.websocket import common as ws_common
 
 KINDS = ("websockets", "picows 1-thread", "sansio")
 SIZES = {"small": 0, "3 MB": 16, "24 MB": 128}  # envs per observation frame (0: the small infer)

@@ -131,6 +131,8 @@ UPPER = (f"{NAME}.cli", f"{NAME}.app", f"{NAME}.config", f"{NAME}.launch")
     (("redaction",), (NAME + ".",)),
     (("envs",), (*UPPER, f"{NAME}.protocol", f"{NAME}.rollout", f"{NAME}.server", f"{NAME}.outputs",
                  f"{NAME}.check", f"{NAME}.report")),
+    (("websocket",), (*UPPER, f"{NAME}.envs", f"{NAME}.protocol", f"{NAME}.rollout", f"{NAME}.server",
+                      f"{NAME}.outputs")),
     (("protocol",), (*UPPER, f"{NAME}.envs", f"{NAME}.rollout", f"{NAME}.server", f"{NAME}.outputs")),
     (("rollout",), (*UPPER, f"{NAME}.server", f"{NAME}.check", f"{NAME}.report")),
     (("outputs",), (*UPPER, f"{NAME}.rollout", f"{NAME}.server", f"{NAME}.check", f"{NAME}.report")),
@@ -208,10 +210,10 @@ def test_importing_the_config_tree_imports_no_heavy_extra() -> None:
 
 
 def test_the_protocol_takes_plain_values_and_names_no_flag() -> None:
-    """``protocol/`` knows nothing of the command line: it imports no tyro and names no flag (its messages name a
-    choice as its config's ``words`` say the user sets it)."""
+    """``protocol/`` and the WebSocket layer under it know nothing of the command line: they import no tyro and
+    name no flag (messages name a choice as the session config's ``words`` say the user sets it)."""
     found = []
-    for path in modules_under("protocol"):
+    for path in modules_under("protocol") + modules_under("websocket"):
         text = path.read_text()
         tree = ast.parse(text, str(path))
         for node in ast.walk(tree):

@@ -53,7 +53,7 @@ from plugrl_env_client.outputs.run_dir import (
 )
 from plugrl_env_client.outputs.run_writer import RunWriter, stopped_episodes
 from plugrl_env_client.outputs.tracking import make_tracker, require
-from plugrl_env_client.protocol import images, ws_common
+from plugrl_env_client.protocol import images
 from plugrl_env_client.protocol.openpi_keys import KeyMap
 from plugrl_env_client.records import ProcessResult, ProcessStatus
 from plugrl_env_client.redaction import REDACTED, add_secret, redact_text, redact_url
@@ -61,6 +61,7 @@ from plugrl_env_client.rollout.budget import EpisodeBudget
 from plugrl_env_client.rollout.signals import blocked, deferred_interrupts, interrupt_handlers, shielded
 from plugrl_env_client.server.registry import options_config
 from plugrl_env_client.server.server import PolicyServer
+from plugrl_env_client.websocket.common import api_key_problem
 
 logger = logging.getLogger(__name__)
 
@@ -459,7 +460,7 @@ def _check_api_key(config: ClientConfig) -> None:
     if key is None:
         return
     add_secret(key)
-    problem = ws_common.api_key_problem(key)
+    problem = api_key_problem(key)
     if problem is not None:
         source = "--api-key" if flag else f"${API_KEY_VARIABLE}"
         raise ConfigError(f"the API key in {source} cannot be sent in the handshake's Authorization header: "

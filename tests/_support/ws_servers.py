@@ -78,10 +78,10 @@ class Servers:
 
     def reference(self, handler: Callable[[Any], Awaitable[None]], kind: str, **kwargs: Any) -> Running:
         """The reference server's transport of library ``kind`` (``kwargs`` go to its ``serve``: ``parse``,
-        ``limits``). A :class:`~plugrl_env_client.protocol.ws_common.WebSocketClosed` ends up in ``seen``, other
+        ``limits``). A :class:`~plugrl_env_client.websocket.common.WebSocketClosed` ends up in ``seen``, other
         errors in ``errors`` (the connection then closes normally: the test says what it expected)."""
-        from plugrl_env_client.protocol.ws_common import WebSocketClosed
         from plugrl_env_client.server import ws_server
+        from plugrl_env_client.websocket.common import WebSocketClosed
 
         async def guarded(conn: ws_server.Connection) -> None:
             try:

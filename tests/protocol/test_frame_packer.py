@@ -13,7 +13,8 @@ from websockets.streams import StreamReader
 from plugrl_env_client.errors import ProtocolError
 from plugrl_env_client.protocol import codec
 from plugrl_env_client.protocol.codec import Timed
-from plugrl_env_client.protocol.frame_packer import FramePacker, control_frame, frame_header
+from plugrl_env_client.protocol.frame_packer import FramePacker
+from plugrl_env_client.websocket.client import control_frame, frame_header
 
 KEY = bytes([0x37, 0xFA, 0x21, 0x3D])
 ROUTES = pytest.mark.parametrize("compiled", [True, False], ids=["compiled", "python"])

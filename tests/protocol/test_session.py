@@ -19,7 +19,7 @@ from websockets.exceptions import ConnectionClosed
 
 from plugrl_env_client.envs.base_env import Observation
 from plugrl_env_client.errors import ConfigError
-from plugrl_env_client.protocol import messages, ws_client
+from plugrl_env_client.protocol import messages
 from plugrl_env_client.protocol.dialing import ReconnectsExhausted, ServerUnreachable
 from plugrl_env_client.protocol.exchange import (
     AlreadyAwaitingReply,
@@ -36,6 +36,7 @@ from plugrl_env_client.protocol.exchange import (
 from plugrl_env_client.protocol.messages import ServerMetadata
 from plugrl_env_client.protocol.session import Session, SessionConfig, Stopwatch
 from plugrl_env_client.timing import Timing
+from plugrl_env_client.websocket import client as ws_client
 
 
 def test_api_key_header_from_flag(harness):

@@ -136,7 +136,7 @@ def test_first_message_must_be_metadata(harness, tmp_path, capsys):
 def test_no_thread_but_the_rollouts_reads_or_writes_the_sockets(harness, tmp_path, monkeypatch, pipeline):
     """During a run of short env steps every read and every write of the client's sockets happens on the thread
     that runs the rollout (here the main thread): no reader thread, and the keepalive's thread never takes over."""
-    from plugrl_env_client.protocol import ws_client
+    from plugrl_env_client.websocket import client as ws_client
 
     threads: dict[str, set[str]] = {"read": set(), "write": set()}
     read, write = ws_client.WebSocketClient._read, ws_client.WebSocketClient._write

@@ -28,7 +28,6 @@ from plugrl_env_client.errors import ConfigError, EnvCrashedError, EnvExitError,
 from plugrl_env_client.outputs.recording.config import RecorderConfig
 from plugrl_env_client.outputs.recording.recorder import EpisodeRecorder
 from plugrl_env_client.protocol.dialing import ServerUnreachable
-from plugrl_env_client.protocol.keepalive import Keepalive
 from plugrl_env_client.protocol.openpi_keys import MissingKey
 from plugrl_env_client.protocol.protocols import open_session
 from plugrl_env_client.protocol.session import SessionConfig
@@ -43,6 +42,7 @@ from plugrl_env_client.rollout.settings import LoopConfig, LoopSettings
 from plugrl_env_client.rollout.signals import shielded
 from plugrl_env_client.server.embedded import local_policy_flag, server_command
 from plugrl_env_client.timing import Timing
+from plugrl_env_client.websocket.keepalive import Keepalive
 
 logger = logging.getLogger(__name__)
 

@@ -23,11 +23,13 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from plugrl_env_client.errors import ConfigError, ProtocolError
-from plugrl_env_client.protocol import codec, messages, ws_client, ws_common
+from plugrl_env_client.protocol import codec, messages
 from plugrl_env_client.protocol.exchange import CloseAction, Closed, ConnectionLost, classify_close
 from plugrl_env_client.protocol.messages import ServerMetadata
 from plugrl_env_client.redaction import redact_text, redact_url
 from plugrl_env_client.timing import Timing
+from plugrl_env_client.websocket import common
+from plugrl_env_client.websocket.client import WebSocketClient, connect
 
 logger = logging.getLogger(__name__)
 
@@ -114,7 +116,7 @@ class Dialer:
         self._stop_waits_since: float | None = None  # the server ended its run and we wait for its next one
         self._stop_reminder_at = 0.0
 
-    def open(self) -> tuple[ws_client.WebSocketClient, ServerMetadata]:
+    def open(self) -> tuple[WebSocketClient, ServerMetadata]:
         """The first connection: wait for the server (up to ``connect_timeout``, if set) and read its metadata."""
         return self._open(self.config.connect_timeout, "connect_timeout")
 
@@ -131,7 +133,7 @@ class Dialer:
         self._timing.reconnects += 1
         self._say_reconnecting(closed, progressed)
 
-    def reopen(self) -> tuple[ws_client.WebSocketClient, ServerMetadata]:
+    def reopen(self) -> tuple[WebSocketClient, ServerMetadata]:
         """A fresh connection after the backoff pause: a restarting server may take a while, so wait for it, up to
         ``reconnect_timeout`` if set."""
         time.sleep(self.backoff(self._failed_reconnects))
@@ -144,7 +146,7 @@ class Dialer:
 
     # ------------------------------------------------------------------------------------------ one opening
 
-    def _open(self, timeout_s: float | None, knob: str) -> tuple[ws_client.WebSocketClient, ServerMetadata]:
+    def _open(self, timeout_s: float | None, knob: str) -> tuple[WebSocketClient, ServerMetadata]:
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         attempt = 0
         while True:
@@ -165,12 +167,12 @@ class Dialer:
                 pause = max(0.0, min(pause, deadline - time.monotonic()))
             time.sleep(pause)
 
-    def _metadata(self, client: ws_client.WebSocketClient, deadline: float | None, timeout_s: float | None,
+    def _metadata(self, client: WebSocketClient, deadline: float | None, timeout_s: float | None,
                   knob: str) -> ServerMetadata:
         """The connection's first message, the metadata, read within the deadline."""
         try:
             frame = self._read_first(client, deadline)
-        except ws_common.WebSocketClosed as exc:
+        except common.WebSocketClosed as exc:
             closed = classify_close(exc.code, exc.reason, self.config.reconnect_on_server_stop)
             logger.info("connection closed by the server (%s)", closed.describe())
             raise ConnectionLost(closed) from None
@@ -189,7 +191,7 @@ class Dialer:
         logger.info("connected to %s; server metadata: %s", self.shown_url, messages.short_repr(meta.raw, 400))
         return meta
 
-    def _read_first(self, client: ws_client.WebSocketClient, deadline: float | None) -> Any:
+    def _read_first(self, client: WebSocketClient, deadline: float | None) -> Any:
         """The first message, or None when the deadline passed first; a late one is announced."""
         opened = time.monotonic()
         next_warning = opened + self._warn_s
@@ -206,22 +208,22 @@ class Dialer:
                                seconds(now - opened))
                 next_warning = now + 2 * self._warn_s
 
-    def _dial(self, attempt: int, open_timeout: float) -> ws_client.WebSocketClient | None:
+    def _dial(self, attempt: int, open_timeout: float) -> WebSocketClient | None:
         """One attempt at a WebSocket; None when it is worth another (said once)."""
         headers = {"Authorization": f"Api-Key {self.config.api_key}"} if self.config.api_key else {}
         if self.config.stream is not None:
             headers[messages.STREAM_HEADER] = "{}.{}".format(*self.config.stream)
         try:
-            return ws_client.connect(self.config.url, headers, open_timeout=open_timeout, close_timeout=2.0)
-        except ws_common.CertificateNotVerified as exc:
+            return connect(self.config.url, headers, open_timeout=open_timeout, close_timeout=2.0)
+        except common.CertificateNotVerified as exc:
             raise ConfigError(
                 f"the TLS certificate of {self.shown_url} did not verify ({exc.verify_message}); point SSL_CERT_FILE "
                 "at the CA that signed it, or use ws:// on a trusted network"
             ) from None
-        except ws_common.InvalidServerURL as exc:
+        except common.InvalidServerURL as exc:
             raise ConfigError(f"invalid server URL {self.shown_url!r}: {redact_text(str(exc))}; use ws://host:port or "
                               "wss://host:port") from None
-        except ws_common.HandshakeRefused as exc:
+        except common.HandshakeRefused as exc:
             if 400 <= exc.status < 500 and exc.status not in RETRYABLE_STATUS:
                 raise ConfigError(
                     f"the server at {self.shown_url} refused the WebSocket handshake with HTTP {exc.status}; check the "
@@ -229,7 +231,7 @@ class Dialer:
                 ) from None
             self._say_waiting(attempt, exc)
             return None
-        except ws_common.ConnectFailed as exc:
+        except common.ConnectFailed as exc:
             self._say_waiting(attempt, exc)
             return None
 

@@ -12,7 +12,6 @@ the Python route; the tests hold the two to the same bytes. One key pool.
 from __future__ import annotations
 
 import os
-import struct
 import time
 from types import ModuleType
 from typing import Any
@@ -22,6 +21,7 @@ from websockets.frames import apply_mask
 
 from plugrl_env_client.protocol import codec
 from plugrl_env_client.protocol.codec import MessageWriter, Timed
+from plugrl_env_client.websocket.client import frame_header
 
 _frames: ModuleType | None
 try:
@@ -29,33 +29,12 @@ try:
 except ImportError:  # built without a C compiler: the writer's bytes, masked in Python
     _frames = None
 
-__all__ = ["COMPILED", "FramePacker", "control_frame", "frame_header"]
+__all__ = ["COMPILED", "FramePacker"]
 
 COMPILED = _frames is not None
 """Whether the compiled framer was built with the package (it needs a C compiler at install time)."""
 
 _MSGPACK_ERRORS = (OverflowError, UnicodeEncodeError, ValueError, TypeError)
-_FIN = 0x80  # a final frame, no RSV bits (no extensions)
-_BINARY = 0x2
-_MASKED = 0x80
-
-
-def frame_header(length: int, opcode: int = _BINARY) -> bytes:
-    """The first bytes of a masked, final frame (binary unless ``opcode`` says otherwise) of ``length`` payload
-    bytes (without the key), with the shortest length encoding."""
-    first = _FIN | opcode
-    if length < 126:
-        return struct.pack("!BB", first, _MASKED | length)
-    if length < 1 << 16:
-        return struct.pack("!BBH", first, _MASKED | 126, length)
-    return struct.pack("!BBQ", first, _MASKED | 127, length)
-
-
-def control_frame(opcode: int, payload: bytes) -> bytes:
-    """A whole masked control frame (a pong, a close: at most 125 payload bytes) with a key of its own: they are
-    rare, so they take no key from a packer's pool."""
-    key = os.urandom(4)
-    return frame_header(len(payload), opcode) + key + apply_mask(payload, key)
 
 
 class FramePacker:

@@ -46,7 +46,7 @@ from plugrl_env_client.protocol.session import Session, SessionConfig, Stopwatch
 from plugrl_env_client.timing import Timing
 
 if TYPE_CHECKING:
-    from plugrl_env_client.protocol.keepalive import Keepalive
+    from plugrl_env_client.websocket.keepalive import Keepalive
 
 logger = logging.getLogger(__name__)
 

@@ -16,7 +16,7 @@ from plugrl_env_client.protocol.session import Session, SessionConfig
 from plugrl_env_client.timing import Timing
 
 if TYPE_CHECKING:
-    from plugrl_env_client.protocol.keepalive import Keepalive
+    from plugrl_env_client.websocket.keepalive import Keepalive
 
 __all__ = ["PROTOCOLS", "open_session"]
 

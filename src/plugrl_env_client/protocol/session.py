@@ -48,7 +48,7 @@ from typing import TYPE_CHECKING, Any, NoReturn, Protocol
 import numpy as np
 
 from plugrl_env_client.errors import ConfigError, ProtocolError
-from plugrl_env_client.protocol import codec, images, messages, ws_client, ws_common
+from plugrl_env_client.protocol import codec, images, messages
 from plugrl_env_client.protocol.codec import Timed
 from plugrl_env_client.protocol.dialing import Dialer, plugrl_metadata, seconds
 from plugrl_env_client.protocol.exchange import (
@@ -66,9 +66,11 @@ from plugrl_env_client.protocol.exchange import (
 from plugrl_env_client.protocol.frame_packer import FramePacker
 from plugrl_env_client.protocol.messages import ActionReply, Feedback, InferRequest, ObservationLike, ServerMetadata
 from plugrl_env_client.timing import Timing
+from plugrl_env_client.websocket.client import WebSocketClient, wait_any
+from plugrl_env_client.websocket.common import WebSocketClosed
 
 if TYPE_CHECKING:
-    from plugrl_env_client.protocol.keepalive import Keepalive
+    from plugrl_env_client.websocket.keepalive import Keepalive
 
 logger = logging.getLogger(__name__)
 
@@ -200,7 +202,7 @@ PLUGRL: Wire = PlugrlWire()
 
 class Session:
     """The rollout's handle on the server (see the module docstring). Not thread-safe: one rollout thread drives
-    it; a :class:`~plugrl_env_client.protocol.keepalive.Keepalive`, when given, services its socket during long
+    it; a :class:`~plugrl_env_client.websocket.keepalive.Keepalive`, when given, services its socket during long
     env calls."""
 
     def __init__(self, config: SessionConfig, should_stop: Callable[[], bool] = lambda: False,
@@ -222,7 +224,7 @@ class Session:
         self._dialer = Dialer(config, self.timing, self._warn_s, should_stop, wire.metadata, wire.server_kind)
         self._packer = FramePacker()  # one frame buffer for the session's life, across reconnects
         # Where the seconds of each step go (one reused stopwatch per step: nothing made per message).
-        self._client: ws_client.WebSocketClient | None = None
+        self._client: WebSocketClient | None = None
         self._image_codec = "none"  # the codec of the current connection: image_codec when its server offers it
         self._speaks = config.stream in (None, (0, 0))  # the run's first stream says what holds for every stream
         self._said_codec: str | None = None  # the codec the session said it uses (said again only when it changes)
@@ -275,7 +277,7 @@ class Session:
             timing.pack_s += sent - start
             timing.infer_obs_pack_s += sent - start
             client.send_frame(frame)
-        except ws_common.WebSocketClosed as exc:
+        except WebSocketClosed as exc:
             raise ConnectionLost(self._closed(exc)) from None
         timing.infer_calls += 1
         timing.infer_rows += len(request.env_indices)
@@ -303,7 +305,7 @@ class Session:
                     self._overdue()
             else:
                 frame = self._wait_for_reply(client, timeout)
-        except ws_common.WebSocketClosed as exc:
+        except WebSocketClosed as exc:
             raise ConnectionLost(self._closed(exc)) from None
         if frame is None:
             return None
@@ -333,7 +335,7 @@ class Session:
             due = min(s._next_check for s in waiting)
             if timeout is not None:
                 due = min(due, time.monotonic() + timeout)
-            ws_client.wait_any([s._client for s in waiting if s._client is not None],
+            wait_any([s._client for s in waiting if s._client is not None],
                                max(0.0, due - time.monotonic()))
 
     def feedback(self, feedback: Feedback[ObservationLike]) -> None:
@@ -361,7 +363,7 @@ class Session:
         timing.pack_s += packed - built
         try:
             client.send_frame(frame)
-        except ws_common.WebSocketClosed as exc:
+        except WebSocketClosed as exc:
             self._lost = self._closed(exc)
             return
         finally:
@@ -376,7 +378,7 @@ class Session:
         self.timing.bytes_received += len(frame)
         return codec.unpackb(frame)
 
-    def _closed(self, exc: ws_common.WebSocketClosed) -> Closed:
+    def _closed(self, exc: WebSocketClosed) -> Closed:
         error = self.wire.close_error(exc.code, exc.reason)
         if error is not None:
             self._drop()
@@ -388,7 +390,7 @@ class Session:
 
     # ------------------------------------------------------------------------------ waits that end
 
-    def _wait_for_reply(self, client: ws_client.WebSocketClient, timeout: float | None) -> Any:
+    def _wait_for_reply(self, client: WebSocketClient, timeout: float | None) -> Any:
         """Wait for the reply, up to ``timeout`` s (None: until it comes), saying so when it is late."""
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
@@ -455,7 +457,7 @@ class Session:
         if client is not None:
             client.close(messages.CLOSE_NORMAL)
 
-    def _attach(self, client: ws_client.WebSocketClient, meta: ServerMetadata) -> ServerMetadata:
+    def _attach(self, client: WebSocketClient, meta: ServerMetadata) -> ServerMetadata:
         """A fresh connection becomes the session's: the exchange starts over, idle."""
         self._client, self._lost, self._asked, self.state = client, None, None, Exchange.IDLE
         if self._keepalive is not None:

@@ -45,7 +45,7 @@ that the env says ended is reset (without a seed), as an env may refuse to step 
 collaborators read the mask only through it.
 
 Every env call (reset, step) runs inside ``guard`` (the process's
-:class:`~plugrl_env_client.protocol.keepalive.Keepalive`): a call that lasts long has the server's pings answered
+:class:`~plugrl_env_client.websocket.keepalive.Keepalive`): a call that lasts long has the server's pings answered
 for it, and between calls the sockets are serviced (SPEC C2).
 """
 

@@ -22,7 +22,6 @@ from plugrl_env_client.connection_flags import OpenpiKeysConfig
 from plugrl_env_client.errors import ConfigError
 from plugrl_env_client.protocol.images import DEFAULT_MAX_PIXELS
 from plugrl_env_client.protocol.openpi_keys import KeyMap
-from plugrl_env_client.protocol.ws_common import api_key_problem
 from plugrl_env_client.server.log_sink import ServerLog
 from plugrl_env_client.server.policies import Policy
 from plugrl_env_client.server.registry import (
@@ -34,6 +33,7 @@ from plugrl_env_client.server.registry import (
     policy_paths,
 )
 from plugrl_env_client.server.server import PolicyServer
+from plugrl_env_client.websocket.common import api_key_problem
 
 logger = logging.getLogger(__name__)
 

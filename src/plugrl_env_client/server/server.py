@@ -52,7 +52,6 @@ import numpy as np
 from plugrl_env_client.errors import ConfigError, ProtocolError
 from plugrl_env_client.protocol import codec, images, messages
 from plugrl_env_client.protocol.openpi_keys import KeyMap
-from plugrl_env_client.protocol.ws_common import WebSocketClosed
 from plugrl_env_client.server.delay import Delays
 from plugrl_env_client.server.episodes import EpisodeFile, EpisodeLog, Source, SuccessJudging
 from plugrl_env_client.server.info import FinishedEpisodes, read_info
@@ -60,6 +59,7 @@ from plugrl_env_client.server.policies import Policy
 from plugrl_env_client.server.worker import PolicyWorker
 from plugrl_env_client.server.ws_server import Connection, Listener, ServeLimits, serve
 from plugrl_env_client.version import __version__
+from plugrl_env_client.websocket.common import WebSocketClosed
 
 logger = logging.getLogger(__name__)
 

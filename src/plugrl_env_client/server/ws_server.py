@@ -50,7 +50,7 @@ from websockets.exceptions import ConnectionClosed
 from websockets.http11 import Request, Response
 
 from plugrl_env_client.errors import ConfigError
-from plugrl_env_client.protocol.ws_common import WebSocketClosed, retain_freed_memory
+from plugrl_env_client.websocket.common import WebSocketClosed, retain_freed_memory
 
 logger = logging.getLogger(__name__)
 

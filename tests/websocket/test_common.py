@@ -24,9 +24,11 @@ from waiting import wait_until
 from ws_servers import binary_frame, echo_async
 
 from plugrl_env_client.errors import ConfigError, ProtocolError
-from plugrl_env_client.protocol import codec, ws_client, ws_common
-from plugrl_env_client.protocol.ws_common import WebSocketClosed
+from plugrl_env_client.protocol import codec
 from plugrl_env_client.server import ws_server
+from plugrl_env_client.websocket import client as ws_client
+from plugrl_env_client.websocket import common as ws_common
+from plugrl_env_client.websocket.common import WebSocketClosed
 
 _NO_PICOWS = pytest.mark.skipif(importlib.util.find_spec("picows") is None, reason="needs the fast extra (picows)")
 KINDS = ["websockets", pytest.param("picows", marks=_NO_PICOWS)]

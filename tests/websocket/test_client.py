@@ -20,19 +20,20 @@ from websockets.frames import Frame, Opcode
 from ws_servers import binary_frame, echo
 
 from plugrl_env_client.envs.base_env import Observation
-from plugrl_env_client.protocol import codec, messages, ws_client
+from plugrl_env_client.protocol import codec, messages
 from plugrl_env_client.protocol.exchange import ConnectionLost
 from plugrl_env_client.protocol.frame_packer import FramePacker
 from plugrl_env_client.protocol.session import Session, SessionConfig
-from plugrl_env_client.protocol.ws_common import (
+from plugrl_env_client.server.policies import PolicyConfig, make_policy
+from plugrl_env_client.server.server import PolicyServer
+from plugrl_env_client.websocket import client as ws_client
+from plugrl_env_client.websocket.common import (
     CertificateNotVerified,
     ConnectFailed,
     HandshakeRefused,
     InvalidServerURL,
     WebSocketClosed,
 )
-from plugrl_env_client.server.policies import PolicyConfig, make_policy
-from plugrl_env_client.server.server import PolicyServer
 
 
 @pytest.fixture

@@ -10,9 +10,9 @@ from collections.abc import Callable
 import pytest
 from ws_servers import binary_frame, echo
 
-from plugrl_env_client.protocol import ws_client
-from plugrl_env_client.protocol.keepalive import Keepalive
-from plugrl_env_client.protocol.ws_common import WebSocketClosed
+from plugrl_env_client.websocket import client as ws_client
+from plugrl_env_client.websocket.common import WebSocketClosed
+from plugrl_env_client.websocket.keepalive import Keepalive
 
 PINGS = {"ping_interval": 0.5, "ping_timeout": 0.5}
 """A server that closes (1011) a connection whose pong is more than 0.5 s late; a long call below lasts 2.5 s."""

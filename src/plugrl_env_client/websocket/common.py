@@ -5,7 +5,7 @@ setting that makes multi-MB messages cheap.
 its own frames after websockets' handshake; the reference server runs websockets or picows), and
 its errors are the ``Transport*`` ones below.
 
-The errors: the client (:class:`~plugrl_env_client.protocol.ws_client.WebSocketClient`, driven by the rollout's
+The errors: the client (:class:`~plugrl_env_client.websocket.client.WebSocketClient`, driven by the rollout's
 own thread) and the reference server's WebSocket layer
 (:mod:`plugrl_env_client.server.ws_server`, one event loop, websockets or picows) raise the same ones, so callers
 handle them once, whatever the library: a closed connection is :class:`WebSocketClosed` (with the close code and

@@ -16,13 +16,13 @@ What a one-thread loop needs, and what it gets:
 * :meth:`~WebSocketClient.fileno` (and :func:`wait_any`) lets a pipelined loop wait on several connections at once.
 * :meth:`~WebSocketClient.service` reads what is there and answers pings, between env calls.
 * While a single env call runs for longer than a quarter second, a
-  :class:`~plugrl_env_client.protocol.keepalive.Keepalive` answers pings for the caller and hands the socket back
+  :class:`~plugrl_env_client.websocket.keepalive.Keepalive` answers pings for the caller and hands the socket back
   when the call returns.
 
 Frames: a binary message goes out already framed by a
 :class:`~plugrl_env_client.protocol.frame_packer.FramePacker` (:meth:`~WebSocketClient.send_frame`), which encodes
 the arrays straight into the frame; pongs and closes by the same module's
-:func:`~plugrl_env_client.protocol.frame_packer.control_frame`.
+:func:`control_frame`.
 Every byte goes out through one write loop (non-blocking ``send`` of memoryviews, waiting with ``poll`` when the
 socket is full; never a copy into fresh ``bytes``). Incoming frames are read from one buffer with the checks RFC 6455
 asks of a client (no mask, no reserved bits without an extension, known opcodes, short unfragmented control frames,
@@ -31,7 +31,7 @@ continuations only inside a fragmented message, valid close frames); a frame tha
 echoed and the TCP connection ended at once. Reading a frame here costs a fraction of a trip through websockets'
 generator parser, which a reply per env step would pay, with cold caches, after every simulator step.
 
-Failures are the exceptions of :mod:`~plugrl_env_client.protocol.ws_common` (the callers handle them once,
+Failures are the exceptions of :mod:`~plugrl_env_client.websocket.common` (the callers handle them once,
 whatever the library): :class:`WebSocketClosed` with the peer's close code and reason, or ``code=None`` when the
 socket dropped without one (or the server broke the protocol); :class:`HandshakeRefused`,
 :class:`CertificateNotVerified`, :class:`InvalidServerURL`, :class:`ConnectFailed` when opening.
@@ -44,9 +44,11 @@ from __future__ import annotations
 
 import collections
 import logging
+import os
 import select
 import socket
 import ssl
+import struct
 import time
 from collections.abc import Iterable, Mapping
 from typing import Any, NoReturn
@@ -54,13 +56,12 @@ from typing import Any, NoReturn
 from websockets.client import ClientProtocol
 from websockets.exceptions import InvalidStatus, InvalidURI
 from websockets.exceptions import ProtocolError as FrameError
-from websockets.frames import Close
+from websockets.frames import Close, apply_mask
 from websockets.http11 import USER_AGENT
 from websockets.protocol import State
 from websockets.uri import parse_uri
 
-from plugrl_env_client.protocol.frame_packer import control_frame
-from plugrl_env_client.protocol.ws_common import (
+from plugrl_env_client.websocket.common import (
     CertificateNotVerified,
     ConnectFailed,
     Data,
@@ -72,7 +73,7 @@ from plugrl_env_client.protocol.ws_common import (
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["WebSocketClient", "connect", "wait_any"]
+__all__ = ["WebSocketClient", "connect", "control_frame", "frame_header", "wait_any"]
 
 RECV_BUFSIZE = 1 << 20
 """Bytes asked of the socket per read: a multi-MB frame takes a handful of reads, not one per 64 KiB; a small reply
@@ -94,6 +95,24 @@ MAX_HANDSHAKE_BYTES = 1 << 16
 """The most bytes of HTTP the opening handshake's response may take before the client gives up on it."""
 
 
+def frame_header(length: int, opcode: int = _BINARY) -> bytes:
+    """The first bytes of a masked, final frame (binary unless ``opcode`` says otherwise) of ``length`` payload
+    bytes (without the key), with the shortest length encoding."""
+    first = 0x80 | opcode  # FIN set, no RSV bits (no extension); the second byte's top bit says "masked"
+    if length < 126:
+        return struct.pack("!BB", first, 0x80 | length)
+    if length < 1 << 16:
+        return struct.pack("!BBH", first, 0x80 | 126, length)
+    return struct.pack("!BBQ", first, 0x80 | 127, length)
+
+
+def control_frame(opcode: int, payload: bytes) -> bytes:
+    """A whole masked control frame (a pong, a close: at most 125 payload bytes) with a key of its own: they are
+    rare, so they take no key from a packer's pool."""
+    key = os.urandom(4)
+    return frame_header(len(payload), opcode) + key + apply_mask(payload, key)
+
+
 class WebSocketClient:
     """One client WebSocket over a socket this object owns, past its opening handshake (see the module docstring).
     Open one with :func:`connect`."""
@@ -111,7 +130,7 @@ class WebSocketClient:
         self._close_sent = False
         self._released = False  # the socket is gone
         self.lent = False
-        """True while a :class:`~plugrl_env_client.protocol.keepalive.Keepalive` services this client for its owner
+        """True while a :class:`~plugrl_env_client.websocket.keepalive.Keepalive` services this client for its owner
         (who then must not use it: the owner is inside the call the keepalive guards)."""
         if _HAS_POLL:
             self._readable = select.poll()

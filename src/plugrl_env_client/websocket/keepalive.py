@@ -1,6 +1,6 @@
 """Answering the server's pings while the owner's thread is inside one long call.
 
-A :class:`~plugrl_env_client.protocol.ws_client.WebSocketClient` reads its socket only when its owner asks, which
+A :class:`~plugrl_env_client.websocket.client.WebSocketClient` reads its socket only when its owner asks, which
 is between env calls. An env call that takes longer than the server's ping interval plus its ping timeout (an env's
 construction, a slow reset, a long step) would leave a ping unanswered and the server would close the connection.
 PlugRL promises (SPEC C2) that pings are answered while envs step, so the owner brackets each env call::
@@ -45,7 +45,7 @@ import time
 from collections.abc import Iterable
 from types import TracebackType
 
-from plugrl_env_client.protocol.ws_client import WebSocketClient
+from plugrl_env_client.websocket.client import WebSocketClient
 
 logger = logging.getLogger(__name__)
 
