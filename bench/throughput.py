@@ -41,7 +41,12 @@ from plugrl_env_client.envs import contract, discover_envs
 from plugrl_env_client.envs.registry import get_spec, make_env
 from plugrl_env_client.outputs.run_dir import RunDir
 from plugrl_env_client.outputs.run_writer import RunWriter
-from plugrl_env_client.protocol.session import Session, SessionConfig
+
+try:
+    from plugrl_env_client.protocol.dialing import SessionConfig
+except ImportError:  # a tree whose session module held its config
+    from plugrl_env_client.protocol.session import SessionConfig  # type: ignore[attr-defined,no-redef]
+from plugrl_env_client.protocol.session import Session
 from plugrl_env_client.rollout.budget import EpisodeBudget
 from plugrl_env_client.rollout.group import EnvGroup
 from plugrl_env_client.rollout.loop import Rollout

@@ -305,7 +305,8 @@ def _raw_client(kind: str, port: int) -> tuple[Callable[[bytes], None], Callable
 
 
 def stack_cell(kind: str, n: int, durations: Durations) -> Cell:
-    from plugrl_env_client.protocol.session import Session, SessionConfig
+    from plugrl_env_client.protocol.dialing import SessionConfig
+    from plugrl_env_client.protocol.session import Session
 
     obs = dummy_observation(n)
     none = obs.select(np.zeros(n, bool))

@@ -3,7 +3,7 @@
 the reference server map observations onto openpi's request keys, and how the client spreads its requests).
 
 They are the command line's dataclasses; ``protocol/`` never sees them: it takes the plain values of a
-:class:`~plugrl_env_client.protocol.session.SessionConfig` (:meth:`ConnectionConfig.session`), which names each
+:class:`~plugrl_env_client.protocol.dialing.SessionConfig` (:meth:`ConnectionConfig.session`), which names each
 choice by its flag in its messages."""
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from typing import Annotated, Any, Literal
 
 import tyro
 
+from plugrl_env_client.protocol.dialing import SessionConfig
 from plugrl_env_client.protocol.images import DEFAULT_QUALITY
-from plugrl_env_client.protocol.session import SessionConfig
 
 __all__ = ["ConnectionConfig", "OpenpiConfig", "OpenpiKeysConfig"]
 
@@ -83,7 +83,7 @@ class ConnectionConfig:
     embedded server speaks it too)."""
 
     def session(self, **added: Any) -> SessionConfig:
-        """The protocol's plain :class:`~plugrl_env_client.protocol.session.SessionConfig` of these choices, with
+        """The protocol's plain :class:`~plugrl_env_client.protocol.dialing.SessionConfig` of these choices, with
         ``added`` (``url`` and the hints that fit the env, or a resolved ``api_key``), naming each choice by its flag."""
         taken = {f.name for f in dataclasses.fields(SessionConfig)}
         chosen = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name in taken}

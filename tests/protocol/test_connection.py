@@ -8,7 +8,8 @@ import numpy as np
 
 from plugrl_env_client.envs.base_env import Observation
 from plugrl_env_client.protocol import messages
-from plugrl_env_client.protocol.session import Session, SessionConfig
+from plugrl_env_client.protocol.dialing import SessionConfig
+from plugrl_env_client.protocol.session import Session
 
 
 def test_feedback_times_its_observation_and_its_info_inside_its_own_time(harness):

@@ -20,7 +20,7 @@ from websockets.exceptions import ConnectionClosed
 from plugrl_env_client.envs.base_env import Observation
 from plugrl_env_client.errors import ConfigError
 from plugrl_env_client.protocol import messages
-from plugrl_env_client.protocol.dialing import ReconnectsExhausted, ServerUnreachable
+from plugrl_env_client.protocol.dialing import ReconnectsExhausted, ServerUnreachable, SessionConfig
 from plugrl_env_client.protocol.exchange import (
     AlreadyAwaitingReply,
     CloseAction,
@@ -34,8 +34,8 @@ from plugrl_env_client.protocol.exchange import (
     NotConnected,
 )
 from plugrl_env_client.protocol.messages import ServerMetadata
-from plugrl_env_client.protocol.session import Session, SessionConfig, Stopwatch
-from plugrl_env_client.timing import Timing
+from plugrl_env_client.protocol.session import Session
+from plugrl_env_client.timing import Stopwatch, Timing
 from plugrl_env_client.websocket import client as ws_client
 
 

@@ -44,7 +44,8 @@ def test_wss_server_url(tmp_path, monkeypatch, tls):
 
 def test_untrusted_certificate_is_an_error_that_says_so(monkeypatch, tls):
     from plugrl_env_client.errors import ConfigError
-    from plugrl_env_client.protocol.session import Session, SessionConfig
+    from plugrl_env_client.protocol.dialing import SessionConfig
+    from plugrl_env_client.protocol.session import Session
 
     cert, context = tls
     server = serve(lambda ws: None, "127.0.0.1", 0, ssl=context)

@@ -23,10 +23,10 @@ from plugrl_env_client.config import ClientConfig, ConnectionConfig
 from plugrl_env_client.connection_flags import OpenpiConfig
 from plugrl_env_client.envs import discover_envs
 from plugrl_env_client.errors import ConfigError
+from plugrl_env_client.protocol.dialing import SessionConfig
 from plugrl_env_client.protocol.messages import InferRequest
 from plugrl_env_client.protocol.openpi import OpenpiSession
 from plugrl_env_client.protocol.openpi_keys import KeyMap
-from plugrl_env_client.protocol.session import SessionConfig
 from plugrl_env_client.server.embedded import start_local_server
 from plugrl_env_client.server.policies import PolicyConfig, make_policy
 from plugrl_env_client.server.policy import InferCall, Policy, PolicySetup

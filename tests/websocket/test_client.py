@@ -21,9 +21,10 @@ from ws_servers import binary_frame, echo
 
 from plugrl_env_client.envs.base_env import Observation
 from plugrl_env_client.protocol import codec, messages
+from plugrl_env_client.protocol.dialing import SessionConfig
 from plugrl_env_client.protocol.exchange import ConnectionLost
 from plugrl_env_client.protocol.frame_packer import FramePacker
-from plugrl_env_client.protocol.session import Session, SessionConfig
+from plugrl_env_client.protocol.session import Session
 from plugrl_env_client.server.policies import PolicyConfig, make_policy
 from plugrl_env_client.server.server import PolicyServer
 from plugrl_env_client.websocket import client as ws_client

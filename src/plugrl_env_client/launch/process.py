@@ -27,10 +27,9 @@ from plugrl_env_client.envs.registry import EnvSpec, get_spec, make_env
 from plugrl_env_client.errors import ConfigError, EnvCrashedError, EnvExitError, PlugRLError
 from plugrl_env_client.outputs.recording.config import RecorderConfig
 from plugrl_env_client.outputs.recording.recorder import EpisodeRecorder
-from plugrl_env_client.protocol.dialing import ServerUnreachable
+from plugrl_env_client.protocol.dialing import ServerUnreachable, SessionConfig
 from plugrl_env_client.protocol.openpi_keys import MissingKey
 from plugrl_env_client.protocol.protocols import open_session
-from plugrl_env_client.protocol.session import SessionConfig
 from plugrl_env_client.records import ProcessResult, ProcessStatus
 from plugrl_env_client.rollout.budget import Budget, env_shares
 from plugrl_env_client.rollout.group import EnvGroup

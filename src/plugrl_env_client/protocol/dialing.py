@@ -16,14 +16,16 @@ metadata or the run is stopped locally. Messages name each choice as the session
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import os
 import random
 import time
-from collections.abc import Callable
-from typing import Any, Protocol
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from plugrl_env_client.errors import ConfigError, ProtocolError
-from plugrl_env_client.protocol import codec, messages
+from plugrl_env_client.protocol import codec, images, messages
 from plugrl_env_client.protocol.exchange import CloseAction, Closed, ConnectionLost, classify_close
 from plugrl_env_client.protocol.messages import ServerMetadata
 from plugrl_env_client.redaction import redact_text, redact_url
@@ -33,7 +35,7 @@ from plugrl_env_client.websocket.client import WebSocketClient, connect
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["Dialer", "ReconnectsExhausted", "ServerUnreachable", "plugrl_metadata"]
+__all__ = ["Dialer", "ReconnectsExhausted", "ServerUnreachable", "SessionConfig", "plugrl_metadata", "warning_period"]
 
 STOPPED_LOCALLY = Closed(CloseAction.END, None, "the run was stopped locally")
 RETRYABLE_STATUS = (408, 429)  # request timeout, too many requests: worth another try
@@ -66,39 +68,77 @@ class ReconnectsExhausted(ConfigError):
         self.closed, self.limit = closed, limit
 
 
-class DialSettings(Protocol):
-    """What dialing reads of a session's config (:class:`~plugrl_env_client.protocol.session.SessionConfig` is
-    one): where, with which headers, how long to wait and how often to try."""
+WARNING_PERIOD_ENV = "PLUGRL_WAIT_WARNING_S"
+DEFAULT_WARNING_PERIOD_S = 30.0
 
-    @property
-    def url(self) -> str: ...
-    @property
-    def api_key(self) -> str | None: ...
-    @property
-    def stream(self) -> tuple[int, int] | None: ...
-    @property
-    def connect_timeout(self) -> float | None: ...
-    @property
-    def reconnect_timeout(self) -> float | None: ...
-    @property
-    def max_reconnects(self) -> int | None: ...
-    @property
-    def backoff_initial_s(self) -> float: ...
-    @property
-    def backoff_max_s(self) -> float: ...
-    @property
-    def reconnect_on_server_stop(self) -> bool: ...
-    @property
-    def waiting_hint(self) -> str: ...
+
+def warning_period() -> float:
+    """Seconds a reply (or the metadata) may take before the first warning says so; later warnings come every
+    twice that, and so does the reminder of a client waiting for a stopped server's next run. 30 s, unless
+    ``$PLUGRL_WAIT_WARNING_S`` sets another (tests use a fraction of a second)."""
+    raw = os.environ.get(WARNING_PERIOD_ENV)
+    if raw is None:
+        return DEFAULT_WARNING_PERIOD_S
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not value > 0:
+        raise ConfigError(f"${WARNING_PERIOD_ENV}={raw!r} is not a positive number of seconds")
+    return value
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SessionConfig:
+    """One connection's settings, as plain values: where and as whom it connects, how long it waits, and what it
+    does when the server goes away. The app layer builds it from the user's choices, and says in :attr:`words` how
+    the user sets each, so that messages name the user's own knob."""
+
+    url: str
+    api_key: str | None = None
+    """Sent as 'Authorization: Api-Key <key>'."""
+    reconnect_on_server_stop: bool = False
+    """After the server ends a run, wait for its next run instead of ending."""
+    max_reconnects: int | None = None
+    """Give up after this many reconnects (None: keep reconnecting while the server comes back)."""
+    connect_timeout: float | None = None
+    """Seconds to wait for the first connection, the server's metadata included (None: until a server is up)."""
+    reconnect_timeout: float | None = None
+    """Seconds to wait for the server to come back after a lost connection (None: until it does)."""
+    infer_timeout: float | None = None
+    """Seconds to wait for a reply to an infer; then the connection is closed and opened again (None: no limit)."""
+    image_codec: str = "none"
+    """Camera images encoded per env row when the server offers :data:`~plugrl_env_client.protocol.images.FEATURE`
+    (none: raw arrays)."""
+    image_quality: int = images.DEFAULT_QUALITY
+    protocol: str = "plugrl"
+    """The wire protocol (:data:`~plugrl_env_client.protocol.protocols.PROTOCOLS`)."""
+    backoff_initial_s: float = 0.1
+    backoff_max_s: float = 5.0
+    waiting_hint: str = ""
+    """What the warning that waits for a server ends with: how to start one (the app layer's words)."""
+    stream: tuple[int, int] | None = None
+    """(process id, env group) of this connection, sent as the STREAM_HEADER handshake header: servers that know it
+    (the reference server) give each stream its own reproducible random policy; others ignore it."""
+    urls: tuple[str, ...] = ()
+    """Every server of the run, ``url`` among them, for a session that spreads its connections over several (the
+    openpi session); empty: ``url`` alone."""
+    openpi: Any = None
+    """The openpi session's choices (:class:`~plugrl_env_client.protocol.openpi.OpenpiChoices`), None otherwise."""
+    words: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    """How the user sets each choice, by field name (the app layer's words: a flag, an environment variable); a
+    choice without words is named by its field."""
+
     def word(self, field: str) -> str:
-        """How messages name the choice ``field`` (the user's own knob)."""
+        """How a message names the choice ``field``."""
+        return self.words.get(field, field)
 
 
 class Dialer:
     """Opens the connections of one session (see the module docstring); the caller's ``timing`` counts the
     reconnects and tells whether a connection got an exchange done."""
 
-    def __init__(self, config: DialSettings, timing: Timing, warn_s: float,
+    def __init__(self, config: SessionConfig, timing: Timing, warn_s: float,
                  should_stop: Callable[[], bool] = lambda: False,
                  metadata: Callable[[Any], ServerMetadata] | None = None,
                  server_kind: str = "a PlugRL v1 policy server") -> None:

@@ -31,6 +31,7 @@ import numpy as np
 
 from plugrl_env_client.errors import ProtocolError
 from plugrl_env_client.protocol import messages
+from plugrl_env_client.protocol.dialing import SessionConfig
 from plugrl_env_client.protocol.exchange import (
     AlreadyAwaitingReply,
     Closed,
@@ -42,8 +43,8 @@ from plugrl_env_client.protocol.exchange import (
 )
 from plugrl_env_client.protocol.messages import ActionReply, Feedback, InferRequest, ObservationLike, ServerMetadata
 from plugrl_env_client.protocol.openpi_keys import KeyMap
-from plugrl_env_client.protocol.session import Session, SessionConfig, Stopwatch
-from plugrl_env_client.timing import Timing
+from plugrl_env_client.protocol.session import Session
+from plugrl_env_client.timing import Stopwatch, Timing
 
 if TYPE_CHECKING:
     from plugrl_env_client.websocket.keepalive import Keepalive

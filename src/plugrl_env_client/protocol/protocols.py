@@ -11,8 +11,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from plugrl_env_client.protocol.dialing import SessionConfig
 from plugrl_env_client.protocol.openpi import OpenpiSession
-from plugrl_env_client.protocol.session import Session, SessionConfig
+from plugrl_env_client.protocol.session import Session
 from plugrl_env_client.timing import Timing
 
 if TYPE_CHECKING:

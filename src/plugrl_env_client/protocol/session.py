@@ -37,12 +37,10 @@ Counters and times go into the caller's :class:`~plugrl_env_client.timing.Timing
 
 from __future__ import annotations
 
-import dataclasses
 import datetime
 import logging
-import os
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, NoReturn, Protocol
 
 import numpy as np
@@ -50,7 +48,7 @@ import numpy as np
 from plugrl_env_client.errors import ConfigError, ProtocolError
 from plugrl_env_client.protocol import codec, images, messages
 from plugrl_env_client.protocol.codec import Timed
-from plugrl_env_client.protocol.dialing import Dialer, plugrl_metadata, seconds
+from plugrl_env_client.protocol.dialing import Dialer, SessionConfig, plugrl_metadata, seconds, warning_period
 from plugrl_env_client.protocol.exchange import (
     AlreadyAwaitingReply,
     CloseAction,
@@ -74,73 +72,9 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["PLUGRL", "PlugrlWire", "Session", "SessionConfig", "Stopwatch", "Wire", "warning_period"]
+__all__ = ["PLUGRL", "PlugrlWire", "Session", "Wire"]
 
-WARNING_PERIOD_ENV = "PLUGRL_WAIT_WARNING_S"
-DEFAULT_WARNING_PERIOD_S = 30.0
 INFER_TIMEOUT_REASON = "Infer timeout"
-
-
-def warning_period() -> float:
-    """Seconds a reply (or the metadata) may take before the first warning says so; later warnings come every
-    twice that, and so does the reminder of a client waiting for a stopped server's next run. 30 s, unless
-    ``$PLUGRL_WAIT_WARNING_S`` sets another (tests use a fraction of a second)."""
-    raw = os.environ.get(WARNING_PERIOD_ENV)
-    if raw is None:
-        return DEFAULT_WARNING_PERIOD_S
-    try:
-        value = float(raw)
-    except ValueError:
-        value = -1.0
-    if not value > 0:
-        raise ConfigError(f"${WARNING_PERIOD_ENV}={raw!r} is not a positive number of seconds")
-    return value
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class SessionConfig:
-    """One connection's settings, as plain values: where and as whom it connects, how long it waits, and what it
-    does when the server goes away. The app layer builds it from the user's choices, and says in :attr:`words` how
-    the user sets each, so that messages name the user's own knob."""
-
-    url: str
-    api_key: str | None = None
-    """Sent as 'Authorization: Api-Key <key>'."""
-    reconnect_on_server_stop: bool = False
-    """After the server ends a run, wait for its next run instead of ending."""
-    max_reconnects: int | None = None
-    """Give up after this many reconnects (None: keep reconnecting while the server comes back)."""
-    connect_timeout: float | None = None
-    """Seconds to wait for the first connection, the server's metadata included (None: until a server is up)."""
-    reconnect_timeout: float | None = None
-    """Seconds to wait for the server to come back after a lost connection (None: until it does)."""
-    infer_timeout: float | None = None
-    """Seconds to wait for a reply to an infer; then the connection is closed and opened again (None: no limit)."""
-    image_codec: str = "none"
-    """Camera images encoded per env row when the server offers :data:`~plugrl_env_client.protocol.images.FEATURE`
-    (none: raw arrays)."""
-    image_quality: int = images.DEFAULT_QUALITY
-    protocol: str = "plugrl"
-    """The wire protocol (:data:`~plugrl_env_client.protocol.protocols.PROTOCOLS`)."""
-    backoff_initial_s: float = 0.1
-    backoff_max_s: float = 5.0
-    waiting_hint: str = ""
-    """What the warning that waits for a server ends with: how to start one (the app layer's words)."""
-    stream: tuple[int, int] | None = None
-    """(process id, env group) of this connection, sent as the STREAM_HEADER handshake header: servers that know it
-    (the reference server) give each stream its own reproducible random policy; others ignore it."""
-    urls: tuple[str, ...] = ()
-    """Every server of the run, ``url`` among them, for a session that spreads its connections over several (the
-    openpi session); empty: ``url`` alone."""
-    openpi: Any = None
-    """The openpi session's choices (:class:`~plugrl_env_client.protocol.openpi.OpenpiChoices`), None otherwise."""
-    words: Mapping[str, str] = dataclasses.field(default_factory=dict)
-    """How the user sets each choice, by field name (the app layer's words: a flag, an environment variable); a
-    choice without words is named by its field."""
-
-    def word(self, field: str) -> str:
-        """How a message names the choice ``field``."""
-        return self.words.get(field, field)
 
 
 class Wire(Protocol):
@@ -501,22 +435,3 @@ class Session:
         if client is not None and self._keepalive is not None:
             self._keepalive.discard(client)
 
-
-class Stopwatch:
-    """Adds the seconds of each ``with`` block to the named fields of a :class:`~plugrl_env_client.timing.Timing`.
-    Made once per step of the exchange and reused (a block costs two clock readings and two method calls), so a
-    step's time is measured in one place, not by clock readings spread through it. Not reentrant."""
-
-    __slots__ = ("_timing", "_fields", "_start")
-
-    def __init__(self, timing: Timing, *fields: str) -> None:
-        self._timing, self._fields, self._start = timing, fields, 0.0
-
-    def __enter__(self) -> None:
-        self._start = time.perf_counter()
-
-    def __exit__(self, *exc: object) -> None:
-        elapsed = time.perf_counter() - self._start
-        timing = self._timing
-        for field in self._fields:
-            setattr(timing, field, getattr(timing, field) + elapsed)
