@@ -2,27 +2,17 @@
 and one decoder of it.
 
 An ndarray travels as a map with bytes keys ``__ndarray__``, ``data`` (raw C-order bytes), ``dtype`` (numpy
-typestr) and ``shape``; a numpy scalar as ``__npgeneric__``, ``data`` (a plain value), ``dtype``. Object, void and
-complex dtypes are refused both ways: the convention cannot carry them without pickle, which we never use.
+typestr) and ``shape``; a numpy scalar as ``__npgeneric__``, ``data``, ``dtype``. Object, void and complex dtypes
+are refused both ways (the convention cannot carry them without pickle).
 
-Encoding: :class:`MessageWriter` writes a message as a list of pieces whose concatenation is its msgpack bytes.
-msgpack-python alone packs an ndarray through a ``default`` hook (:func:`encode_numpy`): a Python call per array
-that builds the four-key map, which msgpack then packs key by key. A rollout's messages carry the same arrays step
-after step (a Gymnasium info alone is a dozen small arrays per feedback), so the writer keeps, per ``(dtype,
-shape)``, the bytes around an array's data (the map header, the keys, the ``bin`` header, the dtype string and the
-shape, taken from the hook's own map: one rule for what an array travels as), and per str the bytes of a map key,
-and emits the arrays themselves (their own memory, not copied). What it does not lay out itself (numbers, None,
-numpy scalars, non-str keys, arrays that are not plain, C-contiguous and of a kind the buffer protocol exports) goes
-to a msgpack packer with the hook. A message that holds a container msgpack would nest (a list, a tuple, a dict
-subclass), or maps nested deeper than :data:`MAX_DEPTH`, is packed by that packer whole, so that msgpack's own
-nesting limit counts every level (PlugRL's infer and feedback messages hold neither outside ``info``); a
-:class:`Timed` part that holds one is packed whole on its own, its cost measured where it stands. The bytes
-are msgpack-python's with the hook, which the tests hold them to. :func:`packb` is the writer's bytes (the
-reference server's replies) and the client's frames (:mod:`~plugrl_env_client.protocol.frame_packer`).
+:class:`MessageWriter` writes a message as pieces whose concatenation is msgpack-python's bytes with the
+:func:`encode_numpy` hook (the tests hold it to them): it keeps, per array ``(dtype, shape)``, the bytes around the
+data, taken from the hook's own map, and per str its packed bytes, and emits arrays as their own memory. What it
+does not lay out goes to msgpack with the hook; a message holding a list or tuple, or maps deeper than
+:data:`MAX_DEPTH`, goes to msgpack whole, so msgpack's nesting limit counts every level.
 
-Decoding validates every array (dtype, shape, data length) so a broken peer produces one ``ProtocolError`` with a
-message, never a numpy exception from deep inside a rollout. msgpack copies each array's bytes out of the frame
-once and ``np.frombuffer`` wraps them.
+The decoder validates every array (dtype, shape, data length): a broken peer gives one ``ProtocolError`` that says
+what was wrong, never a numpy exception deep inside a rollout.
 """
 
 from __future__ import annotations

@@ -1,17 +1,11 @@
 """Opening a session's connections: dialing with backoff and jitter, the handshake, and the server's metadata.
 
 A :class:`Dialer` opens one connection at a time for one :class:`~plugrl_env_client.protocol.session.Session`
-and keeps what reconnecting needs from one attempt to the next (the backoff, whether the last connection got an
-exchange done, the reminder while a stopped server stays up). Every wait is bounded or announced:
-``connect_timeout`` / ``reconnect_timeout`` bound the whole of an opening, the metadata read included; each
-attempt's handshake and each backoff pause are cut to the time left.
-
-What ends an opening is a typed error: :class:`ServerUnreachable` (nobody answered in time),
-:class:`ReconnectsExhausted` (``max_reconnects`` reached), a :class:`~plugrl_env_client.errors.ConfigError` for
-what no retry can fix (a 4xx handshake answer other than 408/429, a TLS certificate that does not verify, a
-malformed URL), a :class:`~plugrl_env_client.protocol.exchange.ConnectionLost` when the server closes before its
-metadata or the run is stopped locally. Messages name each choice as the session's config says the user sets it
-(``config.word``); the app layer adds what a user can do about the first two.
+and keeps what reconnecting needs between attempts. ``connect_timeout`` / ``reconnect_timeout`` bound a whole
+opening, the metadata read included. What ends an opening is a typed error: :class:`ServerUnreachable`,
+:class:`ReconnectsExhausted`, a :class:`~plugrl_env_client.errors.ConfigError` for what no retry fixes (a 4xx
+answer other than 408/429, a certificate that does not verify, a malformed URL), or
+:class:`~plugrl_env_client.protocol.exchange.ConnectionLost`. Messages name each choice by the config's ``word``.
 """
 
 from __future__ import annotations

@@ -1,27 +1,13 @@
 """Camera images encoded per env row for the wire, and decoded back with their size checked first.
 
-An observation's ``images`` field is ``[n, h, w, c]`` uint8; encoded, it travels as ``n`` byte strings, one per env
-row, in one of the :data:`CODECS`:
+An ``[n, h, w, c]`` uint8 camera travels as ``n`` encoded rows in one of the :data:`CODECS`: ``jpeg`` (lossy,
+quality 1-100, 1 or 3 channels; simplejpeg) or ``qoi`` (lossless, 3 or 4 channels), both from the extra ``images``,
+imported on first use. An image a codec cannot carry travels raw: :func:`refusal` says why, from every limit in
+:data:`LIMITS`, so nothing a library would refuse reaches it.
 
-* ``jpeg`` (quality 1-100, 4:2:0 chroma subsampling for 3 channels): lossy, for 1- and 3-channel images only;
-  decoded pixels differ from the originals by the codec's quantisation (at quality 90 a few levels on smooth
-  areas, more at sharp edges);
-* ``qoi`` (the Quite OK Image format): lossless, for 3- and 4-channel images.
-
-An image a codec cannot carry travels raw: :func:`refusal` says why not, in one place, from every limit of the
-codec (:data:`LIMITS`: channels, pixels a side, pixels an image; uint8 only), so nothing a library would refuse
-reaches it (``jpeg`` of 4 channels, or a side over libjpeg's 65500 pixels). The
-library behind each codec is chosen by ``bench/image_codecs.py`` (encode and decode time per batch of 16 envs'
-camera frames): simplejpeg (libjpeg-turbo in its wheel, no system library) for JPEG, ``qoi`` for QOI. Both are the
-extra ``images`` and are imported only when a codec is used.
-
-Decoding bounds the declared shape first (:class:`ImagesTooLarge` past the receiver's ``max_pixels``), then reads
-each row's header before anything is decompressed or allocated, and refuses an image whose size or channels differ
-from the declared shape with a :class:`~plugrl_env_client.errors.ProtocolError` naming the field and the row: a small
-message cannot make the receiver allocate a huge image (no decompression bombs).
-
-Pure functions; nothing here sends or receives. :data:`FEATURE` is the name a server offers in its metadata's
-``features`` when it decodes images it receives this way (prefixed so it cannot clash with PlugRL's own names).
+Decoding bounds the declared shape first (:class:`ImagesTooLarge` past the receiver's ``max_pixels``) and reads
+each row's header before anything is decompressed or allocated: a small message cannot make the receiver allocate a
+huge image. A server offers :data:`FEATURE` in its metadata when it decodes such images.
 """
 
 from __future__ import annotations

@@ -1,38 +1,22 @@
-"""The rollout's handle on its server: one PlugRL connection at a time, worked by the rollout's own thread.
+"""The rollout's handle on its server: one connection at a time, worked by the rollout's own thread.
 
-A :class:`Session` gets its connections from a :class:`~plugrl_env_client.protocol.dialing.Dialer` (dialing with
-backoff, the handshake and the server's metadata, each bounded), then carries the exchange: ``infer`` (or its
-halves, ``send_infer`` and ``receive_actions``, for a pipelined rollout that steps other envs meanwhile) and
-``feedback``. The exchange is an explicit state machine (:class:`~plugrl_env_client.protocol.exchange.Exchange`:
-idle, awaiting a reply, feedback due) and a call out of its order raises a named
-:class:`~plugrl_env_client.protocol.exchange.ExchangeMisuse`, as Gymnasium's vector envs do for
-``step_async``/``step_wait``. Every message is packed straight into its frame by one
-:class:`~plugrl_env_client.protocol.frame_packer.FramePacker` kept for the session's life, and sent through the
-client's one write loop.
+A :class:`Session` gets its connections from a :class:`~plugrl_env_client.protocol.dialing.Dialer`, then carries
+the exchange: ``infer`` (or its halves ``send_infer`` / ``receive_actions``, for a pipelined rollout) and
+``feedback``, in the order :class:`~plugrl_env_client.protocol.exchange.Exchange` keeps (a call out of it raises a
+named :class:`~plugrl_env_client.protocol.exchange.ExchangeMisuse`). A :class:`Wire` builds and parses one wire
+protocol's messages; one :class:`~plugrl_env_client.protocol.frame_packer.FramePacker` packs them for the
+session's life.
 
 Whatever ends a connection surfaces as :class:`~plugrl_env_client.protocol.exchange.ConnectionLost` from the call
-that finds it, and the caller decides, in one place, whether to :meth:`~Session.reconnect` or end the run.
-``feedback`` has no reply, so a feedback that finds the connection gone is not an error of its own: the next
-``send_infer`` raises the close, exactly as if the server had closed right after the feedback.
+that finds it; the caller reconnects or ends the run, in one place. A feedback that finds the connection gone raises
+nothing: the next ``send_infer`` does. Every wait is bounded or announced: a late reply is warned about after
+:func:`~plugrl_env_client.protocol.dialing.warning_period` seconds and then every twice that, and given up at
+``infer_timeout`` (close ``1001 Infer timeout``); a reply that answers no infer closes with the resync close, as it
+would otherwise be taken for the next chunk.
 
-Every wait for a reply is bounded or announced:
-
-* after :func:`warning_period` seconds (30 unless ``$PLUGRL_WAIT_WARNING_S`` says otherwise) a warning names the
-  infer it waits for, then one every twice that; at ``infer_timeout`` the session closes the connection
-  (``1001 Infer timeout``) and raises the close, so the caller reconnects under the usual rules (each time counts as
-  one of ``max_reconnects``).
-* A reply that answers no infer (an action after a feedback, a second reply to one infer) would be taken for the
-  next chunk, and every later chunk would be one reply stale: the session closes the connection with the
-  protocol's resync close (``1001 plugrl-server-resync``) and raises it, so the caller starts over.
-
-With an ``image_codec`` other than none, a connection whose server offers
-:data:`~plugrl_env_client.protocol.images.FEATURE` carries the observations' cameras encoded per env row
-(:func:`~plugrl_env_client.protocol.messages.wire_observation`); one that does not gets raw arrays, and a camera the
-codec cannot carry (:func:`~plugrl_env_client.protocol.images.refusal`) travels raw. Which codec the server took,
-and each camera that travels raw, is said once per run: by the session of the run's first stream (process 0, env
-group 0), as every stream of a run talks to the same server with the same cameras.
-
-Counters and times go into the caller's :class:`~plugrl_env_client.timing.Timing`.
+With an ``image_codec``, a connection whose server offers :data:`~plugrl_env_client.protocol.images.FEATURE`
+carries cameras encoded per env row; the run's first stream says once which codec travels and which camera stays
+raw.
 """
 
 from __future__ import annotations
@@ -157,7 +141,6 @@ class Session:
         self._warn_s = warning_period()
         self._dialer = Dialer(config, self.timing, self._warn_s, should_stop, wire.metadata, wire.server_kind)
         self._packer = FramePacker()  # one frame buffer for the session's life, across reconnects
-        # Where the seconds of each step go (one reused stopwatch per step: nothing made per message).
         self._client: WebSocketClient | None = None
         self._image_codec = "none"  # the codec of the current connection: image_codec when its server offers it
         self._speaks = config.stream in (None, (0, 0))  # the run's first stream says what holds for every stream
