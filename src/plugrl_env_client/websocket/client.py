@@ -1,43 +1,19 @@
 """A WebSocket client on which the caller's own thread does all the socket work.
 
-:class:`WebSocketClient` owns its socket. websockets' Sans-I/O protocol (:class:`websockets.client.ClientProtocol`,
-public API only) makes and checks the opening handshake; after it, this module reads and writes the frames itself.
-Nothing runs in the background: bytes are read when the caller asks for a message (:meth:`~WebSocketClient.recv`)
-or services the socket (:meth:`~WebSocketClient.service`), and the server's pings are answered then. That is the
-point of it: websockets' threading client parses every frame in a reader thread that takes the GIL while the caller
-steps envs, and picows runs an asyncio loop in a bridge thread. Here a rollout's thread pays for exactly the frames
-it reads, when it reads them. It is the client of every PlugRL connection this package opens
-(:class:`~plugrl_env_client.protocol.session.Session`).
+websockets' Sans-I/O :class:`~websockets.client.ClientProtocol` (public API) makes and checks the opening handshake;
+after it, :class:`WebSocketClient` reads and writes the frames itself. Nothing runs in the background: bytes are
+read when the owner asks for a message (:meth:`~WebSocketClient.recv`, ``timeout=0`` only looks) or services the
+socket (:meth:`~WebSocketClient.service`, between env calls), and pings are answered then; during one long env call
+a :class:`~plugrl_env_client.websocket.keepalive.Keepalive` does it. A rollout's thread so pays for exactly the
+frames it reads, when it reads them, where a reader thread would take the GIL while envs step.
+:meth:`~WebSocketClient.fileno` and :func:`wait_any` let a pipelined loop wait on several connections at once.
 
-What a one-thread loop needs, and what it gets:
-
-* ``recv(timeout)`` returns None when no message came within ``timeout`` (0: only look). An empty poll costs one
-  ``poll`` system call and raises nothing.
-* :meth:`~WebSocketClient.fileno` (and :func:`wait_any`) lets a pipelined loop wait on several connections at once.
-* :meth:`~WebSocketClient.service` reads what is there and answers pings, between env calls.
-* While a single env call runs for longer than a quarter second, a
-  :class:`~plugrl_env_client.websocket.keepalive.Keepalive` answers pings for the caller and hands the socket back
-  when the call returns.
-
-Frames: a binary message goes out already framed by a
-:class:`~plugrl_env_client.protocol.frame_packer.FramePacker` (:meth:`~WebSocketClient.send_frame`), which encodes
-the arrays straight into the frame; pongs and closes by the same module's
-:func:`control_frame`.
-Every byte goes out through one write loop (non-blocking ``send`` of memoryviews, waiting with ``poll`` when the
-socket is full; never a copy into fresh ``bytes``). Incoming frames are read from one buffer with the checks RFC 6455
-asks of a client (no mask, no reserved bits without an extension, known opcodes, short unfragmented control frames,
-continuations only inside a fragmented message, valid close frames); a frame that breaks them fails the connection
-(close 1002, or 1007 for a close reason that is not UTF-8), as websockets' own parser does. A server's close is
-echoed and the TCP connection ended at once. Reading a frame here costs a fraction of a trip through websockets'
-generator parser, which a reply per env step would pay, with cold caches, after every simulator step.
-
-Failures are the exceptions of :mod:`~plugrl_env_client.websocket.common` (the callers handle them once,
-whatever the library): :class:`WebSocketClosed` with the peer's close code and reason, or ``code=None`` when the
-socket dropped without one (or the server broke the protocol); :class:`HandshakeRefused`,
-:class:`CertificateNotVerified`, :class:`InvalidServerURL`, :class:`ConnectFailed` when opening.
-
-Not thread-safe: one thread owns a client. The only other thread that ever touches it is a ``Keepalive``'s, and
-only while the owner is inside a call the keepalive guards.
+Everything goes out through one write loop (non-blocking sends of memoryviews, no copies): data frames arrive
+framed and masked by the caller (:meth:`~WebSocketClient.send_frame`), pongs and closes by :func:`control_frame`.
+Incoming frames are checked as RFC 6455 asks of a client; a frame that breaks the rules fails the connection (close
+1002, or 1007 for a close reason that is not UTF-8), and a server's close is echoed and the TCP connection ended.
+Failures are the errors of :mod:`~plugrl_env_client.websocket.common`. One thread owns a client; the keepalive
+touches it only while the owner is inside a call it guards.
 """
 
 from __future__ import annotations
@@ -501,8 +477,8 @@ def connect(url: str, headers: Mapping[str, str] | None = None, open_timeout: fl
     """Open a WebSocket to ``url`` (ws:// or wss://, verified against the system trust store, ``SSL_CERT_FILE``
     honoured), sending ``headers`` in the opening handshake (each in place of one the URL implies, such as Basic
     authorization from ``ws://user:pass@host``); the TCP connect, the TLS handshake and the HTTP
-    upgrade together take at most ``open_timeout`` seconds. Raises the transport errors named in the module
-    docstring."""
+    upgrade together take at most ``open_timeout`` seconds. Raises the opening errors of
+    :mod:`~plugrl_env_client.websocket.common`."""
     try:
         uri = parse_uri(url)
     except (InvalidURI, ValueError) as exc:

@@ -1,23 +1,14 @@
-"""What every WebSocket of the package shares: the errors it raises, what one message may be, and the allocator
-setting that makes multi-MB messages cheap.
+"""What every WebSocket of the package shares: its errors, what one message may be, and the allocator setting that
+makes multi-MB messages cheap.
 
-"Transport" means one thing in this package: the WebSocket library a connection runs on (the client always runs
-its own frames after websockets' handshake; the reference server runs websockets or picows), and
-its errors are the ``Transport*`` ones below.
+The client (:mod:`~plugrl_env_client.websocket.client`) and the reference server's WebSocket layer
+(:mod:`plugrl_env_client.server.ws_server`, websockets or picows) raise the same errors, so callers handle them once,
+whatever the library: :class:`WebSocketClosed` (the peer's close code and reason, ``None`` when the socket dropped)
+and, when opening, :class:`HandshakeRefused`, :class:`CertificateNotVerified`, :class:`InvalidServerURL` or
+:class:`ConnectFailed` (worth another try).
 
-The errors: the client (:class:`~plugrl_env_client.websocket.client.WebSocketClient`, driven by the rollout's
-own thread) and the reference server's WebSocket layer
-(:mod:`plugrl_env_client.server.ws_server`, one event loop, websockets or picows) raise the same ones, so callers
-handle them once, whatever the library: a closed connection is :class:`WebSocketClosed` (with the close code and
-reason the peer sent, or ``None`` when the socket dropped without a close frame); opening one fails with
-:class:`HandshakeRefused` (an HTTP status), :class:`CertificateNotVerified`, :class:`InvalidServerURL`, or
-:class:`ConnectFailed` (nobody answered, or the handshake broke: worth another try).
-
-Large frames and the allocator: a process that sends or receives multi-MB messages allocates and frees
-multi-MB buffers for each one. glibc hands such blocks back to the kernel as soon as they are freed, so the next
-message page-faults all its memory in again, which costs many times what framing the message does (bench/transport.py
-measures it). :func:`retain_freed_memory` (called by the client's ``connect`` and by the server transport's ``serve``)
-raises glibc's thresholds so that freed blocks are reused.
+glibc hands multi-MB blocks back to the kernel as soon as they are freed, so each large message would page-fault
+its buffers in again (``bench/transport.py`` measures it); :func:`retain_freed_memory` keeps them.
 """
 
 from __future__ import annotations
@@ -61,7 +52,7 @@ Data = bytes | bytearray | memoryview
 
 
 class WebSocketError(Exception):
-    """Base of the transport's errors; the protocol layer turns each into what it means for a run."""
+    """Base of the WebSocket errors; the protocol layer turns each into what it means for a run."""
 
 
 class WebSocketClosed(WebSocketError):
