@@ -172,10 +172,6 @@ class EnvGroup:
     # ------------------------------------------------------------------------------------------ connection
 
     @property
-    def all_retired(self) -> bool:
-        return self.idle.all_retired
-
-    @property
     def awaiting_actions(self) -> bool:
         """An infer of this group is on the wire (the session is the one that knows)."""
         return self.session.awaiting
@@ -321,6 +317,7 @@ class EnvGroup:
         if rows.size == 0:
             return
         done = step.done
+        ended = done[rows]  # the feedback's rows whose episode ended
         if rows.size == self.n:  # every env: the whole batch as it is
             index: np.ndarray | slice = _EVERY
             obs = step.obs
@@ -329,7 +326,7 @@ class EnvGroup:
             obs = step.obs.select(index)
         info = slice_info(step.info, index, self.n)
         # (a held feedback's rows are done: merged with it, every row says its own)
-        if done[rows].any() or self.pending.held is not None:
+        if ended.any() or self.pending.held is not None:
             self.tracker.add_to_feedback(info, rows, done)
         feedback = Feedback(
             env_indices=rows,
@@ -341,7 +338,10 @@ class EnvGroup:
             info=info,
         )
         self.held.fed_back(rows, done)
-        if not self._infer_follows(rows, done):
+        # Held unless an infer surely follows: some env of it asks for actions next, one whose chunk ended without
+        # ending its episode, or a done one that starts its next episode at once (it may not if the env may retire
+        # it, if it ran the last episode of its share, or if it waits for its seed group).
+        if ended.all() and (self.idle.may_retire or not self.seed_groups.restarts_at_once(rows, done)):
             self.pending.hold(feedback)
             return
         if self.pending.held is not None:
@@ -403,17 +403,6 @@ class EnvGroup:
         actions = check_actions(reply.actions, self.space, self.settings.replan_steps,
                                        self.settings.non_finite_actions)
         self.plans.load(reply.env_ids, actions)
-
-    def _infer_follows(self, rows: np.ndarray, done: np.ndarray) -> bool:
-        """Whether some env of a feedback for ``rows`` surely asks for actions next, so an infer follows it: one
-        whose chunk ended without ending its episode, or a done one that starts its next episode at once (it may
-        not if the env may retire it, if it ran the last episode of its share, or if it waits for its seed
-        group)."""
-        if (~done[rows]).any():
-            return True
-        if self.idle.may_retire:
-            return False
-        return self.seed_groups.restarts_at_once(rows, done)
 
     def _started_episodes(self, obs: Observation, info: dict[str, Any], started: np.ndarray,
                           seed: int | list[int | None] | None) -> Observation:
