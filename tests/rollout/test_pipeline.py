@@ -26,6 +26,7 @@ from plugrl_env_client.errors import ConfigError
 from plugrl_env_client.protocol import codec, messages
 from plugrl_env_client.records import ProcessStatus
 from plugrl_env_client.rollout.budget import EpisodeBudget
+from plugrl_env_client.rollout.idle import IdleEnvs
 from plugrl_env_client.rollout.loop import Rollout
 from plugrl_env_client.rollout.settings import LoopSettings
 from plugrl_env_client.timing import Timing
@@ -238,7 +239,7 @@ class _ScriptedGroup:
 
     def __init__(self, reply_in_at_poll: bool, on_take: Any = None) -> None:
         self.timing = Timing()
-        self.all_retired, self.started = False, 0.0
+        self.idle, self.started = IdleEnvs(1), 0.0  # one env, which never retires
         self.awaiting_actions, self.has_actions = False, False
         self.reply_in_at_poll, self.on_take = reply_in_at_poll, on_take
         self.steps = self.waited = 0

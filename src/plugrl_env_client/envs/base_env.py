@@ -123,9 +123,13 @@ class Observation:
             run = _as_run(idx)
             if run is not None and run.stop <= self.batch_size:
                 idx = run
+        # Plain loops rather than comprehensions: the rollout selects rows on most steps.
         out = Observation.__new__(Observation)
-        out.images = {k: v[idx] for k, v in self.images.items()}
-        out.states = {k: v[idx] for k, v in self.states.items()}
+        out.images, out.states = {}, {}
+        for k, v in self.images.items():
+            out.images[k] = v[idx]
+        for k, v in self.states.items():
+            out.states[k] = v[idx]
         out.text = self.text[idx]
         return out
 

@@ -118,7 +118,9 @@ class EpisodeTracker:
         self.returns += rewards
         self.lengths += idle.active
         if self.success_threshold is not None:
-            self.success |= idle.only(rewards >= self.success_threshold)
+            reached = rewards >= self.success_threshold
+            if reached.any():  # (none on most steps)
+                self.success |= idle.only(reached)
         reported = info.get("success")
         if reported is not None:
             if (isinstance(reported, np.ndarray) and reported.shape == self.success.shape

@@ -90,6 +90,7 @@ logger = logging.getLogger(__name__)
 
 _NO_ROWS = np.zeros(0, np.intp)
 _NONE = slice(0, 0)
+_EVERY = slice(None)
 _TAKEN = Observation(states={"taken": np.zeros((0, 0), np.float32)})
 """What a :class:`StepResult` holds once its observation was taken: an empty batch (a use after the hand-over shows
 as a batch of 0 envs rather than as stale rows)."""
@@ -100,7 +101,9 @@ class StepResult:
     """One batched env step, checked, with the time limit applied and the chunks that ended on it.
 
     Flags and rewards of envs that took no part in the step (idle: retired or waiting) are False and 0. Its observation
-    is handed on once, by :meth:`take_obs`, after the feedback has been sent.
+    is handed on once, by :meth:`EnvGroup.finish_episodes`, after the feedback has been sent: the result no longer
+    holds it afterwards, so whoever takes it decides how long it lives (a batch of camera images is tens of MB, and a
+    reset that follows returns a whole new batch).
     """
 
     obs: Observation
@@ -111,13 +114,6 @@ class StepResult:
     info: dict[str, Any]
     chunk_ended: np.ndarray  # envs whose chunk ended on this step (they get feedback)
     idle_ended: np.ndarray  # retired envs whose row the env says ended (reset quietly; usually none)
-
-    def take_obs(self) -> Observation:
-        """The step's observation, which the result no longer holds afterwards: whoever takes it decides how long
-        it lives (a batch of camera images is tens of MB, and a reset that follows returns a whole new batch)."""
-        obs = self.obs
-        self.obs = _TAKEN
-        return obs
 
 
 class RunEnded(Exception):
@@ -174,10 +170,6 @@ class EnvGroup:
         """The process's env steps so far (its groups' total when the rollout runs several), for episode records."""
 
     # ------------------------------------------------------------------------------------------ connection
-
-    @property
-    def all_retired(self) -> bool:
-        return self.idle.all_retired
 
     @property
     def awaiting_actions(self) -> bool:
@@ -307,7 +299,9 @@ class EnvGroup:
         self.tracker.add_step(rewards, info)
         limit = self.settings.max_episode_steps
         if limit is not None:
-            truncated = truncated | idle.only((self.tracker.lengths >= limit) & ~terminated)
+            reached = self.tracker.lengths >= limit
+            if reached.any():  # (none on most steps)
+                truncated = truncated | idle.only(reached & ~terminated)
         done = terminated | truncated
         chunk_ended = self.plans.advance(rewards, done)
         if self.hooks is not NO_HOOKS:
@@ -323,22 +317,31 @@ class EnvGroup:
         if rows.size == 0:
             return
         done = step.done
-        index = _run_or_rows(rows)  # a slice when the rows form a run: views of the arrays, no copies
+        ended = done[rows]  # the feedback's rows whose episode ended
+        if rows.size == self.n:  # every env: the whole batch as it is
+            index: np.ndarray | slice = _EVERY
+            obs = step.obs
+        else:
+            index = _run_or_rows(rows)  # a slice when the rows form a run: views of the arrays, no copies
+            obs = step.obs.select(index)
         info = slice_info(step.info, index, self.n)
         # (a held feedback's rows are done: merged with it, every row says its own)
-        if done[rows].any() or self.pending.held is not None:
+        if ended.any() or self.pending.held is not None:
             self.tracker.add_to_feedback(info, rows, done)
         feedback = Feedback(
             env_indices=rows,
             step_ids=self.plans.finish_chunks(rows, done),
-            obs=step.obs if rows.size == self.n else step.obs.select(index),
+            obs=obs,
             rewards=self.plans.chunk_reward[rows].astype(np.float32),
             terminated=step.terminated[rows],
             truncated=step.truncated[rows],
             info=info,
         )
         self.held.fed_back(rows, done)
-        if not self._infer_follows(rows, done):
+        # Held unless an infer surely follows: some env of it asks for actions next, one whose chunk ended without
+        # ending its episode, or a done one that starts its next episode at once (it may not if the env may retire
+        # it, if it ran the last episode of its share, or if it waits for its seed group).
+        if ended.all() and (self.idle.may_retire or not self.seed_groups.restarts_at_once(rows, done)):
             self.pending.hold(feedback)
             return
         if self.pending.held is not None:
@@ -350,7 +353,7 @@ class EnvGroup:
     def finish_episodes(self, step: StepResult) -> Observation:
         """Record finished episodes and start the next ones (unless the run needs no more episodes); returns the
         observation the next infer starts from."""
-        obs = step.take_obs()
+        obs, step.obs = step.obs, _TAKEN  # handed on: the step result no longer holds it
         done, idle = step.done.nonzero()[0], step.idle_ended
         if done.size == 0 and idle.size == 0:
             return obs
@@ -391,7 +394,8 @@ class EnvGroup:
             return None
         reuse = self.held.reuse(need)
         sent = need if reuse is None else need[~reuse]
-        rows = obs if sent.size == self.n else obs.select(_run_or_rows(sent))  # (no copy: the whole batch, a run)
+        # (no copy: the whole batch, a run of it, or none of it when the server reuses every row)
+        rows = obs if sent.size == self.n else obs.select(_run_or_rows(sent) if sent.size else _NONE)
         return InferRequest(rows, need, self.plans.chunk_index[need], reuse)
 
     def _load(self, reply: ActionReply) -> None:
@@ -399,17 +403,6 @@ class EnvGroup:
         actions = check_actions(reply.actions, self.space, self.settings.replan_steps,
                                        self.settings.non_finite_actions)
         self.plans.load(reply.env_ids, actions)
-
-    def _infer_follows(self, rows: np.ndarray, done: np.ndarray) -> bool:
-        """Whether some env of a feedback for ``rows`` surely asks for actions next, so an infer follows it: one
-        whose chunk ended without ending its episode, or a done one that starts its next episode at once (it may
-        not if the env may retire it, if it ran the last episode of its share, or if it waits for its seed
-        group)."""
-        if (~done[rows]).any():
-            return True
-        if self.idle.may_retire:
-            return False
-        return self.seed_groups.restarts_at_once(rows, done)
 
     def _started_episodes(self, obs: Observation, info: dict[str, Any], started: np.ndarray,
                           seed: int | list[int | None] | None) -> Observation:
@@ -454,9 +447,8 @@ class EnvGroup:
 
 
 def _run_or_rows(rows: np.ndarray) -> np.ndarray | slice:
-    """Ascending, unique ``rows`` as a slice when they form one run (indexing by it makes views, not copies)."""
-    if rows.size == 0:  # (every row reused by the server)
-        return _NONE
+    """Ascending, unique ``rows`` (at least one) as a slice when they form one run (indexing by it makes views, not
+    copies)."""
     first, last = int(rows[0]), int(rows[-1])
     return slice(first, last + 1) if last - first + 1 == rows.size else rows
 

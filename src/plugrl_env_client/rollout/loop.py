@@ -170,13 +170,13 @@ class Rollout:
         if self.budget.finished(self.settings.process_id):
             return True
         for group in self.groups:
-            if not group.all_retired:
+            if not group.idle.all_retired:
                 return False
         return True
 
     def _all_retired(self) -> bool:
         for group in self.groups:  # (a loop, not all(...): this is asked several times per group step)
-            if not group.all_retired:
+            if not group.idle.all_retired:
                 return False
         return True
 
