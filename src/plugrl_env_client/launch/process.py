@@ -255,7 +255,8 @@ def _probe(job: ProcessJob, env: BaseEnv, stop: Any, spec: EnvSpec) -> Probe:
     timing = Timing()
     budget = ProbeBudget(timing, stop=stop, seed_group=job.config.runner.group_size)
     settings = loop_settings(job, spec, with_shares=False)
-    session = open_session(session_config(job, env, 0), env.num_envs, lambda: budget.finished(job.process_id), timing)
+    connect = session_config(job, 0, 1, server_hints(env, _port_of(job.url)))
+    session = open_session(connect, env.num_envs, lambda: budget.finished(job.process_id), timing)
     sink = ProbeSink()
     Rollout([EnvGroup(env, session, settings, budget, sink, timing)], settings, budget, sink).run()
     return budget.probe()
@@ -271,34 +272,41 @@ def run_process(job: ProcessJob, budget: Budget, sink: ResultSink, env_lock: Any
     """Run one process's rollout to its end (with ``env`` when the caller built it already, in lockstep); never
     raises for user errors or interrupts: they become the result. The env's spec is resolved here, once, and
     handed to what needs it; ``--runner.pipeline auto`` is chosen once per run, before its processes start
-    (:func:`choose_pipeline`, by the client's run), so a process takes the chosen number."""
-    cfg, spec = job.config, get_spec(job.env_id)
+    (:func:`choose_pipeline`, by the client's run), so a process takes the chosen number. Setup reads the job
+    first (group sizes, the server's port, the loop settings), then makes the recorder and the envs, and hands
+    each group its ready session config, so no part built later has to reach back for the job."""
+    cfg = job.config
     if cfg.runner.start_seeds and not listed_share(cfg.runner.start_seeds, job.process_id, cfg.num_procs):
         return ProcessResult(job.process_id, ProcessStatus.FINISHED)  # more processes than listed seeds: none here
+    spec = get_spec(job.env_id)
     timings: list[Timing] = []
     envs: list[BaseEnv] = [] if env is None else [env]
     status, error, signum = ProcessStatus.STARTING, None, None
     recorder: EpisodeRecorder | None = None
     rollout: Rollout | None = None
     keepalive: Keepalive | None = None
+    hints: tuple[str, str] | None = None
     try:
         if cfg.runner.pipeline == "auto":
             raise ValueError("--runner.pipeline auto reached a process unresolved: choose_pipeline() picks the "
                              "number of groups once per run, before its processes start")
         sizes = group_sizes(cfg, spec)
+        port = _port_of(job.url)
         settings = loop_settings(job, spec)
-        while len(envs) < len(sizes):
-            envs.append(build_env(job, spec, env_lock, sizes[len(envs)]))
         recorder = EpisodeRecorder(cfg.recorder, job.process_id, cfg.num_envs, sink.artifacts(job.process_id),
                                    first_episodes=_per_env(job.first_episodes, cfg.num_envs))
         hooks = recorder if recorder.enabled else None
+        while len(envs) < len(sizes):
+            envs.append(build_env(job, spec, env_lock, sizes[len(envs)]))
+        hints = server_hints(envs[0], port)
+        connects = [session_config(job, g, len(envs), hints) for g in range(len(envs))]
         recorder.render_for(envs)  # envs that render only the recorded episodes' frames, when asked for them
         keepalive = Keepalive()  # answers the server's pings while an env call of any group runs long (SPEC C2)
         groups = []
-        for g, group_env in enumerate(envs):
+        for g, (group_env, connect) in enumerate(zip(envs, connects)):
             timings.append(Timing())
-            session = open_session(session_config(job, group_env, g, len(envs)), group_env.num_envs,
-                                   lambda: budget.finished(job.process_id), timings[g], keepalive)
+            session = open_session(connect, group_env.num_envs, lambda: budget.finished(job.process_id), timings[g],
+                                   keepalive)
             groups.append(EnvGroup(group_env, session, settings, budget, sink, timings[g], g * sizes[0], hooks,
                                    guard=keepalive))
         rollout = Rollout(groups, settings, budget, sink)
@@ -306,7 +314,7 @@ def run_process(job: ProcessJob, budget: Budget, sink: ResultSink, env_lock: Any
     except PlugRLError as exc:
         # The user sees the message (printed by the CLI); the traceback is for the log file only.
         logger.debug("process %d failed: %s", job.process_id, exc, exc_info=True)
-        status, error = ProcessStatus.FAILED, said(exc, job, envs)
+        status, error = ProcessStatus.FAILED, said(exc, hints)
     except KeyboardInterrupt as exc:
         logger.warning("process %d interrupted", job.process_id)
         status, signum = ProcessStatus.INTERRUPTED, getattr(exc, "signum", signal.SIGINT)
@@ -331,13 +339,13 @@ def _per_env(counts: tuple[int, ...], num_envs: int) -> tuple[int, ...]:
     return (tuple(counts) + (0,) * num_envs)[:num_envs] if counts else ()
 
 
-def session_config(job: ProcessJob, env: BaseEnv, group: int, groups: int = 1) -> SessionConfig:
-    """How group ``group`` of ``groups`` of the process connects: the run's server flags, and hints that fit the
-    env. With several servers the groups of the run take them in turn (a PlugRL group connects to its one; an
-    openpi group spreads its connections over all of them, starting from it); with openpi's protocol the process's
-    ``--openpi.connections`` are shared out between its groups."""
+def session_config(job: ProcessJob, group: int, groups: int, hints: tuple[str, str]) -> SessionConfig:
+    """How group ``group`` of ``groups`` of the process connects: the run's server flags, and the ``hints`` that fit
+    its env (:func:`server_hints`). With several servers the groups of the run take them in turn (a PlugRL group
+    connects to its one; an openpi group spreads its connections over all of them, starting from it); with openpi's
+    protocol the process's ``--openpi.connections`` are shared out between its groups."""
     connection, cfg = job.config.connection, job.config
-    command, flag = server_hints(job, env)
+    command, flag = hints
     servers = job.servers
     openpi = None
     if connection.protocol == "openpi":
@@ -354,22 +362,24 @@ def session_config(job: ProcessJob, env: BaseEnv, group: int, groups: int = 1) -
     )
 
 
-def server_hints(job: ProcessJob, env: BaseEnv) -> tuple[str, str]:
-    """How to start a policy server that fits ``env`` at the job's port, and the flag that embeds one instead."""
+def server_hints(env: BaseEnv, port: int | str) -> tuple[str, str]:
+    """How to start a policy server that fits ``env`` at ``port`` (the job's), and the flag that embeds one
+    instead."""
     space = contract.action_space_of(env)
-    return server_command(space, _port_of(job.url)), local_policy_flag(space)
+    return server_command(space, port), local_policy_flag(space)
 
 
-def said(exc: PlugRLError, job: ProcessJob, envs: list[BaseEnv]) -> str:
-    """What the user reads of ``exc``: its message, and for a server that never answered, what to do about it."""
+def said(exc: PlugRLError, hints: tuple[str, str] | None) -> str:
+    """What the user reads of ``exc``: its message, and for a server that never answered, what to do about it
+    (``hints``: :func:`server_hints` of the process's env, None before it has one)."""
     if isinstance(exc, MissingKey):
         return (f"{exc}; map it with --openpi.key {exc.key}={exc.source.group}.<name> (or leave it out with "
                 f"--openpi.key {exc.key}=), or pick another --openpi.preset")
-    if not isinstance(exc, ServerUnreachable) or not envs:
+    if not isinstance(exc, ServerUnreachable) or hints is None:
         return str(exc)
     if not exc.first:
         return f"{exc}; it went away and did not come back"
-    command, flag = server_hints(job, envs[0])
+    command, flag = hints
     return f"{exc}; start one with `{command}` or use `{flag}`"
 
 

@@ -102,7 +102,6 @@ class EpisodeRecorder:
         self._env_starts[:len(first_episodes)] = first_episodes
         self._starts = int(self._env_starts.sum())
         self._completed = self._starts  # the process's completed episodes, recorded or not
-        self._stats = EpisodeStats(config.metric_window)
         self._lock = threading.Lock()
         self._close_lock = threading.Lock()
         self._closed = False
@@ -116,6 +115,7 @@ class EpisodeRecorder:
         self._check_images = self.process_id == 0 and self.enabled and config.record_video
         if self.process_id == 0:
             warn_inert_flags(config)
+        self._stats = EpisodeStats(config.metric_window)
         if self.enabled:
             self._writer.start()
 
