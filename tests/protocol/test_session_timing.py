@@ -1,4 +1,4 @@
-"""Connection: what a feedback costs, split as PlugRL's client splits it, measured over a real loopback socket."""
+"""The session: what a feedback costs, split as PlugRL's client splits it, measured over a real loopback socket."""
 
 from __future__ import annotations
 
