@@ -299,7 +299,7 @@ def _warnings(caplog, words: str) -> list[str]:
 @pytest.mark.slow
 def test_connect_timeout_counts_the_metadata_read(harness):
     """A server that completes the handshake and never sends its metadata: connect_timeout still holds (named by
-    its field: the protocol names no flag; the app layer's words are tested in test_connection_faults.py)."""
+    its field: the protocol names no flag; the app layer's words are tested in test_session_faults.py)."""
     h = harness(lambda conn: conn.ws.recv())  # waits for the client, says nothing
     session = Session(SessionConfig(url=f"ws://127.0.0.1:{h.port}", connect_timeout=1.5))
     start = time.monotonic()
