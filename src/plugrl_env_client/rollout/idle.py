@@ -56,7 +56,7 @@ class IdleEnvs:
 
     def rows(self) -> np.ndarray:
         """The rows of the envs that take part (ascending)."""
-        return self._all if self.everyone else np.flatnonzero(self.active)
+        return self._all if self.everyone else self.active.nonzero()[0]
 
     def leave_out(self, rewards: np.ndarray, terminated: np.ndarray, truncated: np.ndarray
                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
