@@ -597,10 +597,10 @@ class PartialResetCheck:
         """A reset of the rows of ``mask`` is about to run: copy the other rows of the latest state arrays, and let
         go of those arrays (the step's observation need not stay alive while the env builds a whole new batch)."""
         latest, self.latest = self.latest, None
-        if latest is None or mask.all():
+        if latest is None or np.count_nonzero(mask) == mask.size:
             self._kept = None
             return
-        self._kept, self._reset_rows = np.flatnonzero(~mask), mask
+        self._kept, self._reset_rows = (~mask).nonzero()[0], mask
         self._before = {k: v[self._kept] for k, v in latest.items()}
 
     def after(self, obs: Observation) -> Problem | None:

@@ -87,7 +87,7 @@ class IdleEnvs:
         retire. ``none_left``: a mask of envs the run itself has no episode left for (each ran its share of the
         run's episodes)."""
         no_episode = _no_episode(info, self.n)
-        if none_left is not None and none_left.any():
+        if none_left is not None and np.count_nonzero(none_left):
             no_episode = none_left if no_episode is None else no_episode | none_left
         if no_episode is None:
             return started
