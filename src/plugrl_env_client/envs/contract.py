@@ -56,7 +56,7 @@ broken rule as a :class:`Problem` (what came, what to change), and adds checks o
 call (seeding, time limits).
 
 The checks run on every env step, so they look at types, shapes and dtypes, and make one vectorised
-``np.isfinite(...).all()`` pass per float array; which rows are wrong is worked out only once something is.
+``np.isfinite`` pass per float array; which rows are wrong is worked out only once something is.
 """
 
 from __future__ import annotations
@@ -371,8 +371,8 @@ def observation_problems(num_envs: int, obs: Observation, where: str) -> list[Pr
 def non_finite_states(obs: Observation) -> dict[str, np.ndarray]:
     """The float state arrays holding a NaN/inf, by key, with their rows; empty when every value is finite (one
     ``isfinite`` pass per float array; images are uint8 and are skipped)."""
-    for arr in obs.states.values():  # the common case, on every step: one isfinite pass per float array
-        if arr.dtype.kind in "fc" and not np.isfinite(arr).all():
+    for arr in obs.states.values():  # the common case: one isfinite pass per float array
+        if arr.dtype.kind in "fc" and np.count_nonzero(np.isfinite(arr)) != arr.size:
             break
     else:
         return {}
@@ -597,10 +597,10 @@ class PartialResetCheck:
         """A reset of the rows of ``mask`` is about to run: copy the other rows of the latest state arrays, and let
         go of those arrays (the step's observation need not stay alive while the env builds a whole new batch)."""
         latest, self.latest = self.latest, None
-        if latest is None or mask.all():
+        if latest is None or np.count_nonzero(mask) == mask.size:
             self._kept = None
             return
-        self._kept, self._reset_rows = np.flatnonzero(~mask), mask
+        self._kept, self._reset_rows = (~mask).nonzero()[0], mask
         self._before = {k: v[self._kept] for k, v in latest.items()}
 
     def after(self, obs: Observation) -> Problem | None:
@@ -871,7 +871,7 @@ class EnvChecks:
                     and rewards.dtype == np.float32 and rewards.shape == shape
                     and type(terminated) is np.ndarray and terminated.dtype == np.bool_ and terminated.shape == shape
                     and type(truncated) is np.ndarray and truncated.dtype == np.bool_ and truncated.shape == shape
-                    and np.isfinite(rewards).all()):
+                    and np.count_nonzero(np.isfinite(rewards)) == n):
                 finite = self.non_finite_observations != "allow"
                 images, states, whole = [], [], True
                 for key, arr in obs.images.items():
@@ -882,7 +882,7 @@ class EnvChecks:
                     kind = arr.dtype.kind
                     states.append((key, arr.shape, arr.dtype))
                     if (kind not in "biuf" or arr.ndim == 0 or arr.shape[0] != n
-                            or (finite and kind == "f" and not np.isfinite(arr).all())):
+                            or (finite and kind == "f" and np.count_nonzero(np.isfinite(arr)) != arr.size)):
                         whole = False
                 layout = self.layout
                 if (whole and states == layout.states and images == layout.images

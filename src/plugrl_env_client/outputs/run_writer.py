@@ -67,6 +67,9 @@ from plugrl_env_client.timing import Timing
 
 logger = logging.getLogger(__name__)
 
+_EPISODE_LINE = json.JSONEncoder(allow_nan=False)
+"""Writes an episode's line (``json.dumps(..., allow_nan=False)`` would build an encoder for each one)."""
+
 
 class _ProcessState:
     """What the writer knows about one rollout process."""
@@ -224,7 +227,7 @@ class RunWriter:
         """One finished episode: a line of its process's ``episodes.jsonl``, and into the statistics. Raises
         :class:`~plugrl_env_client.errors.OutputError` once the run folder cannot be written (the episode is not
         counted: the summaries count what is on disk)."""
-        line = json.dumps(record.to_json(), allow_nan=False)
+        line = _EPISODE_LINE.encode(record.to_json())
         with self._lock:
             if self._failure is not None:
                 raise OutputError(self.failure_message())

@@ -53,12 +53,12 @@ def check_actions(actions: np.ndarray, space: gym.Space, replan_steps: int | Non
             "lower --runner.replan-steps or raise the server's action horizon"
         )
     dtype = getattr(space, "dtype", None)
-    if dtype is not None and np.dtype(dtype).kind == "U" and actions.dtype.kind != "U":
+    target = None if dtype is None else np.dtype(dtype)
+    if target is not None and target.kind == "U" and actions.dtype.kind != "U":
         raise ProtocolError(f"the server sent actions of dtype {actions.dtype.str}; the env's action space "
                             f"{describe_space(space)} needs text (a '<U' array, or lists of str): use a text policy "
                             "(e.g. plugrl-run-policy-server --policy.name text --policy.choices ...)")
-    if dtype is not None and np.dtype(dtype).kind in "biuf":
-        target = np.dtype(dtype)
+    if target is not None and target.kind in "biuf":
         if actions.dtype.kind not in "biuf":
             raise ProtocolError(f"the server sent actions of dtype {actions.dtype.str}; the env's action space {space} needs numbers")
         if actions.dtype.kind == "f" and target.kind != "f" and not np.isfinite(actions).all():
@@ -77,7 +77,7 @@ def check_actions(actions: np.ndarray, space: gym.Space, replan_steps: int | Non
                 actions = actions.astype(target)
         else:
             actions = actions.astype(target, copy=False)
-        if actions.dtype.kind == "f" and not np.isfinite(actions).all():
+        if actions.dtype.kind == "f" and np.count_nonzero(np.isfinite(actions)) != actions.size:
             actions = _non_finite(actions, space, non_finite, sent)
     return actions
 

@@ -227,7 +227,7 @@ class EnvGroup:
 
     def needs_actions(self) -> bool:
         """Whether some active env has no action for the next step (its chunk is used up or was dropped)."""
-        return bool(self.idle.only(self.plans.needing).any())
+        return bool(np.count_nonzero(self.idle.only(self.plans.needing)))  # (count_nonzero: a third of any()'s cost)
 
     def can_step(self) -> bool:
         """Every active env has an action, and some env is active."""
@@ -300,7 +300,7 @@ class EnvGroup:
         limit = self.settings.max_episode_steps
         if limit is not None:
             reached = self.tracker.lengths >= limit
-            if reached.any():  # (none on most steps)
+            if np.count_nonzero(reached):  # (none on most steps)
                 truncated = truncated | idle.only(reached & ~terminated)
         done = terminated | truncated
         chunk_ended = self.plans.advance(rewards, done)
@@ -318,6 +318,7 @@ class EnvGroup:
             return
         done = step.done
         ended = done[rows]  # the feedback's rows whose episode ended
+        ending = np.count_nonzero(ended)
         if rows.size == self.n:  # every env: the whole batch as it is
             index: np.ndarray | slice = _EVERY
             obs = step.obs
@@ -326,7 +327,7 @@ class EnvGroup:
             obs = step.obs.select(index)
         info = slice_info(step.info, index, self.n)
         # (a held feedback's rows are done: merged with it, every row says its own)
-        if ended.any() or self.pending.held is not None:
+        if ending or self.pending.held is not None:
             self.tracker.add_to_feedback(info, rows, done)
         feedback = Feedback(
             env_indices=rows,
@@ -341,7 +342,7 @@ class EnvGroup:
         # Held unless an infer surely follows: some env of it asks for actions next, one whose chunk ended without
         # ending its episode, or a done one that starts its next episode at once (it may not if the env may retire
         # it, if it ran the last episode of its share, or if it waits for its seed group).
-        if ended.all() and (self.idle.may_retire or not self.seed_groups.restarts_at_once(rows, done)):
+        if ending == rows.size and (self.idle.may_retire or not self.seed_groups.restarts_at_once(rows, done)):
             self.pending.hold(feedback)
             return
         if self.pending.held is not None:
@@ -389,7 +390,7 @@ class EnvGroup:
     def _infer_request(self, obs: Observation) -> InferRequest[Observation] | None:
         """The infer for the active envs without actions (the rows sent, env indices, step ids, reuse); None when
         every active env has its actions."""
-        need = np.flatnonzero(self.idle.only(self.plans.needing))
+        need = self.idle.only(self.plans.needing).nonzero()[0]
         if need.size == 0:
             return None
         reuse = self.held.reuse(need)

@@ -56,7 +56,7 @@ class IdleEnvs:
 
     def rows(self) -> np.ndarray:
         """The rows of the envs that take part (ascending)."""
-        return self._all if self.everyone else np.flatnonzero(self.active)
+        return self._all if self.everyone else self.active.nonzero()[0]
 
     def leave_out(self, rewards: np.ndarray, terminated: np.ndarray, truncated: np.ndarray
                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -87,7 +87,7 @@ class IdleEnvs:
         retire. ``none_left``: a mask of envs the run itself has no episode left for (each ran its share of the
         run's episodes)."""
         no_episode = _no_episode(info, self.n)
-        if none_left is not None and none_left.any():
+        if none_left is not None and np.count_nonzero(none_left):
             no_episode = none_left if no_episode is None else no_episode | none_left
         if no_episode is None:
             return started

@@ -104,28 +104,36 @@ def blocked() -> Iterator[None]:
             signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
-@contextlib.contextmanager
-def _holding_signals(raise_when_done: bool) -> Iterator[None]:
-    if threading.current_thread() is not threading.main_thread():
+class _HeldSignals:
+    """The block of :func:`deferred_interrupts` and :func:`shielded`: a class rather than a generator, as the
+    rollout enters one for every finished episode."""
+
+    __slots__ = ("raise_when_done", "held")
+
+    def __init__(self, raise_when_done: bool) -> None:
+        self.raise_when_done, self.held = raise_when_done, False
+
+    def __enter__(self) -> None:
         # Signals are raised in the main thread only: another thread's block must neither hold nor take them.
-        yield
-        return
-    _state.defer_depth += 1
-    try:
-        yield
-    finally:
+        if threading.current_thread() is threading.main_thread():
+            self.held = True
+            _state.defer_depth += 1
+
+    def __exit__(self, *exc: object) -> None:
+        if not self.held:
+            return
         _state.defer_depth -= 1  # from here a new signal raises at once
         if _state.defer_depth == 0:
             pending, _state.pending = _state.pending, None
-            if pending is not None and raise_when_done:
+            if pending is not None and self.raise_when_done:
                 raise Interrupted(pending)
 
 
 def deferred_interrupts() -> contextlib.AbstractContextManager[None]:
     """Hold a signal that arrives inside the block and raise it when the block ends."""
-    return _holding_signals(raise_when_done=True)
+    return _HeldSignals(raise_when_done=True)
 
 
 def shielded() -> contextlib.AbstractContextManager[None]:
     """Let the block finish whatever signal arrives (the run is already ending: outputs are being written)."""
-    return _holding_signals(raise_when_done=False)
+    return _HeldSignals(raise_when_done=False)
