@@ -128,19 +128,3 @@ def test_a_resumed_env_without_per_env_seeds_starts_from_a_seed_apart_from_every
     assert first != GroupSeeds(10, 1, 0, 3, 1, start=(2, 2, 1)).initial(), "each resume point starts elsewhere"
     assert seeds.upcoming(np.arange(3)) is None
     assert GroupSeeds(None, 0, 0, 2, 1, start=(1, 0)).initial() is None
-
-
-def test_episode_seeds_are_numpys_seed_sequence_for_seeds_and_spawn_keys_of_any_size() -> None:
-    from plugrl_env_client.rollout.seeds import SeedRoot, episode_seed
-
-    rng = np.random.default_rng(7)
-    roots = [0, 1, 2**32 - 1, 2**32, 2**63 - 1, 2**128 - 1, 2**128, 2**200 + 5] + [int(r) for r in rng.integers(0, 2**62, 20)]
-    parts = [0, 1, 7, 2**32 - 1, 2**32, 2**70 + 3] + [int(p) for p in rng.integers(0, 10_000, 6)]
-    for root in roots:
-        derived = SeedRoot(root)
-        for p, g, k in zip(parts, reversed(parts), rng.permutation(parts)):
-            key = (int(p), int(g), int(k))
-            expected = int(np.random.SeedSequence(root, spawn_key=key).generate_state(1)[0])
-            assert derived.episode_seed(*key) == expected, (root, key)
-            assert episode_seed(root, *key) == expected
-        assert derived.episode_seed() == int(np.random.SeedSequence(root).generate_state(1)[0])

@@ -60,58 +60,8 @@ def listed_share(seeds: tuple[int, ...], process_id: int, num_procs: int) -> tup
 def episode_seed(process_seed: int, process_id: int, group: int, episode: int) -> int:
     """The start seed of seed group ``group``'s ``episode``-th episode (from 0) in process ``process_id`` (see the
     module docstring; a group of one env is that env)."""
-    return SeedRoot(process_seed).episode_seed(process_id, group, episode)
-
-
-_WORD = 0xFFFFFFFF
-_INIT_A, _MULT_A, _INIT_B, _MULT_B = 0x43B0D7E5, 0x931E8875, 0x8B51F9DD, 0x58F38DED
-_MIX_L, _MIX_R = 0xCA01F9DD, 0x4973F715
-_MULT_A3 = pow(_MULT_A, 3, 1 << 32)
-_STATE_HASH = _INIT_B * _MULT_B & _WORD
-
-
-class SeedRoot:
-    """``SeedSequence(process_seed, spawn_key=key).generate_state(1)[0]`` for any ``key``, with the process seed's
-    part worked out once per run.
-
-    numpy's SeedSequence (whose output numpy keeps stable from release to release) first mixes its entropy into a
-    pool of four 32-bit words, then mixes each 32-bit word of the spawn key into every word of the pool, and
-    ``generate_state(1)`` hashes the pool's first word. The first mix depends on the process seed alone: it is
-    ``SeedSequence(process_seed).pool``, taken once here, and the hash constant it leaves behind depends only on how
-    many words the seed has. An episode's seed then mixes its spawn key into the first word of the pool, the only
-    one its 32 bits come from (the hash constant moves on for the other three)."""
-
-    __slots__ = ("_first", "_hash")
-
-    def __init__(self, process_seed: int) -> None:
-        self._first = int(np.random.SeedSequence(process_seed).pool[0])
-        entropy_words = len(_words(process_seed))  # the pool's 4, mixed into each other (16 hashes), then the rest
-        self._hash = _INIT_A * pow(_MULT_A, 16 + 4 * max(0, entropy_words - 4), 1 << 32) & _WORD
-
-    def episode_seed(self, *key: int) -> int:
-        """The seed of spawn key ``key`` (each part an int >= 0)."""
-        first, hash_const = self._first, self._hash
-        for part in key:
-            for word in _words(part):
-                word ^= hash_const
-                hash_const = hash_const * _MULT_A & _WORD
-                word = word * hash_const & _WORD
-                word ^= word >> 16
-                mixed = (_MIX_L * first - _MIX_R * word) & _WORD
-                first = mixed ^ (mixed >> 16)
-                hash_const = hash_const * _MULT_A3 & _WORD  # the three other words of the pool
-        state = (first ^ _INIT_B) * _STATE_HASH & _WORD
-        return state ^ (state >> 16)
-
-
-def _words(value: int) -> list[int]:
-    """An int >= 0 as SeedSequence reads it: its 32-bit words, least significant first (0 is one word)."""
-    words = [value & _WORD]
-    value >>= 32
-    while value:
-        words.append(value & _WORD)
-        value >>= 32
-    return words
+    sequence = np.random.SeedSequence(process_seed, spawn_key=(process_id, group, episode))
+    return int(sequence.generate_state(1)[0])
 
 
 def resumed_seed(process_seed: int, process_id: int, episodes_done: int) -> int:
@@ -147,7 +97,6 @@ class GroupSeeds:
         self.seed, self.process_id, self.offset, self.n, self.size = seed, process_id, offset, n, group_size
         self.per_env = per_env or group_size > 1
         self._root = seed if seed is not None else int(np.random.SeedSequence().entropy % (1 << 63))  # type: ignore[operator]
-        self._derived = SeedRoot(self._root)
         self.group_of = (offset + np.arange(n)) // group_size  # the process's seed group of each env
         self.episode = np.zeros(n, np.int64)  # the group episode each env is in (or waits for the start of)
         self.listed = tuple(int(s) for s in listed)
@@ -241,7 +190,7 @@ class GroupSeeds:
                 out[i] = self.listed[index] if index < len(self.listed) else None
             return out
         for i in rows:
-            out[i] = self._derived.episode_seed(self.process_id, int(self.group_of[i]), int(episodes[i]))
+            out[i] = episode_seed(self._root, self.process_id, int(self.group_of[i]), int(episodes[i]))
         return out
 
 
