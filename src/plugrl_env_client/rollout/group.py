@@ -227,7 +227,7 @@ class EnvGroup:
 
     def needs_actions(self) -> bool:
         """Whether some active env has no action for the next step (its chunk is used up or was dropped)."""
-        return bool(np.count_nonzero(self.idle.only(self.plans.needing)))  # (count_nonzero: a third of any()'s cost)
+        return bool(np.count_nonzero(self.idle.only(self.plans.needing)))
 
     def can_step(self) -> bool:
         """Every active env has an action, and some env is active."""
