@@ -193,7 +193,6 @@ class GroupSeeds:
             out[i] = episode_seed(self._root, self.process_id, int(self.group_of[i]), int(episodes[i]))
         return out
 
-
     def _listed_index(self, rows: np.ndarray, episodes: np.ndarray) -> np.ndarray:
         """The place in the listed share of the ``episodes``-th episode of each env of ``rows``."""
         return self.offset + rows + episodes * self.stride
