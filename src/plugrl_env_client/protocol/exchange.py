@@ -42,6 +42,14 @@ class Exchange(enum.Enum):
     AWAITING_REPLY = "awaiting a reply"  # an infer is on the wire: its action comes next, nothing goes out
     FEEDBACK_DUE = "feedback due"  # its action came: the feedback on it goes out next, then the exchange is idle
 
+    def check_infer(self) -> None:
+        """Raise the named misuse when an infer may not go out now (both wire protocols' sessions ask here)."""
+        if self is Exchange.AWAITING_REPLY:
+            raise AlreadyAwaitingReply("an infer is already waiting for its reply: receive_actions() first")
+        if self is Exchange.FEEDBACK_DUE:
+            raise FeedbackStillDue("an infer while the feedback on the last action is still due: feedback() first "
+                                   "(one feedback answers each action, SPEC §2)")
+
 
 class ExchangeMisuse(RuntimeError):
     """A call out of the exchange's order (a bug of the caller, never the server's doing), as Gymnasium's

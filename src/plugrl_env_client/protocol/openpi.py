@@ -37,7 +37,6 @@ from plugrl_env_client.protocol.exchange import (
     Closed,
     ConnectionLost,
     Exchange,
-    FeedbackStillDue,
     NoFeedbackDue,
     NoReplyAwaited,
 )
@@ -210,10 +209,7 @@ class OpenpiSession:
 
     def send_infer(self, request: InferRequest[ObservationLike]) -> None:
         """One request per env of ``request``, on the free connections; the rest go as connections free up."""
-        if self.state is Exchange.AWAITING_REPLY:
-            raise AlreadyAwaitingReply("an infer is already waiting for its reply: receive_actions() first")
-        if self.state is Exchange.FEEDBACK_DUE:
-            raise FeedbackStillDue("an infer while the feedback on the last action is still due: feedback() first")
+        self.state.check_infer()
         if request.reuse is not None and request.reuse.any():
             raise ProtocolError("openpi's protocol cannot reuse observation rows the server holds")
         if not self._checked:

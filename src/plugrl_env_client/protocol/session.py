@@ -39,7 +39,6 @@ from plugrl_env_client.protocol.exchange import (
     Closed,
     ConnectionLost,
     Exchange,
-    FeedbackStillDue,
     NoFeedbackDue,
     NoReplyAwaited,
     NotConnected,
@@ -172,11 +171,7 @@ class Session:
         step other envs meanwhile. One infer is outstanding at most: the protocol answers them in order."""
         if self._lost is not None:
             raise ConnectionLost(self._lost)
-        if self.state is Exchange.AWAITING_REPLY:
-            raise AlreadyAwaitingReply("an infer is already waiting for its reply: receive_actions() first")
-        if self.state is Exchange.FEEDBACK_DUE:
-            raise FeedbackStillDue("an infer while the feedback on the last action is still due: feedback() first "
-                                   "(one feedback answers each action, SPEC §2)")
+        self.state.check_infer()
         client = self._client
         if client is None:
             raise NotConnected("the session has no connection: call open() first")
