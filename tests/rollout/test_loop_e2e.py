@@ -145,9 +145,9 @@ def test_no_thread_but_the_rollouts_reads_or_writes_the_sockets(harness, tmp_pat
         threads["read"].add(threading.current_thread().name)
         return read(self)
 
-    def writing(self: Any, data: Any, flags: int = 0) -> None:
+    def writing(self: Any, data: Any) -> None:
         threads["write"].add(threading.current_thread().name)
-        write(self, data, flags)
+        write(self, data)
 
     monkeypatch.setattr(ws_client.WebSocketClient, "_read", reading)
     monkeypatch.setattr(ws_client.WebSocketClient, "_write", writing)

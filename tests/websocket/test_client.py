@@ -148,19 +148,6 @@ def test_binary_messages_of_every_length_encoding_keep_every_byte(bare, n):
         client.close()
 
 
-def test_a_frame_sent_with_more_to_follow_arrives_in_order_and_without_the_next_one_within_a_bound(bare):
-    """``more=True`` lets the kernel hold a frame back for the next one (the feedback an infer follows); the held
-    frame still reaches the server when nothing follows, within the kernel's bound, and never overtakes."""
-    client = ws_client.connect(bare(echo))
-    try:
-        client.send_frame(binary_frame(b"first"), more=True)
-        client.send_frame(binary_frame(b"second"))
-        assert [bytes(client.recv(timeout=10)), bytes(client.recv(timeout=10))] == [b"first", b"second"]
-        client.send_frame(binary_frame(b"alone"), more=True)  # nothing follows: the kernel sends it after 200 ms
-        assert bytes(client.recv(timeout=10)) == b"alone"
-    finally:
-        client.close()
-
 def test_many_messages_in_one_read_come_out_one_by_one_in_order(bare):
     def handler(ws):
         ws.recv()
@@ -555,11 +542,11 @@ class _CutShort:
     def __init__(self, sock: socket.socket, interrupt_at: int) -> None:
         self._sock, self._calls, self._interrupt_at = sock, 0, interrupt_at
 
-    def send(self, data: Any, flags: int = 0) -> int:
+    def send(self, data: Any) -> int:
         self._calls += 1
         if self._calls == self._interrupt_at:
             raise KeyboardInterrupt
-        return self._sock.send(memoryview(data)[:1000], flags)
+        return self._sock.send(memoryview(data)[:1000])
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._sock, name)

@@ -274,7 +274,7 @@ class Session:
         timing.feedback_info_pack_s += info.seconds
         timing.pack_s += packed - built
         try:
-            client.send_frame(frame, more=True)  # the infer that follows every feedback sent takes it along
+            client.send_frame(frame)
         except WebSocketClosed as exc:
             self._lost = self._closed(exc)
             return

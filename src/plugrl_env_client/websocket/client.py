@@ -59,7 +59,6 @@ SEND_STALL_S = 60.0
 written and the connection cannot be used any more. Progress restarts the clock, so slow links are fine."""
 _WAKE_BLOCKED = (BlockingIOError, InterruptedError, ssl.SSLWantReadError, ssl.SSLWantWriteError)
 _HAS_POLL = hasattr(select, "poll")
-_MORE = getattr(socket, "MSG_MORE", 0)
 
 Received = bytes | bytearray | str
 """A message: bytes-like for a binary message (one buffer, not copied again), str for a text message."""
@@ -132,15 +131,14 @@ class WebSocketClient:
         """Whether the connection is closed for reading (messages received before the close may still wait)."""
         return self._closed is not None
 
-    def send_frame(self, frame: Data, more: bool = False) -> None:
+    def send_frame(self, frame: Data) -> None:
         """Send a whole masked client frame built by a
-        :class:`~plugrl_env_client.protocol.frame_packer.FramePacker` (header, key and masked payload). ``more``:
-        another frame follows soon, so the kernel may hold this one back to go out with it (at most 200 ms)."""
+        :class:`~plugrl_env_client.protocol.frame_packer.FramePacker` (header, key and masked payload)."""
         if self.lent:  # (the checks inline on the common path: a frame or two per env step)
             self._check_owner()
         if self._closed is not None or self._close_sent:
             raise self._closed if self._closed is not None else WebSocketClosed(None)
-        self._write(frame, _MORE if more and not self._tls else 0)
+        self._write(frame)
 
     def recv(self, timeout: float | None = None) -> Received | None:
         """The next message, or None when none arrived within ``timeout`` seconds (0: only look at what is
@@ -339,7 +337,7 @@ class WebSocketClient:
             raise RuntimeError("this connection is serviced by its keepalive while the owner is inside a guarded "
                                "call: use it after the call returns")
 
-    def _write(self, data: Data, flags: int = 0) -> None:
+    def _write(self, data: Data) -> None:
         """The one write loop: everything sent goes through here, whole, in order."""
         if self._released:
             raise self._closed if self._closed is not None else WebSocketClosed(None)
@@ -353,7 +351,7 @@ class WebSocketClient:
             while view.nbytes:
                 wait_for_read = False
                 try:
-                    sent = sock.send(view, flags)
+                    sent = sock.send(view)
                 except ssl.SSLWantReadError:
                     sent, wait_for_read = 0, True
                 except _WAKE_BLOCKED:
