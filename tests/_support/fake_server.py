@@ -434,8 +434,11 @@ class FakeSession:
         if waiting:
             min(waiting, key=lambda conn: conn.asked_at).release()
 
-    def feedback(self, feedback: messages.Feedback[Observation]) -> None:
-        self.current.take_feedback(feedback)
+    def feedback(self, feedback: messages.Feedback[Observation], infer_follows: bool = False) -> None:
+        conn = self.current
+        conn.take_feedback(feedback)
+        if infer_follows:  # the client says this group's infer comes next: a test holds it to that
+            self.server.timeline.append(("infer follows", (self.index, conn.index), None))
 
     def close(self) -> None:
         if self.connections and not self.closed:

@@ -578,6 +578,27 @@ def test_pipelined_groups_give_the_episodes_of_lockstep(k: int) -> None:
     assert overlapped, "a group stepped while another one's infer was out"
 
 
+def test_a_pipelined_feedback_goes_out_with_the_infer_that_follows_it_and_a_lockstep_one_at_once() -> None:
+    """Pipelined, a feedback may wait for its group's next infer to share its write: only when that infer comes
+    before any env steps (the group's own reset may come between) and before anything else reaches the server."""
+    def go(groups: int) -> list:
+        timeline: list = []
+        n = 6 // groups
+        envs = [ScriptedEnv(n, lambda e, k: 2 + (7 * e + k) % 5, first_id=g * n, episodes_per_env=3,
+                            timeline=timeline, name=f"g{g}") for g in range(groups)]
+        run(envs, FakeServer(horizon=3, timeline=timeline, delay=lambda infer: (2, 0, 1)[infer.session]), seed=50)
+        return timeline
+
+    assert not [e for e in go(1) if e[0] == "infer follows"], "lockstep sends each feedback at once"
+    timeline = go(3)
+    joined = [i for i, e in enumerate(timeline) if e[0] == "infer follows"]
+    assert len(joined) >= 10
+    for i in joined:
+        who = timeline[i][1]
+        nxt = next((e for e in timeline[i + 1:] if e[0] != "reset"), None)  # None: the run ended (close writes it)
+        assert nxt is None or (nxt[0], nxt[1]) == ("infer", who), f"after a feedback said to go with an infer: {nxt}"
+
+
 def test_a_pipelined_group_asks_for_its_next_actions_before_the_next_group_steps() -> None:
     """With chunks of one step every step ends a chunk: group g's next infer must go out right after its step (and
     feedback), so its round trip overlaps the other groups' steps; sent only once every group had stepped, a

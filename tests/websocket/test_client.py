@@ -203,6 +203,45 @@ def test_frames_from_the_packer_reach_the_server_as_the_codecs_bytes(bare):
     assert got == [codec.packb(msg)] * 2
 
 
+def _reader(read: Callable[[socket.socket], bytes]) -> tuple[str, threading.Thread, list[bytes]]:
+    """A one-connection server that answers the opening handshake, then keeps what each ``read`` of the socket
+    returns until the client's side ends."""
+    got: list[bytes] = []
+
+    def answer(accept: bytes) -> bytes:
+        return (b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+                b"Sec-WebSocket-Accept: " + accept + b"\r\n\r\n")
+
+    url, thread, listener = _raw_server(answer, after=lambda conn: got.extend(iter(lambda: read(conn), b"")))
+    return url, thread, got
+
+
+def test_a_frame_sent_with_more_goes_out_with_the_next_one_in_one_write():
+    url, thread, got = _reader(lambda conn: conn.recv(1 << 16))
+    client = ws_client.connect(url, open_timeout=10, close_timeout=0.2)
+    first, second = binary_frame(b"feedback" * 100), binary_frame(b"infer")
+    client.send_frame(first, more=True)
+    client.send_frame(second)
+    client.close()
+    thread.join(timeout=10)
+    assert not thread.is_alive()
+    assert got[0] == first + second, "both frames in the first read: one write"
+    assert b"".join(got).startswith(first + second) and len(b"".join(got)) > len(first + second)  # then the close
+
+
+def test_a_held_frame_goes_out_before_the_close_and_large_ones_one_after_the_other():
+    url, thread, got = _reader(lambda conn: conn.recv(1 << 22))
+    client = ws_client.connect(url, open_timeout=10, close_timeout=0.2)
+    big, small = binary_frame(bytes(ws_client.JOIN_MAX)), binary_frame(b"next")
+    client.send_frame(big, more=True)
+    client.send_frame(small, more=True)  # the big one is written now, this one held
+    client.close(4000, "bye")
+    thread.join(timeout=10)
+    stream = b"".join(got)
+    assert stream.startswith(big + small), "in order, the held one before the close"
+    assert stream[len(big) + len(small)] == 0x88, "then the close frame"
+
+
 # ------------------------------------------------------------------------------------------------ polling
 
 
@@ -360,9 +399,11 @@ def test_text_that_is_not_utf8_comes_out_with_replacement_characters(bare):
         client.close()
 
 
-def _raw_server(answer: Callable[[bytes], bytes]) -> tuple[str, threading.Thread, socket.socket]:
+def _raw_server(answer: Callable[[bytes], bytes], after: Callable[[socket.socket], Any] | None = None
+                ) -> tuple[str, threading.Thread, socket.socket]:
     """A one-connection TCP server that reads the opening handshake's request and writes ``answer(accept key)``,
-    then waits for the client's next bytes (its close, or the end of the connection)."""
+    then waits for the client's next bytes (its close, or the end of the connection), or hands the socket to
+    ``after``."""
     import base64
     import hashlib
 
@@ -379,7 +420,10 @@ def _raw_server(answer: Callable[[bytes], bytes]) -> tuple[str, threading.Thread
                        if line.lower().startswith(b"sec-websocket-key:"))
             conn.sendall(answer(base64.b64encode(hashlib.sha1(key + b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11").digest())))
             with contextlib.suppress(OSError):
-                conn.recv(4096)
+                if after is None:
+                    conn.recv(4096)
+                else:
+                    after(conn)
 
     thread = threading.Thread(target=serve_once, daemon=True)
     thread.start()

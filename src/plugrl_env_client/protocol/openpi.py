@@ -285,7 +285,7 @@ class OpenpiSession:
         if busy:
             busy[0].wait(busy[1:])
 
-    def feedback(self, feedback: Feedback[ObservationLike]) -> None:
+    def feedback(self, feedback: Feedback[ObservationLike], infer_follows: bool = False) -> None:
         """Nothing travels (openpi's protocol has no feedback); the exchange moves on."""
         if self.state is not Exchange.FEEDBACK_DUE:
             raise (AlreadyAwaitingReply("a feedback while an infer waits for its reply: receive_actions() first")

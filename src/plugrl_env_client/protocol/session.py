@@ -250,8 +250,11 @@ class Session:
             wait_any([s._client for s in waiting if s._client is not None],
                                max(0.0, due - time.monotonic()))
 
-    def feedback(self, feedback: Feedback[ObservationLike]) -> None:
-        """Send one feedback (no reply). A connection found closed is reported by the next :meth:`send_infer`."""
+    def feedback(self, feedback: Feedback[ObservationLike], infer_follows: bool = False) -> None:
+        """Send one feedback (no reply). A connection found closed is reported by the next :meth:`send_infer`.
+
+        ``infer_follows``: the caller sends an infer right after this (a pipelined rollout, whose other groups step
+        meanwhile): the feedback goes out with the infer, in one write (or before the close, if none comes)."""
         if self._lost is not None:
             return
         if not self.wire.feedback:
@@ -274,7 +277,7 @@ class Session:
         timing.feedback_info_pack_s += info.seconds
         timing.pack_s += packed - built
         try:
-            client.send_frame(frame)
+            client.send_frame(frame, infer_follows)
         except WebSocketClosed as exc:
             self._lost = self._closed(exc)
             return

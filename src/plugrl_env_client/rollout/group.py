@@ -168,6 +168,10 @@ class EnvGroup:
         self.started = time.perf_counter()
         self.process_env_steps: Callable[[], int] = lambda: self.timing.env_steps
         """The process's env steps so far (its groups' total when the rollout runs several), for episode records."""
+        self.feedback_with_infer = False
+        """A feedback that an infer surely follows goes out with that infer, in one write: set for a pipelined
+        rollout, whose other groups step while the server reads both. Lockstep sends it at once, so the server
+        reads it while the envs reset."""
 
     # ------------------------------------------------------------------------------------------ connection
 
@@ -349,7 +353,7 @@ class EnvGroup:
             merged = self.pending.take(feedback)
             assert merged is not None
             feedback = merged
-        self.session.feedback(feedback)
+        self.session.feedback(feedback, self.feedback_with_infer)
 
     def finish_episodes(self, step: StepResult) -> Observation:
         """Record finished episodes and start the next ones (unless the run needs no more episodes); returns the

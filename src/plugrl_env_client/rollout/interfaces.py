@@ -45,8 +45,9 @@ class ServerSession(Protocol):
         """Block until the reply to this session's infer or one of ``peers``' (sessions of its kind) is in, or
         one of them needs looking at; then ``receive_actions(0)`` of each says which."""
 
-    def feedback(self, feedback: Feedback[Observation]) -> None:
-        """Send one feedback (no reply); a connection found gone surfaces at the next infer."""
+    def feedback(self, feedback: Feedback[Observation], infer_follows: bool = False) -> None:
+        """Send one feedback (no reply); a connection found gone surfaces at the next infer. ``infer_follows``: an
+        infer is sent right after, and the feedback may wait to go out with it."""
 
     def close(self) -> None: ...
 

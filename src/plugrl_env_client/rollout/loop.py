@@ -57,6 +57,7 @@ class Rollout:
             timings = self.timings
             for group in groups:
                 group.process_env_steps = lambda: sum(t.env_steps for t in timings)
+                group.feedback_with_infer = True  # a group asks for actions right after its step
         self._started = time.perf_counter()
         self._last_progress = self._tell_at = time.monotonic()
         self._blocked_s = 0.0  # pipelined: time nothing could step, waiting for a reply

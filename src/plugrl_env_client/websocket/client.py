@@ -9,7 +9,8 @@ frames it reads, when it reads them, where a reader thread would take the GIL wh
 :meth:`~WebSocketClient.fileno` and :func:`wait_any` let a pipelined loop wait on several connections at once.
 
 Everything goes out through one write loop (non-blocking sends of memoryviews, no copies): data frames arrive
-framed and masked by the caller (:meth:`~WebSocketClient.send_frame`), pongs and closes by :func:`control_frame`.
+framed and masked by the caller (:meth:`~WebSocketClient.send_frame`, which can hold a frame to write it with the
+next one), pongs and closes by :func:`control_frame`.
 Incoming frames are checked as RFC 6455 asks of a client; a frame that breaks the rules fails the connection (close
 1002, or 1007 for a close reason that is not UTF-8), and a server's close is echoed and the TCP connection ended.
 Failures are the errors of :mod:`~plugrl_env_client.websocket.common`. One thread owns a client; the keepalive
@@ -54,6 +55,9 @@ __all__ = ["WebSocketClient", "connect", "control_frame", "frame_header", "wait_
 RECV_BUFSIZE = 1 << 20
 """Bytes asked of the socket per read: a multi-MB frame takes a handful of reads, not one per 64 KiB; a small reply
 still costs one read."""
+JOIN_MAX = 1 << 16
+"""The most bytes a held frame and the next one take to go out joined in one write (larger ones go out one after
+the other: their system calls cost little next to their bytes)."""
 SEND_STALL_S = 60.0
 """A send that moves no byte for this long fails the connection (a peer that stopped reading): the frame is half
 written and the connection cannot be used any more. Progress restarts the clock, so slow links are fine."""
@@ -104,6 +108,7 @@ class WebSocketClient:
         self._text = False
         self._closed: WebSocketClosed | None = None  # set once nothing more can be read
         self._close_sent = False
+        self._held: Data | None = None  # a frame sent with more=True, written with the next one
         self._released = False  # the socket is gone
         self.lent = False
         """True while a :class:`~plugrl_env_client.websocket.keepalive.Keepalive` services this client for its owner
@@ -131,14 +136,28 @@ class WebSocketClient:
         """Whether the connection is closed for reading (messages received before the close may still wait)."""
         return self._closed is not None
 
-    def send_frame(self, frame: Data) -> None:
+    def send_frame(self, frame: Data, more: bool = False) -> None:
         """Send a whole masked client frame built by a
-        :class:`~plugrl_env_client.protocol.frame_packer.FramePacker` (header, key and masked payload)."""
+        :class:`~plugrl_env_client.protocol.frame_packer.FramePacker` (header, key and masked payload).
+
+        ``more``: the caller sends another frame right after this one, so this one is held and goes out with it,
+        in one system call when the two are small (:data:`JOIN_MAX`), or before a close. One frame is held at
+        most."""
         if self.lent:  # (the checks inline on the common path: a frame or two per env step)
             self._check_owner()
         if self._closed is not None or self._close_sent:
             raise self._closed if self._closed is not None else WebSocketClosed(None)
-        self._write(frame)
+        held = self._held
+        if held is not None:
+            self._held = None
+            if more or memoryview(held).nbytes + memoryview(frame).nbytes > JOIN_MAX:
+                self._write(held)
+            else:
+                frame = b"".join((held, frame))
+        if more:
+            self._held = frame
+        else:
+            self._write(frame)
 
     def recv(self, timeout: float | None = None) -> Received | None:
         """The next message, or None when none arrived within ``timeout`` seconds (0: only look at what is
@@ -183,6 +202,9 @@ class WebSocketClient:
         self._check_owner()
         try:
             if self._closed is None and not self._close_sent:
+                held, self._held = self._held, None
+                if held is not None:  # sent before the close, as the caller asked
+                    self._write(held)
                 self._close_sent = True
                 self._write(control_frame(_CLOSE, Close(code, reason).serialize()))
             deadline = time.monotonic() + self._close_timeout
@@ -412,6 +434,7 @@ class WebSocketClient:
         if self._released:
             return
         self._released = True
+        self._held = None
         try:
             self._sock.shutdown(socket.SHUT_WR)  # a FIN after what was written, not a reset
         except OSError:
