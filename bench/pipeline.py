@@ -24,8 +24,10 @@ so a load change on a shared machine moves both sides of a ratio. Every figure i
 3. The client's CPU time per group step outside the env (this process's CPU time minus the env's own step and reset
    CPU time, from the first step on), as a share of the env's own CPU per group step (a loaded or slower machine
    stretches both, so the share holds across hosts where microseconds do not), pipelined with 2 groups of 8 envs
-   (target <= 20 %; the long-run one <= 10 %) and lockstep with one group of 16 (information). The rollout runs in
-   this process for it.
+   (target <= 20 %; the long-run one <= 10 %), and as information the same with ``--runner.align-chunks 4`` and
+   lockstep with one group of 16. Most of the client's work comes with each exchange (a feedback, an infer and its
+   reply), so each row prints its exchanges per group step too: without align, chunk ends scatter as episodes end
+   at different steps, and nearly every group step has one. The rollout runs in this process for it.
 4. The package's own Python calls per batch step (cProfile of the rollout's thread, Point-v1 x16 in lockstep; calls
    into Point-v1's own package are the env's and counted apart): targets <= 80 at H=1 and <= 70 at H=8 (fewer calls
    is what a shorter walk of an observation buys).
@@ -277,14 +279,16 @@ class EnvMeter:
         return self.env_cpu / max(1, self.steps)
 
 
-def client_cpu(port: int, seconds: float, pipeline: int) -> tuple[float, float]:
+def client_cpu(port: int, seconds: float, pipeline: int, align: int = 0) -> tuple[float, float, float]:
     """Client CPU per group step outside the env's step and reset (Hopper-v5, NUM_ENVS envs in ``pipeline``
-    groups), the rollout in this process; and the env's own CPU per group step."""
+    groups), the rollout in this process; the env's own CPU per group step; and the exchanges (an infer and its
+    reply, with the feedback before it) per group step."""
     from plugrl_env_client.envs.mujoco.mujoco_env import MujocoEnv
 
     with EnvMeter(MujocoEnv) as meter:
-        run_here(_config(port, pipeline), "MuJoCo-v1", port, seconds, meter)
-    return meter.client_cpu_per_step(), meter.env_cpu_per_step()
+        timing = run_here(_config(port, pipeline, align=align), "MuJoCo-v1", port, seconds, meter)
+    exchanges = timing["infer_calls"] / max(1, timing["batch_steps"])
+    return meter.client_cpu_per_step(), meter.env_cpu_per_step(), exchanges
 
 
 def lockstep_at_vector_env(port: int, seconds: float) -> tuple[float, float]:
@@ -503,15 +507,17 @@ def main() -> None:
 
     print("\n3. client CPU per group step outside the env's step and reset (Hopper-v5, no latency, in this process)")
     with Server() as server:
-        for k, target in ((2, CLIENT_SHARE_LONG_RUN), (1, None)):
-            pairs = [client_cpu(server.port, cell, k) for _ in range(rounds)]
-            values = [client * 1e6 for client, _ in pairs]
-            share = statistics.median(client / env for client, env in pairs if env > 0)
-            label = f"{_name(k, 0)} ({NUM_ENVS // k} envs a group)"
+        for k, align, target in ((2, 0, CLIENT_SHARE_LONG_RUN), (2, 4, None), (1, 0, None)):
+            runs = [client_cpu(server.port, cell, k, align) for _ in range(rounds)]
+            values = [client * 1e6 for client, _, _ in runs]
+            share = statistics.median(client / env for client, env, _ in runs if env > 0)
+            label = f"{_name(k, align)} ({NUM_ENVS // k} envs a group)"
             print(f"  {label:<40} {share:6.1%} of the env's own CPU per group step ({statistics.median(values):.1f} "
                   f"us, rounds {min(values):.1f}-{max(values):.1f}; the env "
-                  f"{statistics.median(env for _, env in pairs) * 1e6:.0f} us) {verdict(share, target, at_most=True)}")
-            if k == 2:
+                  f"{statistics.median(env for _, env, _ in runs) * 1e6:.0f} us; "
+                  f"{statistics.median(x for _, _, x in runs):.2f} exchanges a group step) "
+                  f"{verdict(share, target, at_most=True)}")
+            if (k, align) == (2, 0):
                 print(f"  {label:<40} {share:6.1%}  {verdict(share, CLIENT_SHARE, at_most=True)} (near-term)")
 
     print("\n4. the package's own Python calls per batch step (cProfile, Point-v1 x16, lockstep)")
