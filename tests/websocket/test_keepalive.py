@@ -195,3 +195,25 @@ def test_calls_that_end_as_the_grace_runs_out_never_share_the_client(bare):
     finally:
         keepalive.close()
         client.close()
+
+
+def test_a_frame_held_for_the_next_one_goes_out_when_a_long_call_comes_between(bare):
+    """A pipelined feedback waits for its infer; an env call between the two that runs long (a slow reset) makes
+    it wait no longer than the grace: the keepalive writes it when it takes the socket over."""
+    got = threading.Event()
+
+    def handler(ws):
+        for message in ws:
+            if message == b"feedback":
+                got.set()
+
+    client = ws_client.connect(bare(handler))
+    keepalive = Keepalive([client], grace_s=0.1)
+    try:
+        client.send_frame(binary_frame(b"feedback"), more=True)
+        with keepalive:  # the slow reset: it returns once the server has the feedback (or after 10 s)
+            arrived = got.wait(10)
+        assert arrived and keepalive.takeovers == 1
+    finally:
+        keepalive.close()
+        client.close()

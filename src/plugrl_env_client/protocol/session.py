@@ -254,7 +254,8 @@ class Session:
         """Send one feedback (no reply). A connection found closed is reported by the next :meth:`send_infer`.
 
         ``infer_follows``: the caller sends an infer right after this (a pipelined rollout, whose other groups step
-        meanwhile): the feedback goes out with the infer, in one write (or before the close, if none comes)."""
+        meanwhile): the feedback goes out with the infer, in one write (before the close, if none comes; when the
+        keepalive takes the socket over, if an env call in between runs long)."""
         if self._lost is not None:
             return
         if not self.wire.feedback:

@@ -142,7 +142,8 @@ class WebSocketClient:
 
         ``more``: the caller sends another frame right after this one, so this one is held and goes out with it,
         in one system call when the two are small (:data:`JOIN_MAX`), or before a close. One frame is held at
-        most."""
+        most, and not for long: should the owner's next frame be late (a long env call in between), the keepalive
+        writes the held one when it takes the socket over."""
         if self.lent:  # (the checks inline on the common path: a frame or two per env step)
             self._check_owner()
         if self._closed is not None or self._close_sent:
@@ -225,6 +226,16 @@ class WebSocketClient:
         return self._tls and not self._released and self._sock.pending() > 0  # type: ignore[attr-defined]
 
     # ------------------------------------------------------------------------------------------ reading
+
+    def _write_held(self) -> None:
+        """Write the frame ``send_frame(more=True)`` held, if any; never raises (a broken socket is the
+        connection's close, which the owner's next recv or send raises). For the keepalive, at its takeover."""
+        held, self._held = self._held, None
+        if held is not None and self._closed is None and not self._close_sent:
+            try:
+                self._write(held)
+            except WebSocketClosed:
+                pass
 
     def _pump(self) -> bool:
         """Read once without waiting (TLS: every decrypted record at hand), handle its frames."""

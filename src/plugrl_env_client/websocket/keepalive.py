@@ -17,8 +17,9 @@ The handover, in one rule: **a client is used by exactly one thread at a time, a
 * The keepalive's thread sleeps until *t + grace_s*. If call *k* is still running then, it takes the clients over
   under the lock (``held``; each client's ``lent`` flag makes a stray use by the owner an error, not a race) and
   services them: it waits on their sockets and on a wake-up socket, reads, answers pings, queues the messages for
-  the owner, notes a close. It never sends data frames: every frame the owner sent was written whole before the
-  call began.
+  the owner, notes a close. It sends no data frame of its own: the one frame the owner may have held for the
+  next (``send_frame(more=True)``: a pipelined feedback waiting for its infer) goes out when it takes over, so it
+  waits at most ``grace_s``; every other frame the owner sent was written whole before the call began.
 * ``__exit__`` records that the call is over, then looks whether the thread holds the clients; the thread marks
   them held, then looks whether the call is still on (and backs off if not), so one of the two always sees the
   other (Python's threads see each other's writes in order). If the clients are held, ``__exit__`` wakes the thread
@@ -194,6 +195,7 @@ class Keepalive:
                     break
             live = [c for c in clients if not c.closed]
             for client in live:
+                client._write_held()  # a frame the owner held for its next one waits no longer than the grace
                 if client.tls_pending():  # decrypted bytes that no select reports
                     client._pump()
             with selectors.DefaultSelector() as selector:  # no fd limit (select's is 1024)
