@@ -212,7 +212,13 @@ def _reader(read: Callable[[socket.socket], bytes]) -> tuple[str, threading.Thre
         return (b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
                 b"Sec-WebSocket-Accept: " + accept + b"\r\n\r\n")
 
-    url, thread, listener = _raw_server(answer, after=lambda conn: got.extend(iter(lambda: read(conn), b"")))
+    def keep(conn: socket.socket) -> None:
+        try:
+            got.extend(iter(lambda: read(conn), b""))
+        finally:
+            listener.close()
+
+    url, thread, listener = _raw_server(answer, after=keep)
     return url, thread, got
 
 

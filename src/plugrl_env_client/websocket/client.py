@@ -227,16 +227,6 @@ class WebSocketClient:
 
     # ------------------------------------------------------------------------------------------ reading
 
-    def _write_held(self) -> None:
-        """Write the frame ``send_frame(more=True)`` held, if any; never raises (a broken socket is the
-        connection's close, which the owner's next recv or send raises). For the keepalive, at its takeover."""
-        held, self._held = self._held, None
-        if held is not None and self._closed is None and not self._close_sent:
-            try:
-                self._write(held)
-            except WebSocketClosed:
-                pass
-
     def _pump(self) -> bool:
         """Read once without waiting (TLS: every decrypted record at hand), handle its frames."""
         if self._closed is None:
@@ -369,6 +359,16 @@ class WebSocketClient:
         if self.lent:
             raise RuntimeError("this connection is serviced by its keepalive while the owner is inside a guarded "
                                "call: use it after the call returns")
+
+    def _write_held(self) -> None:
+        """Write the frame ``send_frame(more=True)`` held, if any; never raises (a broken socket is the
+        connection's close, which the owner's next recv or send raises). For the keepalive, at its takeover."""
+        held, self._held = self._held, None
+        if held is not None and self._closed is None and not self._close_sent:
+            try:
+                self._write(held)
+            except WebSocketClosed:
+                pass
 
     def _write(self, data: Data) -> None:
         """The one write loop: everything sent goes through here, whole, in order."""
