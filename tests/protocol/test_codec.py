@@ -242,6 +242,7 @@ def _nd(dtype, shape, data) -> bytes:
         (msgpack.packb({b"__npgeneric__": True, b"dtype": "<f4"}), "has no 'data'"),
         (msgpack.packb({b"__npgeneric__": True, b"data": [1, 2], b"dtype": "<f8"}), "one plain value"),
         (msgpack.packb({b"__npgeneric__": True, b"data": "x", b"dtype": "<i8"}), "unusable value"),
+        (msgpack.packb({b"__npgeneric__": True, b"data": 1e300, b"dtype": "<f4"}), "unusable value"),
         (msgpack.packb({b"__npgeneric__": True, b"data": 1, b"dtype": "<c8"}), "is refused"),
         (msgpack.packb({b"__npgeneric__": True, b"data": b"", b"dtype": "|S1"}), "carries an empty string"),
         (msgpack.packb({"data": {1: "a"}}), "map keys must be str or bytes, got 1 (int)"),

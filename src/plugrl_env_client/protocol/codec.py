@@ -295,8 +295,9 @@ def _decode_generic(obj: dict) -> np.generic:
     if _DATA not in obj:
         raise ProtocolError(f"numpy scalar of dtype {dtype.str} has no 'data'")
     try:
-        value = dtype.type(obj[_DATA])
-    except (TypeError, ValueError, OverflowError) as exc:
+        with np.errstate(over="raise"):  # 1e300 as a float32 would become inf: a value the dtype cannot hold
+            value = dtype.type(obj[_DATA])
+    except (TypeError, ValueError, OverflowError, FloatingPointError) as exc:
         raise ProtocolError(f"numpy scalar of dtype {dtype.str} has an unusable value: {exc}") from None
     if not isinstance(value, np.generic):  # e.g. np.float64([1, 2]) builds an array
         raise ProtocolError(f"numpy scalar of dtype {dtype.str} must carry one plain value, got {obj[_DATA]!r}")
